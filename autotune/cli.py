@@ -1,6 +1,6 @@
-"""The `autotune` command line: parses arguments, dispatches to subcommands, maps errors to exit codes.
+"""The `autotune` command line: parses arguments, dispatches subcommands, maps errors to exit codes.
 
-Each subcommand lives in the module that owns its noun and registers here through `_COMMANDS`;
+Each subcommand lives in the module that owns its noun and registers in `autotune.commands`;
 this module only wires them up, so errors become one-line messages with the right exit code.
 """
 
