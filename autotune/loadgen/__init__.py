@@ -1,0 +1,54 @@
+"""The workload driver: realistic load at a trial's server, metrics as bench_serving defines them.
+
+Public API (see the modules for details):
+- `workload_from_dict(d, key="workload", *, base_dir=None) -> WorkloadSpec` validates `[workload]`;
+- `run_workload(spec, target, facts, *, is_dead, slo=None) -> WorkloadResult` drives it;
+- `Target`, `ServerFacts`, `Slo`, `WorkloadResult`, `PhaseResult`, `Died`, `Summary`, `Stats`,
+  `RequestRecord`, `summarize` (pure metrics over records).
+"""
+
+from autotune.loadgen.driver import (
+    Died,
+    PhaseResult,
+    ServerFacts,
+    Target,
+    WorkloadResult,
+    run_workload,
+    stress_plan,
+)
+from autotune.loadgen.metrics import RequestRecord, Slo, Stats, Summary, summarize
+from autotune.loadgen.spec import (
+    Api,
+    LengthDist,
+    Poisson,
+    Sessions,
+    Steady,
+    Stress,
+    Warmup,
+    WorkloadSpec,
+    workload_from_dict,
+)
+
+__all__ = [
+    "Api",
+    "Died",
+    "LengthDist",
+    "PhaseResult",
+    "Poisson",
+    "RequestRecord",
+    "ServerFacts",
+    "Sessions",
+    "Slo",
+    "Stats",
+    "Steady",
+    "Stress",
+    "Summary",
+    "Target",
+    "Warmup",
+    "WorkloadResult",
+    "WorkloadSpec",
+    "run_workload",
+    "stress_plan",
+    "summarize",
+    "workload_from_dict",
+]

@@ -1,0 +1,303 @@
+"""Running a workload against one server: phases in order, the server watched throughout.
+
+`run_workload` is synchronous (it runs its own event loop) for the study loop to call per trial.
+It polls `is_dead()` every POLL_S in a worker thread (the check may touch files, processes or
+HTTP); once it returns a reason, the running phase is cancelled at once, every in-flight request
+is recorded as cancelled, what was running is kept in `Died`, and later phases are skipped.
+Each phase has a hard time limit (duration + drain, or its timeout), so the whole run is bounded
+by `WorkloadSpec.max_wall_s()` plus a few seconds, whatever the server does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import random
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from autotune.loadgen import phases as ph
+from autotune.loadgen.apis import RequestOptions
+from autotune.loadgen.client import Client, HttpError
+from autotune.loadgen.metrics import RequestRecord, Slo, Summary, summarize
+from autotune.loadgen.shapes import Shaper, TokenPool
+from autotune.loadgen.spec import Api, Phase, Poisson, Steady, Stress, Warmup, WorkloadSpec
+
+POLL_S = 0.15
+DEFAULT_STRESS_REQUESTS = 32  # when the server's max running requests is unknown
+DEFAULT_PREFILL_CHUNK = 8192  # when chunked prefill is off or unknown
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where to send load: `http://HOST:PORT`, an API key (sent as a Bearer token), a model name
+    for the OpenAI APIs (None: ask /v1/models)."""
+
+    base_url: str
+    api_key: str | None = None
+    model: str | None = None
+
+
+@dataclass(frozen=True)
+class ServerFacts:
+    """The server's effective limits, from the ledger; None where the log did not show them."""
+
+    max_running_requests: int | None = None
+    chunked_prefill_size: int | None = None
+    context_len: int | None = None
+
+
+@dataclass(frozen=True)
+class Died:
+    """The server died during the workload: why, when, and what was in flight."""
+
+    reason: str
+    at_s: float  # seconds since the workload started
+    phase: str
+    in_flight: int
+    in_flight_input_tokens: int
+    in_flight_output_tokens: int  # generated so far by the requests in flight
+    oldest_in_flight_s: float | None
+
+
+@dataclass(frozen=True)
+class PhaseResult:
+    name: str
+    kind: str
+    started_s: float
+    duration_s: float
+    ended_by: str  # completed | time_limit | server_died | skipped
+    summary: Summary
+    plan: dict[str, object]  # what the phase was sized to (stress: requests, input_len, ...)
+
+    def to_dict(self) -> dict[str, object]:
+        d = {k: v for k, v in asdict(self).items() if k != "summary"}
+        d["summary"] = self.summary.to_dict()
+        return d
+
+
+@dataclass(frozen=True)
+class WorkloadResult:
+    """Per-phase summaries, the overall summary (warm-up excluded), death info, all records."""
+
+    phases: tuple[PhaseResult, ...]
+    overall: Summary
+    died: Died | None
+    duration_s: float
+    records: tuple[RequestRecord, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-safe and compact: summaries only, no per-request records."""
+        return {
+            "duration_s": self.duration_s,
+            "overall": self.overall.to_dict(),
+            "phases": [p.to_dict() for p in self.phases],
+            "died": None if self.died is None else asdict(self.died),
+        }
+
+    def write_records(self, path: Path) -> None:
+        """One JSON object per request, in send order."""
+        with path.open("w", encoding="utf-8") as f:
+            for r in sorted(self.records, key=lambda r: (r.sent_s is None, r.sent_s or 0.0)):
+                f.write(json.dumps(r.to_dict()) + "\n")
+
+
+def stress_plan(phase: Stress, facts: ServerFacts, output_len: int | None = None) -> dict[str, int]:
+    """Size a stress burst: the server's max running requests, each one full prefill chunk,
+    with the input shrunk so input + output fits the context."""
+    requests = phase.requests or facts.max_running_requests or DEFAULT_STRESS_REQUESTS
+    chunk = facts.chunked_prefill_size
+    input_len = phase.input_len or (
+        chunk if chunk is not None and chunk > 0 else DEFAULT_PREFILL_CHUNK
+    )
+    out = output_len or phase.output_len
+    if facts.context_len is not None:
+        out = min(out, max(1, facts.context_len // 2))
+        input_len = min(input_len, max(2, facts.context_len - out - 1))
+    return {"requests": min(requests, ph.MAX_BURST), "input_len": input_len, "output_len": out,
+            "rounds": phase.rounds}  # fmt: skip
+
+
+def run_workload(
+    spec: WorkloadSpec,
+    target: Target,
+    facts: ServerFacts,
+    *,
+    is_dead: Callable[[], str | None],
+    slo: Slo | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> WorkloadResult:
+    """Drive `spec` at `target` and return what users would have felt (see module docstring)."""
+    executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="autotune-is-dead")
+    try:
+        return asyncio.run(_run(spec, target, facts, is_dead, slo, clock, executor))
+    finally:
+        executor.shutdown(wait=False, cancel_futures=True)
+
+
+async def _watch(
+    is_dead: Callable[[], str | None], executor: concurrent.futures.Executor, limit_s: float
+) -> str:
+    """Returns the reason once `is_dead()` reports one; polls at most limit_s / POLL_S times."""
+    loop = asyncio.get_running_loop()
+    for _ in range(int(limit_s / POLL_S) + 10):
+        reason = await loop.run_in_executor(executor, is_dead)
+        if reason:
+            return reason
+        await asyncio.sleep(POLL_S)
+    await asyncio.Event().wait()  # past every phase limit: the driver cancels us
+    return ""
+
+
+async def _model_name(client: Client, target: Target, api: Api) -> str:
+    if target.model is not None or api is Api.GENERATE:
+        return target.model or "default"
+    try:
+        status, body = await client.get_json("/v1/models", 5.0)
+        data = json.loads(body).get("data") if status == 200 else None
+        if isinstance(data, list) and data and isinstance(data[0], dict):
+            return str(data[0].get("id") or "default")
+    except (HttpError, TimeoutError, ValueError, AttributeError):
+        pass
+    return "default"
+
+
+async def _run(
+    spec: WorkloadSpec,
+    target: Target,
+    facts: ServerFacts,
+    is_dead: Callable[[], str | None],
+    slo: Slo | None,
+    clock: Callable[[], float],
+    executor: concurrent.futures.Executor,
+) -> WorkloadResult:
+    api_key = target.api_key if target.api_key is not None else spec.api_key()
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    client = Client(target.base_url, headers=headers, clock=clock)
+    t0 = clock()
+    watcher = asyncio.create_task(_watch(is_dead, executor, spec.max_wall_s() + 60.0))
+    try:
+        model = await _model_name(client, target, spec.api)
+        options = RequestOptions(spec.api, model, spec.stream, spec.ignore_eos, spec.temperature)
+        pool = TokenPool(random.Random(f"{spec.seed}/pool"))
+        rt = ph.Runtime(client, pool, options, clock, t0, spec.request_timeout_s)
+        results: list[PhaseResult] = []
+        died: Died | None = None
+        for index, phase in enumerate(spec.phases):
+            if died is not None or watcher.done():
+                if died is None:
+                    died = _died(rt, watcher.result(), phase.name)
+                results.append(_skipped(phase, rt.rel(clock())))
+                continue
+            result, died = await _phase(spec, rt, facts, phase, index, watcher, slo)
+            results.append(result)
+        measured = [p for p in results if p.kind != "warmup" and p.ended_by != "skipped"]
+        keep = {p.name for p in measured}
+        records = [r for p in results for r in _records_of(rt, p)]
+        overall = summarize(
+            [r for r in records if r.phase in keep],
+            sum(p.duration_s for p in measured),
+            slo,
+            capped_arrivals=sum(p.summary.capped_arrivals for p in measured),
+        )
+        return WorkloadResult(tuple(results), overall, died, rt.rel(clock()), tuple(records))
+    finally:
+        watcher.cancel()
+        client.close()
+
+
+def _records_of(rt: ph.Runtime, p: PhaseResult) -> list[RequestRecord]:
+    return rt.records.get(p.name, [])
+
+
+def _skipped(phase: Phase, at_s: float) -> PhaseResult:
+    return PhaseResult(phase.name, _kind(phase), at_s, 0.0, "skipped", summarize([], 0.0), {})
+
+
+def _kind(phase: Phase) -> str:
+    return {Warmup: "warmup", Steady: "steady", Poisson: "poisson", Stress: "stress"}[type(phase)]
+
+
+def _died(rt: ph.Runtime, reason: str, phase: str) -> Died:
+    now = rt.clock()
+    live = list(rt.live.values())
+    return Died(
+        reason=reason,
+        at_s=rt.rel(now),
+        phase=phase,
+        in_flight=len(live),
+        in_flight_input_tokens=sum(x.plan.input_len for x in live),
+        in_flight_output_tokens=sum(x.reader.output_tokens for x in live if x.reader is not None),
+        oldest_in_flight_s=max((now - x.sent for x in live), default=None),
+    )
+
+
+async def _phase(
+    spec: WorkloadSpec,
+    rt: ph.Runtime,
+    facts: ServerFacts,
+    phase: Phase,
+    index: int,
+    watcher: asyncio.Task[str],
+    slo: Slo | None,
+) -> tuple[PhaseResult, Died | None]:
+    out: list[RequestRecord] = []
+    rt.records[phase.name] = out
+    capped = [0]
+    start = rt.clock()
+    plan: dict[str, object] = {}
+    base_in = phase.input_len if not isinstance(phase, Stress) else None
+    base_out = phase.output_len if not isinstance(phase, Stress) else None
+    shaper = Shaper(
+        random.Random(f"{spec.seed}/{index}/shapes"),
+        base_in or spec.input_len,
+        base_out or spec.output_len,
+        dataset=spec.dataset_rows if base_in is None and base_out is None else (),
+        sessions=spec.sessions,
+        max_context=facts.context_len,
+    )
+    coro: Coroutine[object, object, None]
+    if isinstance(phase, Warmup):
+        limit = phase.timeout_s
+        coro = ph.closed_loop(rt, out, phase.name, shaper, phase.concurrency, start + limit,
+                              phase.requests)  # fmt: skip
+    elif isinstance(phase, Steady):
+        limit = phase.duration_s + spec.drain_timeout_s
+        coro = ph.closed_loop(rt, out, phase.name, shaper, phase.concurrency,
+                              start + phase.duration_s, phase.max_requests)  # fmt: skip
+    elif isinstance(phase, Poisson):
+        limit = phase.duration_s + spec.drain_timeout_s
+        arrivals = random.Random(f"{spec.seed}/{index}/arrivals")
+        coro = ph.open_loop(rt, out, phase.name, shaper, arrivals, phase.rate, phase.duration_s,
+                            phase.max_in_flight, capped)  # fmt: skip
+    else:
+        limit = phase.timeout_s
+        sized = stress_plan(phase, facts)
+        plan = dict(sized)
+        coro = ph.bursts(rt, out, phase.name, shaper, sized["rounds"], sized["requests"],
+                         sized["input_len"], sized["output_len"])  # fmt: skip
+    task = asyncio.ensure_future(coro)
+    done, _ = await asyncio.wait(
+        {task, watcher}, timeout=limit, return_when=asyncio.FIRST_COMPLETED
+    )
+    died: Died | None = None
+    if task in done:
+        ended_by = "completed"
+        task.result()
+    else:
+        if watcher in done:
+            ended_by = "server_died"
+            died = _died(rt, watcher.result(), phase.name)
+            rt.cancel_reason = f"server died ({died.reason})"
+        else:
+            ended_by = "time_limit"
+            rt.cancel_reason = f"phase {phase.name} reached its {limit:g} s limit"
+        task.cancel()
+        await asyncio.wait({task}, timeout=1.0)
+    duration = rt.clock() - start
+    summary = summarize(out, duration, slo, capped_arrivals=capped[0])
+    result = PhaseResult(phase.name, _kind(phase), rt.rel(start), duration, ended_by, summary, plan)
+    return result, died

@@ -1,0 +1,260 @@
+"""How each phase sends its requests: closed loop, open loop (Poisson) and stress bursts.
+
+Every runner appends one `RequestRecord` per request to the list it is given, also when it is
+cancelled (the driver cancels a phase when the server dies or the phase's time limit passes), so
+no request goes unrecorded. Every loop is bounded: closed loops by a send deadline and a request
+count, open loops by the arrival schedule, bursts by their rounds; a worker that cannot connect
+pauses before retrying so a dead server does not turn into a busy loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from autotune.loadgen.apis import PATHS, RequestOptions, ResponseReader, build_body
+from autotune.loadgen.client import Client, HttpError
+from autotune.loadgen.metrics import RequestRecord
+from autotune.loadgen.shapes import RequestPlan, Shaper, TokenPool
+
+CONNECT_RETRY_PAUSE_S = 0.1
+MAX_BURST = 8192  # stays well inside the process's file-descriptor limit
+
+
+@dataclass
+class Live:
+    """A request in flight, for the record of what was running when the server died."""
+
+    plan: RequestPlan
+    sent: float
+    reader: ResponseReader | None = None
+
+
+@dataclass
+class Runtime:
+    """What every request of a workload shares (mutable: the live set and the cancel reason)."""
+
+    client: Client
+    pool: TokenPool
+    options: RequestOptions
+    clock: Callable[[], float]
+    t0: float
+    request_timeout_s: float
+    cancel_reason: str = "cancelled"
+    live: dict[int, Live] = field(default_factory=dict)
+    records: dict[str, list[RequestRecord]] = field(default_factory=dict)
+    _ids: itertools.count[int] = field(default_factory=itertools.count)
+
+    def rel(self, t: float) -> float:
+        return t - self.t0
+
+
+async def send_one(
+    rt: Runtime, out: list[RequestRecord], phase: str, plan: RequestPlan, scheduled: float
+) -> RequestRecord:
+    """Send one request and append its record to `out` (also when cancelled)."""
+    key = next(rt._ids)
+    body = build_body(plan, rt.pool, rt.options)
+    path = PATHS[rt.options.api]
+    sent: float | None = None
+    end: float | None = None
+    error: str | None = None
+    reader = ResponseReader(rt.options.api, rt.options.stream, 0.0, plan.output_len)
+    try:
+        conn = await rt.client.acquire()
+        sent = reader.start = rt.clock()
+        rt.live[key] = Live(plan, sent, reader)
+        try:
+            async with asyncio.timeout(rt.request_timeout_s):
+                _, end = await conn.request(rt.client.head("POST", path, len(body)), body, reader)
+        except BaseException:
+            conn.close()
+            raise
+        rt.client.release(conn)
+        reader.finish(end)
+        error = reader.error
+    except TimeoutError:
+        error = f"timeout: no complete response within {rt.request_timeout_s:g} s"
+        end = rt.clock()
+    except HttpError as exc:
+        error = f"connection: {exc}"
+        end = rt.clock()
+    except asyncio.CancelledError:
+        error = f"cancelled: {rt.cancel_reason}"
+        end = rt.clock()
+        raise
+    finally:
+        rt.live.pop(key, None)
+        record = _record(rt, phase, key, plan, scheduled, sent, end, reader, error)
+        out.append(record)
+    return record
+
+
+def _record(
+    rt: Runtime,
+    phase: str,
+    key: int,
+    plan: RequestPlan,
+    scheduled: float,
+    sent: float | None,
+    end: float | None,
+    reader: ResponseReader,
+    error: str | None,
+) -> RequestRecord:
+    ok = error is None and sent is not None and end is not None
+    return RequestRecord(
+        phase=phase,
+        index=key,
+        scheduled_s=rt.rel(scheduled),
+        sent_s=None if sent is None else rt.rel(sent),
+        end_s=None if end is None else rt.rel(end),
+        ttft=reader.ttft,
+        itl=tuple(reader.itl),
+        e2e=(end - sent) if ok and end is not None and sent is not None else None,
+        input_tokens=reader.prompt_tokens if reader.prompt_tokens is not None else plan.input_len,
+        output_tokens=reader.output_tokens,
+        error=error,
+        session=plan.session,
+        turn=plan.turn,
+    )
+
+
+async def _session(
+    rt: Runtime, out: list[RequestRecord], phase: str, plans: list[RequestPlan], scheduled: float,
+    stop_at: float,
+) -> None:  # fmt: skip
+    """Turns of one session in order; later turns wait for earlier ones and stop on a failure."""
+    for i, plan in enumerate(plans):
+        if i > 0 and rt.clock() >= stop_at:
+            return
+        record = await send_one(rt, out, phase, plan, scheduled)
+        if not record.ok:
+            if record.error is not None and record.error.startswith("connection"):
+                await asyncio.sleep(CONNECT_RETRY_PAUSE_S)
+            return
+        scheduled = rt.clock()
+
+
+async def _cancel_all(tasks: set[asyncio.Task[None]], grace_s: float = 0.5) -> None:
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=grace_s)
+
+
+async def closed_loop(
+    rt: Runtime,
+    out: list[RequestRecord],
+    phase: str,
+    shaper: Shaper,
+    concurrency: int,
+    stop_sending_at: float,
+    max_requests: int | None,
+) -> None:
+    """`concurrency` clients; each sends its next request as soon as its last one ends.
+
+    Each request is scheduled at the moment its client became free, so the lag is pure client
+    overhead. Sessions run on one client turn after turn.
+    """
+    budget = max_requests if max_requests is not None else 1 << 62
+    issued = 0
+
+    async def client_loop() -> None:
+        nonlocal issued
+        scheduled = rt.clock()
+        while issued < budget and rt.clock() < stop_sending_at:
+            plans = shaper.session()
+            for plan in plans:
+                if issued >= budget or rt.clock() >= stop_sending_at:
+                    return
+                issued += 1
+                record = await send_one(rt, out, phase, plan, scheduled)
+                if not record.ok:
+                    if record.error is not None and record.error.startswith("connection"):
+                        await asyncio.sleep(CONNECT_RETRY_PAUSE_S)
+                    scheduled = rt.clock()
+                    break
+                scheduled = rt.clock()
+
+    tasks = {asyncio.create_task(client_loop()) for _ in range(concurrency)}
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        await _cancel_all({t for t in tasks if not t.done()})
+
+
+async def open_loop(
+    rt: Runtime,
+    out: list[RequestRecord],
+    phase: str,
+    shaper: Shaper,
+    arrivals: random.Random,
+    rate: float,
+    duration_s: float,
+    max_in_flight: int,
+    capped: list[int],
+) -> None:
+    """Poisson arrivals at `rate`/s for `duration_s`, sent on schedule whatever the server does.
+
+    Each session's first request is scheduled at its arrival time. When `max_in_flight` requests
+    are already out, the arrival waits for a slot; `capped[0]` counts those arrivals.
+    """
+    start = rt.clock()
+    end = start + duration_s
+    slots = asyncio.Semaphore(max_in_flight)
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def run(plans: list[RequestPlan], scheduled: float) -> None:
+        try:
+            await _session(rt, out, phase, plans, scheduled, end)
+        finally:
+            slots.release()
+
+    t_next = start
+    try:
+        for _ in range(int(rate * duration_s * 4) + 100):  # bounded: ~4x the expected arrivals
+            t_next += arrivals.expovariate(rate)
+            if t_next >= end:
+                break
+            delay = t_next - rt.clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if slots.locked():
+                capped[0] += 1
+            await slots.acquire()
+            task = asyncio.create_task(run(shaper.session(), t_next))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*list(tasks))
+    finally:
+        await _cancel_all({t for t in tasks if not t.done()})
+
+
+async def bursts(
+    rt: Runtime,
+    out: list[RequestRecord],
+    phase: str,
+    shaper: Shaper,
+    rounds: int,
+    requests: int,
+    input_len: int,
+    output_len: int,
+) -> None:
+    """`rounds` bursts of `requests` prompts sent at once; each round waits for the last."""
+    tasks: set[asyncio.Task[RequestRecord]] = set()
+    try:
+        for _ in range(rounds):
+            plans = [shaper.fixed(input_len, output_len) for _ in range(min(requests, MAX_BURST))]
+            now = rt.clock()
+            tasks = {asyncio.create_task(send_one(rt, out, phase, p, now)) for p in plans}
+            await asyncio.gather(*tasks)
+    finally:
+        pending = {t for t in tasks if not t.done()}
+        for t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=0.5)
