@@ -8,3 +8,18 @@ from collections.abc import Callable
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
 REGISTRARS: list[Registrar] = []
+
+
+def _run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from autotune.run_cmd import register
+
+    register(sub)
+
+
+def _status(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from autotune.status_cmd import register
+
+    register(sub)
+
+
+REGISTRARS += [_run, _status]

@@ -1,0 +1,275 @@
+"""`autotune run`: the overnight study loop, from a study file to a finished Optuna study.
+
+This is the composition root: it resolves the study file and overrides, opens the storage,
+recovers what a killed run left behind, then asks, runs and tells until the budget is spent.
+Everything it writes lives under `results/NAME/` (or --results-dir): `study.db`, and per trial
+`trials/NNNN/server.log` and `trial.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TextIO
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.config import SAMPLERS, StudyConfig, find_study_file, load_study
+from autotune.errors import UsageError
+from autotune.progress import Progress, Tally, finished_line
+from autotune.space import server_argv, settings_for
+from autotune.study import (
+    Interrupted,
+    Result,
+    Worker,
+    best_feasible_capacity,
+    counted,
+    default_storage_url,
+    feasible,
+    make_sampler,
+    open_study,
+    prepare,
+    recover,
+    redact,
+    run_loop,
+)
+from autotune.trial import Launcher, TrialPlan, run_trial, write_record
+
+PACKAGE_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run (or resume) a study: launch, load and record servers until the budget is spent",
+        description="Run a study; re-running the same command resumes it.",
+    )
+    add_study_args(p)
+    p.add_argument("--backend", choices=("sim", "sglang"), help="override server.backend")
+    p.add_argument("--n-trials", type=int, metavar="N", help="trials to finish (budget.n_trials)")
+    p.add_argument("--timeout", type=float, metavar="SECONDS", help="no new trial after this long")
+    p.add_argument(
+        "--sampler", metavar="NAME", help=f"override sampler.name ({', '.join(SAMPLERS)})"
+    )
+    p.set_defaults(handler=handle)
+
+
+def add_study_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--study", metavar="NAME", help="configs/NAME.toml; also the results folder")
+    p.add_argument(
+        "--config", type=Path, metavar="PATH", help="study file (default configs/NAME.toml)"
+    )
+    p.add_argument(
+        "--storage", metavar="URL", help="Optuna storage URL (default results/NAME/study.db)"
+    )
+    p.add_argument("--results-dir", type=Path, metavar="DIR", default=Path("results"))
+
+
+def resolve_config(args: argparse.Namespace) -> StudyConfig:
+    """The study file named by --config or --study, with the command line's overrides applied."""
+    if args.config is None and not args.study:
+        raise UsageError("name a study: --study NAME (configs/NAME.toml) or --config PATH")
+    path = args.config or find_study_file(args.study, [Path("configs"), PACKAGE_CONFIGS])
+    cfg = load_study(path, name=args.study or None)
+    backend = getattr(args, "backend", None)
+    if backend:
+        cfg = dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, backend=backend))
+    sampler = getattr(args, "sampler", None)
+    if sampler:
+        if sampler not in SAMPLERS:
+            raise UsageError(f"--sampler {sampler}: unknown; use one of {', '.join(SAMPLERS)}")
+        cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, name=sampler))
+    n_trials = getattr(args, "n_trials", None)
+    if n_trials is not None:
+        if n_trials < 1:
+            raise UsageError(f"--n-trials {n_trials}: must be ≥ 1")
+        cfg = dataclasses.replace(cfg, budget=dataclasses.replace(cfg.budget, n_trials=n_trials))
+    timeout = getattr(args, "timeout", None)
+    if timeout is not None:
+        if not timeout > 0:
+            raise UsageError(f"--timeout {timeout:g}: must be > 0 seconds")
+        cfg = dataclasses.replace(cfg, budget=dataclasses.replace(cfg.budget, timeout_s=timeout))
+    return cfg
+
+
+def study_dir(cfg: StudyConfig, results_dir: Path) -> Path:
+    return results_dir / cfg.name
+
+
+def storage_url(args: argparse.Namespace, cfg: StudyConfig, folder: Path) -> str:
+    return str(args.storage or cfg.storage or default_storage_url(folder))
+
+
+def handle(args: argparse.Namespace) -> int:
+    cfg = resolve_config(args)
+    folder = study_dir(cfg, args.results_dir)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"--results-dir {args.results_dir}: cannot create {folder}: {exc}"
+        ) from exc
+    url = storage_url(args, cfg, folder)
+    from autotune.trial import live_launcher
+
+    launcher = live_launcher(cfg, folder)
+    with _sigterm_as_interrupt():
+        return run(cfg, folder, url, launcher, sys.stdout)
+
+
+def run(
+    cfg: StudyConfig,
+    folder: Path,
+    url: str,
+    launcher: Launcher,
+    stream: TextIO,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+) -> int:
+    """Run the study to its end; 0 when done, 130 when the operator stopped it."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = open_study(cfg, url, make_sampler(cfg.sampler))
+    worker = Worker.current()
+    recovered = recover(
+        study,
+        host=worker.host,
+        stop_orphans=lambda t: launcher.stop_orphans(trial_dir(folder, t.number)),
+    )
+    queued = prepare(study, cfg)
+    trials = study.get_trials(deepcopy=False)
+    deadline = clock() + cfg.budget.timeout_s if cfg.budget.timeout_s else None
+    tally = Tally(n_trials=cfg.budget.n_trials)
+    for t in trials:
+        if t.state.is_finished():
+            _tally_add(tally, t)
+    progress = Progress(stream, tally, clock=clock, deadline=deadline)
+    progress.message(
+        f"study {cfg.name}: {cfg.server.backend} backend, sampler {cfg.sampler.name}, "
+        f"{counted(trials)}/{cfg.budget.n_trials} trials done, storage {redact(url)}"
+        + (f"; recovered trials {recovered} left running by a killed run" if recovered else "")
+        + (f"; {queued} points queued" if queued else "")
+    )
+
+    def run_one(trial: optuna.trial.Trial) -> Result:
+        settings = settings_for(trial, cfg.search)
+        port = cfg.server.port or free_port(cfg.server.host)
+        argv = server_argv(
+            cfg.server, settings, backend=cfg.server.backend, port=port, extra=launcher.extra_args()
+        )
+        plan = TrialPlan(
+            number=trial.number,
+            params=settings.params,
+            argv=tuple(argv),
+            env=dict(cfg.server.env),
+            host=cfg.server.host,
+            port=port,
+            trial_dir=trial_dir(folder, trial.number),
+            limits=cfg.server.limits,
+            backend=cfg.server.backend,
+        )
+        trial.set_user_attr("trial_dir", str(plan.trial_dir))
+        progress.trial_started(tally.done + 1, trial.number, settings.params)
+        record = run_trial(plan, launcher, clock=clock, phase=progress.phase)
+        write_record(record, plan.trial_dir)
+        return record.result()
+
+    def on_told(t: FrozenTrial) -> None:
+        _tally_add(tally, t)
+        progress.trial_finished(_finished(t, tally))
+
+    try:
+        end = run_loop(
+            study,
+            cfg,
+            run_one=run_one,
+            n_trials=cfg.budget.n_trials,
+            timeout_s=cfg.budget.timeout_s,
+            clock=clock,
+            worker=worker,
+            on_told=on_told,
+        )
+    except Interrupted as exc:
+        progress.close()
+        stream.write(
+            f"autotune: {exc}; the trial is recorded as interrupted. "
+            f"Run the same command to resume.\n"
+        )
+        return 130
+    finally:
+        progress.close()
+    trials = study.get_trials(deepcopy=False)
+    progress.message(_summary(cfg, end.why, trials))
+    return 0
+
+
+def _tally_add(tally: Tally, t: FrozenTrial) -> None:
+    record = t.user_attrs.get("record")
+    phases = record.get("phases", {}) if isinstance(record, dict) else {}
+    tally.add(
+        counted=counted([t]) == 1,
+        feasible_capacity=int(t.user_attrs.get("capacity_tokens", 0)) if feasible(t) else None,
+        oom=t.user_attrs.get("outcome", "") in ("startup_oom", "runtime_oom"),
+        phases=phases if isinstance(phases, dict) else {},
+    )
+
+
+def _finished(t: FrozenTrial, tally: Tally) -> str:
+    a = t.user_attrs
+    record = a.get("record") if isinstance(a.get("record"), dict) else {}
+    assert isinstance(record, dict)
+    total = record.get("phases", {}).get("total", 0.0)
+    return finished_line(
+        k=tally.done,
+        n=tally.n_trials,
+        number=t.number,
+        outcome=str(a.get("outcome", "")),
+        reason=str(a.get("reason", "")),
+        capacity=int(a.get("capacity_tokens", 0) or 0),
+        throughput=float(a.get("throughput_tok_s", 0.0) or 0.0),
+        headroom=a.get("headroom_gib"),
+        feasible=feasible(t) if t.state == TrialState.COMPLETE else None,
+        seconds=float(total or 0.0),
+    )
+
+
+def _summary(cfg: StudyConfig, why: str, trials: list[FrozenTrial]) -> str:
+    best = best_feasible_capacity(trials)
+    ooms = sum(1 for t in trials if t.user_attrs.get("outcome") in ("startup_oom", "runtime_oom"))
+    found = f"best feasible capacity {best:,} tokens" if best is not None else "no feasible trial"
+    return (
+        f"study {cfg.name} finished ({why}): {counted(trials)} trials, {ooms} OOM, {found}. "
+        f"See `autotune status --study {cfg.name}`."
+    )
+
+
+def trial_dir(folder: Path, number: int) -> Path:
+    return folder / "trials" / f"{number:04d}"
+
+
+def free_port(host: str) -> int:
+    """A port the OS says is free now (bind to 0); the server binds it moments later."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """`systemctl stop` (SIGTERM) stops the run like Ctrl-C: the trial is recorded first."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,361 @@
+"""One trial end to end: launch → ready → ledger → workload → metrics → teardown → a record.
+
+The orchestration here is pure control flow over a small seam (`Launcher` / `ServerRun`), so it is
+tested with fakes; `autotune.harness` implements the seam with the real server lifecycle and
+workload driver. What a trial's ending means is decided here, once:
+
+* the parameters broke the server (OOM at startup or under load, a crash): a COMPLETE trial with
+  violated constraints and the capacity it measured (0 if none), so samplers learn the edge;
+* the harness or the machine failed (hang, phase timeout, a launch error): a FAILED trial with
+  its reason;
+* the operator pressed Ctrl-C: the server is stopped cleanly (a second Ctrl-C cannot cut the
+  teardown short) and the trial is recorded as interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Protocol
+
+from autotune import __version__
+from autotune.config import Limits, Scalar, StudyConfig
+from autotune.errors import HarnessError
+from autotune.study import Measured, Result
+
+PARAMETER_OUTCOMES = frozenset({"startup_oom", "runtime_oom", "startup_error", "crash"})
+"""Server endings caused by the trial's parameters: complete trials with violated constraints."""
+OOM_OUTCOMES = frozenset({"startup_oom", "runtime_oom"})
+FATAL_TEARDOWN = "teardown"
+INTERRUPT = "interrupted"
+"""`fatal` value of a finished trial during whose teardown the operator asked to stop."""
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    """Everything needed to run one trial; paths are inside the study's results folder."""
+
+    number: int
+    params: Mapping[str, Scalar]
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    host: str
+    port: int
+    trial_dir: Path
+    limits: Limits
+    backend: str
+
+    @property
+    def log_path(self) -> Path:
+        return self.trial_dir / "server.log"
+
+
+@dataclass(frozen=True)
+class Startup:
+    """How the server start ended. `outcome` is an `autotune.outcome.Outcome` value."""
+
+    outcome: str
+    cause: str = ""
+    evidence: tuple[str, ...] = ()
+    ledger: Mapping[str, object] = field(default_factory=dict)
+    seconds: float = 0.0
+    sglang_version: str | None = None
+
+
+@dataclass(frozen=True)
+class Load:
+    """How the workload went. `outcome` is `ready` when the server survived it."""
+
+    outcome: str
+    cause: str = ""
+    evidence: tuple[str, ...] = ()
+    summary: Mapping[str, object] = field(default_factory=dict)
+    throughput_tok_s: float = 0.0
+    error_rate: float | None = None
+    p99_ttft_ms: float | None = None
+    p99_itl_ms: float | None = None
+    min_free_gib: float | None = None
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The teardown: `clean` when every process is gone and the GPU memory came back."""
+
+    clean: bool
+    reason: str = ""
+    seconds: float = 0.0
+
+
+class ServerRun(Protocol):
+    """One launched server."""
+
+    def wait_ready(self) -> Startup: ...
+
+    def drive(self, ledger: Mapping[str, object]) -> Load: ...
+
+    def stop(self) -> Stop: ...
+
+
+class Launcher(Protocol):
+    """Starts servers; raises `HarnessError` (or `OSError`) when the machine cannot."""
+
+    def launch(self, plan: TrialPlan) -> ServerRun: ...
+
+    def extra_args(self) -> tuple[str, ...]:
+        """Flags the backend adds to every launch (the simulator's GPU-state folder)."""
+        ...
+
+    def stop_orphans(self, trial_dir: Path) -> str:
+        """Stop servers a killed autotune started for this trial; says what it did."""
+        ...
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """What trial.json holds and what the study is told."""
+
+    number: int
+    state: str  # complete | fail | interrupted
+    outcome: str
+    reason: str
+    params: Mapping[str, Scalar]
+    argv: tuple[str, ...]
+    ledger: Mapping[str, object]
+    workload: Mapping[str, object]
+    capacity_tokens: int
+    throughput_tok_s: float
+    headroom_gib: float | None
+    error_rate: float | None
+    p99_ttft_ms: float | None
+    p99_itl_ms: float | None
+    evidence: tuple[str, ...]
+    phases: Mapping[str, float]
+    log_path: str
+    autotune_version: str
+    sglang_version: str | None
+    host: str
+    backend: str
+    fatal: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        d = asdict(self)
+        d["argv"] = list(self.argv)
+        d["evidence"] = list(self.evidence)
+        return d
+
+    def measured(self) -> Measured | None:
+        if self.state != "complete":
+            return None
+        return Measured(
+            capacity_tokens=self.capacity_tokens,
+            throughput_tok_s=self.throughput_tok_s,
+            oom=self.outcome in OOM_OUTCOMES,
+            crashed=self.outcome in PARAMETER_OUTCOMES - OOM_OUTCOMES,
+            error_rate=self.error_rate,
+            headroom_gib=self.headroom_gib,
+            p99_ttft_ms=self.p99_ttft_ms,
+            p99_itl_ms=self.p99_itl_ms,
+        )
+
+    def result(self) -> Result:
+        """The study's view: few flat attributes for tables, the whole record under `record`."""
+        attrs: dict[str, object] = {
+            "capacity_tokens": self.capacity_tokens,
+            "throughput_tok_s": self.throughput_tok_s,
+            "headroom_gib": self.headroom_gib,
+            "record": _json_safe(self.to_dict()),
+        }
+        return Result(self.state, self.outcome, self.reason, self.measured(), attrs, self.fatal)
+
+
+Phase = Callable[[str], None]
+_BY_OPERATOR = "stopped by the operator"
+
+
+def run_trial(
+    plan: TrialPlan, launcher: Launcher, *, clock: Callable[[], float], phase: Phase
+) -> TrialRecord:
+    """Run one trial; never raises for what the server or the machine did."""
+    plan.trial_dir.mkdir(parents=True, exist_ok=True)
+    phases: dict[str, float] = {}
+    startup: Startup | None = None
+    load: Load | None = None
+    stop: Stop | None = None
+    harness_error = ""
+    interrupted = False
+    t0 = clock()
+    phase("launch")
+    try:
+        server = launcher.launch(plan)
+    except (HarnessError, OSError) as exc:
+        return _record(plan, "fail", "harness_error", f"launch failed: {exc}", phases=phases)
+    except KeyboardInterrupt:
+        return _record(plan, "interrupted", "interrupted", _BY_OPERATOR, phases=phases)
+    phases["launch"] = clock() - t0
+    try:
+        phase("startup")
+        startup = server.wait_ready()
+        phases["startup"] = startup.seconds
+        if startup.outcome == "ready":
+            phase("workload")
+            load = server.drive(startup.ledger)
+            phases["workload"] = load.seconds
+    except KeyboardInterrupt:
+        interrupted = True
+    except (HarnessError, OSError) as exc:
+        harness_error = str(exc)
+    finally:
+        phase("teardown")
+        with _signals_deferred() as pending:
+            stop = server.stop()
+        phases["teardown"] = stop.seconds
+    phases["total"] = clock() - t0
+    record = _judge(plan, startup, load, interrupted, harness_error, phases)
+    if not stop.clean:
+        record = replace(record, fatal=f"{FATAL_TEARDOWN}: {stop.reason}")
+    elif pending and record.state != "interrupted":
+        record = replace(record, fatal=INTERRUPT)
+    return record
+
+
+def _judge(
+    plan: TrialPlan,
+    startup: Startup | None,
+    load: Load | None,
+    interrupted: bool,
+    harness_error: str,
+    phases: dict[str, float],
+) -> TrialRecord:
+    base = _record(plan, "fail", "", "", phases=phases)
+    if startup is not None:
+        base = replace(base, ledger=dict(startup.ledger), sglang_version=startup.sglang_version)
+    if interrupted:
+        return replace(base, state="interrupted", outcome="interrupted", reason=_BY_OPERATOR)
+    if harness_error:
+        return replace(base, outcome="harness_error", reason=harness_error)
+    assert startup is not None
+    capacity = _int(startup.ledger.get("max_total_num_tokens"))
+    if startup.outcome != "ready":
+        state = "complete" if startup.outcome in PARAMETER_OUTCOMES else "fail"
+        return replace(
+            base,
+            state=state,
+            outcome=startup.outcome,
+            reason=_reason(startup.outcome, startup.cause, startup.evidence),
+            capacity_tokens=capacity,
+            evidence=startup.evidence,
+        )
+    assert load is not None
+    headroom = load.min_free_gib
+    if headroom is None:
+        headroom = _float(startup.ledger.get("avail_after_graphs_gib"))
+    survived = load.outcome in ("ready", "stopped")
+    return replace(
+        base,
+        state="complete" if survived or load.outcome in PARAMETER_OUTCOMES else "fail",
+        outcome="ok" if survived else load.outcome,
+        reason="" if survived else _reason(load.outcome, load.cause, load.evidence),
+        capacity_tokens=capacity,
+        workload=dict(load.summary),
+        throughput_tok_s=load.throughput_tok_s,
+        headroom_gib=headroom,
+        error_rate=load.error_rate,
+        p99_ttft_ms=load.p99_ttft_ms,
+        p99_itl_ms=load.p99_itl_ms,
+        evidence=load.evidence,
+    )
+
+
+def _record(
+    plan: TrialPlan, state: str, outcome: str, reason: str, *, phases: Mapping[str, float]
+) -> TrialRecord:
+    return TrialRecord(
+        number=plan.number,
+        state=state,
+        outcome=outcome,
+        reason=reason,
+        params=dict(plan.params),
+        argv=plan.argv,
+        ledger={},
+        workload={},
+        capacity_tokens=0,
+        throughput_tok_s=0.0,
+        headroom_gib=None,
+        error_rate=None,
+        p99_ttft_ms=None,
+        p99_itl_ms=None,
+        evidence=(),
+        phases=dict(phases),
+        log_path=str(plan.log_path),
+        autotune_version=__version__,
+        sglang_version=None,
+        host=socket.gethostname(),
+        backend=plan.backend,
+    )
+
+
+def _reason(outcome: str, cause: str, evidence: tuple[str, ...]) -> str:
+    text = outcome + (f" ({cause})" if cause else "")
+    return f"{text}: {evidence[0]}" if evidence else text
+
+
+def _int(v: object) -> int:
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0
+
+
+def _float(v: object) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def write_record(record: TrialRecord, trial_dir: Path) -> Path:
+    """trial.json, written atomically (a crash leaves the old file or the new one, never half)."""
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    path = trial_dir / "trial.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(_json_safe(record.to_dict()), indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def _json_safe(value: object) -> object:
+    """Plain JSON types only; NaN and infinities become None (Optuna's storage rejects them)."""
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return None
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+@contextmanager
+def _signals_deferred() -> Iterator[list[int]]:
+    """Hold Ctrl-C and SIGTERM while the server is being stopped; the list says if any came."""
+    pending: list[int] = []
+
+    def hold(signum: int, frame: object) -> None:
+        pending.append(signum)
+
+    try:
+        previous = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread: nothing to defer
+        yield pending
+        return
+    try:
+        yield pending
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def live_launcher(cfg: StudyConfig, study_dir: Path) -> Launcher:
+    """The real seam: the server lifecycle and the workload driver (`autotune.harness_live`)."""
+    raise HarnessError("the server lifecycle module is not available in this build")
