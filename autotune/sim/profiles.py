@@ -1,0 +1,273 @@
+"""Hardware/model profiles: strict TOML loading into frozen dataclasses.
+
+A profile describes one box and one model: GPUs, host RAM, the memory CUDA and NCCL take before
+weights, weights per GPU, attention geometry (bytes per token follow from it), an optional draft
+model, CUDA-graph and activation memory laws, step times, startup phase durations and run-to-run
+variation. Every key is documented in docs/sim-profiles.md. Profiles ship in configs/sim/*.toml
+and are chosen by name (file stem) or by path. Unknown keys and wrong types are errors.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+PROFILE_DIR = Path(__file__).resolve().parents[2] / "configs" / "sim"
+
+
+class ProfileError(ValueError):
+    """A profile cannot be found or has a bad key; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class Hardware:
+    gpu_name: str
+    gpu_count: int
+    gpu_memory_mib: int
+    cuda_context_gib: float
+    host_ram_gb: float
+    host_ram_available_gb: float
+    host_to_device_gbps: float = 20.0
+
+
+@dataclass(frozen=True)
+class Attention:
+    """KV geometry of one model. kind "mla" uses kv_lora_rank/qk_rope_head_dim; "mha" the heads."""
+
+    kind: str
+    layers: int
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    kv_heads: int = 0
+    head_dim: int = 0
+    v_head_dim: int = 0
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    path: str
+    architecture: str
+    model_type: str
+    dtype: str
+    weights_gib: float
+    weights_tp: int
+    context_length: int
+    kv_fp8_checkpoint: bool = False
+
+
+@dataclass(frozen=True)
+class Draft:
+    """The speculative draft model that ships with the profile (used with --speculative-*)."""
+
+    algorithm: str
+    path: str
+    weights_gib: float
+    weights_tp: int
+    attention: Attention
+    num_steps: int
+    topk: int
+    draft_tokens: int
+    accept_length: float
+    graph_base_gib: float
+    graph_mib_per_token: float
+
+
+@dataclass(frozen=True)
+class CudaGraph:
+    """graph GiB = base + per_size × (#captured sizes) + per_token × max_bs × tokens_per_bs."""
+
+    base_gib: float
+    mib_per_size: float
+    mib_per_token: float
+    workspace_gib: float
+
+
+@dataclass(frozen=True)
+class Activation:
+    """Transient peak GiB = base + prefill tokens × per_token + decode seqs × per_seq."""
+
+    base_gib: float
+    prefill_mib_per_token: float
+    decode_mib_per_seq: float
+    variation: float
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Step times in ms: prefill = base + tokens × per_token; decode = base + seqs × per_seq."""
+
+    prefill_base_ms: float
+    prefill_ms_per_token: float
+    decode_base_ms: float
+    decode_ms_per_seq: float
+    decode_us_per_kv_token: float = 0.0
+    variation: float = 0.02
+
+
+@dataclass(frozen=True)
+class Startup:
+    """Phase durations in seconds at --sim-time-scale 1 (real-world length)."""
+
+    init_distributed_s: float
+    weight_load_s: float
+    kv_alloc_s: float
+    graph_capture_s: float
+    draft_load_s: float
+    draft_graph_capture_s: float
+    hicache_s_per_gb: float
+    server_start_s: float
+    warmup_s: float
+
+
+@dataclass(frozen=True)
+class Variation:
+    """Launch-to-launch jitter: sigma (MiB) of the CUDA-context overhead and of the weights."""
+
+    startup_mib: float
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    hardware: Hardware
+    model: ModelSpec
+    attention: Attention
+    draft: Draft | None
+    cuda_graph: CudaGraph
+    activation: Activation
+    timing: Timing
+    startup: Startup
+    variation: Variation
+    source: str = ""
+
+
+T = TypeVar("T")
+
+
+def _build(cls: type[T], table: Mapping[str, Any], where: str, **extra: Any) -> T:
+    known = {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
+    for key in table:
+        if key not in known or key in extra:
+            raise ProfileError(f"{where}.{key}: unknown key; see docs/sim-profiles.md")
+    kwargs: dict[str, Any] = dict(extra)
+    for name, fld in known.items():
+        if name in extra:
+            continue
+        if name not in table:
+            if fld.default is not MISSING:
+                continue
+            raise ProfileError(f"{where}.{name}: missing; see docs/sim-profiles.md")
+        value = table[name]
+        want = str(fld.type)
+        if want == "int" and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ProfileError(f"{where}.{name}: expected an integer, got {value!r}")
+        if want == "float":
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise ProfileError(f"{where}.{name}: expected a number, got {value!r}")
+            value = float(value)
+        if want == "str" and not isinstance(value, str):
+            raise ProfileError(f"{where}.{name}: expected a string, got {value!r}")
+        if want == "bool" and not isinstance(value, bool):
+            raise ProfileError(f"{where}.{name}: expected true or false, got {value!r}")
+        if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+            raise ProfileError(f"{where}.{name}: must not be negative, got {value!r}")
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def _table(doc: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = doc.get(key)
+    if not isinstance(value, dict):
+        raise ProfileError(f"[{key}]: missing table; see docs/sim-profiles.md")
+    return value
+
+
+def _attention(table: Mapping[str, Any], where: str) -> Attention:
+    att = _build(Attention, table, where)
+    if att.kind == "mla":
+        if att.kv_lora_rank <= 0 or att.qk_rope_head_dim <= 0:
+            raise ProfileError(f"{where}: mla needs kv_lora_rank and qk_rope_head_dim > 0")
+    elif att.kind == "mha":
+        if att.kv_heads <= 0 or att.head_dim <= 0:
+            raise ProfileError(f"{where}: mha needs kv_heads and head_dim > 0")
+    else:
+        raise ProfileError(f"{where}.kind: must be 'mla' or 'mha', got {att.kind!r}")
+    if att.layers <= 0:
+        raise ProfileError(f"{where}.layers: must be positive")
+    return att
+
+
+_TOP = {
+    "name",
+    "description",
+    "hardware",
+    "model",
+    "attention",
+    "draft",
+    "cuda_graph",
+    "activation",
+    "timing",
+    "startup",
+    "variation",
+}
+
+
+def profile_from_dict(doc: Mapping[str, Any], source: str = "") -> Profile:
+    """Validate a parsed TOML document into a Profile (raises ProfileError)."""
+    for key in doc:
+        if key not in _TOP:
+            raise ProfileError(f"{key}: unknown key; see docs/sim-profiles.md")
+    name = doc.get("name")
+    if not isinstance(name, str) or not name:
+        raise ProfileError("name: missing; give the profile a name")
+    draft = None
+    if "draft" in doc:
+        dt = dict(_table(doc, "draft"))
+        att_table = dt.pop("attention", None)
+        if not isinstance(att_table, dict):
+            raise ProfileError("[draft.attention]: missing table")
+        draft = _build(Draft, dt, "draft", attention=_attention(att_table, "draft.attention"))
+    hardware = _build(Hardware, _table(doc, "hardware"), "hardware")
+    if hardware.gpu_count <= 0 or hardware.gpu_memory_mib <= 0:
+        raise ProfileError("hardware.gpu_count/gpu_memory_mib: must be positive")
+    return Profile(
+        name=name,
+        description=str(doc.get("description", "")),
+        hardware=hardware,
+        model=_build(ModelSpec, _table(doc, "model"), "model"),
+        attention=_attention(_table(doc, "attention"), "attention"),
+        draft=draft,
+        cuda_graph=_build(CudaGraph, _table(doc, "cuda_graph"), "cuda_graph"),
+        activation=_build(Activation, _table(doc, "activation"), "activation"),
+        timing=_build(Timing, _table(doc, "timing"), "timing"),
+        startup=_build(Startup, _table(doc, "startup"), "startup"),
+        variation=_build(Variation, _table(doc, "variation"), "variation"),
+        source=source,
+    )
+
+
+def list_profiles(directory: Path = PROFILE_DIR) -> list[str]:
+    """Names of the shipped profiles (file stems under configs/sim/)."""
+    return sorted(p.stem for p in directory.glob("*.toml"))
+
+
+def load_profile(name_or_path: str | Path, directory: Path = PROFILE_DIR) -> Profile:
+    """Load a profile by name (configs/sim/NAME.toml) or by path to a TOML file."""
+    text = str(name_or_path)
+    path = Path(text)
+    if not (text.endswith(".toml") or path.is_file()):
+        path = directory / f"{text}.toml"
+    if not path.is_file():
+        raise ProfileError(
+            f"profile {text!r} not found; use one of "
+            f"{', '.join(list_profiles(directory))} or a path to a TOML file"
+        )
+    try:
+        doc = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(f"{path}: not valid TOML ({exc})") from None
+    return profile_from_dict(doc, source=str(path))
