@@ -1,0 +1,509 @@
+"""SGLang log lines -> typed events; pure functions, every format from 0.4.x to 0.5.23.
+
+A line is read in two steps: its prefix (`[2026-02-24 11:57:16.123 DP0 TP0 EP0] `, or none at all
+for tracebacks and tqdm bars) gives the time and the rank tag; the message then goes through a
+chain of `startswith` checks ordered by frequency, because serving lines and access-log lines are
+most of a long log and must cost one or two string tests each. Batch lines are read as `key: value`
+pairs rather than by one regex per version, so 0.4.x (`Decode batch. …`), 0.5.4 (`Decode batch [n],
+…`), 0.5.9 and 0.5.23 field orders all parse with the same code. Anything unrecognised yields None:
+logs carry junk (tqdm carriage returns, warnings, systemd prefixes) between the lines that matter.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+
+class Kind(StrEnum):
+    """What a recognised non-batch line says."""
+
+    DIST_INIT_BEGIN = "dist_init_begin"
+    DIST_INIT_END = "dist_init_end"
+    MEMORY_BASELINE = "memory_baseline"
+    UNBALANCED_MEMORY = "unbalanced_memory"
+    WEIGHT_LOAD_BEGIN = "weight_load_begin"
+    WEIGHT_LOAD_END = "weight_load_end"
+    KV_DTYPE = "kv_dtype"
+    KV_ALLOCATED = "kv_allocated"
+    MEMORY_POOL_END = "memory_pool_end"
+    GRAPH_CAPTURE_BEGIN = "graph_capture_begin"
+    GRAPH_CAPTURING = "graph_capturing"
+    GRAPH_CAPTURE_END = "graph_capture_end"
+    DEEPGEMM_JIT = "deepgemm_jit"
+    SCHEDULER_SUMMARY = "scheduler_summary"
+    MRR_REDUCED = "mrr_reduced"
+    MRR_SPEC_RESET = "mrr_spec_reset"
+    HOST_CACHE = "host_cache"
+    HICACHE_AUTOSIZE = "hicache_autosize"
+    SERVER_PROCESS = "server_process"
+    UVICORN_RUNNING = "uvicorn_running"
+    READY = "ready"
+    SIGTERM_RECEIVED = "sigterm_received"
+    GRACEFUL_EXIT = "graceful_exit"
+    RETRACT = "retract"
+    HEALTH_CHECK_FAILED = "health_check_failed"
+    # Failure lines.
+    NO_KV_ROOM = "no_kv_room"
+    POOL_TOO_SMALL = "pool_too_small"
+    GRAPH_CAPTURE_FAILED = "graph_capture_failed"
+    HOST_MEMORY = "host_memory"
+    TORCH_OOM = "torch_oom"
+    CUDA_ERROR_OOM = "cuda_error_oom"
+    PREFILL_OOM = "prefill_oom"
+    DECODE_OOM = "decode_oom"
+    SCHEDULER_EXCEPTION = "scheduler_exception"
+    SIGQUIT = "sigquit"
+    RANK_DEAD = "rank_dead"
+    WATCHDOG_TIMEOUT = "watchdog_timeout"
+    WARMUP_FAILED = "warmup_failed"
+    NCCL_ERROR = "nccl_error"
+    ERROR = "error"
+
+
+FAILURE_KINDS = frozenset(
+    {
+        Kind.NO_KV_ROOM,
+        Kind.POOL_TOO_SMALL,
+        Kind.GRAPH_CAPTURE_FAILED,
+        Kind.HOST_MEMORY,
+        Kind.TORCH_OOM,
+        Kind.CUDA_ERROR_OOM,
+        Kind.PREFILL_OOM,
+        Kind.DECODE_OOM,
+        Kind.SCHEDULER_EXCEPTION,
+        Kind.SIGQUIT,
+        Kind.RANK_DEAD,
+        Kind.WATCHDOG_TIMEOUT,
+        Kind.WARMUP_FAILED,
+        Kind.NCCL_ERROR,
+        Kind.ERROR,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One recognised line. `values` holds its numbers under stable names (see `_NUMBER_NAMES`);
+    `label` its one text detail (graph role such as "target decode", model class, dtype, URL)."""
+
+    kind: Kind
+    line_no: int
+    time: float | None
+    rank: str
+    text: str
+    values: Mapping[str, float] = field(default_factory=dict)
+    label: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One Prefill or Decode batch line (TP0 of each DP group). Missing fields are None."""
+
+    phase: str  # "prefill" | "decode"
+    line_no: int
+    time: float | None
+    rank: str
+    running: int | None = None
+    queued: int | None = None
+    token_usage: float | None = None
+    tokens: int | None = None
+    new_seq: int | None = None
+    new_tokens: int | None = None
+    cached_tokens: int | None = None
+    gen_throughput: float | None = None
+    input_throughput: float | None = None
+    cuda_graph: bool | None = None
+    accept_len: float | None = None
+    retracted: int | None = None
+
+
+Parsed = Event | Batch
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedLog:
+    """A whole log read at once: events and batches in line order, and how many lines it had."""
+
+    events: tuple[Event, ...]
+    batches: tuple[Batch, ...]
+    lines: int
+
+    def of(self, *kinds: Kind) -> tuple[Event, ...]:
+        return tuple(e for e in self.events if e.kind in kinds)
+
+    def first(self, kind: Kind) -> Event | None:
+        return next((e for e in self.events if e.kind is kind), None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Prefix: time and rank tag
+# ---------------------------------------------------------------------------------------------
+
+_DAY_EPOCH: dict[str, float] = {}
+_RANK_TAGS = ("DP", "PP", "ATTN_CP", "MOE_DP", "TP", "EP")
+
+
+def _day_epoch(day: str) -> float | None:
+    epoch = _DAY_EPOCH.get(day)
+    if epoch is None:
+        try:
+            epoch = datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=UTC).timestamp()
+        except ValueError:
+            return None
+        if len(_DAY_EPOCH) < 4096:
+            _DAY_EPOCH[day] = epoch
+    return epoch
+
+
+def _header_time(header: str) -> float | None:
+    """Epoch seconds for `YYYY-MM-DD HH:MM:SS[.mmm]`, read as UTC (only differences matter)."""
+    day = _day_epoch(header[:10])
+    if day is None or header[13] != ":" or header[16] != ":":
+        return None
+    try:
+        secs = int(header[11:13]) * 3600 + int(header[14:16]) * 60 + int(header[17:19])
+        if len(header) > 22 and header[19] == ".":
+            return day + secs + int(header[20:23]) / 1000.0
+    except ValueError:
+        return None
+    return day + secs
+
+
+def split_prefix(line: str) -> tuple[float | None, str, str]:
+    """(time, rank tag, message). The rank tag is e.g. "TP3" or "DP0 TP0 EP0"; "" for the main
+    process, for tp=1 and for lines without a prefix (tracebacks, tqdm bars)."""
+    start = 0
+    if not line.startswith("[20"):
+        start = line.find("[20")  # tolerate journald / container prefixes before SGLang's own
+        if start < 0:
+            return None, "", line
+    end = line.find("]", start)
+    if end < 0 or end - start < 20:
+        return None, "", line
+    header = line[start + 1 : end]
+    time = _header_time(header)
+    if time is None:
+        return None, "", line
+    tags = header[23:] if len(header) > 19 and header[19] == "." else header[19:]
+    message = line[end + 2 :] if line[end + 1 : end + 2] == " " else line[end + 1 :]
+    return time, tags.strip(), message
+
+
+def rank_order(rank: str) -> tuple[int, ...]:
+    """Sort key for rank tags: "" (main / single GPU) first, then DP, PP, …, TP, EP numerically."""
+    if not rank:
+        return ()
+    parts = dict.fromkeys(_RANK_TAGS, 0)
+    for tag in rank.split():
+        for name in _RANK_TAGS:
+            if tag.startswith(name) and tag[len(name) :].isdigit():
+                parts[name] = int(tag[len(name) :])
+                break
+    return (1, *parts.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Messages
+# ---------------------------------------------------------------------------------------------
+
+_NUM = r"(-?\d+(?:\.\d+)?)"
+_AVAIL = re.compile(r"avail[ _]mem=" + _NUM)
+_USAGE = re.compile(r"mem usage=" + _NUM)
+_ELAPSED = re.compile(r"(?:elapsed=|Time elapsed: )" + _NUM)
+_TYPE = re.compile(r"type=([\w.]+)")
+_DTYPE = re.compile(r"dtype=([\w.]+)")
+_KV_TOKENS = re.compile(r"#tokens: (\d+)")
+_KV_SIZE = re.compile(r"\bKV size: " + _NUM)
+_K_SIZE = re.compile(r"\bK size: " + _NUM)
+_V_SIZE = re.compile(r"\bV size: " + _NUM)
+_KV_DTYPE = re.compile(r"dtype: ([\w.]+)")
+_GRAPH_ROLE = re.compile(
+    r"^Capture (?:(target verify|target|draft extend|draft) )?(\w+ )?cuda graph", re.I
+)
+_CAPTURING = re.compile(r"bs=(\d+) avail_mem=" + _NUM)
+_SUMMARY_FIELD = re.compile(r"(\w+)=" + _NUM)
+_HOST_GB = re.compile(
+    r"Allocating (?:kv hierarchical KV host pool: (\d+) tokens, )?" + _NUM + " GB"
+)
+_MRR_REDUCED = re.compile(r"requested (\d+) to (\d+)")
+_PID = re.compile(r"\[(\d+)\]")
+_URL = re.compile(r"(https?://\S+)")
+_RETRACT = re.compile(r"#retracted_reqs: (\d+)")
+_TRIED = re.compile(r"Tried to allocate " + _NUM + r" ?(GiB|MiB|KiB|B)")
+
+_BATCH_KEYS = {
+    "#running-req": "running",
+    "#queue-req": "queued",
+    "token usage": "token_usage",
+    "full token usage": "token_usage",
+    "#token": "tokens",
+    "#new-seq": "new_seq",
+    "#new-token": "new_tokens",
+    "#cached-token": "cached_tokens",
+    "gen throughput (token/s)": "gen_throughput",
+    "input throughput (token/s)": "input_throughput",
+    "accept len": "accept_len",
+    "#retracted-req": "retracted",
+}
+_INT_FIELDS = frozenset(
+    {"running", "queued", "tokens", "new_seq", "new_tokens", "cached_tokens", "retracted"}
+)
+
+
+def _num(pattern: re.Pattern[str], text: str) -> float | None:
+    m = pattern.search(text)
+    return float(m.group(1)) if m else None
+
+
+def _values(**numbers: float | None) -> dict[str, float]:
+    return {k: v for k, v in numbers.items() if v is not None}
+
+
+def _batch(phase: str, message: str, line_no: int, time: float | None, rank: str) -> Batch | None:
+    body_at = message.find("#")
+    if body_at < 0:
+        return None
+    got: dict[str, Any] = {}
+    for part in message[body_at:].split(", "):
+        key, sep, raw = part.partition(": ")
+        name = _BATCH_KEYS.get(key)
+        if name is None:
+            if key == "cuda graph" and sep:
+                got["cuda_graph"] = raw.startswith("True")
+            continue
+        try:
+            got[name] = int(raw) if name in _INT_FIELDS else float(raw)
+        except ValueError:
+            continue
+    if not got:
+        return None
+    return Batch(phase, line_no, time, rank, **got)
+
+
+def _memory_event(kind: Kind, message: str, ctx: tuple[int, float | None, str, str]) -> Event:
+    return Event(
+        kind,
+        *ctx,
+        _values(
+            avail_gib=_num(_AVAIL, message),
+            usage_gib=_num(_USAGE, message),
+            elapsed_s=_num(_ELAPSED, message),
+        ),
+    )
+
+
+def _graph_event(kind: Kind, message: str, ctx: tuple[int, float | None, str, str]) -> Event:
+    m = _GRAPH_ROLE.match(message)
+    role = ""
+    if m:
+        role = " ".join(p.strip().lower() for p in m.groups() if p)
+    event = _memory_event(kind, message, ctx)
+    return Event(event.kind, *ctx, event.values, role)
+
+
+def _startup(message: str, ctx: tuple[int, float | None, str, str]) -> Event | None:
+    """Startup and lifecycle lines, matched on how the message begins."""
+    c = message[0]
+    if c == "L" and message.startswith("Load weight "):
+        if message.startswith("Load weight begin"):
+            return _memory_event(Kind.WEIGHT_LOAD_BEGIN, message, ctx)
+        if message.startswith("Load weight end"):
+            event = _memory_event(Kind.WEIGHT_LOAD_END, message, ctx)
+            m = _TYPE.search(message)
+            return Event(event.kind, *ctx, event.values, m.group(1) if m else "")
+    elif c == "K":
+        if message.startswith("KV Cache is allocated"):
+            kv = _num(_KV_SIZE, message)
+            k, v = _num(_K_SIZE, message), _num(_V_SIZE, message)
+            if kv is None and k is not None and v is not None:
+                kv = k + v
+            m = _KV_DTYPE.search(message)
+            return Event(
+                Kind.KV_ALLOCATED,
+                *ctx,
+                _values(tokens=_num(_KV_TOKENS, message), kv_gib=kv, k_gib=k, v_gib=v),
+                m.group(1) if m else "",
+            )
+        if message.startswith("KV cache pool is full"):
+            return Event(Kind.RETRACT, *ctx, _values(retracted=_num(_RETRACT, message)))
+    elif c == "C":
+        if message.startswith("Capturing batches"):
+            m = _CAPTURING.search(message)
+            values = {"bs": float(m.group(1)), "avail_gib": float(m.group(2))} if m else {}
+            return Event(Kind.GRAPH_CAPTURING, *ctx, values)
+        if message.startswith("Capture "):
+            if " failed" in message:
+                return Event(Kind.GRAPH_CAPTURE_FAILED, *ctx)
+            if " begin" in message:
+                return _graph_event(Kind.GRAPH_CAPTURE_BEGIN, message, ctx)
+            if " end" in message:
+                return _graph_event(Kind.GRAPH_CAPTURE_END, message, ctx)
+    elif c == "I":
+        if message.startswith(("Init torch distributed begin", "Init parallel begin")):
+            return Event(Kind.DIST_INIT_BEGIN, *ctx)
+        if message.startswith(("Init torch distributed ends", "Init parallel ends")):
+            return _memory_event(Kind.DIST_INIT_END, message, ctx)
+        if message.startswith("Initialization failed"):
+            return Event(Kind.WARMUP_FAILED, *ctx)
+    elif c == "M":
+        if message.startswith("Memory pool end"):
+            return _memory_event(Kind.MEMORY_POOL_END, message, ctx)
+        if message.startswith("Memory baseline taken"):
+            return _memory_event(Kind.MEMORY_BASELINE, message, ctx)
+        if message.startswith("Max running requests is reset"):
+            m = re.search(r"reset to (\d+)", message)
+            return Event(Kind.MRR_SPEC_RESET, *ctx, _values(value=float(m.group(1)) if m else None))
+    elif c == "m":
+        if message.startswith("max_total_num_tokens="):
+            values = {k: float(v) for k, v in _SUMMARY_FIELD.findall(message)}
+            return Event(Kind.SCHEDULER_SUMMARY, *ctx, values)
+        if message.startswith("max_running_requests was reduced"):
+            m = _MRR_REDUCED.search(message)
+            values = {"requested": float(m.group(1)), "value": float(m.group(2))} if m else {}
+            return Event(Kind.MRR_REDUCED, *ctx, values)
+    elif c == "U":
+        if message.startswith("Using KV cache dtype"):
+            return Event(Kind.KV_DTYPE, *ctx, label=message.rsplit(" ", 1)[-1])
+    elif c == "T":
+        if message.startswith("The server is fired up and ready to roll"):
+            return Event(Kind.READY, *ctx)
+        if message.startswith("The memory capacity is unbalanced"):
+            return Event(Kind.UNBALANCED_MEMORY, *ctx)
+    elif c == "A":
+        if message.startswith("Allocating ") and "host" in message:
+            m = _HOST_GB.search(message)
+            values = {}
+            if m:
+                values = _values(
+                    gb=float(m.group(2)), tokens=float(m.group(1)) if m.group(1) else None
+                )
+            return Event(Kind.HOST_CACHE, *ctx, values)
+    elif c == "S":
+        if message.startswith("Scheduler hit an exception"):
+            return Event(Kind.SCHEDULER_EXCEPTION, *ctx)
+        if message.startswith("SIGQUIT received"):
+            return Event(Kind.SIGQUIT, *ctx)
+        if message.startswith("SIGTERM received"):
+            return Event(Kind.SIGTERM_RECEIVED, *ctx)
+        if message.startswith("Scheduler watchdog timeout"):
+            return Event(Kind.WATCHDOG_TIMEOUT, *ctx)
+    elif c == "R":
+        if message.startswith("Received sigquit from a child process"):
+            return Event(Kind.SIGQUIT, *ctx)
+        if message.startswith("Rank ") and "is dead" in message:
+            return Event(Kind.RANK_DEAD, *ctx)
+    elif c == "G":
+        if message.startswith("Gracefully exiting"):
+            return Event(Kind.GRACEFUL_EXIT, *ctx)
+    elif c == "H":
+        if message.startswith("HiCache auto-sizing"):
+            return Event(Kind.HICACHE_AUTOSIZE, *ctx)
+        if message.startswith("Health check failed"):
+            return Event(Kind.HEALTH_CHECK_FAILED, *ctx)
+    elif c == "E" and message.startswith("Entering DeepGEMM"):
+        return Event(Kind.DEEPGEMM_JIT, *ctx)
+    return None
+
+
+def _uvicorn(message: str, ctx: tuple[int, float | None, str, str]) -> Event | None:
+    body = message[5:].lstrip()
+    if body.startswith("Started server process"):
+        m = _PID.search(body)
+        return Event(Kind.SERVER_PROCESS, *ctx, _values(pid=float(m.group(1)) if m else None))
+    if body.startswith("Uvicorn running on"):
+        m = _URL.search(body)
+        return Event(Kind.UVICORN_RUNNING, *ctx, label=m.group(1) if m else "")
+    return None
+
+
+def _failure(line: str, ctx: tuple[int, float | None, str, str]) -> Event | None:
+    """Failure text, wherever it sits in the line (tracebacks carry no prefix)."""
+    if "out of memory" in line:
+        if "Tried to allocate" in line and "CUDA out of memory" in line:
+            m = _TRIED.search(line)
+            values = {}
+            if m:
+                scale = {"GiB": 1.0, "MiB": 1 / 1024, "KiB": 1 / 1024**2, "B": 1 / 1024**3}
+                values = {"tried_gib": float(m.group(1)) * scale[m.group(2)]}
+            kind = Kind.GRAPH_CAPTURE_FAILED if "Capture" in line else Kind.TORCH_OOM
+            return Event(kind, *ctx, values)
+        if "Capture" in line and "graph failed" in line:
+            return Event(Kind.GRAPH_CAPTURE_FAILED, *ctx)
+        if "CUDA error: out of memory" in line:
+            return Event(Kind.CUDA_ERROR_OOM, *ctx)
+        if "Prefill out of memory" in line:
+            return Event(Kind.PREFILL_OOM, *ctx)
+        if "Decode out of memory" in line:
+            return Event(Kind.DECODE_OOM, *ctx)
+        if "CUDA out of memory" in line or "OutOfMemoryError" in line:
+            return Event(Kind.TORCH_OOM, *ctx)
+        return None
+    if "Not enough memory" in line or "leave no GPU memory for the KV cache" in line:
+        return Event(Kind.NO_KV_ROOM, *ctx)
+    if "Memory pool size is too small" in line or "max_running_request is zero" in line:
+        return Event(Kind.POOL_TOO_SMALL, *ctx)
+    if "Not enough host memory" in line:
+        return Event(Kind.HOST_MEMORY, *ctx)
+    if "Capture cuda graph failed" in line or ("CUDA graph" in line and "failed:" in line):
+        return Event(Kind.GRAPH_CAPTURE_FAILED, *ctx)
+    if "unhandled cuda error" in line:
+        return Event(Kind.NCCL_ERROR, *ctx)
+    if _looks_like_exception(line):
+        return Event(Kind.ERROR, *ctx)
+    return None
+
+
+_EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception)(?::|$)")
+
+
+def _looks_like_exception(line: str) -> bool:
+    """The last line of a Python traceback: `ValueError: …`, `torch.AcceleratorError: …`."""
+    return ("Error" in line or "Exception" in line) and bool(_EXCEPTION_LINE.match(line))
+
+
+def parse_line(line: str, line_no: int = 0) -> Parsed | None:
+    """One line (without its newline) -> an Event, a Batch, or None for anything else."""
+    if "\r" in line:  # a tqdm bar rewritten in place: the last state is what counts
+        line = line.rstrip("\r").rsplit("\r", 1)[-1]
+    time, rank, message = split_prefix(line)
+    if not message:
+        return None
+    if message.startswith("Decode batch"):
+        return _batch("decode", message, line_no, time, rank)
+    if message.startswith("Prefill batch"):
+        return _batch("prefill", message, line_no, time, rank)
+    ctx = (line_no, time, rank, line)
+    if message.startswith("INFO:"):
+        if message.endswith("200") or "HTTP/1." in message:
+            return None  # access log
+        return _uvicorn(message, ctx)
+    event = _startup(message, ctx)
+    if event is not None:
+        return event
+    return _failure(message, ctx)
+
+
+def parse_lines(lines: Iterable[str], first_line_no: int = 1) -> ParsedLog:
+    """Every line of a log; line numbers start at `first_line_no`."""
+    events: list[Event] = []
+    batches: list[Batch] = []
+    line_no = first_line_no
+    for raw in lines:
+        item = parse_line(raw.rstrip("\n"), line_no)
+        line_no += 1
+        if item is None:
+            continue
+        if isinstance(item, Batch):
+            batches.append(item)
+        else:
+            events.append(item)
+    return ParsedLog(tuple(events), tuple(batches), line_no - first_line_no)
+
+
+def parse_text(text: str) -> ParsedLog:
+    return parse_lines(text.split("\n"))

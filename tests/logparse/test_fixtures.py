@@ -1,0 +1,216 @@
+"""Every log format row of reference §4, read from a fixture: ledger fields and outcome.
+
+Each row names a fixture under tests/fixtures/logs, the outcome and cause it must classify to, and
+the ledger fields it must show (a field not listed must be None when listed in `ABSENT`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autotune.ledger import build_ledger
+from autotune.logparse import parse_text
+from autotune.outcome import Outcome, classify
+
+LOGS = Path(__file__).parent.parent / "fixtures" / "logs"
+
+KIMI_SUMMARY = {
+    "max_total_num_tokens": 159277,
+    "chunked_prefill_size": 8192,
+    "max_prefill_tokens": 16384,
+    "max_running_requests": 48,
+    "context_len": 262144,
+}
+FAILED_AT_F093 = {
+    "p_gib": 94.04,
+    "weights_gib": 72.33,
+    "avail_after_weights_gib": 21.71,
+    "max_total_num_tokens": 231140,
+    "kv_gib": 15.13,
+    "graph_gib": 4.72,
+    "avail_after_graphs_gib": 0.82,
+}
+
+ROWS: list[tuple[str, Outcome, str, dict[str, Any]]] = [
+    (
+        "v0_5_9_kimi_tp8_eagle3.log",
+        Outcome.READY,
+        "ready",
+        {
+            "p_gib": 94.04,
+            "weights_gib": 72.33,
+            "avail_after_weights_gib": 21.71,
+            "kv_gib": 10.42,
+            "draft_weights_gib": 0.81,
+            "draft_kv_gib": 0.60,
+            "req_to_token_gib": 0.05,
+            "graph_gib": 3.75,
+            "draft_graph_gib": 0.61,
+            "avail_after_graphs_gib": 5.47,
+            "available_gpu_mem_gib": 5.47,
+            "host_cache_gb": 48.0,
+            "host_cache_tokens": None,
+            "model_type": "DeepseekV3ForCausalLM",
+            "ranks": 2,
+            **KIMI_SUMMARY,
+        },
+    ),
+    (
+        "v0_4_6_tp2.log",
+        Outcome.READY,
+        "ready",
+        {
+            "p_gib": 78.10,
+            "weights_gib": 15.62,
+            "avail_after_weights_gib": 62.48,
+            "kv_gib": 50.93,
+            "req_to_token_gib": 2.5,
+            "graph_gib": 1.21,
+            "avail_after_graphs_gib": 7.77,
+            "available_gpu_mem_gib": None,
+            "max_total_num_tokens": 1000000,
+            "max_running_requests": 4096,
+            "context_len": 163840,
+        },
+    ),
+    (
+        "v0_5_4_llama_tp2.log",
+        Outcome.READY,
+        "ready",
+        {"kv_gib": 38.76, "req_to_token_gib": 1.0, "graph_gib": 0.92, "kv_dtype": None},
+    ),
+    (
+        "v0_5_13_dtype_tp2.log",
+        Outcome.READY,
+        "ready",
+        {
+            "kv_gib": 44.60,
+            "kv_dtype": "torch.float8_e4m3fn",
+            "max_total_num_tokens": 1363000,
+            "graph_gib": 3.60,  # decode 2.10 + piecewise 1.50
+            "avail_after_graphs_gib": 15.77,
+            "draft_weights_gib": None,
+        },
+    ),
+    (
+        "v0_5_14_spec_tp2.log",
+        Outcome.READY,
+        "ready",
+        {
+            "weights_gib": 72.33,
+            "draft_weights_gib": 0.81,
+            "kv_gib": 9.59,
+            "draft_kv_gib": 0.56,
+            "req_to_token_gib": 0.05,
+            "graph_gib": 3.80,  # target decode + target verify + target prefill
+            "draft_graph_gib": 0.40,
+            "avail_after_graphs_gib": 6.48,
+        },
+    ),
+    (
+        "v0_5_23_hicache_tp2.log",
+        Outcome.READY,
+        "ready",
+        {
+            "p_gib": 94.03,
+            "kv_gib": 10.42,
+            "graph_gib": 3.75,
+            "avail_after_graphs_gib": 6.29,
+            "host_cache_gb": 16.79,
+            "host_cache_tokens": 238916,
+            "max_running_requests": 79638,
+            "context_len": 4096,
+        },
+    ),
+    (
+        "dp_ep_tp4.log",
+        Outcome.READY,
+        "ready",
+        {
+            "p_gib": 137.40,
+            "avail_after_weights_gib": 49.60,
+            "kv_gib": 31.41,
+            "graph_gib": 4.12,
+            "avail_after_graphs_gib": 12.98,
+            "available_gpu_mem_gib": 13.50,
+            "ranks": 4,
+        },
+    ),
+    (
+        "pp2_tp2.log",
+        Outcome.READY,
+        "ready",
+        {"p_gib": 78.40, "weights_gib": 51.50, "kv_gib": 17.20, "graph_gib": None, "ranks": 4},
+    ),
+    (
+        "tp1_no_tag.log",
+        Outcome.READY,
+        "ready",
+        {"p_gib": 22.90, "kv_gib": 4.80, "graph_gib": 0.60, "context_len": 32768, "ranks": 1},
+    ),
+    (
+        "junk_journald.log",
+        Outcome.READY,
+        "ready",
+        {"p_gib": 94.04, "weights_gib": 72.33, "kv_gib": 10.42, **KIMI_SUMMARY},
+    ),
+    ("startup_no_kv_room_v0_5_9.log", Outcome.STARTUP_OOM, "no_kv_room", {"kv_gib": None}),
+    ("startup_no_kv_room_v0_4.log", Outcome.STARTUP_OOM, "no_kv_room", {"weights_gib": 15.62}),
+    ("startup_no_kv_room_v0_5_14.log", Outcome.STARTUP_OOM, "no_kv_room", {"kv_gib": None}),
+    (
+        "startup_graph_capture_oom.log",
+        Outcome.STARTUP_OOM,
+        "graph_capture_failed",
+        {"kv_gib": 19.63, "graph_gib": None, "max_total_num_tokens": 300000},
+    ),
+    ("startup_host_memory.log", Outcome.STARTUP_OOM, "host_memory", {"host_cache_gb": None}),
+    ("startup_weight_oom.log", Outcome.STARTUP_OOM, "torch_oom", {"weights_gib": None}),
+    ("startup_error_model.log", Outcome.STARTUP_ERROR, "error", {"p_gib": 94.04}),
+    ("startup_rank_dead.log", Outcome.STARTUP_ERROR, "rank_dead", {}),
+    ("startup_warmup_failed.log", Outcome.STARTUP_ERROR, "warmup_failed", {}),
+    ("startup_in_progress.log", Outcome.UNKNOWN, "no_ready_line", {"weights_gib": 72.33}),
+    ("runtime_torch_oom.log", Outcome.RUNTIME_OOM, "torch_oom", FAILED_AT_F093),
+    ("runtime_cuda_error_oom.log", Outcome.RUNTIME_OOM, "cuda_error_oom", FAILED_AT_F093),
+    ("runtime_prefill_oom.log", Outcome.RUNTIME_OOM, "prefill_oom", FAILED_AT_F093),
+    ("runtime_decode_oom.log", Outcome.RUNTIME_OOM, "decode_oom", FAILED_AT_F093),
+    ("runtime_crash.log", Outcome.CRASH, "error", FAILED_AT_F093),
+    ("runtime_watchdog.log", Outcome.HANG, "watchdog_timeout", FAILED_AT_F093),
+    ("stopped_after_serving.log", Outcome.STOPPED, "sigterm", FAILED_AT_F093),
+]
+
+
+def test_every_fixture_has_a_row() -> None:
+    assert sorted(p.name for p in LOGS.glob("*.log")) == sorted(row[0] for row in ROWS)
+
+
+@pytest.mark.parametrize(("name", "outcome", "cause", "expected"), ROWS, ids=[r[0] for r in ROWS])
+def test_fixture(name: str, outcome: Outcome, cause: str, expected: dict[str, Any]) -> None:
+    log = parse_text((LOGS / name).read_text(errors="replace"))
+    verdict = classify(log.events)
+    assert (verdict.outcome, verdict.cause) == (outcome, cause)
+    if outcome not in (Outcome.UNKNOWN,):
+        assert verdict.evidence, "every decided outcome carries the lines that prove it"
+    ledger = build_ledger(log.events).to_dict()
+    for key, value in expected.items():
+        if isinstance(value, float):
+            assert ledger[key] == pytest.approx(value, abs=1e-6), key
+        else:
+            assert ledger[key] == value, key
+
+
+@pytest.mark.parametrize(
+    ("name", "needle"),
+    [
+        ("runtime_torch_oom.log", "CUDA out of memory. Tried to allocate 2.00 GiB"),
+        ("startup_no_kv_room_v0_5_9.log", "Not enough memory"),
+        ("startup_host_memory.log", "Not enough host memory available"),
+        ("startup_graph_capture_oom.log", "Capture cuda graph failed"),
+        ("runtime_watchdog.log", "Scheduler watchdog timeout"),
+    ],
+)
+def test_evidence_names_the_deciding_line(name: str, needle: str) -> None:
+    log = parse_text((LOGS / name).read_text())
+    assert any(needle in line for line in classify(log.events).evidence)

@@ -1,0 +1,260 @@
+"""Single lines of every serving and prefix format (reference §4.1, §4.3), and junk."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.logparse import Batch, Event, Kind, parse_line, rank_order, split_prefix
+
+TP0 = "[2026-02-24 12:00:00 TP0] "
+MAIN = "[2026-02-24 12:00:00] "
+
+
+def batch(line: str) -> Batch:
+    item = parse_line(line)
+    assert isinstance(item, Batch), line
+    return item
+
+
+def event(line: str) -> Event:
+    item = parse_line(line)
+    assert isinstance(item, Event), line
+    return item
+
+
+def test_prefix_with_milliseconds_and_dp_ep_tags() -> None:
+    time, rank, message = split_prefix("[2026-02-24 11:57:16.250 DP1 TP2 EP2] Load weight begin.")
+    assert rank == "DP1 TP2 EP2"
+    assert message == "Load weight begin."
+    t0, _, _ = split_prefix("[2026-02-24 11:57:16] x")
+    assert time is not None and t0 is not None
+    assert time - t0 == pytest.approx(0.25)
+
+
+def test_main_process_and_missing_prefix_have_no_rank() -> None:
+    assert split_prefix("[2026-02-24 11:57:16] The server is fired up")[1] == ""
+    assert split_prefix("RuntimeError: boom") == (None, "", "RuntimeError: boom")
+
+
+def test_rank_order_puts_main_first_then_numeric() -> None:
+    assert sorted(["TP1", "", "TP0"], key=rank_order) == ["", "TP0", "TP1"]
+    assert sorted(["TP10", "TP2"], key=rank_order) == ["TP2", "TP10"]
+    assert sorted(["DP1 TP0", "DP0 TP1"], key=rank_order) == ["DP0 TP1", "DP1 TP0"]
+    assert sorted(["PP1 TP0", "PP0 TP1"], key=rank_order) == ["PP0 TP1", "PP1 TP0"]
+
+
+@pytest.mark.parametrize(
+    ("line", "fields"),
+    [
+        (  # 0.5.9 decode with spec fields
+            TP0 + "Decode batch, #running-req: 48, #token: 150123, token usage: 0.94, "
+            "accept len: 2.85, accept rate: 0.71, cuda graph: True, gen throughput (token/s): "
+            "983.12, #queue-req: 102",
+            dict(
+                phase="decode",
+                running=48,
+                queued=102,
+                tokens=150123,
+                token_usage=0.94,
+                accept_len=2.85,
+                cuda_graph=True,
+                gen_throughput=983.12,
+            ),
+        ),
+        (  # 0.4.x decode
+            TP0 + "Decode batch. #running-req: 6, #token: 9000, token usage: "
+            "0.01, cuda graph: False, gen throughput (token/s): 310.55, #queue-req: 0",
+            dict(phase="decode", running=6, queued=0, tokens=9000, cuda_graph=False),
+        ),
+        (  # 0.5.4 decode with forward counter
+            TP0 + "Decode batch [40], #running-req: 5, #token: 3100, token "
+            "usage: 0.01, cuda graph: True, gen throughput (token/s): 201.33, #queue-req: 0",
+            dict(phase="decode", running=5, tokens=3100, gen_throughput=201.33),
+        ),
+        (  # 0.4.x prefill
+            TP0 + "Prefill batch. #new-seq: 4, #new-token: 4096, "
+            "#cached-token: 12, token usage: 0.01, #running-req: 2, #queue-req: 1",
+            dict(
+                phase="prefill",
+                new_seq=4,
+                new_tokens=4096,
+                cached_tokens=12,
+                running=2,
+                queued=1,
+                cuda_graph=None,
+                input_throughput=None,
+            ),
+        ),
+        (  # 0.5.4 prefill: trailing comma, no throughput
+            TP0 + "Prefill batch [5], #new-seq: 2, #new-token: 2048, "
+            "#cached-token: 0, token usage: 0.01, #running-req: 3, #queue-req: 0, ",
+            dict(phase="prefill", new_seq=2, new_tokens=2048, running=3, queued=0),
+        ),
+        (  # 0.5.9 prefill
+            TP0 + "Prefill batch, #new-seq: 3, #new-token: 8192, "
+            "#cached-token: 120, token usage: 0.41, #running-req: 45, #queue-req: 104, "
+            "input throughput (token/s): 15012.33, cuda graph: False",
+            dict(phase="prefill", new_tokens=8192, input_throughput=15012.33, cuda_graph=False),
+        ),
+        (  # 0.5.23 prefill: pending tokens, cuda graph before throughput
+            TP0 + "Prefill batch, #new-seq: 8, #new-token: 8192, "
+            "#cached-token: 4096, token usage: 0.30, #running-req: 20, #queue-req: 5, "
+            "#pending-token: 30000, cuda graph: False, input throughput (token/s): 21000.50",
+            dict(phase="prefill", running=20, queued=5, input_throughput=21000.5),
+        ),
+        (  # hybrid SWA
+            TP0 + "Decode batch, #running-req: 3, #token: 100, full token usage: 0.20, "
+            "swa token usage: 0.50, cuda graph: True, gen throughput (token/s): 50.00, "
+            "#queue-req: 0",
+            dict(token_usage=0.20),
+        ),
+        (  # PD decode mode with retractions
+            TP0 + "Decode batch, #running-req: 3, #token: 100, token usage: "
+            "0.20, pre-allocated usage: 0.10, #prealloc-req: 0, #transfer-req: 0, "
+            "#retracted-req: 2, cuda graph: True, gen throughput (token/s): 50.00, #queue-req: 0",
+            dict(retracted=2, running=3),
+        ),
+        (  # SGLANG_LOG_FORWARD_ITERS head
+            TP0 + "Prefill batch [123], #new-seq: 1, #new-token: 1, "
+            "#cached-token: 0, token usage: 0.00, #running-req: 0, #queue-req: 0, input "
+            "throughput (token/s): 1.00, cuda graph: False",
+            dict(new_tokens=1),
+        ),
+    ],
+)
+def test_batch_lines(line: str, fields: dict[str, object]) -> None:
+    got = batch(line)
+    for key, value in fields.items():
+        assert getattr(got, key) == (pytest.approx(value) if isinstance(value, float) else value)
+
+
+@pytest.mark.parametrize(
+    ("line", "kind", "values", "label"),
+    [
+        ("[t] x", None, {}, ""),
+        (
+            TP0 + "Load weight end. elapsed=452.31 s, type=DeepseekV3ForCausalLM,"
+            " dtype=torch.bfloat16, avail mem=21.71 GB, mem usage=72.33 GB.",
+            Kind.WEIGHT_LOAD_END,
+            {"avail_gib": 21.71, "usage_gib": 72.33, "elapsed_s": 452.31},
+            "DeepseekV3ForCausalLM",
+        ),
+        (
+            TP0 + "Init torch distributed ends. mem usage=1.55 GB",
+            Kind.DIST_INIT_END,
+            {"usage_gib": 1.55},
+            "",
+        ),
+        (
+            TP0 + "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 10, "
+            "K size: 1.25 GB, V size: 1.25 GB",
+            Kind.KV_ALLOCATED,
+            {"tokens": 10, "kv_gib": 2.5, "k_gib": 1.25, "v_gib": 1.25},
+            "torch.bfloat16",
+        ),
+        (
+            "Capturing batches (bs=512 avail_mem=10.23 GB):   0%|   | 0/52\rCapturing batches "
+            "(bs=256 avail_mem=9.10 GB):  50%|   | 26/52",
+            Kind.GRAPH_CAPTURING,
+            {"bs": 256, "avail_gib": 9.10},
+            "",
+        ),
+        (
+            TP0 + "Capture target verify CUDA graph end. elapsed=29.00 s, mem "
+            "usage=1.10 GB, avail mem=7.38 GB.",
+            Kind.GRAPH_CAPTURE_END,
+            {"usage_gib": 1.10, "avail_gib": 7.38, "elapsed_s": 29.0},
+            "target verify",
+        ),
+        (
+            TP0 + "Capture draft decode CUDA graph end. elapsed=19.00 s, mem "
+            "usage=0.40 GB, avail mem=6.48 GB.",
+            Kind.GRAPH_CAPTURE_END,
+            {"usage_gib": 0.40},
+            "draft decode",
+        ),
+        (
+            TP0 + "Capture piecewise CUDA graph begin. avail mem=17.28 GB",
+            Kind.GRAPH_CAPTURE_BEGIN,
+            {"avail_gib": 17.28},
+            "piecewise",
+        ),
+        (
+            TP0 + "Capture decode CUDA graph end. bs=[1, 2], elapsed=88.00 s, "
+            "mem usage=3.75 GB, avail mem=6.52 GB.",
+            Kind.GRAPH_CAPTURE_END,
+            {"usage_gib": 3.75, "avail_gib": 6.52},
+            "decode",
+        ),
+        (
+            TP0 + "KV cache pool is full. Retract requests. #retracted_reqs: 2, "
+            "#new_tokens_gained: 5120, #new_token_ratio: 0.4200 -> 0.6100",
+            Kind.RETRACT,
+            {"retracted": 2},
+            "",
+        ),
+        (
+            MAIN + "INFO:     Started server process [48211]",
+            Kind.SERVER_PROCESS,
+            {"pid": 48211},
+            "",
+        ),
+        (
+            MAIN + "INFO:     Uvicorn running on http://127.0.0.1:30000 (Press CTRL+C to quit)",
+            Kind.UVICORN_RUNNING,
+            {},
+            "http://127.0.0.1:30000",
+        ),
+        (
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 896.00 MiB. GPU 0 has",
+            Kind.TORCH_OOM,
+            {"tried_gib": 0.875},
+            "",
+        ),
+        ("RuntimeError: CUDA error: out of memory", Kind.CUDA_ERROR_OOM, {}, ""),
+        ("NCCL error: unhandled cuda error, NCCL version 2.21.5", Kind.NCCL_ERROR, {}, ""),
+        (
+            MAIN + "SIGTERM received. signum=None frame=None. Draining requests and "
+            "shutting down...",
+            Kind.SIGTERM_RECEIVED,
+            {},
+            "",
+        ),
+        (
+            TP0 + "Health check failed. Server couldn't get a response from "
+            "detokenizer for last 20 seconds. tic start time: 12:00:00. "
+            "last_heartbeat time: 11:59:40",
+            Kind.HEALTH_CHECK_FAILED,
+            {},
+            "",
+        ),
+    ],
+)
+def test_event_lines(line: str, kind: Kind | None, values: dict[str, float], label: str) -> None:
+    item = parse_line(line)
+    if kind is None:
+        assert item is None
+        return
+    got = event(line)
+    assert got.kind is kind
+    assert got.label == label
+    for key, value in values.items():
+        assert got.values[key] == pytest.approx(value)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "",
+        "[",
+        "[2026-02-24 11:5",
+        "\x00\x00\x00",
+        "Decode batch",
+        TP0 + "Decode batch, #running-req: x",
+        '[2026-02-24 12:00:00] INFO:     127.0.0.1:1 - "GET /health HTTP/1.1" 200 OK',
+        "[99999-99-99 99:99:99] Load weight begin. avail mem=1.00 GB",
+        "ERROR:    Exception in ASGI application",
+    ],
+)
+def test_junk_is_ignored(line: str) -> None:
+    assert parse_line(line) is None
