@@ -71,7 +71,7 @@ class ServerConfig:
     host: str
     port: int
     sim_profile: str
-    sim_time_scale: float
+    sim_time_scale: float | None
     sim_seed: int
     limits: Limits
 
@@ -165,10 +165,16 @@ class StudyConfig:
 # ------------------------------------------------------------------------------------------------
 
 
+def check_study_name(study: str) -> str:
+    """A study name doubles as a folder name: letters, digits, '-', '_' and inner dots only."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", study) or ".." in study:
+        raise UsageError(f"--study {study!r}: use letters, digits, '-', '_' and '.' only")
+    return study
+
+
 def find_study_file(study: str, search_dirs: Sequence[Path]) -> Path:
     """`configs/STUDY.toml` in the first of `search_dirs` that has it."""
-    if not _FLAG_NAME.match(study.replace(".", "-")):
-        raise UsageError(f"--study {study!r}: a study name is letters, digits, '-' and '_'")
+    check_study_name(study)
     for directory in search_dirs:
         candidate = directory / f"{study}.toml"
         if candidate.is_file():
@@ -187,7 +193,7 @@ def load_study(path: Path, name: str | None = None) -> StudyConfig:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: not valid TOML ({exc}); fix the syntax") from exc
-    return parse_study(raw, name=name or path.stem, path=path)
+    return parse_study(raw, name=check_study_name(name or path.stem), path=path)
 
 
 def parse_study(raw: Mapping[str, object], *, name: str, path: Path) -> StudyConfig:
@@ -291,7 +297,7 @@ def _server(t: _Table) -> ServerConfig:
         host=host,
         port=port,
         sim_profile=t.string("sim_profile", default=DEFAULT_SIM_PROFILE),
-        sim_time_scale=t.positive("sim_time_scale", default=1.0),
+        sim_time_scale=t.positive("sim_time_scale") if "sim_time_scale" in t else None,
         sim_seed=t.integer("sim_seed", default=0, low=0),
         limits=limits,
     )

@@ -141,6 +141,7 @@ def render(value: Scalar) -> str:
 def base_command(server: ServerConfig, backend: str) -> tuple[str, ...]:
     """The program to launch: SGLang's from the study file, or the simulator with its profile."""
     if backend == "sim":
+        scale = server.sim_time_scale
         return (
             sys.executable,
             "-m",
@@ -149,8 +150,7 @@ def base_command(server: ServerConfig, backend: str) -> tuple[str, ...]:
             server.sim_profile,
             "--sim-seed",
             str(server.sim_seed),
-            "--sim-time-scale",
-            render(server.sim_time_scale),
+            *(("--sim-time-scale", render(scale)) if scale is not None else ()),
         )
     return server.command
 

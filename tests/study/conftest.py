@@ -1,0 +1,65 @@
+"""Shared pieces of the study-run tests: a valid study file to vary, and writers for it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+VALID = """
+description = "test study"
+
+[server]
+backend = "sim"
+sim_profile = "kimi-k2.5-tp8-96g"
+sim_time_scale = 0.05
+
+[server.flags]
+model-path = "/models/kimi"
+tp = 8
+trust_remote_code = true
+
+[search]
+mem_fraction_static = { low = 0.80, high = 0.94, step = 0.02 }
+max_running_requests = { choices = [32, 48, 64] }
+hicache_size = { choices = [0, 48] }
+
+[baseline]
+mem_fraction_static = 0.88
+max_running_requests = 48
+hicache_size = 48
+
+[workload]
+input_len = 512
+output_len = 64
+
+[[workload.phases]]
+kind = "steady"
+concurrency = 4
+duration_s = 1.0
+
+[constraints]
+max_error_rate = 0.05
+min_headroom_gib = 1.0
+
+[budget]
+n_trials = 5
+
+[sampler]
+name = "tpe"
+seed = 3
+"""
+
+
+@pytest.fixture
+def study_file(tmp_path: Path) -> Callable[[str], Path]:
+    """Write study text to tmp_path/configs/t.toml and return its path."""
+
+    def write(text: str) -> Path:
+        path = tmp_path / "configs" / "t.toml"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+        return path
+
+    return write
