@@ -12,7 +12,6 @@ import pytest
 from autotune.cli import main
 from autotune.config import Choices, Fixed, FloatRange, IntRange, load_study
 from autotune.errors import ConfigError
-
 from tests.study.conftest import VALID
 
 
@@ -210,7 +209,9 @@ BAD: list[tuple[str, str, str]] = [
     ),
     (
         _replace(
-            "mem_fraction_static = { low = 0.80, high = 0.94, step = 0.02 }\nmax_running_requests = { choices = [32, 48, 64] }\nhicache_size = { choices = [0, 48] }",
+            "mem_fraction_static = { low = 0.80, high = 0.94, step = 0.02 }\n"
+            "max_running_requests = { choices = [32, 48, 64] }\n"
+            "hicache_size = { choices = [0, 48] }",
             "mem_fraction_static = 0.88",
         ),
         "search",
