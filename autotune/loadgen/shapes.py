@@ -155,14 +155,15 @@ class Shaper:
         self.max_context = max_context
         self.pool_size = pool_size
         self._count = 0
+        self._salt = rng.randrange(HEAD_SPAN * HEAD_SPAN)
         self._row = rng.randrange(len(dataset)) if dataset else 0
         self._session = 0
 
     def _head(self) -> tuple[int, ...]:
-        n = self._count
+        """Two ids unique among this shaper's first HEAD_SPAN² requests."""
+        n = self._count + self._salt
         self._count += 1
-        salt = self.rng.randrange(HEAD_SPAN)
-        return (HEAD_BASE + (n + salt) % HEAD_SPAN, HEAD_BASE + (n // HEAD_SPAN) % HEAD_SPAN)
+        return (HEAD_BASE + n % HEAD_SPAN, HEAD_BASE + (n // HEAD_SPAN) % HEAD_SPAN)
 
     def _span(self, length: int) -> Span:
         return Span(self.rng.randrange(self.pool_size), length)
