@@ -1,0 +1,111 @@
+"""The one mapping from a trial to parameters and flags, for live and fixed trials alike."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.config import load_study
+from autotune.space import (
+    grid,
+    params_from_flags,
+    server_argv,
+    settings_for,
+    tuned_flags,
+)
+from tests.study.conftest import VALID
+
+
+def _search(study_file: Callable[[str], Path], text: str = VALID):  # type: ignore[no-untyped-def]
+    return load_study(study_file(text))
+
+
+def test_fixed_trial_gives_the_flags(study_file: Callable[[str], Path]) -> None:
+    cfg = _search(study_file)
+    params = {"mem_fraction_static": 0.88, "max_running_requests": 48, "hicache_size": 48}
+    s = settings_for(optuna.trial.FixedTrial(params), cfg.search)
+    assert dict(s.params) == params
+    assert s.flags == (
+        "--mem-fraction-static", "0.88",
+        "--max-running-requests", "48",
+        "--enable-hierarchical-cache", "--hicache-size", "48",
+    )  # fmt: skip
+
+
+def test_hicache_zero_means_off(study_file: Callable[[str], Path]) -> None:
+    cfg = _search(study_file)
+    flags = tuned_flags(
+        {"mem_fraction_static": 0.9, "max_running_requests": 32, "hicache_size": 0}, cfg.search
+    )
+    assert "--enable-hierarchical-cache" not in flags and "--hicache-size" not in flags
+
+
+def test_live_trial_values_are_snapped_to_the_step(study_file: Callable[[str], Path]) -> None:
+    cfg = _search(study_file)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    for _ in range(20):
+        trial = study.ask()
+        s = settings_for(trial, cfg.search)
+        f = s.params["mem_fraction_static"]
+        assert isinstance(f, float) and round(f, 2) == f and 0.8 <= f <= 0.94
+        assert s.flags[1] == str(f)
+        study.tell(trial, 0.0)
+
+
+def test_flags_round_trip(study_file: Callable[[str], Path]) -> None:
+    text = VALID.replace(
+        "hicache_size = { choices = [0, 48] }",
+        "hicache_size = { choices = [0, 48] }\n"
+        "enable_mixed_chunk = { choices = [true, false] }\n"
+        'schedule_policy = "lpm"',
+    )
+    cfg = _search(study_file, text)
+    for params in (
+        {"mem_fraction_static": 0.82, "max_running_requests": 64, "hicache_size": 0,
+         "enable_mixed_chunk": True, "schedule_policy": "lpm"},
+        {"mem_fraction_static": 0.94, "max_running_requests": 32, "hicache_size": 48,
+         "enable_mixed_chunk": False, "schedule_policy": "lpm"},
+    ):  # fmt: skip
+        s = settings_for(optuna.trial.FixedTrial(params), cfg.search)
+        argv = server_argv(cfg.server, s, backend="sglang", port=1234)
+        assert params_from_flags(argv, cfg.search) == params
+
+
+def test_argv_has_base_command_fixed_then_tuned_flags(study_file: Callable[[str], Path]) -> None:
+    cfg = _search(study_file)
+    s = settings_for(
+        optuna.trial.FixedTrial(
+            {"mem_fraction_static": 0.88, "max_running_requests": 48, "hicache_size": 0}
+        ),
+        cfg.search,
+    )
+    real = server_argv(cfg.server, s, backend="sglang", port=31000)
+    assert real[:3] == ["python", "-m", "sglang.launch_server"]
+    assert real[3:8] == ["--model-path", "/models/kimi", "--tp", "8", "--trust-remote-code"]
+    assert real[-4:] == ["--host", "127.0.0.1", "--port", "31000"]
+    sim = server_argv(cfg.server, s, backend="sim", port=31000, extra=("--sim-gpu-dir", "g"))
+    assert sim[1:5] == ["-m", "autotune.sim", "--sim-profile", "kimi-k2.5-tp8-96g"]
+    assert "--sim-time-scale" in sim and sim[-2:] == ["--sim-gpu-dir", "g"]
+    assert real[3:] == sim[sim.index("--model-path") : -2]
+
+
+def test_grid_enumerates_every_point(study_file: Callable[[str], Path]) -> None:
+    cfg = _search(study_file)
+    points = grid(cfg.search)
+    assert points is not None and len(points) == 8 * 3 * 2
+    assert {"mem_fraction_static": 0.94, "max_running_requests": 64, "hicache_size": 48} in points
+
+
+def test_grid_needs_steps(study_file: Callable[[str], Path]) -> None:
+    cfg = _search(study_file, VALID.replace(", step = 0.02", "").replace("0.88\n", "0.88\n", 1))
+    assert grid(cfg.search) is None
+
+
+@pytest.mark.parametrize(("value", "text"), [(0.9, "0.9"), (1.0, "1"), (48, "48"), ("x", "x")])
+def test_render(value: float | int | str, text: str) -> None:
+    from autotune.space import render
+
+    assert render(value) == text

@@ -1,0 +1,263 @@
+"""The study: constraints in Optuna's convention, baseline first, resume, stale and interrupted
+trials, and the ask/tell loop over a fake trial runner."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune.config import Constraints, StudyConfig, load_study
+from autotune.errors import HarnessError
+from autotune.study import (
+    Interrupted,
+    Measured,
+    Result,
+    Worker,
+    constraint_values,
+    counted,
+    default_storage_url,
+    feasible,
+    make_sampler,
+    open_study,
+    prepare,
+    recover,
+    redact,
+    run_loop,
+    stale_trials,
+)
+from tests.study.conftest import VALID
+
+OK = Measured(159277, 980.0, False, False, 0.0, 5.4, 900.0, 25.0)
+
+
+def test_constraints_feasible_when_all_within_limits() -> None:
+    c = Constraints(max_error_rate=0.01, min_headroom_gib=1.0, max_p99_ttft_ms=1000.0)
+    values = constraint_values(OK, c)
+    assert set(values) == {"oom", "crash", "error_rate", "headroom_gib", "p99_ttft_ms"}
+    assert all(v <= 0 for v in values.values())
+
+
+def test_oom_violates_oom_and_unmeasured_constraints() -> None:
+    c = Constraints(min_headroom_gib=1.0, max_p99_itl_ms=50.0)
+    oom = Measured(0, 0.0, True, False, None, None, None, None)
+    values = constraint_values(oom, c)
+    assert values["oom"] > 0 and values["error_rate"] > 0 and values["headroom_gib"] > 0
+    assert values["p99_itl_ms"] > 0 and values["crash"] == 0
+
+
+def test_each_limit_is_violated_by_its_own_measure() -> None:
+    c = Constraints(max_error_rate=0.01, min_headroom_gib=6.0, max_p99_ttft_ms=500.0)
+    values = constraint_values(OK, c)
+    assert values["headroom_gib"] == pytest.approx(0.6)
+    assert values["p99_ttft_ms"] == pytest.approx(0.8)
+    assert values["error_rate"] < 0 and values["oom"] == 0
+
+
+def test_redact_hides_passwords() -> None:
+    assert redact("postgresql://tuner:s3cret@db:5432/x") == "postgresql://tuner:***@db:5432/x"
+    assert redact("sqlite:////tmp/a.db") == "sqlite:////tmp/a.db"
+
+
+def _cfg(study_file: Callable[[str], Path], sampler: str = "tpe") -> StudyConfig:
+    cfg = load_study(study_file(VALID))
+    return dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, name=sampler))
+
+
+def _open(cfg: StudyConfig, tmp_path: Path) -> optuna.Study:
+    return open_study(cfg, default_storage_url(tmp_path), make_sampler(cfg.sampler))
+
+
+def _runner(
+    cfg: StudyConfig, outcomes: dict[int, str] | None = None
+) -> Callable[[optuna.trial.Trial], Result]:
+    from autotune.space import settings_for
+
+    def run_one(trial: optuna.trial.Trial) -> Result:
+        outcome = (outcomes or {}).get(trial.number, "ok")
+        settings = settings_for(trial, cfg.search)
+        if outcome == "interrupt":
+            raise KeyboardInterrupt
+        if outcome == "harness_error":
+            return Result("fail", outcome, "launch failed", None, {})
+        f = float(settings.params["mem_fraction_static"])
+        oom = outcome == "startup_oom"
+        m = dataclasses.replace(OK, capacity_tokens=int(f * 1000), oom=oom)
+        return Result("complete", outcome, "", m, {"capacity_tokens": int(f * 1000)})
+
+    return run_one
+
+
+def _loop(study: optuna.Study, cfg: StudyConfig, n: int, runner: Callable[..., Result]) -> object:
+    return run_loop(
+        study,
+        cfg,
+        run_one=runner,
+        n_trials=n,
+        timeout_s=None,
+        clock=lambda: 0.0,
+        worker=Worker.current(),
+    )
+
+
+def test_baseline_runs_first_and_constraints_are_stored(
+    study_file: Callable[[str], Path], tmp_path: Path
+) -> None:
+    cfg = _cfg(study_file)
+    study = _open(cfg, tmp_path)
+    assert prepare(study, cfg) == 1
+    _loop(study, cfg, 3, _runner(cfg, {1: "startup_oom"}))
+    trials = study.get_trials()
+    assert len(trials) == 3
+    assert trials[0].params == {
+        "mem_fraction_static": 0.88,
+        "max_running_requests": 48,
+        "hicache_size": 48,
+    }
+    assert set(trials[0].constraints) == {"oom", "crash", "error_rate", "headroom_gib"}
+    assert feasible(trials[0]) and not feasible(trials[1])
+    assert trials[1].constraints["oom"] == 1.0
+    assert trials[0].user_attrs["worker"]["pid"] == os.getpid()
+
+
+def test_prepare_is_done_once(study_file: Callable[[str], Path], tmp_path: Path) -> None:
+    cfg = _cfg(study_file)
+    study = _open(cfg, tmp_path)
+    prepare(study, cfg)
+    assert prepare(_open(cfg, tmp_path), cfg) == 0
+
+
+def test_grid_walks_every_point_and_stops(
+    study_file: Callable[[str], Path], tmp_path: Path
+) -> None:
+    text = VALID.replace(
+        "max_running_requests = { choices = [32, 48, 64] }", "max_running_requests = 48"
+    )
+    text = text.replace("hicache_size = { choices = [0, 48] }", "hicache_size = 48")
+    cfg = dataclasses.replace(
+        load_study(study_file(text)),
+        sampler=dataclasses.replace(_cfg(study_file).sampler, name="grid"),
+    )
+    study = _open(cfg, tmp_path)
+    assert prepare(study, cfg) == 8
+    end = _loop(study, cfg, 100, _runner(cfg))
+    values = [t.params["mem_fraction_static"] for t in study.get_trials()]
+    assert values[0] == 0.88
+    assert sorted(values) == [0.8, 0.82, 0.84, 0.86, 0.88, 0.9, 0.92, 0.94]
+    assert end.why == "grid done"  # type: ignore[attr-defined]
+
+
+def test_resume_counts_finished_trials(study_file: Callable[[str], Path], tmp_path: Path) -> None:
+    cfg = _cfg(study_file)
+    study = _open(cfg, tmp_path)
+    prepare(study, cfg)
+    _loop(study, cfg, 2, _runner(cfg))
+    again = _open(cfg, tmp_path)
+    end = _loop(again, cfg, 5, _runner(cfg))
+    assert len(again.get_trials()) == 5 and end.ran == 3  # type: ignore[attr-defined]
+
+
+def test_interrupt_records_trial_and_requeues_point(
+    study_file: Callable[[str], Path], tmp_path: Path
+) -> None:
+    cfg = _cfg(study_file)
+    study = _open(cfg, tmp_path)
+    prepare(study, cfg)
+    with pytest.raises(Interrupted):
+        _loop(study, cfg, 4, _runner(cfg, {0: "interrupt"}))
+    t0 = study.get_trials()[0]
+    assert t0.state == TrialState.FAIL and t0.user_attrs["outcome"] == "interrupted"
+    assert counted(study.get_trials()) == 0
+    _loop(_open(cfg, tmp_path), cfg, 4, _runner(cfg))
+    trials = study.get_trials()
+    assert len(trials) == 5 and counted(trials) == 4
+    assert trials[1].params == t0.params  # the interrupted point ran again
+
+
+def test_repeated_harness_failures_stop_the_run(
+    study_file: Callable[[str], Path], tmp_path: Path
+) -> None:
+    cfg = _cfg(study_file)
+    study = _open(cfg, tmp_path)
+    with pytest.raises(HarnessError, match="3 trials in a row"):
+        _loop(
+            study,
+            cfg,
+            10,
+            _runner(cfg, {0: "harness_error", 1: "harness_error", 2: "harness_error"}),
+        )
+    assert len(study.get_trials()) == 3
+
+
+def _dead_worker() -> dict[str, object]:
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return {"host": Worker.current().host, "pid": int(proc.stdout), "start_ticks": 12345}
+
+
+def test_stale_running_trial_is_failed_and_requeued(
+    study_file: Callable[[str], Path], tmp_path: Path
+) -> None:
+    cfg = _cfg(study_file)
+    study = _open(cfg, tmp_path)
+    prepare(study, cfg)
+    trial = study.ask()
+    from autotune.space import settings_for
+
+    settings_for(trial, cfg.search)
+    trial.set_user_attr("worker", _dead_worker())
+    live = study.ask()
+    live.set_user_attr("worker", Worker.current().to_dict())
+    other = study.ask()
+    other.set_user_attr("worker", {"host": "another-box", "pid": 1, "start_ticks": 1})
+    assert [t.number for t in stale_trials(study.get_trials(), Worker.current().host)] == [0]
+    stopped: list[int] = []
+    recovered = recover(
+        study,
+        host=Worker.current().host,
+        stop_orphans=lambda t: stopped.append(t.number) or "stopped pid 7",
+    )
+    assert recovered == [0] and stopped == [0]
+    t0 = study.get_trials()[0]
+    assert t0.state == TrialState.FAIL and t0.user_attrs["outcome"] == "stale"
+    assert "stopped pid 7" in t0.user_attrs["reason"]
+    assert study.get_trials()[1].state == TrialState.RUNNING  # a live worker's trial is left alone
+    assert study.get_trials()[2].state == TrialState.RUNNING  # another host's trial too
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    assert [w.system_attrs["fixed_params"] for w in waiting] == [t0.params]
+
+
+def test_worker_alive() -> None:
+    assert Worker.current().alive()
+    assert not Worker.from_dict(_dead_worker()).alive()  # type: ignore[union-attr]
+
+
+def test_objectives_must_match_on_resume(study_file: Callable[[str], Path], tmp_path: Path) -> None:
+    from autotune.errors import UsageError
+
+    cfg = _cfg(study_file)
+    _open(cfg, tmp_path)
+    with pytest.raises(UsageError, match="objectives"):
+        _open(dataclasses.replace(cfg, objectives=("capacity",)), tmp_path)
+
+
+def test_gp_sampler_without_torch_is_a_usage_error() -> None:
+    from autotune.config import SamplerConfig
+    from autotune.errors import UsageError
+
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        with pytest.raises(UsageError, match="torch"):
+            make_sampler(SamplerConfig("gp"))

@@ -1,0 +1,127 @@
+"""One trial's ending decides its record: parameters' fault → complete and infeasible; the
+machine's fault → failed with a reason; Ctrl-C → the server is stopped and the trial interrupted."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.config import Limits
+from autotune.trial import Load, Startup, Stop, TrialPlan, run_trial, write_record
+from tests.study.fakes import FakeLauncher, Script, kimi_like
+
+
+def _plan(tmp_path: Path, f: float = 0.88) -> TrialPlan:
+    return TrialPlan(
+        number=3,
+        params={"mem_fraction_static": f},
+        argv=("python", "-m", "autotune.sim", "--mem-fraction-static", str(f)),
+        env={},
+        host="127.0.0.1",
+        port=31000,
+        trial_dir=tmp_path / "trials" / "0003",
+        limits=Limits(),
+        backend="sim",
+    )
+
+
+def _run(tmp_path: Path, launcher: FakeLauncher, f: float = 0.88):  # type: ignore[no-untyped-def]
+    phases: list[str] = []
+    ticks = iter(range(1000))
+    record = run_trial(
+        _plan(tmp_path, f), launcher, clock=lambda: float(next(ticks)), phase=phases.append
+    )
+    return record, phases
+
+
+def test_good_trial_is_complete_and_measured(tmp_path: Path) -> None:
+    launcher = FakeLauncher()
+    record, phases = _run(tmp_path, launcher)
+    assert phases == ["launch", "startup", "workload", "teardown"]
+    assert launcher.log == ["launch", "wait_ready", "drive", "stop"]
+    assert record.state == "complete" and record.outcome == "ok"
+    assert record.capacity_tokens == 159_294
+    assert record.headroom_gib == pytest.approx(94.04 * 0.12 - 6.5)
+    assert record.sglang_version == "0.5.9" and record.autotune_version
+    assert record.log_path.endswith("trials/0003/server.log")
+    m = record.measured()
+    assert m is not None and not m.oom and not m.crashed
+
+
+def test_startup_oom_is_complete_with_oom(tmp_path: Path) -> None:
+    launcher = FakeLauncher()
+    record, phases = _run(tmp_path, launcher, 0.94)
+    assert "workload" not in phases and launcher.log[-1] == "stop"
+    assert record.state == "complete" and record.outcome == "startup_oom"
+    assert record.capacity_tokens == 0 and "CUDA out of memory" in record.reason
+    assert record.measured().oom  # type: ignore[union-attr]
+
+
+def test_runtime_oom_keeps_measured_capacity(tmp_path: Path) -> None:
+    record, _ = _run(tmp_path, FakeLauncher(), 0.93)
+    assert record.state == "complete" and record.outcome == "runtime_oom"
+    assert record.capacity_tokens > 159_294
+
+
+@pytest.mark.parametrize("outcome", ["hang", "timeout", "unknown"])
+def test_startup_hang_or_timeout_is_a_failed_trial(tmp_path: Path, outcome: str) -> None:
+    launcher = FakeLauncher(lambda p: Script(Startup(outcome, "stall:weight_load")))
+    record, _ = _run(tmp_path, launcher)
+    assert record.state == "fail" and record.outcome == outcome
+    assert "stall:weight_load" in record.reason and record.measured() is None
+    assert launcher.log[-1] == "stop"
+
+
+def test_crash_under_load_is_complete_and_crashed(tmp_path: Path) -> None:
+    def crash(plan: TrialPlan) -> Script:
+        s = kimi_like(plan)
+        return dataclasses.replace(s, load=Load("crash", "scheduler_exception", ("boom",)))
+
+    record, _ = _run(tmp_path, FakeLauncher(crash))
+    assert record.state == "complete" and record.outcome == "crash"
+    assert record.measured().crashed  # type: ignore[union-attr]
+
+
+def test_launch_error_is_a_failed_trial(tmp_path: Path) -> None:
+    launcher = FakeLauncher(lambda p: Script(Startup("ready"), launch_error="port 31000 is taken"))
+    record, _ = _run(tmp_path, launcher)
+    assert record.state == "fail" and record.outcome == "harness_error"
+    assert "port 31000 is taken" in record.reason
+
+
+def test_harness_error_during_load_fails_and_still_stops(tmp_path: Path) -> None:
+    launcher = FakeLauncher(lambda p: dataclasses.replace(kimi_like(p), interrupt_in="harness"))
+    record, _ = _run(tmp_path, launcher)
+    assert record.state == "fail" and "GPU probe failed" in record.reason
+    assert launcher.log[-1] == "stop"
+
+
+@pytest.mark.parametrize("where", ["startup", "workload"])
+def test_ctrl_c_stops_the_server_and_marks_interrupted(tmp_path: Path, where: str) -> None:
+    launcher = FakeLauncher(lambda p: dataclasses.replace(kimi_like(p), interrupt_in=where))
+    record, _ = _run(tmp_path, launcher)
+    assert launcher.log[-1] == "stop"
+    assert record.state == "interrupted" and record.outcome == "interrupted"
+
+
+def test_unclean_teardown_is_fatal(tmp_path: Path) -> None:
+    launcher = FakeLauncher(
+        lambda p: dataclasses.replace(kimi_like(p), stop=Stop(False, "GPU memory not released"))
+    )
+    record, _ = _run(tmp_path, launcher)
+    assert record.state == "complete" and record.fatal.startswith("teardown")
+    assert "GPU memory not released" in record.result().fatal
+
+
+def test_record_is_written_as_json(tmp_path: Path) -> None:
+    record, _ = _run(tmp_path, FakeLauncher())
+    path = write_record(record, tmp_path / "trials" / "0003")
+    data = json.loads(path.read_text())
+    assert data["number"] == 3 and data["outcome"] == "ok"
+    assert data["ledger"]["max_total_num_tokens"] == 159_294
+    assert data["params"] == {"mem_fraction_static": 0.88}
+    assert set(data["phases"]) == {"launch", "startup", "workload", "teardown", "total"}
+    assert not list(path.parent.glob("*.tmp"))
