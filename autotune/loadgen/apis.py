@@ -93,7 +93,7 @@ class ResponseReader:
         self.prompt_tokens: int | None = None
         self.error: str | None = None
         self.done = False
-        self._pending = b""
+        self._pending = bytearray()
         self._body = bytearray()
         self._usage_output: int | None = None
 
@@ -105,15 +105,26 @@ class ResponseReader:
         if self.status != 200 or not self.stream:
             self._body += data
             return
-        buf = self._pending + data if self._pending else data
+        # Search only the new bytes (plus one) so an event spread over many reads costs linear
+        # time, and copy only the unfinished tail.
+        pending = self._pending
+        buf: bytes | bytearray
+        if pending:
+            search = len(pending) - 1
+            pending += data
+            buf = pending
+        else:
+            search, buf = 0, data
         start = 0
         while True:
-            end = buf.find(b"\n\n", start)
+            end = buf.find(b"\n\n", search)
             if end < 0:
                 break
             self._event(ts, buf[start:end])
-            start = end + 2
-        self._pending = buf[start:]
+            start = search = end + 2
+        if start == 0 and buf is pending:
+            return
+        self._pending = bytearray(buf[start:])
 
     def finish(self, end_ts: float) -> None:
         """Called when the response has ended, to settle the non-streamed parts."""
@@ -132,8 +143,8 @@ class ResponseReader:
                 return
             self._chunk(end_ts, obj)
         elif self._pending.strip():
-            self._event(end_ts, self._pending)
-            self._pending = b""
+            self._event(end_ts, bytes(self._pending))
+            self._pending = bytearray()
         if self.error is None and self.first_ts is None:
             self.error = "empty response: no token arrived"
         if self.api is not Api.GENERATE:
@@ -142,7 +153,16 @@ class ResponseReader:
             )
 
     # SSE events and chunks
-    def _event(self, ts: float, event: bytes) -> None:
+    def _event(self, ts: float, event: bytes | bytearray) -> None:
+        if event.startswith(b"data: {") and b"\n" not in event:  # the usual one-line event
+            try:
+                obj = json.loads(event[6:])
+            except ValueError:
+                self.error = self.error or f"bad stream chunk: {bytes(event[:80])!r}"
+                return
+            if isinstance(obj, dict):
+                self._chunk(ts, obj)
+            return
         for line in event.split(b"\n"):
             line = line.strip()
             if not line.startswith(b"data:"):

@@ -117,8 +117,12 @@ def stress_plan(phase: Stress, facts: ServerFacts, output_len: int | None = None
     if facts.context_len is not None:
         out = min(out, max(1, facts.context_len // 2))
         input_len = min(input_len, max(2, facts.context_len - out - 1))
-    return {"requests": min(requests, ph.MAX_BURST), "input_len": input_len, "output_len": out,
-            "rounds": phase.rounds}  # fmt: skip
+    return {
+        "requests": min(requests, ph.MAX_BURST),
+        "input_len": input_len,
+        "output_len": out,
+        "rounds": phase.rounds,
+    }
 
 
 def run_workload(
@@ -262,23 +266,48 @@ async def _phase(
     coro: Coroutine[object, object, None]
     if isinstance(phase, Warmup):
         limit = phase.timeout_s
-        coro = ph.closed_loop(rt, out, phase.name, shaper, phase.concurrency, start + limit,
-                              phase.requests)  # fmt: skip
+        coro = ph.closed_loop(
+            rt, out, phase.name, shaper, phase.concurrency, start + limit, phase.requests
+        )
     elif isinstance(phase, Steady):
         limit = phase.duration_s + spec.drain_timeout_s
-        coro = ph.closed_loop(rt, out, phase.name, shaper, phase.concurrency,
-                              start + phase.duration_s, phase.max_requests)  # fmt: skip
+        coro = ph.closed_loop(
+            rt,
+            out,
+            phase.name,
+            shaper,
+            phase.concurrency,
+            start + phase.duration_s,
+            phase.max_requests,
+        )
     elif isinstance(phase, Poisson):
         limit = phase.duration_s + spec.drain_timeout_s
         arrivals = random.Random(f"{spec.seed}/{index}/arrivals")
-        coro = ph.open_loop(rt, out, phase.name, shaper, arrivals, phase.rate, phase.duration_s,
-                            phase.max_in_flight, capped)  # fmt: skip
+        coro = ph.open_loop(
+            rt,
+            out,
+            phase.name,
+            shaper,
+            arrivals,
+            phase.rate,
+            phase.duration_s,
+            phase.max_in_flight,
+            capped,
+        )
     else:
         limit = phase.timeout_s
         sized = stress_plan(phase, facts)
         plan = dict(sized)
-        coro = ph.bursts(rt, out, phase.name, shaper, sized["rounds"], sized["requests"],
-                         sized["input_len"], sized["output_len"])  # fmt: skip
+        coro = ph.bursts(
+            rt,
+            out,
+            phase.name,
+            shaper,
+            sized["rounds"],
+            sized["requests"],
+            sized["input_len"],
+            sized["output_len"],
+        )
     task = asyncio.ensure_future(coro)
     done, _ = await asyncio.wait(
         {task, watcher}, timeout=limit, return_when=asyncio.FIRST_COMPLETED

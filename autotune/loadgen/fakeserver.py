@@ -35,6 +35,7 @@ class Options:
     die_after: int | None
     batch: int
     model: str
+    pad_bytes: int = 0
 
 
 def _input_tokens(body: bytes) -> int:
@@ -143,7 +144,10 @@ class _Conn(asyncio.Protocol):
         )
         frames: list[bytes] = []
         for i in range(1, n + 1):
-            frames.append(_frame(_chunk(path, i, n, prompt, opt.model)))
+            event = _chunk(path, i, n, prompt, opt.model)
+            if opt.pad_bytes:
+                event = event[:-1] + b',"pad":"' + b"p" * opt.pad_bytes + b'"}'
+            frames.append(_frame(event))
             if len(frames) >= opt.batch or i == n:
                 self._send(b"".join(frames))
                 frames.clear()
@@ -183,15 +187,23 @@ def _chunk(path: str, i: int, n: int, prompt: int, model: str) -> bytes:
 
 def _whole(path: str, n: int, prompt: int, model: str) -> bytes:
     if path == "/generate":
-        meta = {"id": "x", "finish_reason": {"type": "length", "length": n},
-                "prompt_tokens": prompt, "completion_tokens": n, "cached_tokens": 0}  # fmt: skip
+        meta = {
+            "id": "x",
+            "finish_reason": {"type": "length", "length": n},
+            "prompt_tokens": prompt,
+            "completion_tokens": n,
+            "cached_tokens": 0,
+        }
         return json.dumps({"text": "w" * n, "output_ids": [1] * n, "meta_info": meta}).encode()
     usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
     if path == "/v1/completions":
         choice: dict[str, object] = {"index": 0, "text": "w" * n, "finish_reason": "length"}
     else:
-        choice = {"index": 0, "message": {"role": "assistant", "content": "w" * n},
-                  "finish_reason": "length"}  # fmt: skip
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": "w" * n},
+            "finish_reason": "length",
+        }
     return json.dumps({"id": "x", "model": model, "choices": [choice], "usage": usage}).encode()
 
 
@@ -222,9 +234,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--die-after", type=int)
     p.add_argument("--batch", type=int, default=1, help="SSE frames per socket write")
     p.add_argument("--model", default="fake-model")
+    p.add_argument("--pad-bytes", type=int, default=0, help="padding added to each SSE event")
     a = p.parse_args(argv)
     opt = Options(
-        a.ttft_ms / 1000, a.itl_ms / 1000, a.api_key, a.die_after, max(1, a.batch), a.model
+        a.ttft_ms / 1000,
+        a.itl_ms / 1000,
+        a.api_key,
+        a.die_after,
+        max(1, a.batch),
+        a.model,
+        max(0, a.pad_bytes),
     )
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(opt, a.host, a.port))

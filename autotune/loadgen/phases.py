@@ -123,9 +123,13 @@ def _record(
 
 
 async def _session(
-    rt: Runtime, out: list[RequestRecord], phase: str, plans: list[RequestPlan], scheduled: float,
+    rt: Runtime,
+    out: list[RequestRecord],
+    phase: str,
+    plans: list[RequestPlan],
+    scheduled: float,
     stop_at: float,
-) -> None:  # fmt: skip
+) -> None:
     """Turns of one session in order; later turns wait for earlier ones and stop on a failure."""
     for i, plan in enumerate(plans):
         if i > 0 and rt.clock() >= stop_at:

@@ -54,8 +54,13 @@ class LengthDist:
             return {"dist": "fixed", "value": self.low}
         if self.kind == "uniform":
             return {"dist": "uniform", "min": self.low, "max": self.high}
-        return {"dist": self.kind, "mean": self.mean, "std": self.std, "min": self.low,
-                "max": self.high}  # fmt: skip
+        return {
+            "dist": self.kind,
+            "mean": self.mean,
+            "std": self.std,
+            "min": self.low,
+            "max": self.high,
+        }
 
 
 @dataclass(frozen=True)

@@ -105,3 +105,13 @@ def test_bodies_are_valid_json_with_exact_ids(api: Api) -> None:
         assert body["prompt"] == pool.token_ids(plan.prompt)
     if api is Api.CHAT:
         assert len(body["messages"][0]["content"].split(" ")) == 5000
+
+
+def test_large_event_spread_over_many_reads() -> None:
+    r = ResponseReader(Api.COMPLETIONS, True, 0.0, 1)
+    r.on_headers(200, {})
+    big = sse({"choices": [{"text": "x" * 300_000}]}) + sse({"choices": [{"text": "y"}]})
+    for i in range(0, len(big), 1000):
+        r.on_data(i / 1e6, big[i : i + 1000])
+    r.finish(1.0)
+    assert r.error is None and len(r.itl) == 1

@@ -16,8 +16,11 @@ FACTS = ServerFacts(max_running_requests=12, chunked_prefill_size=700, context_l
 
 
 def spec(**kw: object) -> dict[str, object]:
-    base: dict[str, object] = {"seed": 5, "input_len": {"dist": "uniform", "min": 5, "max": 60},
-                               "output_len": 6}  # fmt: skip
+    base: dict[str, object] = {
+        "seed": 5,
+        "input_len": {"dist": "uniform", "min": 5, "max": 60},
+        "output_len": 6,
+    }
     return {**base, **kw}
 
 
@@ -46,8 +49,13 @@ def test_phases_in_order_with_warmup_left_out(fake_server: Start, tmp_path: Path
         {"kind": "poisson", "rate": 40, "duration_s": 0.5},
         {"kind": "stress", "rounds": 2, "output_len": 3},
     ]
-    res = run_workload(workload_from_dict(spec(phases=phases)), Target(srv.url), FACTS,
-                       is_dead=srv.is_dead, slo=Slo(ttft_ms=10_000))  # fmt: skip
+    res = run_workload(
+        workload_from_dict(spec(phases=phases)),
+        Target(srv.url),
+        FACTS,
+        is_dead=srv.is_dead,
+        slo=Slo(ttft_ms=10_000),
+    )
     warm, steady, poisson, stress = res.phases
     assert [p.ended_by for p in res.phases] == ["completed"] * 4
     assert warm.summary.requests == 3
@@ -77,8 +85,12 @@ def test_poisson_schedule_is_seeded(fake_server: Start) -> None:
 
     def offsets(seed: int) -> list[float]:
         phases = [{"kind": "poisson", "rate": 100, "duration_s": 0.3}]
-        res = run_workload(workload_from_dict(spec(seed=seed, phases=phases)), Target(srv.url),
-                           FACTS, is_dead=srv.is_dead)  # fmt: skip
+        res = run_workload(
+            workload_from_dict(spec(seed=seed, phases=phases)),
+            Target(srv.url),
+            FACTS,
+            is_dead=srv.is_dead,
+        )
         start = res.phases[0].started_s
         return sorted(round(r.scheduled_s - start, 3) for r in res.records)
 
@@ -90,8 +102,14 @@ def test_poisson_schedule_is_seeded(fake_server: Start) -> None:
 def test_sessions_resend_history(fake_server: Start) -> None:
     srv = fake_server()
     phases = [{"kind": "steady", "concurrency": 2, "duration_s": 5, "max_requests": 6}]
-    ws = workload_from_dict(spec(phases=phases, input_len=20, output_len=10,
-                                 sessions={"turns": 3, "system_prompt_len": 50}))  # fmt: skip
+    ws = workload_from_dict(
+        spec(
+            phases=phases,
+            input_len=20,
+            output_len=10,
+            sessions={"turns": 3, "system_prompt_len": 50},
+        )
+    )
     res = run_workload(ws, Target(srv.url), FACTS, is_dead=srv.is_dead)
     by_turn = {r.turn: r.input_tokens for r in res.records}
     assert by_turn == {0: 72, 1: 102, 2: 132}  # 50 system + 2 head + 20, then +10 answer +20
@@ -117,8 +135,12 @@ def test_server_dying_mid_phase_stops_the_run(fake_server: Start) -> None:
         {"kind": "steady", "concurrency": 4, "duration_s": 60},
         {"kind": "stress"},
     ]
-    res = run_workload(workload_from_dict(spec(output_len=50, phases=phases)), Target(srv.url),
-                       FACTS, is_dead=srv.is_dead)  # fmt: skip
+    res = run_workload(
+        workload_from_dict(spec(output_len=50, phases=phases)),
+        Target(srv.url),
+        FACTS,
+        is_dead=srv.is_dead,
+    )
     assert res.died is not None and res.died.reason.startswith("server exited with")
     assert res.died.phase == "steady-0"
     assert [p.ended_by for p in res.phases] == ["server_died", "skipped"]
@@ -139,8 +161,9 @@ def test_is_dead_report_cancels_in_flight_requests(fake_server: Start) -> None:
         {"kind": "stress", "rounds": 3},
         {"kind": "steady", "concurrency": 1, "duration_s": 1},
     ]
-    res = run_workload(workload_from_dict(spec(phases=phases)), Target(srv.url), FACTS,
-                       is_dead=is_dead)  # fmt: skip
+    res = run_workload(
+        workload_from_dict(spec(phases=phases)), Target(srv.url), FACTS, is_dead=is_dead
+    )
     assert res.died is not None
     assert (res.died.reason, res.died.phase, res.died.in_flight) == ("OOM in log", "stress-0", 12)
     assert res.died.in_flight_input_tokens == 12 * 700
@@ -152,8 +175,9 @@ def test_is_dead_report_cancels_in_flight_requests(fake_server: Start) -> None:
 def test_unreported_death_is_bounded_by_phase_time(fake_server: Start) -> None:
     srv = fake_server("--die-after", "3")
     phases = [{"kind": "steady", "concurrency": 2, "duration_s": 0.5}]
-    res = run_workload(workload_from_dict(spec(phases=phases)), Target(srv.url), FACTS,
-                       is_dead=lambda: None)  # fmt: skip
+    res = run_workload(
+        workload_from_dict(spec(phases=phases)), Target(srv.url), FACTS, is_dead=lambda: None
+    )
     s = res.overall
     assert res.died is None and res.phases[0].ended_by == "completed"
     assert s.completed == 3 and "connection" in s.errors

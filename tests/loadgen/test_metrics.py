@@ -11,9 +11,16 @@ from autotune.loadgen.metrics import RequestRecord, Slo, Stats, summarize, tpot_
 
 
 def rec(
-    sent: float, ttft: float | None, itl: tuple[float, ...], e2e: float | None, inp: int,
-    out: int, error: str | None = None, scheduled: float | None = None, end: float | None = None,
-) -> RequestRecord:  # fmt: skip
+    sent: float,
+    ttft: float | None,
+    itl: tuple[float, ...],
+    e2e: float | None,
+    inp: int,
+    out: int,
+    error: str | None = None,
+    scheduled: float | None = None,
+    end: float | None = None,
+) -> RequestRecord:
     return RequestRecord(
         phase="p",
         index=0,

@@ -28,8 +28,9 @@ def test_distributions_stay_in_bounds_and_center() -> None:
 def test_same_seed_same_requests_and_exact_lengths() -> None:
     def plans(seed: int) -> list[list[int]]:
         pool = TokenPool(random.Random(f"{seed}/pool"), size=4096)
-        sh = Shaper(random.Random(seed), LengthDist("uniform", 3, 300), LengthDist.fixed(5),
-                    pool_size=4096)  # fmt: skip
+        sh = Shaper(
+            random.Random(seed), LengthDist("uniform", 3, 300), LengthDist.fixed(5), pool_size=4096
+        )
         out = []
         for _ in range(20):
             p = sh.single()
@@ -50,9 +51,13 @@ def test_unrelated_requests_never_share_a_first_token_pair() -> None:
 
 def test_sessions_resend_the_conversation_so_turns_share_prefixes() -> None:
     pool = TokenPool(random.Random(0), size=8192)
-    sh = Shaper(random.Random(0), LengthDist.fixed(50), LengthDist.fixed(20),
-                sessions=Sessions(turns=3, system_prompt_len=100, system_prompts=2),
-                pool_size=8192)  # fmt: skip
+    sh = Shaper(
+        random.Random(0),
+        LengthDist.fixed(50),
+        LengthDist.fixed(20),
+        sessions=Sessions(turns=3, system_prompt_len=100, system_prompts=2),
+        pool_size=8192,
+    )
     s0, s1, s2 = sh.session(), sh.session(), sh.session()
     assert [p.turn for p in s0] == [0, 1, 2]
     ids = [pool.token_ids(p.prompt) for p in s0]
@@ -65,8 +70,13 @@ def test_sessions_resend_the_conversation_so_turns_share_prefixes() -> None:
 
 
 def test_sessions_stop_at_the_context_limit() -> None:
-    sh = Shaper(random.Random(0), LengthDist.fixed(100), LengthDist.fixed(50),
-                sessions=Sessions(turns=10), max_context=500)  # fmt: skip
+    sh = Shaper(
+        random.Random(0),
+        LengthDist.fixed(100),
+        LengthDist.fixed(50),
+        sessions=Sessions(turns=10),
+        max_context=500,
+    )
     turns = sh.session()
     assert 1 <= len(turns) < 10
     assert all(p.input_len + p.output_len < 500 for p in turns)

@@ -93,10 +93,12 @@ def test_bad_values_name_the_key(change: dict[str, object], key: str, words: str
         ({"kind": "stress", "rounds": True}, "workload.phases[2].rounds"),
         ({"kind": "burst"}, "workload.phases[2].kind"),
         ({"kind": "warmup", "extra": 1}, "workload.phases[2].extra"),
-        ({"kind": "steady", "concurrency": 1, "duration_s": 1, "name": "main"},
-         "workload.phases[2].name"),
+        (
+            {"kind": "steady", "concurrency": 1, "duration_s": 1, "name": "main"},
+            "workload.phases[2].name",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_phase_names_its_index(phase: dict[str, object], key: str) -> None:
     phases = [*FULL["phases"][:2], phase]  # type: ignore[index]
     with pytest.raises(ConfigError) as exc:

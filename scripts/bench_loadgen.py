@@ -1,0 +1,169 @@
+"""How much load the workload driver can generate, measured against a minimal fast local server.
+
+Starts `python -m autotune.loadgen.fakeserver` (raw asyncio, no model work) in a subprocess,
+pins this process (the client) to one core and the server to another when there are two, and
+runs `run_workload` through four cases: tiny non-streamed requests (requests/s), long streams of
+one-token chunks (chunks/s), 128K-token prompts (requests/s and upload MB/s), and streams of
+256 KiB events (download MB/s: no collapse from small read buffers). For each case it prints the
+rate and the CPU share each side used: a client below ~95% of its core was not the limit.
+Goals on one client core: >= 3,000 requests/s and >= 50,000 streamed chunks/s.
+
+    .venv/bin/python scripts/bench_loadgen.py [--seconds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from autotune.loadgen import ServerFacts, Target, WorkloadResult, run_workload, workload_from_dict
+
+BYTES_PER_ID = 6.0  # "12345," on average for ids in [1000, 30000)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    server_args: tuple[str, ...]
+    workload: dict[str, object]
+    unit: str
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _start_server(args: tuple[str, ...], core: int | None) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autotune.loadgen.fakeserver", "--port", "0", *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("listening on "):
+        proc.kill()
+        raise SystemExit(f"fake server did not start: {line!r}")
+    if core is not None:
+        os.sched_setaffinity(proc.pid, {core})
+    return proc, int(line.split()[-1])
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def _run(
+    case: Case, seconds: float, server_core: int | None
+) -> tuple[WorkloadResult, float, float]:
+    proc, port = _start_server(case.server_args, server_core)
+    try:
+        phases = [
+            {"kind": "warmup", "requests": 20, "concurrency": 4},
+            {"kind": "steady", "duration_s": seconds, **case.workload.pop("steady", {})},  # type: ignore[dict-item]
+        ]
+        spec = workload_from_dict({**case.workload, "phases": phases, "drain_timeout_s": 30})
+        facts = ServerFacts(context_len=1 << 20)
+        c0, s0, w0 = time.process_time(), _cpu_seconds(proc.pid), time.perf_counter()
+        result = run_workload(
+            spec,
+            Target(f"http://127.0.0.1:{port}"),
+            facts,
+            is_dead=lambda: None if proc.poll() is None else "server exited",
+        )
+        wall = time.perf_counter() - w0
+        return result, (time.process_time() - c0) / wall, (_cpu_seconds(proc.pid) - s0) / wall
+    finally:
+        _stop(proc)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--seconds", type=float, default=5.0, help="steady phase per case")
+    parser.add_argument("--only", default="", help="run only cases whose name contains this")
+    args = parser.parse_args()
+    allowed = sorted(os.sched_getaffinity(0))
+    client_core = allowed[0]
+    server_core = allowed[1] if len(allowed) > 1 else None
+    os.sched_setaffinity(0, {client_core})
+    print(
+        f"cores: {os.cpu_count()} online, {len(allowed)} usable; client pinned to core "
+        f"{client_core}, server to {server_core if server_core is not None else 'the same'}"
+    )
+    cases = [
+        Case(
+            "non-streamed requests",
+            (),
+            {"stream": False, "input_len": 16, "output_len": 1, "steady": {"concurrency": 64}},
+            "requests/s",
+        ),
+        Case(
+            "streamed chunks (/v1/completions)",
+            ("--batch", "32"),
+            {
+                "api": "completions",
+                "input_len": 16,
+                "output_len": 4000,
+                "steady": {"concurrency": 16},
+            },
+            "chunks/s",
+        ),
+        Case(
+            "streamed chunks (/generate, cumulative text)",
+            ("--batch", "32"),
+            {"input_len": 16, "output_len": 512, "steady": {"concurrency": 16}},
+            "chunks/s",
+        ),
+        Case(
+            "128K-token prompts",
+            (),
+            {"input_len": 131072, "output_len": 16, "steady": {"concurrency": 8}},
+            "requests/s",
+        ),
+        Case(
+            "256 KiB stream events",
+            ("--pad-bytes", "262144"),
+            {"api": "completions", "input_len": 16, "output_len": 64, "steady": {"concurrency": 4}},
+            "MB/s down",
+        ),
+    ]
+    print(f"{'case':<46} {'rate':>12} {'unit':<11} {'client CPU':>10} {'server CPU':>10}  notes")
+    for case in cases:
+        if args.only not in case.name:
+            continue
+        result, client_cpu, server_cpu = _run(case, args.seconds, server_core)
+        s = next(p.summary for p in result.phases if p.kind == "steady")
+        notes = f"errors {s.failed}/{s.requests}"
+        if case.unit == "requests/s":
+            rate = s.request_throughput
+            if s.total_input_tokens > 1_000_000:
+                mb = s.input_throughput * BYTES_PER_ID / 1e6
+                notes += f"; {s.input_throughput:,.0f} prompt tokens/s, ~{mb:,.0f} MB/s up"
+        elif case.unit == "chunks/s":
+            rate = s.output_throughput  # one token per chunk
+            notes += f"; p50 ITL {s.itl_ms.p50 if s.itl_ms else float('nan'):.3f} ms"
+        else:
+            rate = s.output_throughput * 262144 / 1e6
+            notes += f"; {s.output_throughput:,.0f} events/s"
+        print(
+            f"{case.name:<46} {rate:>12,.0f} {case.unit:<11} {client_cpu:>9.0%} {server_cpu:>10.0%}"
+            f"  {notes}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
