@@ -76,13 +76,14 @@ class Slo:
 
 @dataclass(frozen=True)
 class Stats:
-    """Distribution of one latency, in milliseconds."""
+    """Distribution of one latency, in milliseconds. p90 and max are None only in summaries read
+    from bench_serving's output, which lacks them for some metrics."""
 
     mean: float
     p50: float
-    p90: float
+    p90: float | None
     p99: float
-    max: float
+    max: float | None
     count: int
 
     @staticmethod
