@@ -201,7 +201,8 @@ def _start_ticks(pid: int) -> int:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return -1
-    return int(stat.rpartition(")")[2].split()[19])
+    fields = stat.rpartition(")")[2].split()
+    return -1 if fields[0] in ("Z", "X") else int(fields[19])
 
 
 def stale_trials(trials: Sequence[FrozenTrial], host: str) -> list[FrozenTrial]:
