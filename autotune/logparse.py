@@ -11,12 +11,14 @@ logs carry junk (tqdm carriage returns, warnings, systemd prefixes) between the 
 
 from __future__ import annotations
 
+import gc
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 
 class Kind(StrEnum):
@@ -86,22 +88,25 @@ FAILURE_KINDS = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One recognised line. `values` holds its numbers under stable names (see `_NUMBER_NAMES`);
-    `label` its one text detail (graph role such as "target decode", model class, dtype, URL)."""
+_NO_VALUES: Mapping[str, float] = MappingProxyType({})
+
+
+class Event(NamedTuple):
+    """One recognised line. `values` holds its numbers under stable names (avail_gib, usage_gib,
+    elapsed_s, tokens, kv_gib, …); `label` its one text detail (graph role such as
+    "target decode", model class, KV dtype, URL). A NamedTuple because a long log makes
+    hundreds of thousands of these."""
 
     kind: Kind
     line_no: int
     time: float | None
     rank: str
     text: str
-    values: Mapping[str, float] = field(default_factory=dict)
+    values: Mapping[str, float] = _NO_VALUES
     label: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class Batch:
+class Batch(NamedTuple):
     """One Prefill or Decode batch line (TP0 of each DP group). Missing fields are None."""
 
     phase: str  # "prefill" | "decode"
@@ -160,10 +165,20 @@ def _day_epoch(day: str) -> float | None:
     return epoch
 
 
-def _header_time(header: str) -> float | None:
+_last_stamp: list[Any] = ["", None]  # consecutive lines mostly share their timestamp
+
+
+def _header_time(stamp: str) -> float | None:
     """Epoch seconds for `YYYY-MM-DD HH:MM:SS[.mmm]`, read as UTC (only differences matter)."""
+    if stamp != _last_stamp[0]:
+        _last_stamp[0], _last_stamp[1] = stamp, _stamp_time(stamp)
+    time: float | None = _last_stamp[1]
+    return time
+
+
+def _stamp_time(header: str) -> float | None:
     day = _day_epoch(header[:10])
-    if day is None or header[13] != ":" or header[16] != ":":
+    if day is None or len(header) < 19 or header[13] != ":" or header[16] != ":":
         return None
     try:
         secs = int(header[11:13]) * 3600 + int(header[14:16]) * 60 + int(header[17:19])
@@ -176,22 +191,26 @@ def _header_time(header: str) -> float | None:
 
 def split_prefix(line: str) -> tuple[float | None, str, str]:
     """(time, rank tag, message). The rank tag is e.g. "TP3" or "DP0 TP0 EP0"; "" for the main
-    process, for tp=1 and for lines without a prefix (tracebacks, tqdm bars)."""
+    process, for tp=1 and for lines without a prefix (tracebacks, tqdm bars).
+
+    Plain string tests rather than a regex: this runs on every line of logs that reach millions.
+    """
     start = 0
     if not line.startswith("[20"):
         start = line.find("[20")  # tolerate journald / container prefixes before SGLang's own
         if start < 0:
             return None, "", line
-    end = line.find("]", start)
-    if end < 0 or end - start < 20:
+    if line[start + 5 : start + 6] != "-" or line[start + 14 : start + 15] != ":":
         return None, "", line
-    header = line[start + 1 : end]
-    time = _header_time(header)
+    end = line.find("]", start + 20)
+    if end < 0:
+        return None, "", line
+    cut = start + 24 if line[start + 20] == "." else start + 20
+    time = _header_time(line[start + 1 : cut])
     if time is None:
         return None, "", line
-    tags = header[23:] if len(header) > 19 and header[19] == "." else header[19:]
-    message = line[end + 2 :] if line[end + 1 : end + 2] == " " else line[end + 1 :]
-    return time, tags.strip(), message
+    rank = line[cut + 1 : end] if end > cut else ""
+    return time, rank, line[end + 2 :] if line[end + 1 : end + 2] == " " else line[end + 1 :]
 
 
 def rank_order(rank: str) -> tuple[int, ...]:
@@ -236,23 +255,28 @@ _URL = re.compile(r"(https?://\S+)")
 _RETRACT = re.compile(r"#retracted_reqs: (\d+)")
 _TRIED = re.compile(r"Tried to allocate " + _NUM + r" ?(GiB|MiB|KiB|B)")
 
-_BATCH_KEYS = {
-    "#running-req": "running",
-    "#queue-req": "queued",
-    "token usage": "token_usage",
-    "full token usage": "token_usage",
-    "#token": "tokens",
-    "#new-seq": "new_seq",
-    "#new-token": "new_tokens",
-    "#cached-token": "cached_tokens",
-    "gen throughput (token/s)": "gen_throughput",
-    "input throughput (token/s)": "input_throughput",
-    "accept len": "accept_len",
-    "#retracted-req": "retracted",
+
+def _flag(raw: str) -> bool:
+    return raw.startswith("True")
+
+
+# Batch field name in the log -> (position after `rank` in Batch, converter).
+_BATCH_FIELDS: dict[str, tuple[int, Callable[[str], Any]]] = {
+    "#running-req": (0, int),
+    "#queue-req": (1, int),
+    "token usage": (2, float),
+    "full token usage": (2, float),
+    "#token": (3, int),
+    "#new-seq": (4, int),
+    "#new-token": (5, int),
+    "#cached-token": (6, int),
+    "gen throughput (token/s)": (7, float),
+    "input throughput (token/s)": (8, float),
+    "cuda graph": (9, _flag),
+    "accept len": (10, float),
+    "#retracted-req": (11, int),
 }
-_INT_FIELDS = frozenset(
-    {"running", "queued", "tokens", "new_seq", "new_tokens", "cached_tokens", "retracted"}
-)
+_BATCH_SLOTS = 12
 
 
 def _num(pattern: re.Pattern[str], text: str) -> float | None:
@@ -264,25 +288,99 @@ def _values(**numbers: float | None) -> dict[str, float]:
     return {k: v for k, v in numbers.items() if v is not None}
 
 
+# The common shapes of 0.4.x, 0.5.4 and 0.5.9–0.5.23 batch lines, read in one match; anything
+# else (hybrid SWA, PD modes, 0.5.23 prefill order) goes through the generic `key: value` reader.
+# Whole-line patterns for the common shapes of 0.4.x, 0.5.4 and 0.5.9–0.5.23 batch lines: one
+# regex call reads prefix and fields together, which is what keeps a million-line log under a few
+# seconds. Anything else (hybrid SWA, PD modes, 0.5.23 prefill order) goes through `_batch`.
+_STAMP = r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{3})?)(?: ([A-Z_]+\d+(?: [A-Z_]+\d+)*))?\] "
+_HEAD = r" batch(?:\. |, | \[\d+\], )"
+_DECODE = re.compile(
+    _STAMP + "Decode" + _HEAD + r"#running-req: (\d+), #token: (\d+), token usage: ([\d.]+), "
+    r"(?:accept len: ([\d.]+), accept rate: [\d.]+, )?cuda graph: (True|False), "
+    r"gen throughput \(token/s\): ([\d.]+), #queue-req: (\d+)$"
+)
+_PREFILL = re.compile(
+    _STAMP
+    + "Prefill"
+    + _HEAD
+    + r"#new-seq: (\d+), #new-token: (\d+), #cached-token: (\d+), token usage: ([\d.]+), "
+    r"#running-req: (\d+), #queue-req: (\d+)(?:, input throughput \(token/s\): ([\d.]+), "
+    r"cuda graph: (True|False))?,? ?$"
+)
+
+
+def _common_batch(line: str, line_no: int) -> Batch | None:
+    if "Decode batch" in line:
+        m = _DECODE.search(line)
+        if m is None:
+            return None
+        stamp, rank, run, tok, use, acc, graph, gen, queue = m.groups()
+        return tuple.__new__(
+            Batch,
+            (
+                "decode",
+                line_no,
+                _header_time(stamp),
+                rank or "",
+                int(run),
+                int(queue),
+                float(use),
+                int(tok),
+                None,
+                None,
+                None,
+                float(gen),
+                None,
+                graph == "True",
+                float(acc) if acc else None,
+                None,
+            ),
+        )
+    m = _PREFILL.search(line)
+    if m is None:
+        return None
+    stamp, rank, seq, new, cached, use, run, queue, thr, graph = m.groups()
+    return tuple.__new__(
+        Batch,
+        (
+            "prefill",
+            line_no,
+            _header_time(stamp),
+            rank or "",
+            int(run),
+            int(queue),
+            float(use),
+            None,
+            int(seq),
+            int(new),
+            int(cached),
+            None,
+            float(thr) if thr else None,
+            graph == "True" if graph else None,
+            None,
+            None,
+        ),
+    )
+
+
 def _batch(phase: str, message: str, line_no: int, time: float | None, rank: str) -> Batch | None:
     body_at = message.find("#")
     if body_at < 0:
         return None
-    got: dict[str, Any] = {}
+    slots: list[Any] = [None] * _BATCH_SLOTS
+    found = False
     for part in message[body_at:].split(", "):
-        key, sep, raw = part.partition(": ")
-        name = _BATCH_KEYS.get(key)
-        if name is None:
-            if key == "cuda graph" and sep:
-                got["cuda_graph"] = raw.startswith("True")
+        key, _, raw = part.partition(": ")
+        field = _BATCH_FIELDS.get(key)
+        if field is None:
             continue
         try:
-            got[name] = int(raw) if name in _INT_FIELDS else float(raw)
+            slots[field[0]] = field[1](raw)
         except ValueError:
             continue
-    if not got:
-        return None
-    return Batch(phase, line_no, time, rank, **got)
+        found = True
+    return Batch(phase, line_no, time, rank, *slots) if found else None
 
 
 def _memory_event(kind: Kind, message: str, ctx: tuple[int, float | None, str, str]) -> Event:
@@ -468,19 +566,24 @@ def _looks_like_exception(line: str) -> bool:
 
 def parse_line(line: str, line_no: int = 0) -> Parsed | None:
     """One line (without its newline) -> an Event, a Batch, or None for anything else."""
+    if " batch" in line:
+        common = _common_batch(line, line_no)
+        if common is not None:
+            return common
+    elif "HTTP/1." in line:
+        return None  # uvicorn access log
     if "\r" in line:  # a tqdm bar rewritten in place: the last state is what counts
         line = line.rstrip("\r").rsplit("\r", 1)[-1]
     time, rank, message = split_prefix(line)
     if not message:
         return None
-    if message.startswith("Decode batch"):
+    c = message[0]
+    if c == "D" and message.startswith("Decode batch"):
         return _batch("decode", message, line_no, time, rank)
-    if message.startswith("Prefill batch"):
+    if c == "P" and message.startswith("Prefill batch"):
         return _batch("prefill", message, line_no, time, rank)
     ctx = (line_no, time, rank, line)
-    if message.startswith("INFO:"):
-        if message.endswith("200") or "HTTP/1." in message:
-            return None  # access log
+    if c == "I" and message.startswith("INFO:"):
         return _uvicorn(message, ctx)
     event = _startup(message, ctx)
     if event is not None:
@@ -493,15 +596,21 @@ def parse_lines(lines: Iterable[str], first_line_no: int = 1) -> ParsedLog:
     events: list[Event] = []
     batches: list[Batch] = []
     line_no = first_line_no
-    for raw in lines:
-        item = parse_line(raw.rstrip("\n"), line_no)
-        line_no += 1
-        if item is None:
-            continue
-        if isinstance(item, Batch):
-            batches.append(item)
-        else:
-            events.append(item)
+    collecting = gc.isenabled()
+    gc.disable()  # the cyclic collector would rescan the growing lists of tuples again and again
+    try:
+        for raw in lines:
+            item = parse_line(raw.rstrip("\n"), line_no)
+            line_no += 1
+            if item is None:
+                continue
+            if isinstance(item, Batch):
+                batches.append(item)
+            else:
+                events.append(item)
+    finally:
+        if collecting:
+            gc.enable()
     return ParsedLog(tuple(events), tuple(batches), line_no - first_line_no)
 
 
