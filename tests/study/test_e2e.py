@@ -1,0 +1,234 @@
+"""`autotune run` end to end through the simulator: real processes, real HTTP on 127.0.0.1.
+
+Every process these tests start carries the test's temporary folder in its command line (the
+study file path or the simulator's GPU-state folder), so the `no_leftovers` fixture can find any
+survivor, kill it and fail the test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+pytestmark = pytest.mark.e2e
+
+STUDY = """
+[server]
+backend = "sim"
+sim_profile = "kimi-k2.5-tp8-96g"
+
+[server.flags]
+model-path = "moonshotai/Kimi-K2.5"
+tp = 8
+trust-remote-code = true
+speculative-algorithm = "EAGLE3"
+speculative-draft-model-path = "lightseekorg/kimi-k2.5-eagle3"
+speculative-num-steps = 3
+speculative-eagle-topk = 1
+speculative-num-draft-tokens = 4
+
+[server.limits]
+startup_s = 60
+stall_s = 30
+workload_s = 60
+stop_grace_s = 10
+release_s = 10
+
+[search]
+mem_fraction_static = { low = 0.88, high = 0.94, step = 0.03 }
+max_running_requests = 48
+hicache_size = 48
+
+[baseline]
+mem_fraction_static = 0.88
+
+[workload]
+input_len = { dist = "uniform", min = 1000, max = 3000 }
+output_len = 32
+request_timeout_s = 30
+drain_timeout_s = 5
+
+[[workload.phases]]
+kind = "steady"
+concurrency = 8
+duration_s = DURATION
+
+[[workload.phases]]
+kind = "stress"
+rounds = 1
+
+[budget]
+n_trials = 3
+
+[sampler]
+name = "grid"
+"""
+
+
+def _ours(tag: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if tag in cmdline and state != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.fixture
+def no_leftovers(tmp_path: Path) -> Iterator[Path]:
+    """The test's folder; at the end no process mentioning it may be alive."""
+    yield tmp_path
+    left = _ours(str(tmp_path))
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            pgid = os.getpgid(pid)
+            if pgid != os.getpgrp():
+                os.killpg(pgid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left behind: {left}"
+
+
+def _study(folder: Path, duration: float = 1.0) -> Path:
+    path = folder / "e2e.toml"
+    path.write_text(STUDY.replace("DURATION", str(duration)))
+    return path
+
+
+def _cmd(folder: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "autotune", "run", "--config", str(folder / "e2e.toml"),
+        "--results-dir", str(folder / "results"), *extra,
+    ]  # fmt: skip
+
+
+def _trials(folder: Path) -> list[optuna.trial.FrozenTrial]:
+    url = f"sqlite:///{folder / 'results' / 'e2e' / 'study.db'}"
+    return optuna.load_study(study_name="e2e", storage=url).get_trials()
+
+
+def _wait_for_running_trial(folder: Path, proc: subprocess.Popen[str], number: int) -> None:
+    """Until trial `number`'s server is serving (its log says it is ready)."""
+    log = folder / "results" / "e2e" / "trials" / f"{number:04d}" / "server.log"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if log.is_file() and "fired up and ready" in log.read_text(errors="replace"):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"trial {number} never became ready (autotune rc {proc.poll()})")
+
+
+def test_study_runs_to_the_end(no_leftovers: Path) -> None:
+    folder = no_leftovers
+    _study(folder)
+    done = subprocess.run(
+        _cmd(folder),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=folder,
+        start_new_session=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    trials = _trials(folder)
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 3
+    assert [t.params["mem_fraction_static"] for t in trials] == [0.88, 0.91, 0.94]
+    base = trials[0]
+    assert base.user_attrs["outcome"] == "ok" and all(v <= 0 for v in base.constraints.values())
+    assert base.user_attrs["capacity_tokens"] > 150_000
+    assert any(t.user_attrs["outcome"] in ("startup_oom", "runtime_oom") for t in trials)
+    oom = next(t for t in trials if t.user_attrs["outcome"].endswith("oom"))
+    assert oom.constraints["oom"] > 0
+    record = json.loads((folder / "results/e2e/trials/0000/trial.json").read_text())
+    assert record["ledger"]["max_total_num_tokens"] == base.user_attrs["capacity_tokens"]
+    assert record["workload"]["overall"]["completed"] > 0
+    assert record["autotune_version"] and record["host"] and record["sglang_version"]
+    assert "fired up and ready" in Path(record["log_path"]).read_text()
+    written = {p.relative_to(folder).parts[0] for p in folder.rglob("*")}
+    assert written == {"e2e.toml", "results"}
+
+
+def test_sigkill_mid_trial_then_resume(no_leftovers: Path) -> None:
+    folder = no_leftovers
+    _study(folder, duration=20.0)
+    proc = subprocess.Popen(
+        _cmd(folder),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=folder,
+        start_new_session=True,
+    )
+    try:
+        _wait_for_running_trial(folder, proc, 0)
+        proc.kill()
+    finally:
+        proc.wait(timeout=30)
+        assert proc.stdout is not None
+        proc.stdout.close()
+    assert _ours(str(folder)), "the killed run should have left its server behind"
+    fast = _study(folder, duration=1.0)
+    assert fast.is_file()
+    done = subprocess.run(
+        _cmd(folder),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=folder,
+        start_new_session=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "recovered trials [0]" in done.stdout
+    trials = _trials(folder)
+    assert trials[0].state == TrialState.FAIL and trials[0].user_attrs["outcome"] == "stale"
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    values = sorted(t.params["mem_fraction_static"] for t in complete)
+    assert values == [0.88, 0.91, 0.94]  # nothing lost, nothing run twice
+    assert len(trials) == 4
+
+
+def test_ctrl_c_stops_the_server_and_exits_130(no_leftovers: Path) -> None:
+    folder = no_leftovers
+    _study(folder, duration=20.0)
+    proc = subprocess.Popen(
+        _cmd(folder),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=folder,
+        start_new_session=True,
+    )
+    try:
+        _wait_for_running_trial(folder, proc, 0)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, out
+    assert "interrupted" in out
+    assert not _ours(str(folder))
+    trial = _trials(folder)[0]
+    assert trial.state == TrialState.FAIL and trial.user_attrs["outcome"] == "interrupted"
+    assert (
+        json.loads((folder / "results/e2e/trials/0000/trial.json").read_text())["state"]
+        == "interrupted"
+    )
