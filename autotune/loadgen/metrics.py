@@ -37,7 +37,7 @@ class RequestRecord:
     sent_s: float | None  # None: never sent
     end_s: float | None  # when the response ended, or the request failed
     ttft: float | None
-    itl: tuple[float, ...]
+    itl: Sequence[float]  # seconds; the driver stores an array('d') to keep long runs small
     e2e: float | None  # None unless it succeeded
     input_tokens: int
     output_tokens: int
@@ -87,8 +87,8 @@ class Stats:
     count: int
 
     @staticmethod
-    def of_seconds(values: Sequence[float]) -> Stats | None:
-        if not values:
+    def of_seconds(values: Sequence[float] | np.ndarray) -> Stats | None:
+        if len(values) == 0:
             return None
         a = np.asarray(values, dtype=np.float64) * 1000.0
         return Stats(
@@ -165,16 +165,20 @@ def peak_concurrency(records: Sequence[RequestRecord]) -> int:
 
 def max_output_tokens_per_s(records: Sequence[RequestRecord]) -> int:
     """Most tokens produced in one wall-clock second (first token at TTFT, then each ITL)."""
-    buckets: Counter[int] = Counter()
-    for r in records:
-        if not r.ok or r.sent_s is None or r.ttft is None:
-            continue
-        t = r.sent_s + r.ttft
-        buckets[math.floor(t)] += 1
-        for gap in r.itl:
-            t += gap
-            buckets[math.floor(t)] += 1
-    return max(buckets.values(), default=0)
+    times = [
+        r.sent_s + r.ttft + np.concatenate(([0.0], np.cumsum(np.asarray(r.itl, dtype=np.float64))))
+        for r in records
+        if r.ok and r.sent_s is not None and r.ttft is not None
+    ]
+    if not times:
+        return 0
+    _, counts = np.unique(np.floor(np.concatenate(times)), return_counts=True)
+    return int(counts.max())
+
+
+def _all_itls(records: Sequence[RequestRecord]) -> np.ndarray:
+    parts = [np.asarray(r.itl, dtype=np.float64) for r in records if len(r.itl)]
+    return np.concatenate(parts) if parts else np.empty(0)
 
 
 def summarize(
@@ -194,7 +198,7 @@ def summarize(
     ttfts = [r.ttft for r in ok if r.ttft is not None]
     e2es = [r.e2e for r in ok if r.e2e is not None]
     tpots = [t for t in map(tpot_of, ok) if t is not None]
-    itls = [gap for r in ok for gap in r.itl]
+    itls = _all_itls(ok)
     lags = [r.sent_s - r.scheduled_s for r in records if r.sent_s is not None]
     lag_stats = Stats.of_seconds([max(0.0, x) for x in lags])
     lagged = sum(1 for x in lags if x > lag_threshold_s)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,7 +21,8 @@ from autotune.loadgen.client import Client, HttpError
 from autotune.loadgen.metrics import RequestRecord
 from autotune.loadgen.shapes import RequestPlan, Shaper, TokenPool
 
-CONNECT_RETRY_PAUSE_S = 0.1
+ERROR_PAUSE_S = 0.1  # a client pauses after a failed request, so errors cannot spin
+MAX_REQUESTS_PER_PHASE = 1_000_000  # bounds memory whatever the server does
 MAX_BURST = 8192  # stays well inside the process's file-descriptor limit
 
 
@@ -112,7 +114,7 @@ def _record(
         sent_s=None if sent is None else rt.rel(sent),
         end_s=None if end is None else rt.rel(end),
         ttft=reader.ttft,
-        itl=tuple(reader.itl),
+        itl=array("d", reader.itl),
         e2e=(end - sent) if ok and end is not None and sent is not None else None,
         input_tokens=reader.prompt_tokens if reader.prompt_tokens is not None else plan.input_len,
         output_tokens=reader.output_tokens,
@@ -136,8 +138,7 @@ async def _session(
             return
         record = await send_one(rt, out, phase, plan, scheduled)
         if not record.ok:
-            if record.error is not None and record.error.startswith("connection"):
-                await asyncio.sleep(CONNECT_RETRY_PAUSE_S)
+            await asyncio.sleep(ERROR_PAUSE_S)
             return
         scheduled = rt.clock()
 
@@ -163,7 +164,7 @@ async def closed_loop(
     Each request is scheduled at the moment its client became free, so the lag is pure client
     overhead. Sessions run on one client turn after turn.
     """
-    budget = max_requests if max_requests is not None else 1 << 62
+    budget = min(max_requests or MAX_REQUESTS_PER_PHASE, MAX_REQUESTS_PER_PHASE)
     issued = 0
 
     async def client_loop() -> None:
@@ -177,8 +178,7 @@ async def closed_loop(
                 issued += 1
                 record = await send_one(rt, out, phase, plan, scheduled)
                 if not record.ok:
-                    if record.error is not None and record.error.startswith("connection"):
-                        await asyncio.sleep(CONNECT_RETRY_PAUSE_S)
+                    await asyncio.sleep(ERROR_PAUSE_S)
                     scheduled = rt.clock()
                     break
                 scheduled = rt.clock()
@@ -219,7 +219,7 @@ async def open_loop(
 
     t_next = start
     try:
-        for _ in range(int(rate * duration_s * 4) + 100):  # bounded: ~4x the expected arrivals
+        for _ in range(min(int(rate * duration_s * 4) + 100, MAX_REQUESTS_PER_PHASE)):
             t_next += arrivals.expovariate(rate)
             if t_next >= end:
                 break
