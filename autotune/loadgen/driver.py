@@ -48,6 +48,7 @@ class ServerFacts:
     max_running_requests: int | None = None
     chunked_prefill_size: int | None = None
     context_len: int | None = None
+    max_total_num_tokens: int | None = None  # the KV pool; caps a stress burst to what can run
 
 
 @dataclass(frozen=True)
@@ -105,20 +106,22 @@ class WorkloadResult:
                 f.write(json.dumps(r.to_dict()) + "\n")
 
 
-def stress_plan(phase: Stress, facts: ServerFacts, output_len: int | None = None) -> dict[str, int]:
-    """Size a stress burst: the server's max running requests, each one full prefill chunk,
-    with the input shrunk so input + output fits the context."""
+def stress_plan(phase: Stress, facts: ServerFacts) -> dict[str, int]:
+    """Size a stress burst: the server's effective max running requests, each prompt one full
+    prefill chunk (shrunk so input + output fits the context). When the KV pool size is known,
+    the burst is cut to one more request than the pool can hold at once, so a round is not a
+    long queue of prompts that could never run together."""
     requests = phase.requests or facts.max_running_requests or DEFAULT_STRESS_REQUESTS
     chunk = facts.chunked_prefill_size
-    input_len = phase.input_len or (
-        chunk if chunk is not None and chunk > 0 else DEFAULT_PREFILL_CHUNK
-    )
-    out = output_len or phase.output_len
+    input_len = phase.input_len or (chunk if chunk and chunk > 0 else DEFAULT_PREFILL_CHUNK)
+    out = phase.output_len
     if facts.context_len is not None:
         out = min(out, max(1, facts.context_len // 2))
         input_len = min(input_len, max(2, facts.context_len - out - 1))
+    if phase.requests is None and facts.max_total_num_tokens:
+        requests = min(requests, facts.max_total_num_tokens // (input_len + out) + 1)
     return {
-        "requests": min(requests, ph.MAX_BURST),
+        "requests": max(1, min(requests, ph.MAX_BURST)),
         "input_len": input_len,
         "output_len": out,
         "rounds": phase.rounds,

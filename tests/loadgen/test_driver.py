@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from autotune.loadgen import ServerFacts, Slo, Target, run_workload, workload_from_dict
+from autotune.loadgen import (
+    ServerFacts,
+    Slo,
+    Stress,
+    Target,
+    run_workload,
+    stress_plan,
+    workload_from_dict,
+)
 from tests.loadgen.conftest import FakeServer
 
 Start = Callable[..., FakeServer]
@@ -191,3 +199,21 @@ def test_phase_time_limit_cancels_stuck_requests(fake_server: Start) -> None:
     res = run_workload(ws, Target(srv.url), FACTS, is_dead=srv.is_dead)
     assert res.phases[0].ended_by == "time_limit"
     assert res.overall.errors == {"cancelled": 2}
+
+
+def test_stress_sizing_from_server_facts() -> None:
+    phase = Stress("s", rounds=2, output_len=64)
+    facts = ServerFacts(max_running_requests=48, chunked_prefill_size=8192, context_len=131072)
+    assert stress_plan(phase, facts) == {
+        "requests": 48,
+        "input_len": 8192,
+        "output_len": 64,
+        "rounds": 2,
+    }
+    # a pool of 100K tokens holds 12 such requests at once: send one more than fits
+    pooled = ServerFacts(48, 8192, 131072, max_total_num_tokens=100_000)
+    assert stress_plan(phase, pooled)["requests"] == 13
+    # chunked prefill off (-1) or unknown: 8192; a short context shrinks the prompt
+    assert stress_plan(phase, ServerFacts(4, -1, 4096))["input_len"] == 4096 - 64 - 1
+    assert stress_plan(phase, ServerFacts())["requests"] == 32
+    assert stress_plan(Stress("s", requests=5, input_len=100), pooled)["requests"] == 5
