@@ -73,6 +73,8 @@ class Connection(asyncio.Protocol):
         #                  5 chunk CRLF, 6 trailers, 7 read to close
         self._left = 0
         self._keep_alive = True
+        self.served = 0  # requests sent on this connection
+        self.answered = False  # any byte of the current response arrived
         self._can_write = asyncio.Event()
         self._can_write.set()
 
@@ -106,6 +108,7 @@ class Connection(asyncio.Protocol):
         ts = self.clock()
         if self._ex is None:
             return  # stray bytes on an idle connection; the next request starts clean
+        self.answered = True
         self._buf += data
         try:
             self._parse(ts)
@@ -216,8 +219,17 @@ class Connection(asyncio.Protocol):
             ex.done.set_result(ts)
 
     # requests
-    async def request(self, head: bytes, body: bytes, sink: BodySink) -> tuple[float, float]:
-        """Send one request; returns (sent_ts, end_ts). Raises HttpError on connection trouble."""
+    async def request(
+        self,
+        head: bytes,
+        body: bytes,
+        sink: BodySink,
+        on_send: Callable[[float], None] | None = None,
+    ) -> tuple[float, float]:
+        """Send one request; returns (sent_ts, end_ts). Raises HttpError on connection trouble.
+
+        `on_send(ts)` is called just before the bytes are written.
+        """
         if self.closed or self.transport is None or self._ex is not None:
             raise HttpError("connection not usable")
         loop = asyncio.get_running_loop()
@@ -225,7 +237,11 @@ class Connection(asyncio.Protocol):
         self._ex = _Exchange(sink, done)
         self._state = 1
         self.reusable = False
+        self.answered = False
+        self.served += 1
         sent = self.clock()
+        if on_send is not None:
+            on_send(sent)
         self.transport.write(head + body if len(body) < 65536 else head)
         if len(body) >= 65536:
             self.transport.write(body)
@@ -304,18 +320,39 @@ class Client:
             self._all.discard(conn)
 
     async def send(
-        self, method: str, path: str, body: bytes, sink: BodySink
+        self,
+        method: str,
+        path: str,
+        body: bytes,
+        sink: BodySink,
+        on_send: Callable[[float], None] | None = None,
     ) -> tuple[float, float]:
-        """One request on a pooled connection; returns (sent_ts, end_ts)."""
-        conn = await self.acquire()
-        try:
-            result = await conn.request(self.head(method, path, len(body)), body, sink)
-        except BaseException:
-            conn.close()
-            self._all.discard(conn)
-            raise
-        self.release(conn)
-        return result
+        """One request on a pooled connection; returns (sent_ts, end_ts).
+
+        A kept-alive connection the server closed while idle (uvicorn does after 5 s) fails
+        before any answer arrives; that request is sent once more on a new connection.
+        """
+        head = self.head(method, path, len(body))
+        for attempt in range(2):
+            conn = await self.acquire()
+            reused = conn.served > 0
+            try:
+                result = await conn.request(head, body, sink, on_send)
+            except HttpError:
+                self._drop(conn)
+                if attempt == 0 and reused and not conn.answered:
+                    continue
+                raise
+            except BaseException:
+                self._drop(conn)
+                raise
+            self.release(conn)
+            return result
+        raise AssertionError("unreachable")
+
+    def _drop(self, conn: Connection) -> None:
+        conn.close()
+        self._all.discard(conn)
 
     async def get_json(self, path: str, timeout_s: float = 10.0) -> tuple[int, bytes]:
         """A small GET (e.g. /v1/models); returns (status, body)."""

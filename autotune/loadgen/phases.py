@@ -3,8 +3,8 @@
 Every runner appends one `RequestRecord` per request to the list it is given, also when it is
 cancelled (the driver cancels a phase when the server dies or the phase's time limit passes), so
 no request goes unrecorded. Every loop is bounded: closed loops by a send deadline and a request
-count, open loops by the arrival schedule, bursts by their rounds; a worker that cannot connect
-pauses before retrying so a dead server does not turn into a busy loop.
+count, open loops by the arrival schedule, bursts by their rounds, all by MAX_REQUESTS_PER_PHASE; a
+client pauses after a failed request, so a dead or failing server does not become a busy loop.
 """
 
 from __future__ import annotations
@@ -65,17 +65,15 @@ async def send_one(
     end: float | None = None
     error: str | None = None
     reader = ResponseReader(rt.options.api, rt.options.stream, 0.0, plan.output_len)
+
+    def on_send(ts: float) -> None:
+        nonlocal sent
+        sent = reader.start = ts
+        rt.live[key] = Live(plan, ts, reader)
+
     try:
-        conn = await rt.client.acquire()
-        sent = reader.start = rt.clock()
-        rt.live[key] = Live(plan, sent, reader)
-        try:
-            async with asyncio.timeout(rt.request_timeout_s):
-                _, end = await conn.request(rt.client.head("POST", path, len(body)), body, reader)
-        except BaseException:
-            conn.close()
-            raise
-        rt.client.release(conn)
+        async with asyncio.timeout(rt.request_timeout_s):
+            sent, end = await rt.client.send("POST", path, body, reader, on_send)
         reader.finish(end)
         error = reader.error
     except TimeoutError:

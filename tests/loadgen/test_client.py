@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from autotune.loadgen.client import BufferSink, Connection, Endpoint, HttpError
+from autotune.loadgen.client import BufferSink, Client, Connection, Endpoint, HttpError
 
 
 class FakeTransport(asyncio.Transport):
@@ -77,3 +77,43 @@ def test_endpoint_parsing() -> None:
     assert Endpoint.parse("http://h:1/api") == Endpoint("h", 1, "/api")
     with pytest.raises(ValueError, match="http://HOST:PORT"):
         Endpoint.parse("https://h:1")
+
+
+def test_request_on_a_connection_closed_while_idle_is_sent_again() -> None:
+    """A server that drops kept-alive connections instead of answering their second request."""
+
+    async def main() -> tuple[list[int], list[int]]:
+        accepted: list[int] = []
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.append(1)
+            try:
+                for served in range(2):
+                    await reader.readuntil(b"\r\n\r\n")
+                    if served == 1:
+                        break
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    await writer.drain()
+            except asyncio.IncompleteReadError:
+                pass
+            finally:
+                writer.transport.abort()
+                await asyncio.sleep(0)
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = Client(f"http://127.0.0.1:{port}")
+        statuses = []
+        for _ in range(2):
+            sink = BufferSink()
+            await client.send("GET", "/", b"", sink)
+            statuses.append(sink.status)
+        client.close()
+        await asyncio.sleep(0.05)
+        server.close()
+        await server.wait_closed()
+        return statuses, accepted
+
+    statuses, accepted = asyncio.run(main())
+    assert statuses == [200, 200]
+    assert len(accepted) == 2
