@@ -111,8 +111,19 @@ def main() -> int:
             "requests/s",
         ),
         Case(
-            "streamed chunks (/v1/completions)",
+            "streamed chunks, 32 per write (/v1/completions)",
             ("--batch", "32"),
+            {
+                "api": "completions",
+                "input_len": 16,
+                "output_len": 4000,
+                "steady": {"concurrency": 16},
+            },
+            "chunks/s",
+        ),
+        Case(
+            "streamed chunks, one write each (/v1/completions)",
+            ("--batch", "1"),
             {
                 "api": "completions",
                 "input_len": 16,
@@ -140,7 +151,7 @@ def main() -> int:
             "MB/s down",
         ),
     ]
-    print(f"{'case':<46} {'rate':>12} {'unit':<11} {'client CPU':>10} {'server CPU':>10}  notes")
+    print(f"{'case':<50} {'rate':>12} {'unit':<11} {'client CPU':>10} {'server CPU':>10}  notes")
     for case in cases:
         if args.only not in case.name:
             continue
@@ -159,7 +170,7 @@ def main() -> int:
             rate = s.output_throughput * 262144 / 1e6
             notes += f"; {s.output_throughput:,.0f} events/s"
         print(
-            f"{case.name:<46} {rate:>12,.0f} {case.unit:<11} {client_cpu:>9.0%} {server_cpu:>10.0%}"
+            f"{case.name:<50} {rate:>12,.0f} {case.unit:<11} {client_cpu:>9.0%} {server_cpu:>10.0%}"
             f"  {notes}"
         )
     return 0

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from autotune.loadgen.shapes import RequestPlan, TokenPool
 from autotune.loadgen.spec import Api
 
+_decode = json.JSONDecoder().decode
 PATHS = {
     Api.GENERATE: "/generate",
     Api.COMPLETIONS: "/v1/completions",
@@ -156,7 +157,7 @@ class ResponseReader:
     def _event(self, ts: float, event: bytes | bytearray) -> None:
         if event.startswith(b"data: {") and b"\n" not in event:  # the usual one-line event
             try:
-                obj = json.loads(event[6:])
+                obj = _decode(event[6:].decode("utf-8"))
             except ValueError:
                 self.error = self.error or f"bad stream chunk: {bytes(event[:80])!r}"
                 return

@@ -146,6 +146,8 @@ class Connection(asyncio.Protocol):
                         self._state = 5
                 else:
                     return
+            elif state == 3 and self._whole_chunks(ts, ex):
+                continue
             elif state == 3 or state == 5 or state == 6:
                 end = buf.find(b"\r\n")
                 if end < 0:
@@ -175,6 +177,34 @@ class Connection(asyncio.Protocol):
                 return
             else:
                 return
+
+    def _whole_chunks(self, ts: float, ex: _Exchange) -> bool:
+        """Fast path: hand every complete non-final chunk in the buffer to the sink at once.
+
+        Returns False when there is none (a partial chunk or the last one is next).
+        """
+        buf = self._buf
+        n = len(buf)
+        pos = 0
+        parts: list[bytearray] = []
+        while True:
+            end = buf.find(b"\r\n", pos)
+            if end < 0:
+                break
+            try:
+                size = int(buf[pos:end].split(b";", 1)[0], 16)
+            except ValueError:
+                break  # the slow path reports it
+            stop = end + 2 + size
+            if size == 0 or stop + 2 > n:
+                break
+            parts.append(buf[end + 2 : stop])
+            pos = stop + 2
+        if not parts:
+            return False
+        del buf[:pos]
+        ex.sink.on_data(ts, b"".join(parts))
+        return True
 
     def _headers(self, head: bytes, ex: _Exchange) -> None:
         lines = head.decode("latin-1").split("\r\n")

@@ -83,7 +83,7 @@ class TokenPool:
     """Seeded random ids, with their decimal and word renderings precomputed."""
 
     def __init__(self, rng: random.Random, size: int = POOL_SIZE) -> None:
-        self.ids = [rng.randrange(TOKEN_LOW, TOKEN_HIGH) for _ in range(size)]
+        self.ids = rng.choices(range(TOKEN_LOW, TOKEN_HIGH), k=size)
         self.id_strs = [str(i) for i in self.ids]
         self.words = [_WORDS[i % len(_WORDS)] for i in self.ids]
 
