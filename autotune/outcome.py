@@ -35,7 +35,8 @@ class Outcome(StrEnum):
 @dataclass(frozen=True)
 class Verdict:
     """An outcome, a short cause (`no_kv_room`, `torch_oom`, `phase_timeout:weight_load`, …)
-    and the log lines that show it (empty only when the log shows nothing, e.g. a timeout)."""
+    and the log lines that show it, the deciding line first (empty only when the log shows
+    nothing, e.g. a timeout)."""
 
     outcome: Outcome
     cause: str = ""
@@ -94,9 +95,9 @@ def _is_memory(event: Event, failures: Sequence[Event]) -> bool:
 
 
 def _evidence(deciding: Event, failures: Sequence[Event]) -> tuple[str, ...]:
-    lines = [deciding] + [e for e in failures if e is not deciding]
-    lines.sort(key=lambda e: e.line_no)
-    return tuple(e.text.strip() for e in lines[:_MAX_EVIDENCE])
+    """The deciding line first, then the other failure lines in log order."""
+    others = sorted((e for e in failures if e is not deciding), key=lambda e: e.line_no)
+    return tuple(e.text.strip() for e in [deciding, *others][:_MAX_EVIDENCE])
 
 
 def classify(events: Sequence[Event], facts: RunFacts | None = None) -> Verdict:

@@ -1,0 +1,142 @@
+"""HTTP checks of a running server: readiness probe, /server_info, and a background health watch.
+
+Reference §5: `/health_generate` answers 200 once a one-token generation produced output (503
+while starting, 503 after 20 s without detokenizer output). When a server has no such route, a
+one-token `/generate` is the fallback. The watch thread polls `/health` so that the liveness check
+the workload calls several times a second never blocks on the network; what an answer means is
+decided by the server handle together with the process and the log, because an empty or failing
+`/health` on a server whose log shows healthy batches is not a dead server.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One HTTP exchange: `ok` for a 2xx status with the expected body."""
+
+    ok: bool
+    status: int | None
+    detail: str
+    body: bytes = b""
+
+
+def request(
+    url: str,
+    *,
+    api_key: str | None = None,
+    payload: Mapping[str, Any] | None = None,
+    timeout_s: float = 10.0,
+) -> Answer:
+    """GET (or POST JSON when `payload` is given); never raises for network trouble."""
+    headers = {"Accept": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    data = None
+    if payload is not None:
+        data = json.dumps(payload).encode()
+        headers["Content-Type"] = "application/json"
+    req = urllib.request.Request(url, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            body = resp.read(1 << 20)
+            return Answer(200 <= resp.status < 300, resp.status, f"HTTP {resp.status}", body)
+    except urllib.error.HTTPError as exc:
+        return Answer(False, exc.code, f"HTTP {exc.code}")
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return Answer(False, None, f"{type(exc).__name__}: {reason}")
+
+
+def probe_ready(base_url: str, api_key: str | None, timeout_s: float) -> Answer:
+    """`/health_generate`, or a one-token `/generate` where that route does not exist."""
+    answer = request(f"{base_url}/health_generate", api_key=api_key, timeout_s=timeout_s)
+    if answer.status != 404:
+        return answer
+    payload = {"text": "ping", "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
+    answer = request(f"{base_url}/generate", api_key=api_key, payload=payload, timeout_s=timeout_s)
+    return Answer(answer.ok and bool(answer.body), answer.status, answer.detail, answer.body)
+
+
+def server_info(base_url: str, api_key: str | None, timeout_s: float = 10.0) -> dict[str, Any]:
+    """`/server_info` (or the deprecated `/get_server_info`) as a dict; {} when unavailable."""
+    for route in ("/server_info", "/get_server_info"):
+        answer = request(f"{base_url}{route}", api_key=api_key, timeout_s=timeout_s)
+        if answer.ok:
+            try:
+                data = json.loads(answer.body)
+            except ValueError:
+                return {}
+            return data if isinstance(data, dict) else {}
+    return {}
+
+
+@dataclass(frozen=True)
+class HealthState:
+    """What the watch has seen: `failing_since` is when the current run of failures began."""
+
+    checks: int = 0
+    failures_in_a_row: int = 0
+    failing_since: float | None = None
+    last_ok_at: float | None = None
+    last_detail: str = ""
+
+
+class HealthWatch:
+    """Polls `/health` every `interval_s` in a daemon thread; `state()` never blocks."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None,
+        interval_s: float = 5.0,
+        timeout_s: float = 25.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._url = f"{base_url}/health"
+        self._api_key = api_key
+        self._interval = interval_s
+        self._timeout = timeout_s
+        self._clock = clock
+        self._state = HealthState()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="autotune-health", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the thread to end; a check in flight finishes on its own (daemon thread)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=0.2)
+
+    def state(self) -> HealthState:
+        with self._lock:
+            return self._state
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = self._clock()
+            answer = request(self._url, api_key=self._api_key, timeout_s=self._timeout)
+            with self._lock:
+                s = self._state
+                if answer.ok:
+                    self._state = HealthState(s.checks + 1, 0, None, self._clock(), answer.detail)
+                else:
+                    since = s.failing_since if s.failing_since is not None else started
+                    self._state = HealthState(
+                        s.checks + 1, s.failures_in_a_row + 1, since, s.last_ok_at, answer.detail
+                    )
+            self._stop.wait(self._interval)

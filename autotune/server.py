@@ -1,0 +1,690 @@
+"""One server under test, from launch to verified teardown; the same code for SGLang and the sim.
+
+`Server.launch(spec)` checks that the port is free, that no server autotune started earlier is
+still running, and that no other process holds memory on the GPUs it will use; then it starts
+the command in its own session (so its whole tree can be signalled as one group), with stdout and
+stderr going straight into the trial's server.log, and writes a pidfile. From then on the handle
+follows the log file as it grows:
+
+* `wait_ready()` tracks the startup phase, enforces each phase's time limit and the stall
+  watchdog, and confirms readiness as SGLang's "fired up" line plus a successful
+  `/health_generate`. Trial outcomes (OOM, crash, hang, timeout) come back as values.
+* `check_alive()` is cheap and never blocks on the network: process, log and a background
+  `/health` watch together. A failing `/health` alone is not death while the log still shows
+  batches; it becomes death only when batches stop too, or when a server process vanished.
+* `stop()` sends SIGTERM, waits a grace period, SIGKILLs the process group and any descendant that
+  left it, verifies that none survives, then waits until the GPU probe shows memory back at the
+  pre-launch baseline and the port is free. The exit code is never used as evidence (reference
+  §4.5, §7.3: SGLang SIGKILLs itself even on a clean stop).
+
+Every signal goes to a process identified by pid and start time, never by name; a process
+autotune did not start is never touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune import pidfile, procs
+from autotune.errors import HarnessError, UsageError
+from autotune.gpu import GpuMemory, GpuProbe, MiB, foreign_holders, unreleased, visible_devices
+from autotune.health import HealthWatch, probe_ready, server_info
+from autotune.ledger import Ledger, build_ledger, cross_check, ledger_from_server_info
+from autotune.logparse import FAILURE_KINDS, Batch, Event, Kind, parse_line
+from autotune.logtail import LogTail
+from autotune.outcome import Outcome, RunFacts, Verdict, classify
+from autotune.phase import Phase, PhaseClock, PhaseLimits
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], None]
+FOREIGN_POLICIES = ("refuse", "wait", "ignore")
+_MAX_BATCHES = 200_000
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """How to launch and judge one server. `argv` is the full command without `--host`/`--port`
+    (added from `host`/`port`); `env` is added to (or, with `inherit_env=False`, replaces) the
+    environment. `api_key` authenticates autotune's own HTTP checks and is masked wherever
+    autotune writes the command line; it is not added to `argv`."""
+
+    argv: tuple[str, ...]
+    log_path: Path
+    run_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 30000
+    env: Mapping[str, str] = field(default_factory=dict)
+    inherit_env: bool = True
+    api_key: str | None = None
+    phase_limits: PhaseLimits = field(default_factory=PhaseLimits)
+    startup_s: float = 7200.0
+    stall_s: float = 600.0
+    ready_check_s: float = 120.0
+    health_timeout_s: float = 30.0
+    poll_s: float = 0.05
+    exit_wait_s: float = 10.0
+    health_interval_s: float = 5.0
+    unhealthy_s: float = 60.0
+    stop_grace_s: float = 30.0
+    release_s: float = 120.0
+    gpu_indices: tuple[int, ...] | None = None
+    foreign_gpu: str = "refuse"
+    foreign_wait_s: float = 600.0
+    gpu_tolerance_bytes: int = 256 * MiB
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def command(self) -> tuple[str, ...]:
+        if any(a.split("=", 1)[0] in ("--host", "--port") for a in self.argv):
+            raise UsageError("the server command must not set --host or --port; autotune sets them")
+        return (*self.argv, "--host", self.host, "--port", str(self.port))
+
+    def environment(self) -> dict[str, str]:
+        base = dict(os.environ) if self.inherit_env else {}
+        base.update(self.env)
+        return base
+
+    def devices(self) -> tuple[int, ...] | None:
+        if self.gpu_indices is not None:
+            return self.gpu_indices
+        return visible_devices(self.environment())
+
+
+@dataclass(frozen=True)
+class StartupReport:
+    """How the start ended; `ledger` is the log's, filled in from /server_info where it was
+    silent, and `mismatches` names fields on which the two disagree."""
+
+    outcome: Outcome
+    cause: str
+    evidence: tuple[str, ...]
+    ledger: Ledger
+    phase: Phase
+    phase_seconds: Mapping[str, float]
+    seconds: float
+    ready_line_at: float | None = None
+    ready_at: float | None = None
+    server_info: Mapping[str, Any] = field(default_factory=dict)
+    mismatches: tuple[str, ...] = ()
+
+    @property
+    def ready(self) -> bool:
+        return self.outcome is Outcome.READY
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "outcome": str(self.outcome),
+            "cause": self.cause,
+            "evidence": list(self.evidence),
+            "ledger": self.ledger.to_dict(),
+            "phase": str(self.phase),
+            "phase_seconds": dict(self.phase_seconds),
+            "seconds": round(self.seconds, 3),
+            "mismatches": list(self.mismatches),
+        }
+
+
+@dataclass(frozen=True)
+class Death:
+    """Why a server that was up is no longer serving."""
+
+    outcome: Outcome
+    cause: str
+    evidence: tuple[str, ...]
+
+    def describe(self) -> str:
+        last = self.evidence[0] if self.evidence else ""
+        return f"{self.outcome} ({self.cause})" + (f": {last}" if last else "")
+
+
+@dataclass(frozen=True)
+class Teardown:
+    """The stop: `clean` when no process of ours survives, GPU memory is back at the baseline
+    and the port is free. `outcome` is how the run ended, read from the whole log."""
+
+    clean: bool
+    seconds: float
+    signals: tuple[str, ...]
+    survivors: tuple[int, ...]
+    gpu_problems: tuple[str, ...]
+    port_free: bool
+    outcome: Outcome
+    cause: str
+    evidence: tuple[str, ...]
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        out = [f"pid {pid} survived SIGKILL" for pid in self.survivors]
+        out += list(self.gpu_problems)
+        if not self.port_free:
+            out.append("the port is still in use")
+        return tuple(out)
+
+    def raise_if_unclean(self) -> None:
+        if not self.clean:
+            raise HarnessError("server teardown incomplete: " + "; ".join(self.problems))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "clean": self.clean,
+            "seconds": round(self.seconds, 3),
+            "signals": list(self.signals),
+            "problems": list(self.problems),
+            "outcome": str(self.outcome),
+            "cause": self.cause,
+            "evidence": list(self.evidence),
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks before a launch
+# ---------------------------------------------------------------------------------------------
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """True when `host:port` can be bound the way uvicorn binds it (SO_REUSEADDR)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def running_servers(run_dir: Path) -> list[pidfile.PidRecord]:
+    """Servers autotune started under `run_dir` that still run."""
+    return [record for _, record in pidfile.records(run_dir) if record.alive()]
+
+
+def _check_gpus(spec: LaunchSpec, probe: GpuProbe, clock: Clock, sleep: Sleep) -> list[GpuMemory]:
+    """The pre-launch snapshot, after the foreign-memory policy is satisfied."""
+    if spec.foreign_gpu not in FOREIGN_POLICIES:
+        raise UsageError(
+            f"foreign_gpu={spec.foreign_gpu!r}: use one of {', '.join(FOREIGN_POLICIES)}"
+        )
+    devices = spec.devices()
+    deadline = clock() + spec.foreign_wait_s
+    while True:
+        snapshot = probe.snapshot()
+        foreign = foreign_holders(snapshot, (), devices)
+        if not foreign or spec.foreign_gpu == "ignore":
+            return snapshot
+        if spec.foreign_gpu == "refuse" or clock() >= deadline:
+            waited = (
+                "" if spec.foreign_gpu == "refuse" else f" after waiting {spec.foreign_wait_s:g} s"
+            )
+            raise HarnessError(
+                "GPU memory is held by processes autotune did not start"
+                f"{waited} ({'; '.join(foreign)}); they would shrink the KV pool. "
+                "Stop them, or set the policy to wait or ignore"
+            )
+        sleep(min(5.0, max(0.1, deadline - clock())))
+
+
+# ---------------------------------------------------------------------------------------------
+# The handle
+# ---------------------------------------------------------------------------------------------
+
+
+class Server:
+    """A launched server. Create with `Server.launch`; always end with `stop()`."""
+
+    def __init__(
+        self,
+        spec: LaunchSpec,
+        process: subprocess.Popen[bytes],
+        record: pidfile.PidRecord,
+        record_path: Path,
+        probe: GpuProbe | None,
+        baseline: list[GpuMemory],
+        clock: Clock,
+        sleep: Sleep,
+    ) -> None:
+        self.spec = spec
+        self.process = process
+        self.record = record
+        self._record_path = record_path
+        self._probe = probe
+        self._baseline = baseline
+        self._clock = clock
+        self._sleep = sleep
+        self.launched_at = clock()
+        self._tail = LogTail(spec.log_path)
+        self._phases = PhaseClock(self.launched_at)
+        self._events: list[Event] = []
+        self.batches: deque[Batch] = deque(maxlen=_MAX_BATCHES)
+        self._line_no = 0
+        self._last_growth = self.launched_at
+        self._last_batch_at: float | None = None
+        self._failure_at: float | None = None
+        self.ready_line_at: float | None = None
+        self._startup: StartupReport | None = None
+        self._watch: HealthWatch | None = None
+        self._members: list[procs.ProcInfo] = []
+        self._members_checked = 0.0
+        self._death: Death | None = None
+        self._teardown: Teardown | None = None
+
+    # -- launch ---------------------------------------------------------------------------
+
+    @classmethod
+    def launch(
+        cls,
+        spec: LaunchSpec,
+        probe: GpuProbe | None = None,
+        *,
+        clock: Clock = time.monotonic,
+        sleep: Sleep = time.sleep,
+    ) -> Server:
+        """Start the server; raises HarnessError when the machine is not ready for it."""
+        command = spec.command()
+        alive = running_servers(spec.run_dir)
+        if alive:
+            listed = ", ".join(f"pid {r.pid} (port {r.port})" for r in alive)
+            raise HarnessError(
+                f"a server autotune started earlier is still running: {listed}; "
+                "stop it first (autotune stops such servers when a study resumes)"
+            )
+        if not port_is_free(spec.host, spec.port):
+            raise HarnessError(
+                f"port {spec.port} on {spec.host} is in use by another process; "
+                "free it or choose another port"
+            )
+        baseline = _check_gpus(spec, probe, clock, sleep) if probe is not None else []
+        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(spec.log_path, "wb") as log:
+            try:
+                process = subprocess.Popen(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=spec.environment(),
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            except OSError as exc:
+                raise HarnessError(f"could not start {command[0]!r}: {exc}") from exc
+        info = procs.read_proc(process.pid)
+        record = pidfile.PidRecord(
+            pid=process.pid,
+            pgid=info.pgid if info else process.pid,
+            sid=info.sid if info else process.pid,
+            start_ticks=info.start_ticks if info else 0,
+            boot_id=procs.boot_id(),
+            host=spec.host,
+            port=spec.port,
+            log_path=str(spec.log_path),
+            argv=pidfile.masked_argv(command, [spec.api_key] if spec.api_key else []),
+            launched_at=time.time(),
+        )
+        try:
+            path = pidfile.write(spec.run_dir, record)
+        except OSError as exc:
+            procs.signal_group(record.pgid, record.start_ticks, signal.SIGKILL)
+            process.wait()
+            raise HarnessError(f"could not write the pidfile in {spec.run_dir}: {exc}") from exc
+        return cls(spec, process, record, path, probe, baseline, clock, sleep)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def base_url(self) -> str:
+        return self.spec.base_url
+
+    @property
+    def phase(self) -> Phase:
+        return self._phases.phase
+
+    @property
+    def events(self) -> tuple[Event, ...]:
+        return tuple(self._events)
+
+    def ledger(self) -> Ledger:
+        return build_ledger(self._events)
+
+    # -- following the log ------------------------------------------------------------------
+
+    def _pump(self, final: bool = False) -> None:
+        before = self._tail.offset
+        lines = self._tail.flush() if final else self._tail.read()
+        now = self._clock()
+        if self._tail.offset != before:
+            self._last_growth = now
+        for line in lines:
+            self._line_no += 1
+            item = parse_line(line, self._line_no)
+            if item is None:
+                continue
+            if isinstance(item, Batch):
+                self.batches.append(item)
+                self._last_batch_at = now
+                continue
+            self._events.append(item)
+            self._phases.feed(item, now)
+            if item.kind is Kind.READY and self.ready_line_at is None:
+                self.ready_line_at = now
+            if (
+                self._failure_at is None
+                and item.kind in FAILURE_KINDS
+                and item.kind is not Kind.ERROR
+            ):
+                self._failure_at = now
+
+    def _exited(self) -> bool:
+        return self.process.poll() is not None
+
+    def _verdict(self, facts: RunFacts) -> Verdict:
+        return classify(self._events, facts)
+
+    # -- startup ----------------------------------------------------------------------------
+
+    def wait_ready(self) -> StartupReport:
+        """Follow the startup to its end: ready, or the outcome that stopped it. Never raises
+        for what the server did; the caller still calls `stop()` in every case."""
+        if self._startup is not None:
+            return self._startup
+        spec = self.spec
+        while True:
+            self._pump()
+            now = self._clock()
+            exited = self._exited()
+            if self._failure_at is not None:
+                if exited or now - self._failure_at >= spec.exit_wait_s:
+                    return self._finish_startup(RunFacts(exited=exited))
+            elif exited:
+                self._pump(final=True)
+                return self._finish_startup(RunFacts(exited=True))
+            elif self.ready_line_at is not None:
+                answer = probe_ready(self.base_url, spec.api_key, spec.health_timeout_s)
+                if answer.ok:
+                    return self._finish_startup(RunFacts(), ready=True)
+                if self._clock() - self.ready_line_at >= spec.ready_check_s:
+                    note = f"/health_generate after the ready line: {answer.detail}"
+                    return self._finish_startup(RunFacts(timed_out="ready_check", notes=(note,)))
+            else:
+                timeout = self._timeout(now)
+                if timeout:
+                    return self._finish_startup(RunFacts(timed_out=timeout))
+                if now - self._last_growth >= spec.stall_s:
+                    note = f"no log output for {now - self._last_growth:.0f} s in {self.phase}"
+                    return self._finish_startup(RunFacts(stalled=str(self.phase), notes=(note,)))
+            self._sleep(spec.poll_s)
+
+    def _timeout(self, now: float) -> str:
+        if now - self.launched_at >= self.spec.startup_s:
+            return "startup"
+        limit = self.spec.phase_limits.limit(self.phase)
+        if limit is not None and self._phases.in_phase(now) >= limit:
+            return str(self.phase)
+        return ""
+
+    def _finish_startup(self, facts: RunFacts, ready: bool = False) -> StartupReport:
+        now = self._clock()
+        verdict = self._verdict(facts)
+        ledger = self.ledger()
+        info: dict[str, Any] = {}
+        mismatches: tuple[str, ...] = ()
+        if ready:
+            info = server_info(self.base_url, self.spec.api_key)
+            if info:
+                from_server = ledger_from_server_info(info)
+                mismatches = cross_check(ledger, from_server)
+                ledger = ledger.merged(from_server)
+            main = procs.read_proc(self.pid)
+            self._members = [m for m in (main, *procs.descendants(self.pid)) if m and not m.gone]
+            self._watch = HealthWatch(
+                self.base_url,
+                self.spec.api_key,
+                self.spec.health_interval_s,
+                self.spec.health_timeout_s,
+                self._clock,
+            )
+            self._watch.start()
+        self._startup = StartupReport(
+            outcome=verdict.outcome,
+            cause=verdict.cause,
+            evidence=verdict.evidence,
+            ledger=ledger,
+            phase=self.phase,
+            phase_seconds=self._phases.totals(now),
+            seconds=now - self.launched_at,
+            ready_line_at=self.ready_line_at,
+            ready_at=now if ready else None,
+            server_info=info,
+            mismatches=mismatches,
+        )
+        return self._startup
+
+    # -- liveness ---------------------------------------------------------------------------
+
+    def check_alive(self) -> Death | None:
+        """None while the server serves; otherwise why not. Cheap: reads new log lines, polls
+        the process, and reads the health watch's last state (no network call here)."""
+        if self._death is not None:
+            return self._death
+        self._pump()
+        now = self._clock()
+        facts: RunFacts | None = None
+        if self._exited():
+            self._pump(final=True)
+            facts = RunFacts(exited=True)
+        elif self._failure_at is not None:
+            facts = RunFacts()
+        else:
+            reason = self._unhealthy(now)
+            if reason:
+                facts = RunFacts(unhealthy=reason, notes=(reason,))
+        if facts is None:
+            return None
+        verdict = self._verdict(facts)
+        if verdict.outcome in (Outcome.READY, Outcome.UNKNOWN):
+            return None
+        self._death = Death(verdict.outcome, verdict.cause, verdict.evidence)
+        return self._death
+
+    def dead_reason(self) -> str | None:
+        """`check_alive()` as the workload driver's `is_dead` wants it."""
+        death = self.check_alive()
+        return death.describe() if death else None
+
+    def _unhealthy(self, now: float) -> str:
+        if self._watch is None:
+            return ""
+        state = self._watch.state()
+        if state.failing_since is None:
+            return ""
+        if now - self._members_checked >= 1.0 and self._members:
+            self._members_checked = now
+            gone = [m.pid for m in self._members if not procs.is_alive(m.pid, m.start_ticks)]
+            if gone:
+                return f"server process {gone[0]} is gone and /health fails ({state.last_detail})"
+        failing = now - state.failing_since
+        batches_since = (
+            self._last_batch_at is not None and self._last_batch_at >= state.failing_since
+        )
+        if failing >= self.spec.unhealthy_s and not batches_since:
+            return (
+                f"/health failing for {failing:.0f} s ({state.last_detail}) and no batches logged"
+            )
+        return ""
+
+    # -- teardown ---------------------------------------------------------------------------
+
+    def stop(self) -> Teardown:
+        """Stop the server and verify it is gone and its GPU memory and port are released.
+        Idempotent; never raises for what the server did (see `Teardown.raise_if_unclean`)."""
+        if self._teardown is not None:
+            return self._teardown
+        started = self._clock()
+        self._pump()
+        stop_line = self._line_no
+        was_running = not self._exited()
+        if self._watch is not None:
+            self._watch.stop()
+        known = {p.pid: p for p in self._members}
+        known.update({p.pid: p for p in procs.descendants(self.pid)})
+        signals = _terminate(self, known, started)
+        survivors = _wait_gone(self.record, known, self._clock, self._sleep)
+        self._reap()
+        gpu_problems, port_free = self._wait_released(started)
+        self._pump(final=True)
+        self._tail.close()
+        verdict = self._final_verdict(was_running, stop_line)
+        clean = not survivors and not gpu_problems and port_free
+        if not survivors:
+            pidfile.remove(self._record_path)
+        self._teardown = Teardown(
+            clean=clean,
+            seconds=self._clock() - started,
+            signals=signals,
+            survivors=tuple(survivors),
+            gpu_problems=tuple(gpu_problems),
+            port_free=port_free,
+            outcome=verdict.outcome,
+            cause=verdict.cause,
+            evidence=verdict.evidence,
+        )
+        return self._teardown
+
+    def _final_verdict(self, was_running: bool, stop_line: int) -> Verdict:
+        """How the run ended: an earlier judgement stands (a failed start, a death seen while
+        serving); otherwise the whole log, with lines after our stop treated as its noise."""
+        if self._startup is not None and not self._startup.ready:
+            return Verdict(self._startup.outcome, self._startup.cause, self._startup.evidence)
+        if self._death is not None:
+            return Verdict(self._death.outcome, self._death.cause, self._death.evidence)
+        facts = RunFacts(
+            exited=True, stopped_by_us=was_running, stop_line=stop_line if was_running else None
+        )
+        return self._verdict(facts)
+
+    def _reap(self) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=1.0)
+
+    def _wait_released(self, started: float) -> tuple[list[str], bool]:
+        deadline = started + self.spec.stop_grace_s + self.spec.release_s
+        ours = {self.pid, *(p.pid for p in self._members)}
+        while True:
+            problems = []
+            if self._probe is not None:
+                problems = unreleased(
+                    self._baseline,
+                    self._probe.snapshot(),
+                    ours,
+                    self.spec.devices(),
+                    self.spec.gpu_tolerance_bytes,
+                )
+            port_free = port_is_free(self.spec.host, self.spec.port)
+            if (not problems and port_free) or self._clock() >= deadline:
+                return problems, port_free
+            self._sleep(0.05)
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# Signals
+# ---------------------------------------------------------------------------------------------
+
+
+def _terminate(
+    server: Server, known: Mapping[int, procs.ProcInfo], started: float
+) -> tuple[str, ...]:
+    """SIGTERM the main process, wait up to the grace period, then SIGKILL the group and any
+    known descendant that left it. Returns the signals sent."""
+    record, clock, sleep = server.record, server._clock, server._sleep
+    sent: list[str] = []
+    if procs.is_alive(record.pid, record.start_ticks):
+        os.kill(record.pid, signal.SIGTERM)
+        sent.append("SIGTERM")
+        # SGLang's main process kills its own tree on SIGTERM; once it is gone, whatever is left
+        # of the group is a straggler for SIGKILL, so the grace period ends with it.
+        deadline = started + server.spec.stop_grace_s
+        while clock() < deadline and procs.is_alive(record.pid, record.start_ticks):
+            server.process.poll()
+            sleep(0.02)
+    if _group_alive(record) and procs.signal_group(record.pgid, record.start_ticks, signal.SIGKILL):
+        sent.append("SIGKILL")
+    for proc in known.values():
+        if proc.pgid != record.pgid and procs.signal_verified(proc, signal.SIGKILL):
+            sent.append(f"SIGKILL:{proc.pid}")
+    return tuple(sent)
+
+
+def _group_alive(record: pidfile.PidRecord) -> bool:
+    return bool(procs.members(record.pgid, record.sid))
+
+
+def _wait_gone(
+    record: pidfile.PidRecord,
+    known: Mapping[int, procs.ProcInfo],
+    clock: Clock,
+    sleep: Sleep,
+    limit_s: float = 5.0,
+) -> list[int]:
+    """Pids of ours still alive after SIGKILL had `limit_s` to work (should be none)."""
+    deadline = clock() + limit_s
+    while True:
+        left = {p.pid for p in procs.members(record.pgid, record.sid)}
+        left |= {p.pid for p in known.values() if procs.is_alive(p.pid, p.start_ticks)}
+        if not left or clock() >= deadline:
+            return sorted(left)
+        sleep(0.02)
+
+
+def stop_orphans(run_dir: Path, grace_s: float = 30.0, sleep: Sleep = time.sleep) -> list[str]:
+    """Stop servers that an earlier, killed autotune started under `run_dir`, and only those:
+    a pidfile's process is signalled only while its pid, start time and boot id match.
+    Returns one line per pidfile handled."""
+    done = []
+    for path, record in pidfile.records(run_dir):
+        group = [p for p in procs.all_procs() if p.pgid == record.pgid]
+        leader = next((p for p in group if p.pid == record.pgid), None)
+        ours = record.boot_id == procs.boot_id() and (
+            leader is None or leader.start_ticks == record.start_ticks
+        )
+        if not group or not ours:
+            pidfile.remove(path)
+            done.append(f"pid {record.pid}: not running; removed its pidfile")
+            continue
+        if record.alive():
+            os.kill(record.pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline and _group_alive(record):
+                sleep(0.05)
+        procs.signal_group(record.pgid, record.start_ticks, signal.SIGKILL)
+        left = _wait_gone(record, {}, time.monotonic, sleep)
+        if left:
+            done.append(f"pid {record.pid}: processes {left} survived SIGKILL")
+            continue
+        pidfile.remove(path)
+        done.append(f"pid {record.pid} (port {record.port}): stopped")
+    return done
+
+
+def describe_command(argv: Sequence[str], api_key: str | None = None) -> str:
+    """The command line for messages and records, secrets masked."""
+    return " ".join(pidfile.masked_argv(argv, [api_key] if api_key else []))

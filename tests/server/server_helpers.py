@@ -1,0 +1,56 @@
+"""Helpers for lifecycle tests: free ports, specs for the fake server, a stranger's process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from autotune.phase import PhaseLimits
+from autotune.server import LaunchSpec
+
+FAKE = Path(__file__).with_name("fake_server.py")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def fake_spec(tmp_path: Path, *modes: str, **overrides: Any) -> LaunchSpec:
+    argv = [sys.executable, str(FAKE)]
+    for mode in modes:
+        argv += ["--mode", mode]
+    values: dict[str, Any] = dict(
+        argv=tuple(argv),
+        log_path=tmp_path / "server.log",
+        run_dir=tmp_path / "run",
+        port=free_port(),
+        env={"PYTHONUNBUFFERED": "1"},
+        phase_limits=PhaseLimits(),
+        startup_s=60.0,
+        stall_s=30.0,
+        ready_check_s=10.0,
+        health_timeout_s=5.0,
+        exit_wait_s=5.0,
+        health_interval_s=0.1,
+        unhealthy_s=1.0,
+        stop_grace_s=5.0,
+        release_s=5.0,
+    )
+    values.update(overrides)
+    return LaunchSpec(**values)
+
+
+def sleeper() -> subprocess.Popen[bytes]:
+    """Someone else's process: its own session, started outside any server."""
+    return subprocess.Popen(["sleep", "600"], start_new_session=True)
+
+
+def pid_alive(popen: subprocess.Popen[Any]) -> bool:
+    return popen.poll() is None and os.path.exists(f"/proc/{popen.pid}")
