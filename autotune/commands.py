@@ -23,3 +23,12 @@ def _status(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 REGISTRARS += [_run, _status]
+
+
+def _ledger(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from autotune.ledger_cmd import register
+
+    register(sub)
+
+
+REGISTRARS.append(_ledger)

@@ -159,9 +159,12 @@ def build_ledger(events: Iterable[Event]) -> Ledger:
     host_gb: float | None = None
     host_tokens: float | None = None
     mrr_reduced: float | None = None
+    kv_dtype: str | None = None
     for event in events:
         kind = event.kind
-        if kind is Kind.SCHEDULER_SUMMARY:
+        if kind is Kind.KV_DTYPE:
+            kv_dtype = kv_dtype or event.label or None
+        elif kind is Kind.SCHEDULER_SUMMARY:
             summary = summary or event.values
         elif kind is Kind.HOST_CACHE:
             if host_gb is None:
@@ -179,7 +182,7 @@ def build_ledger(events: Iterable[Event]) -> Ledger:
         avail_after_weights_gib=_low(r.after_weights for r in ordered),
         max_total_num_tokens=_int(summary.get("max_total_num_tokens", ref.kv_tokens)),
         kv_gib=ref.kv,
-        kv_dtype=ref.kv_dtype,
+        kv_dtype=ref.kv_dtype or kv_dtype,
         draft_weights_gib=_high(r.draft_weights for r in ordered),
         draft_kv_gib=ref.draft_kv,
         req_to_token_gib=_high(r.req_to_token for r in ordered),
