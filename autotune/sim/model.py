@@ -373,8 +373,9 @@ class _Planner:
                     f"User-specified context_length ({b.context_len}) is greater than the derived "
                     f"context_length ({prof.model.context_length}). This may lead to incorrect "
                     "model outputs or CUDA errors. Note that the derived context_length may "
-                    "differ from max_position_embeddings in the model's config. To allow overriding this "
-                    "maximum, set the env var SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1",
+                    "differ from max_position_embeddings in the model's config. To allow "
+                    "overriding this maximum, set the env var "
+                    "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1",
                 )
             )
         if b.weights_gib >= b.p_gib:

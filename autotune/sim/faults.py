@@ -1,0 +1,54 @@
+"""Reliability faults injected with `--sim-fault KIND[=ARG]` and what each one changes.
+
+hang-weight-load     startup stops after "Load weight begin" and never continues
+health-empty         /health and /health_generate close the connection with no answer
+                     while serving works (the operator's anomaly)
+health-fail          /health and /health_generate answer 503 while serving works
+crash-mid-load       a non-OOM exception half-way through the weight load (crash path)
+hold-gpu=SECONDS     GPU memory stays counted in the state directory for SECONDS after the
+                     process ends, however it ends
+ignore-sigterm       SIGTERM is ignored from the start (only SIGKILL stops the server)
+slow-startup=FACTOR  every startup phase takes FACTOR times longer
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.sim.flags import SimOptions
+
+
+@dataclass(frozen=True)
+class FaultSet:
+    """The faults of one run, resolved to the values the server consults."""
+
+    hang_weight_load: bool = False
+    health_empty: bool = False
+    health_fail: bool = False
+    crash_mid_load: bool = False
+    hold_gpu_s: float | None = None
+    ignore_sigterm: bool = False
+    startup_factor: float = 1.0
+
+    @property
+    def health_faults(self) -> frozenset[str]:
+        out = set()
+        if self.health_empty:
+            out.add("health-empty")
+        if self.health_fail:
+            out.add("health-fail")
+        return frozenset(out)
+
+
+def resolve(sim: SimOptions) -> FaultSet:
+    hold = sim.fault("hold-gpu")
+    slow = sim.fault("slow-startup")
+    return FaultSet(
+        hang_weight_load=sim.fault("hang-weight-load") is not None,
+        health_empty=sim.fault("health-empty") is not None,
+        health_fail=sim.fault("health-fail") is not None,
+        crash_mid_load=sim.fault("crash-mid-load") is not None,
+        hold_gpu_s=hold.arg if hold is not None else None,
+        ignore_sigterm=sim.fault("ignore-sigterm") is not None,
+        startup_factor=slow.arg if slow is not None and slow.arg else 1.0,
+    )

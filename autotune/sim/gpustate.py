@@ -1,0 +1,251 @@
+"""Simulated GPU memory, readable from outside like a tiny NVML.
+
+Layout of a state directory (all JSON, every write atomic via a temp file and `os.replace`):
+
+    gpus.json           {"gpus": [{"index": 0, "total_bytes": N}, ...]}   the inventory
+    proc-<pid>.json     {"pid": P, "start_time": T, "gpus": {"0": bytes, ...},
+                         "totals": {"0": total_bytes, ...}, "hold_seconds": S | null,
+                         "hold_until": unix_time | null, "updated": unix_time}
+
+`start_time` is field 22 of /proc/<pid>/stat (clock ticks since boot) so a reused pid is not
+mistaken for the holder. A holder counts while its process is alive (a zombie counts as dead). A
+dead holder counts as released unless it carries `hold_seconds`: then its memory stays counted
+until `hold_until`, or, when it died without writing that (SIGKILL), until the file's last
+heartbeat (its mtime, refreshed every half second while alive) plus `hold_seconds`. No helper
+process is involved, so nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+INVENTORY = "gpus.json"
+PREFIX = "proc-"
+
+
+@dataclass(frozen=True)
+class SimGpu:
+    """One simulated GPU: capacity, memory in use, and who holds it (pid -> bytes)."""
+
+    index: int
+    total_bytes: int
+    used_bytes: int
+    processes: Mapping[int, int] = field(default_factory=dict)
+
+
+def process_start_time(pid: int) -> int | None:
+    """Start time of `pid` in clock ticks since boot, or None when it is gone or a zombie."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # The command name may contain spaces or parentheses; fields follow the last ')'.
+    rest = raw[raw.rfind(")") + 2 :].split()
+    if not rest or rest[0] in ("Z", "X"):
+        return None
+    return int(rest[19])
+
+
+def holder_alive(pid: int, start_time: int | None) -> bool:
+    if not Path("/proc").is_dir():  # not Linux: fall back to a signal probe
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    now = process_start_time(pid)
+    if now is None:
+        return False
+    return start_time is None or now == start_time
+
+
+def _write_json(path: Path, doc: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(doc, fh)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _read_json(path: Path) -> dict[str, object] | None:
+    try:
+        doc = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError, OSError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def write_inventory(directory: Path, totals: Mapping[int, int]) -> None:
+    """Record GPU capacities (merged with what is already there)."""
+    current = _inventory(directory)
+    current.update(totals)
+    doc = {"gpus": [{"index": i, "total_bytes": t} for i, t in sorted(current.items())]}
+    _write_json(directory / INVENTORY, doc)
+
+
+def _inventory(directory: Path) -> dict[int, int]:
+    doc = _read_json(directory / INVENTORY)
+    out: dict[int, int] = {}
+    if doc is None:
+        return out
+    gpus = doc.get("gpus")
+    if isinstance(gpus, list):
+        for g in gpus:
+            if isinstance(g, dict):
+                out[int(g["index"])] = int(g["total_bytes"])
+    return out
+
+
+@dataclass(frozen=True)
+class _Holder:
+    pid: int
+    gpus: dict[int, int]
+    totals: dict[int, int]
+    counted: bool
+    expired: bool
+
+
+def _holders(directory: Path, now: float) -> list[_Holder]:
+    out = []
+    for path in sorted(directory.glob(f"{PREFIX}*.json")):
+        doc = _read_json(path)
+        if doc is None:
+            continue
+        try:
+            pid = int(doc["pid"])  # type: ignore[call-overload]
+            start = doc.get("start_time")
+            gpus = {int(k): int(v) for k, v in dict(doc.get("gpus") or {}).items()}  # type: ignore[call-overload]
+            totals = {int(k): int(v) for k, v in dict(doc.get("totals") or {}).items()}  # type: ignore[call-overload]
+        except (KeyError, TypeError, ValueError):
+            continue
+        alive = holder_alive(pid, start if isinstance(start, int) else None)
+        counted = alive
+        expired = False
+        if not alive:
+            hold = doc.get("hold_seconds")
+            until = doc.get("hold_until")
+            if isinstance(until, int | float):
+                limit = float(until)
+            elif isinstance(hold, int | float):
+                try:
+                    limit = path.stat().st_mtime + float(hold)
+                except FileNotFoundError:
+                    limit = 0.0
+            else:
+                limit = 0.0
+            counted = now < limit
+            expired = not counted
+        out.append(_Holder(pid, gpus, totals, counted, expired))
+    return out
+
+
+def read_gpu_state(directory: Path, now: Callable[[], float] = time.time) -> list[SimGpu]:
+    """Every simulated GPU in `directory` with the memory live (or held) processes use."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    totals = _inventory(directory)
+    holders = _holders(directory, now())
+    for h in holders:
+        for idx, total in h.totals.items():
+            totals.setdefault(idx, total)
+    out = []
+    for idx in sorted(totals):
+        procs = {h.pid: h.gpus[idx] for h in holders if h.counted and h.gpus.get(idx, 0) > 0}
+        out.append(SimGpu(idx, totals[idx], sum(procs.values()), procs))
+    return out
+
+
+def foreign_used_bytes(directory: Path, indices: list[int], exclude_pid: int) -> list[int]:
+    """Bytes other holders use on each of `indices` (what shrinks a new server's P)."""
+    state = {g.index: g for g in read_gpu_state(directory)}
+    out = []
+    for idx in indices:
+        gpu = state.get(idx)
+        out.append(
+            0 if gpu is None else sum(b for p, b in gpu.processes.items() if p != exclude_pid)
+        )
+    return out
+
+
+def prune(directory: Path) -> None:
+    """Delete files of holders that are dead and no longer held (best effort)."""
+    for h in _holders(Path(directory), time.time()):
+        if h.expired:
+            with contextlib.suppress(FileNotFoundError):
+                (Path(directory) / f"{PREFIX}{h.pid}.json").unlink()
+
+
+class GpuStateWriter:
+    """One process's entry in the state directory."""
+
+    def __init__(
+        self,
+        directory: Path,
+        pid: int,
+        totals: Mapping[int, int],
+        hold_seconds: float | None = None,
+    ) -> None:
+        self.directory = Path(directory)
+        self.pid = pid
+        self.totals = dict(totals)
+        self.hold_seconds = hold_seconds
+        self.used: dict[int, int] = {i: 0 for i in totals}
+        self.start_time = process_start_time(pid)
+        self.path = self.directory / f"{PREFIX}{pid}.json"
+
+    def set_used(self, used: Mapping[int, int]) -> None:
+        self.used = {i: int(used.get(i, 0)) for i in self.totals}
+        self._write(None)
+
+    def set_all(self, used_bytes: int) -> None:
+        self.set_used({i: used_bytes for i in self.totals})
+
+    def heartbeat(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(self.path)
+
+    def release(self) -> None:
+        """The process is exiting: drop the entry, or stamp the end of the hold."""
+        if self.hold_seconds:
+            self._write(time.time() + self.hold_seconds)
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    def _write(self, hold_until: float | None) -> None:
+        doc = {
+            "pid": self.pid,
+            "start_time": self.start_time,
+            "gpus": {str(i): b for i, b in self.used.items()},
+            "totals": {str(i): t for i, t in self.totals.items()},
+            "hold_seconds": self.hold_seconds,
+            "hold_until": hold_until,
+            "updated": time.time(),
+        }
+        _write_json(self.path, doc)
+
+
+def write_holder(
+    directory: Path, pid: int, used: Mapping[int, int], totals: Mapping[int, int] | None = None
+) -> Path:
+    """Register `pid` as holding `used` bytes per GPU (e.g. a foreign process in a test)."""
+    writer = GpuStateWriter(Path(directory), pid, totals or {i: 0 for i in used})
+    writer.totals = dict(totals or {})
+    writer.used = dict(used)
+    writer._write(None)
+    return writer.path

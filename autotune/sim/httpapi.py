@@ -1,0 +1,650 @@
+"""SGLang's HTTP API on aiohttp: health, info, native /generate, OpenAI routes, cache, metrics.
+
+Handlers submit requests to the Scheduler and wait on each request's event; every wake-up sends
+one SSE chunk carrying whatever the last step produced (cumulative text for /generate, deltas for
+the OpenAI routes), so the cost per token stays a dict and a write. Access lines are printed in
+uvicorn's format. Routes, payloads and status codes follow reference §5.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from autotune.sim import tokens
+from autotune.sim.flags import ServerSettings
+from autotune.sim.logwriter import LogWriter
+from autotune.sim.model import StartupPlan
+from autotune.sim.profiles import Profile
+from autotune.sim.scheduler import Request, Scheduler
+
+HEALTH_CHECK_TIMEOUT_S = 20.0
+VERSION = "0.5.9"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class ServerState:
+    """What the HTTP side needs to know about the server (mutable: status changes)."""
+
+    settings: ServerSettings
+    profile: Profile
+    plan: StartupPlan
+    scheduler: Scheduler
+    log: LogWriter
+    faults: frozenset[str] = frozenset()
+    status: str = "Starting"  # Starting | Up | UnHealthy | ShuttingDown
+    first_request_seen: bool = False
+    on_first_request: Callable[[], None] | None = None
+    extra_server_args: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def model_name(self) -> str:
+        return self.settings.served_model_name or self.settings.model_path
+
+
+class BadRequest(Exception):
+    pass
+
+
+def _error(message: str, status: int = 400) -> web.Response:
+    return web.json_response(
+        {"object": "error", "message": message, "type": "BadRequestError", "code": status},
+        status=status,
+    )
+
+
+def build_app(state: ServerState) -> web.Application:
+    api = _Api(state)
+    app = web.Application(middlewares=[api.access_log, api.auth], client_max_size=1 << 28)
+    r = app.router
+    r.add_get("/health", api.health)
+    r.add_get("/health_generate", api.health)
+    r.add_get("/ping", api.ping)
+    r.add_get("/model_info", api.model_info)
+    r.add_get("/get_model_info", api.model_info)
+    r.add_get("/server_info", api.server_info)
+    r.add_get("/get_server_info", api.server_info)
+    r.add_get("/v1/models", api.models)
+    r.add_post("/generate", api.generate)
+    r.add_put("/generate", api.generate)
+    r.add_post("/v1/completions", api.completions)
+    r.add_post("/v1/chat/completions", api.chat)
+    r.add_get("/flush_cache", api.flush_cache)
+    r.add_post("/flush_cache", api.flush_cache)
+    r.add_get("/metrics", api.metrics)
+    return app
+
+
+class _Api:
+    def __init__(self, state: ServerState) -> None:
+        self.s = state
+        self.counter = 0
+
+    # ---- middlewares --------------------------------------------------------------------------
+
+    @web.middleware
+    async def access_log(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        status = 500
+        try:
+            resp = await handler(request)
+            status = resp.status
+            return resp
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            peer = request.remote or "127.0.0.1"
+            port = 0
+            if request.transport is not None:
+                info = request.transport.get_extra_info("peername")
+                if isinstance(info, tuple) and len(info) >= 2:
+                    port = int(info[1])
+            self.s.log.access(f"{peer}:{port}", request.method, request.path_qs, status)
+
+    @web.middleware
+    async def auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        key = self.s.settings.api_key
+        path = request.path
+        exempt = path.startswith("/health") or path.startswith("/metrics")
+        if key and not exempt and request.headers.get("Authorization") != f"Bearer {key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    # ---- health and info ----------------------------------------------------------------------
+
+    async def ping(self, request: web.Request) -> web.Response:
+        return web.Response(text="pong")
+
+    async def health(self, request: web.Request) -> web.StreamResponse:
+        s = self.s
+        if "health-empty" in s.faults and s.status == "Up":
+            if request.transport is not None:
+                request.transport.close()
+            return web.Response(status=200)
+        if "health-fail" in s.faults and s.status == "Up":
+            return web.Response(status=503)
+        if s.status != "Up":
+            return web.Response(status=503)
+        tic = time.perf_counter()
+        req = Request(f"HEALTH_CHECK_{uuid.uuid4().hex}", [0], 1, health=True)
+        s.scheduler.submit(req)
+        deadline = tic + HEALTH_CHECK_TIMEOUT_S
+        while time.perf_counter() < deadline:
+            await asyncio.sleep(1)
+            if s.scheduler.last_receive > tic:
+                return web.Response(status=200)
+            if s.status != "Up":
+                return web.Response(status=503)
+        s.log.main(
+            "Health check failed. Server couldn't get a response from detokenizer for last "
+            f"{HEALTH_CHECK_TIMEOUT_S:.0f} seconds. tic start time: "
+            f"{time.strftime('%H:%M:%S')}. last_heartbeat time: {time.strftime('%H:%M:%S')}"
+        )
+        s.status = "UnHealthy"
+        return web.Response(status=503)
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        m = self.s.profile.model
+        return web.json_response(
+            {
+                "model_path": self.s.settings.model_path,
+                "tokenizer_path": self.s.settings.tokenizer_path or self.s.settings.model_path,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": "default",
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": m.model_type,
+                "architectures": [m.architecture],
+            }
+        )
+
+    def _resolved_args(self) -> dict[str, Any]:
+        st = self.s.settings
+        p = self.s.plan
+        args: dict[str, Any] = {
+            k: v for k, v in st.__dict__.items() if k != "noted" and not k.startswith("_")
+        }
+        args.update(dict(st.noted))
+        args.update(
+            {
+                "mem_fraction_static": p.mem_fraction_static,
+                "chunked_prefill_size": p.chunked_prefill_size,
+                "cuda_graph_max_bs": p.cuda_graph_max_bs,
+                "cuda_graph_bs": list(p.capture_bs) or None,
+                "page_size": p.page_size,
+                "context_length": st.context_length,
+                "max_running_requests": p.max_running_requests,
+                "kv_cache_dtype": st.kv_cache_dtype,
+                "served_model_name": self.s.model_name,
+                "speculative_num_steps": p.spec_steps or None,
+                "speculative_eagle_topk": p.spec_topk or None,
+                "speculative_num_draft_tokens": p.spec_draft_tokens or None,
+            }
+        )
+        return args
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        p = self.s.plan
+        sch = self.s.scheduler
+        args = self._resolved_args()
+        internal = dict(args)
+        internal.update(
+            {
+                "last_gen_throughput": sch.stats.gen_throughput,
+                "memory_usage": {
+                    "weight": round(p.weights_gib, 2),
+                    "kvcache": round(p.kv_gib or 0.0, 2),
+                    "token_capacity": p.max_total_num_tokens,
+                    "graph": round(p.graph_gib or 0.0, 2),
+                },
+                "effective_max_running_requests_per_dp": p.max_running_requests,
+            }
+        )
+        if p.spec:
+            internal["avg_spec_accept_length"] = sch.stats.spec_accept_length
+        doc = dict(args)
+        doc.update(
+            {
+                "status": "ready" if self.s.status == "Up" else self.s.status.lower(),
+                "max_total_num_tokens": p.max_total_num_tokens,
+                "max_req_input_len": p.max_req_input_len,
+                "internal_states": [internal],
+                "version": VERSION,
+            }
+        )
+        return web.json_response(doc)
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.s.model_name,
+                        "object": "model",
+                        "created": int(time.time()),
+                        "owned_by": "sglang",
+                        "root": self.s.model_name,
+                        "parent": None,
+                        "max_model_len": self.s.plan.context_len,
+                    }
+                ],
+            }
+        )
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        sch = self.s.scheduler
+        if sch.flush():
+            self.s.log.rank(0, "Cache flushed successfully!")
+            return web.Response(
+                text="Cache flushed.\nPlease check backend logs for more details. (When there are "
+                "running or waiting requests, the operation will not be performed.)\n"
+            )
+        self.s.log.rank(
+            0,
+            "Cache not flushed because there are pending requests. "
+            f"#queue-req: {sch.queued}, #running-req: {len(sch.running)}",
+        )
+        return web.Response(
+            status=400,
+            text="Cache flush failed. There are pending requests.\n",
+        )
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        if not self.s.settings.enable_metrics:
+            raise web.HTTPNotFound()
+        return web.Response(text=render_metrics(self.s), content_type="text/plain")
+
+    # ---- generation ---------------------------------------------------------------------------
+
+    def _new_request(
+        self, ids: list[int], max_new: int | None, ignore_eos: bool, rid: str | None
+    ) -> Request:
+        s = self.s
+        ctx = s.plan.context_len
+        if len(ids) >= ctx:
+            raise BadRequest(
+                f"The input ({len(ids)} tokens) is longer than the model's context length "
+                f"({ctx} tokens)."
+            )
+        if max_new is not None and len(ids) + max_new > ctx:
+            raise BadRequest(
+                f"Requested token count exceeds the model's maximum context length of {ctx} "
+                f"tokens. You requested a total of {len(ids) + max_new} tokens: {len(ids)} tokens "
+                f"from the input messages and {max_new} tokens for the completion. Please reduce "
+                "the number of tokens in the input messages or the completion to fit within the "
+                "limit."
+            )
+        limit = s.plan.max_req_input_len or ctx
+        if len(ids) >= limit:
+            raise BadRequest(
+                f"Input length ({len(ids)} tokens) exceeds the maximum allowed length ({limit} "
+                "tokens). Use a shorter input or enable --allow-auto-truncate."
+            )
+        if s.status == "ShuttingDown":
+            raise BadRequest("The server is shutting down.")
+        self.counter += 1
+        req = Request(
+            rid or uuid.uuid4().hex,
+            ids,
+            max_new if max_new is not None else 1 << 30,
+            ignore_eos=ignore_eos,
+            seed=self.counter,
+        )
+        if not s.first_request_seen:
+            s.first_request_seen = True
+            if s.on_first_request is not None:
+                s.on_first_request()
+        s.scheduler.submit(req)
+        return req
+
+    async def _wait(self, req: Request) -> None:
+        while not req.finished:
+            await req.event.wait()
+            req.event.clear()
+
+    def _meta(self, req: Request) -> dict[str, Any]:
+        finish: dict[str, Any] | None = None
+        if req.finished:
+            if req.finish_reason == "abort":
+                finish = {"type": "abort", "message": req.error or "aborted"}
+            else:
+                finish = {"type": "length", "length": len(req.output_ids)}
+        meta: dict[str, Any] = {
+            "id": req.rid,
+            "finish_reason": finish,
+            "prompt_tokens": len(req.input_ids),
+            "weight_version": "default",
+            "completion_tokens": len(req.output_ids),
+            "cached_tokens": req.cached_tokens,
+            "total_retractions": req.retractions,
+        }
+        if req.finished and req.finished_at is not None:
+            meta["e2e_latency"] = req.finished_at - req.created
+        return meta
+
+    async def _json(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise BadRequest("Invalid JSON body") from None
+        if not isinstance(body, dict):
+            raise BadRequest("The request body must be a JSON object")
+        return body
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await self._json(request)
+            reqs = self._generate_requests(body)
+        except BadRequest as exc:
+            return _error(str(exc))
+        batch = isinstance(body.get("text"), list) or (
+            isinstance(body.get("input_ids"), list)
+            and bool(body["input_ids"])
+            and isinstance(body["input_ids"][0], list)
+        )
+        if body.get("stream") and not batch:
+            return await self._stream_generate(request, reqs[0])
+        try:
+            await asyncio.gather(*(self._wait(r) for r in reqs))
+        except asyncio.CancelledError:
+            for r in reqs:
+                self.s.scheduler.abort(r)
+            raise
+        outs = [
+            {"text": "".join(r.text_parts), "output_ids": r.output_ids, "meta_info": self._meta(r)}
+            for r in reqs
+        ]
+        return web.json_response(outs if batch else outs[0])
+
+    def _generate_requests(self, body: dict[str, Any]) -> list[Request]:
+        params = body.get("sampling_params") or {}
+        if not isinstance(params, dict):
+            raise BadRequest("sampling_params must be an object")
+        max_new = params.get("max_new_tokens", 128)
+        if max_new is not None and (not isinstance(max_new, int) or max_new < 0):
+            raise BadRequest("max_new_tokens must be a non-negative integer")
+        ignore = bool(params.get("ignore_eos", False))
+        text = body.get("text")
+        ids = body.get("input_ids")
+        prompts: list[list[int]]
+        if ids is not None:
+            if isinstance(ids, list) and ids and isinstance(ids[0], list):
+                prompts = [[int(t) for t in one] for one in ids]
+            elif isinstance(ids, list):
+                prompts = [[int(t) for t in ids]]
+            else:
+                raise BadRequest("input_ids must be a list of token ids")
+        elif isinstance(text, str):
+            prompts = [tokens.encode(text)]
+        elif isinstance(text, list):
+            prompts = [tokens.encode(str(t)) for t in text]
+        else:
+            raise BadRequest("Either text or input_ids should be provided.")
+        if not prompts or any(not p for p in prompts):
+            raise BadRequest("The input is empty.")
+        rid = body.get("rid")
+        return [
+            self._new_request(
+                p, max_new, ignore, rid if isinstance(rid, str) and len(prompts) == 1 else None
+            )
+            for p in prompts
+        ]
+
+    async def _sse(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(
+            status=200,
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
+        )
+        await resp.prepare(request)
+        return resp
+
+    async def _stream_generate(self, request: web.Request, req: Request) -> web.StreamResponse:
+        resp = await self._sse(request)
+        sent = 0
+        try:
+            while True:
+                await req.event.wait()
+                req.event.clear()
+                n = len(req.output_ids)
+                if n > sent or req.finished:
+                    chunk = {
+                        "text": "".join(req.text_parts),
+                        "output_ids": req.output_ids[sent:n],
+                        "meta_info": self._meta(req),
+                    }
+                    await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                    sent = n
+                if req.finished:
+                    break
+            await resp.write(b"data: [DONE]\n\n")
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.s.scheduler.abort(req)
+            raise
+        return resp
+
+    # ---- OpenAI -------------------------------------------------------------------------------
+
+    def _openai_common(self, body: dict[str, Any]) -> tuple[int | None, bool]:
+        max_new = body.get("max_completion_tokens", body.get("max_tokens"))
+        if max_new is not None and (not isinstance(max_new, int) or max_new < 0):
+            raise BadRequest("max_tokens must be a non-negative integer")
+        return max_new, bool(body.get("ignore_eos", False))
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await self._json(request)
+            max_new, ignore = self._openai_common(body)
+            if "max_tokens" not in body and "max_completion_tokens" not in body:
+                max_new = 16
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+                prompt = prompt[0]
+            if isinstance(prompt, str):
+                ids = tokens.encode(prompt)
+            elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+                ids = [int(t) for t in prompt]
+            else:
+                raise BadRequest("prompt must be a string or a list of token ids")
+            req = self._new_request(ids, max_new, ignore, None)
+        except BadRequest as exc:
+            return _error(str(exc))
+        return await self._openai_reply(request, body, req, chat=False)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await self._json(request)
+            max_new, ignore = self._openai_common(body)
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise BadRequest("messages must be a non-empty list")
+            rendered = []
+            for m in messages:
+                if not isinstance(m, dict):
+                    raise BadRequest("each message must be an object")
+                content = m.get("content") or ""
+                if isinstance(content, list):
+                    content = " ".join(
+                        str(part.get("text", "")) for part in content if isinstance(part, dict)
+                    )
+                rendered.append(f"<|im_start|>{m.get('role', 'user')}\n{content}<|im_end|>")
+            rendered.append("<|im_start|>assistant")
+            req = self._new_request(tokens.encode("\n".join(rendered)), max_new, ignore, None)
+        except BadRequest as exc:
+            return _error(str(exc))
+        return await self._openai_reply(request, body, req, chat=True)
+
+    def _usage(self, req: Request) -> dict[str, Any]:
+        return {
+            "prompt_tokens": len(req.input_ids),
+            "completion_tokens": len(req.output_ids),
+            "total_tokens": len(req.input_ids) + len(req.output_ids),
+            "prompt_tokens_details": {"cached_tokens": req.cached_tokens}
+            if req.cached_tokens
+            else None,
+        }
+
+    async def _openai_reply(
+        self, request: web.Request, body: dict[str, Any], req: Request, chat: bool
+    ) -> web.StreamResponse:
+        cid = req.rid
+        created = int(time.time())
+        model = str(body.get("model") or self.s.model_name)
+        finish = "length"
+        if not body.get("stream"):
+            try:
+                await self._wait(req)
+            except asyncio.CancelledError:
+                self.s.scheduler.abort(req)
+                raise
+            text = "".join(req.text_parts)
+            if req.finish_reason == "abort":
+                finish = "abort"
+            choice: dict[str, Any] = {
+                "index": 0,
+                "logprobs": None,
+                "finish_reason": finish,
+                "matched_stop": None,
+            }
+            if chat:
+                choice["message"] = {
+                    "role": "assistant",
+                    "content": text,
+                    "reasoning_content": None,
+                    "tool_calls": None,
+                }
+            else:
+                choice["text"] = text
+            return web.json_response(
+                {
+                    "id": cid,
+                    "object": "chat.completion" if chat else "text_completion",
+                    "created": created,
+                    "model": model,
+                    "choices": [choice],
+                    "usage": self._usage(req),
+                }
+            )
+        opts = body.get("stream_options") or {}
+        include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        resp = await self._sse(request)
+
+        def chunk(delta: str | None, reason: str | None, first: bool = False) -> bytes:
+            c: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason}
+            if chat:
+                d: dict[str, Any] = {}
+                if first:
+                    d["role"] = "assistant"
+                if delta is not None:
+                    d["content"] = delta
+                c["delta"] = d
+            else:
+                c["text"] = delta or ""
+            doc = {
+                "id": cid,
+                "object": obj,
+                "created": created,
+                "model": model,
+                "choices": [c],
+                "usage": None,
+            }
+            return b"data: " + json.dumps(doc).encode() + b"\n\n"
+
+        sent = 0
+        try:
+            if chat:
+                await resp.write(chunk("", None, first=True))
+            while True:
+                await req.event.wait()
+                req.event.clear()
+                n = len(req.text_parts)
+                if n > sent:
+                    await resp.write(chunk("".join(req.text_parts[sent:n]), None))
+                    sent = n
+                if req.finished:
+                    break
+            reason = "abort" if req.finish_reason == "abort" else "length"
+            await resp.write(chunk(None if chat else "", reason))
+            if include_usage:
+                doc = {
+                    "id": cid,
+                    "object": obj,
+                    "created": created,
+                    "model": model,
+                    "choices": [],
+                    "usage": self._usage(req),
+                }
+                await resp.write(b"data: " + json.dumps(doc).encode() + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.s.scheduler.abort(req)
+            raise
+        return resp
+
+
+def _hist(name: str, labels: str, values: list[float], buckets: tuple[float, ...]) -> list[str]:
+    lines = [f"# HELP {name} Histogram.", f"# TYPE {name} histogram"]
+    for b in buckets:
+        lines.append(f'{name}_bucket{{{labels},le="{b}"}} {sum(1 for v in values if v <= b)}')
+    lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {len(values)}')
+    lines.append(f"{name}_sum{{{labels}}} {sum(values)}")
+    lines.append(f"{name}_count{{{labels}}} {len(values)}")
+    return lines
+
+
+_LAT_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+
+
+def render_metrics(state: ServerState) -> str:
+    """Prometheus text with SGLang's metric names (gauges as of the last log line)."""
+    st = state.scheduler.stats
+    labels = (
+        f'model_name="{state.model_name}",engine_type="unified",tp_rank="0",pp_rank="0",'
+        'moe_ep_rank="0"'
+    )
+    gauges = {
+        "sglang:num_running_reqs": st.running,
+        "sglang:num_used_tokens": st.used_tokens,
+        "sglang:token_usage": st.token_usage,
+        "sglang:gen_throughput": st.gen_throughput,
+        "sglang:num_queue_reqs": st.queued,
+        "sglang:cache_hit_rate": st.cache_hit_rate,
+        "sglang:max_total_num_tokens": state.plan.max_total_num_tokens or 0,
+        "sglang:new_token_ratio": st.new_token_ratio,
+        "sglang:num_retracted_reqs": st.retracted,
+        "sglang:spec_accept_length": st.spec_accept_length,
+        "sglang:utilization": 1.0 if st.running else 0.0,
+        "sglang:is_cuda_graph": 1.0 if st.cuda_graph else 0.0,
+    }
+    lines: list[str] = []
+    for name, value in gauges.items():
+        lines += [f"# HELP {name} Gauge.", f"# TYPE {name} gauge", f"{name}{{{labels}}} {value}"]
+    counters = {
+        "sglang:prompt_tokens_total": st.prompt_tokens,
+        "sglang:generation_tokens_total": st.generation_tokens,
+        "sglang:num_requests_total": st.requests,
+        "sglang:cached_tokens_total": st.cached_tokens,
+        "sglang:num_aborted_requests_total": st.aborted,
+        "sglang:load_back_tokens_total": state.scheduler.cache.loaded_back_total,
+        "sglang:backuped_tokens_total": state.scheduler.cache.backed_up_total,
+    }
+    for name, value in counters.items():
+        lines += [
+            f"# HELP {name} Counter.",
+            f"# TYPE {name} counter",
+            f"{name}{{{labels}}} {value}",
+        ]
+    lines += _hist("sglang:time_to_first_token_seconds", labels, st.ttft, _LAT_BUCKETS)
+    lines += _hist("sglang:e2e_request_latency_seconds", labels, st.e2e, _LAT_BUCKETS)
+    lines += _hist("sglang:queue_time_seconds", labels, st.queue_time, _LAT_BUCKETS)
+    return "\n".join(lines) + "\n"

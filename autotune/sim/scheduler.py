@@ -1,0 +1,542 @@
+"""Continuous batching over a finite token pool, in real time, as SGLang 0.5.9 schedules.
+
+One asyncio task runs the loop: form a prefill batch if the PrefillAdder rules admit anything
+(max running requests, free + evictable − reserved tokens, chunked prefill, max prefill tokens),
+otherwise run one decode step for every running request. Each forward sleeps its profile step time
+and may OOM (transient peak > free memory after startup). After each step the new tokens are
+handed to the waiting HTTP handlers in one pass (one wake-up per request per step, no per-token
+tasks). When decode runs out of pool, requests are retracted back to the queue and the line SGLang
+prints is logged. Prefill/Decode lines are logged at SGLang's cadence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from autotune.sim import tokens
+from autotune.sim.logwriter import LogWriter, fmt_decode, fmt_prefill, fmt_retract
+from autotune.sim.model import (
+    CLIP_MAX_NEW_TOKENS,
+    StartupPlan,
+    decode_time_s,
+    forward_ooms,
+    prefill_time_s,
+    transient_peak_gib,
+)
+from autotune.sim.prefixcache import Match, PrefixCache
+from autotune.sim.profiles import Profile
+
+RETRACT_DECODE_STEPS = 20
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
+INIT_NEW_TOKEN_RATIO = 0.7
+CATCH_UP_S = 0.05
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation request as the scheduler tracks it."""
+
+    rid: str
+    input_ids: list[int]
+    max_new: int
+    ignore_eos: bool = True
+    health: bool = False
+    created: float = field(default_factory=time.perf_counter)
+    seed: int = 0
+    output_ids: list[int] = field(default_factory=list)
+    text_parts: list[str] = field(default_factory=list)
+    cached_tokens: int = 0
+    retractions: int = 0
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+    first_token_at: float | None = None
+    admitted_at: float | None = None
+    finished_at: float | None = None
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    # pool state
+    match: Match | None = None
+    own: int = 0
+    filled: int = 0  # tokens of the fill target already in the pool (cached + extended)
+
+    @property
+    def fill_target(self) -> int:
+        return len(self.input_ids) + len(self.output_ids)
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new - len(self.output_ids)
+
+    def notify(self) -> None:
+        self.event.set()
+
+
+@dataclass
+class Stats:
+    """Counters and the gauges SGLang updates at log cadence (for /metrics)."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    requests: int = 0
+    cached_tokens: int = 0
+    aborted: int = 0
+    retracted: int = 0
+    running: int = 0
+    queued: int = 0
+    used_tokens: int = 0
+    token_usage: float = 0.0
+    gen_throughput: float = 0.0
+    cache_hit_rate: float = 0.0
+    new_token_ratio: float = 0.0
+    spec_accept_length: float = 0.0
+    cuda_graph: bool = False
+    ttft: list[float] = field(default_factory=list)
+    e2e: list[float] = field(default_factory=list)
+    itl: list[float] = field(default_factory=list)
+    queue_time: list[float] = field(default_factory=list)
+
+
+FatalHandler = Callable[[str, float, float], None]
+
+
+class Scheduler:
+    """The serving loop around a StartupPlan."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        plan: StartupPlan,
+        *,
+        seed: int,
+        log: LogWriter,
+        decode_log_interval: int = 40,
+        schedule_conservativeness: float = 1.0,
+        radix_cache: bool = True,
+        on_oom: FatalHandler | None = None,
+        on_peak: Callable[[float], None] | None = None,
+    ) -> None:
+        assert plan.max_total_num_tokens is not None and plan.max_running_requests is not None
+        self.profile = profile
+        self.plan = plan
+        self.log = log
+        self.pool = plan.max_total_num_tokens
+        self.max_running = plan.max_running_requests
+        self.chunk = plan.chunked_prefill_size if plan.chunked_prefill_size > 0 else 0
+        self.max_prefill = plan.max_prefill_tokens
+        self.max_req_len = min(plan.context_len - 1, self.pool - 1)
+        self.decode_log_interval = max(1, decode_log_interval)
+        self.cache = PrefixCache(radix_cache, plan.host_cache_tokens or 0)
+        self.peak_rng = random.Random(seed * 1_000_003 + 1)
+        self.spec_rng = random.Random(seed * 1_000_003 + 2)
+        self.time_rng = random.Random(seed * 1_000_003 + 3)
+        self.on_oom = on_oom
+        self.on_peak = on_peak
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.chunked: Request | None = None
+        self.own_total = 0
+        self.init_ratio = min(INIT_NEW_TOKEN_RATIO * schedule_conservativeness, 1.0)
+        self.min_ratio = self.init_ratio * 0.14
+        self.ratio = self.init_ratio
+        self.stats = Stats(new_token_ratio=self.ratio)
+        self.max_captured = max(plan.capture_bs) if plan.capture_bs else 0
+        self.last_receive = 0.0
+        self.max_peak = 0.0
+        self._wake = asyncio.Event()
+        self._stopped = False
+        self._t = 0.0
+        self._decode_steps = 0
+        self._last_decode_log = time.perf_counter()
+        self._tokens_since_log = 0
+        self._accept_sum = 0.0
+        self._accept_n = 0
+        self._last_prefill_log = time.perf_counter()
+        self._last_prefill_tokens = 0
+        self._forward_ct = 0
+
+    # ---- intake -------------------------------------------------------------------------------
+
+    def submit(self, req: Request) -> None:
+        budget = self.max_req_len - len(req.input_ids) - 1
+        req.max_new = max(0, min(req.max_new, budget))
+        if req.max_new == 0:
+            self._finish(req, "length")
+            return
+        self.waiting.append(req)
+        self._wake.set()
+
+    def abort(self, req: Request) -> None:
+        if req.finished:
+            return
+        if req in self.waiting:
+            self.waiting.remove(req)
+            self._release(req)
+        req.error = req.error or "aborted"
+        self.stats.aborted += 1
+        self._finish(req, "abort")
+
+    @property
+    def queued(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running or self.chunked)
+
+    @property
+    def free_tokens(self) -> int:
+        return self.pool - self.own_total - self.cache.gpu_tokens
+
+    @property
+    def used_tokens(self) -> int:
+        return self.own_total + self.cache.locked_tokens
+
+    def flush(self) -> bool:
+        if self.busy:
+            return False
+        self.cache.clear()
+        return True
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
+
+    # ---- pool ---------------------------------------------------------------------------------
+
+    def _ensure_free(self, tokens_needed: int) -> bool:
+        short = tokens_needed - self.free_tokens
+        if short > 0:
+            self.cache.evict(short)
+        return self.free_tokens >= tokens_needed
+
+    def _alloc(self, req: Request, n: int) -> None:
+        req.own += n
+        self.own_total += n
+
+    def _release(self, req: Request) -> None:
+        self.own_total -= req.own
+        req.own = 0
+        if req.match is not None:
+            self.cache.unlock(req.match.nodes, time.perf_counter())
+            req.match = None
+        req.filled = 0
+
+    def _finish(self, req: Request, reason: str) -> None:
+        req.finished = True
+        req.finish_reason = reason
+        req.finished_at = time.perf_counter()
+        req.notify()
+
+    def _complete(self, req: Request) -> None:
+        """Cache the finished sequence and give its tokens back."""
+        now = time.perf_counter()
+        if req.match is not None:
+            ids = req.input_ids + req.output_ids
+            taken = self.cache.insert(ids, req.match.nodes, now)
+            taken = min(taken, req.own)
+            req.own -= taken
+            self.own_total -= taken
+        self._release(req)
+        if not req.health:
+            self.stats.requests += 1
+            self.stats.e2e.append(now - req.created)
+        self._finish(req, "length")
+
+    # ---- admission (PrefillAdder) ---------------------------------------------------------------
+
+    def _reserved(self) -> float:
+        return sum(min(r.remaining, CLIP_MAX_NEW_TOKENS) * self.ratio for r in self.running)
+
+    def _form_prefill(self) -> list[tuple[Request, int]]:
+        if self.chunked is None and not self.waiting:
+            return []
+        rem_total = self.free_tokens + self.cache.evictable_tokens - self._reserved()
+        rem_input = self.max_prefill
+        rem_chunk = self.chunk if self.chunk else None
+        batch: list[tuple[Request, int]] = []
+        now = time.perf_counter()
+        if self.chunked is not None and self.chunked.finished:
+            self._release(self.chunked)
+            self.chunked = None
+        if self.chunked is not None:
+            req = self.chunked
+            left = req.fill_target - req.filled
+            take = min(left, rem_chunk) if rem_chunk else left
+            if not self._ensure_free(take):
+                return []
+            batch.append((req, take))
+            rem_input -= take
+            rem_total -= take
+            if rem_chunk is not None:
+                rem_chunk -= take
+            if take < left:
+                return batch
+            self.chunked = None
+        while self.waiting:
+            if len(self.running) + len(batch) >= self.max_running:
+                break
+            if rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0):
+                break
+            req = self.waiting[0]
+            ids = req.input_ids + req.output_ids
+            match = self.cache.match(ids, len(ids) - 1, now)
+            extend = len(ids) - match.tokens
+            need = extend + min(req.remaining, CLIP_MAX_NEW_TOKENS)
+            if need > rem_total and (self.running or batch):
+                break
+            limit = min(rem_input, rem_chunk) if rem_chunk is not None else rem_input
+            take = min(extend, limit) if (rem_chunk is not None or not batch) else extend
+            if take < extend and rem_chunk is None and batch:
+                break
+            if not self._ensure_free(take + match.host_tokens):
+                break
+            self.waiting.popleft()
+            self.cache.load_back(match)
+            self.cache.lock(match.nodes)
+            req.match = match
+            req.cached_tokens = match.tokens
+            req.filled = match.tokens
+            req.admitted_at = req.admitted_at or now
+            batch.append((req, take))
+            rem_total -= need
+            rem_input -= take
+            if rem_chunk is not None:
+                rem_chunk -= take
+            if take < extend:
+                self.chunked = req
+                break
+        return batch
+
+    # ---- forwards -----------------------------------------------------------------------------
+
+    async def _sleep_step(self, seconds: float) -> None:
+        loop = asyncio.get_running_loop()
+        jitter = 1.0 + self.time_rng.gauss(0.0, self.profile.timing.variation)
+        # Small lags (handlers running between steps) are caught up; idle gaps are not.
+        start = max(self._t, loop.time() - CATCH_UP_S)
+        self._t = start + seconds * max(jitter, 0.5)
+        delay = self._t - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    def _check_oom(self, prefill_tokens: int, decode_seqs: int) -> float | None:
+        peak = transient_peak_gib(self.profile, prefill_tokens, decode_seqs, self.peak_rng)
+        if forward_ooms(self.plan, peak):
+            return peak
+        if peak > self.max_peak:
+            self.max_peak = peak
+            if self.on_peak is not None:
+                self.on_peak(peak)
+        return None
+
+    async def _run_prefill(self, batch: list[tuple[Request, int]]) -> None:
+        new_tokens = sum(take for _, take in batch)
+        loaded = sum(r.match.host_tokens if r.match else 0 for r, _ in batch)
+        cached = sum(r.cached_tokens for r, take in batch if r.filled == r.cached_tokens)
+        for req, take in batch:
+            self._alloc(req, take)
+        running_before = len(self.running)
+        seconds = prefill_time_s(self.profile, new_tokens)
+        seconds += loaded * self.plan.cell_bytes / (self.profile.hardware.host_to_device_gbps * 1e9)
+        oom = self._check_oom(new_tokens, 0)
+        if oom is not None:
+            await self._sleep_step(seconds / 2)
+            self._fatal_oom(oom)
+            return
+        await self._sleep_step(seconds)
+        now = time.perf_counter()
+        self._forward_ct += 1
+        newly_running = []
+        for req, take in batch:
+            req.filled += take
+            if req.finished:  # aborted while in flight
+                self._release(req)
+                continue
+            if req.filled >= req.fill_target:
+                if not req.health:
+                    self.stats.prompt_tokens += len(req.input_ids)
+                    self.stats.cached_tokens += req.cached_tokens
+                newly_running.append(req)
+        for req in newly_running:
+            self._emit(req, 1, now)
+            if req.remaining <= 0:
+                self._complete(req)
+            else:
+                self.running.append(req)
+        self.last_receive = now
+        self._log_prefill(len(batch), new_tokens, cached, running_before)
+
+    def _log_prefill(self, n: int, new_tokens: int, cached: int, running_before: int) -> None:
+        now = time.perf_counter()
+        gap = max(now - self._last_prefill_log, 1e-6)
+        tput = self._last_prefill_tokens / gap
+        self._last_prefill_log = now
+        self._last_prefill_tokens = new_tokens
+        usage = self.used_tokens / self.pool
+        self.log.rank(
+            0,
+            fmt_prefill(n, new_tokens, cached, usage, running_before, len(self.waiting), tput),
+        )
+        self._gauges(usage)
+        total = self.stats.prompt_tokens or 1
+        self.stats.cache_hit_rate = self.stats.cached_tokens / total
+
+    def _gauges(self, usage: float) -> None:
+        s = self.stats
+        s.running = len(self.running)
+        s.queued = len(self.waiting)
+        s.used_tokens = self.used_tokens
+        s.token_usage = usage
+        s.new_token_ratio = self.ratio
+
+    def _tokens_this_step(self, req: Request) -> int:
+        if not self.plan.spec or self.profile.draft is None:
+            return 1
+        draft = self.plan.spec_draft_tokens
+        mean = self.profile.draft.accept_length
+        p = (mean - 1.0) / max(draft - 1, 1)
+        k = 1 + sum(1 for _ in range(draft - 1) if self.spec_rng.random() < p)
+        return min(k, req.remaining)
+
+    def _retract(self, need: int) -> None:
+        order = sorted(
+            self.running, key=lambda r: (len(r.output_ids), -len(r.input_ids)), reverse=True
+        )
+        retracted: list[Request] = []
+        gained = 0
+        while (
+            order and len(order) > 1 and not self._ensure_free(need - self._per_req_need(retracted))
+        ):
+            req = order.pop()
+            gained += req.own
+            self._release(req)
+            req.retractions += 1
+            self.running.remove(req)
+            retracted.append(req)
+        for req in reversed(retracted):
+            self.waiting.appendleft(req)
+        if retracted:
+            old = self.ratio
+            decoded = sum(len(r.output_ids) for r in self.running)
+            max_new = sum(r.max_new for r in self.running) or 1
+            self.ratio = min(1.0, (decoded + RETRACT_DECODE_STEPS * len(self.running)) / max_new)
+            self.stats.retracted += len(retracted)
+            self.log.rank(0, fmt_retract(len(retracted), gained, old, self.ratio))
+
+    def _per_req_need(self, retracted: list[Request]) -> int:
+        per = self.plan.spec_draft_tokens if self.plan.spec else 1
+        return per * len(retracted)
+
+    async def _run_decode(self) -> None:
+        per = self.plan.spec_draft_tokens if self.plan.spec else 1
+        need = per * len(self.running)
+        if not self._ensure_free(need):
+            self._retract(need)
+        bs = len(self.running)
+        if bs == 0:
+            return
+        graph = bs <= self.max_captured
+        kv = sum(r.filled + len(r.output_ids) for r in self.running)
+        seconds = decode_time_s(self.profile, bs, kv, graph)
+        oom = self._check_oom(0, bs)
+        if oom is not None:
+            await self._sleep_step(seconds / 2)
+            self._fatal_oom(oom)
+            return
+        await self._sleep_step(seconds)
+        now = time.perf_counter()
+        self._forward_ct += 1
+        self._decode_steps += 1
+        if self.ratio > self.min_ratio:
+            step = (self.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
+            self.ratio = max(self.min_ratio, self.ratio - step)
+        done = []
+        produced = 0
+        for req in self.running:
+            if req.finished:
+                done.append(req)
+                continue
+            k = self._tokens_this_step(req)
+            produced += k
+            self._accept_sum += k
+            self._accept_n += 1
+            self._emit(req, k, now)
+            if req.remaining <= 0:
+                done.append(req)
+        for req in done:
+            self.running.remove(req)
+            if req.finished:
+                self._release(req)
+            else:
+                self._complete(req)
+        self._tokens_since_log += produced
+        self.last_receive = now
+        if self._decode_steps % self.decode_log_interval == 0:
+            self._log_decode(bs, graph)
+
+    def _log_decode(self, bs: int, graph: bool) -> None:
+        now = time.perf_counter()
+        gap = max(now - self._last_decode_log, 1e-6)
+        tput = self._tokens_since_log / gap
+        self._last_decode_log = now
+        self._tokens_since_log = 0
+        accept = None
+        if self.plan.spec and self._accept_n:
+            mean = self._accept_sum / self._accept_n
+            accept = (mean, (mean - 1) / max(self.plan.spec_draft_tokens - 1, 1))
+            self.stats.spec_accept_length = mean
+        self._accept_sum = 0.0
+        self._accept_n = 0
+        usage = self.used_tokens / self.pool
+        self.log.rank(
+            0, fmt_decode(bs, self.used_tokens, usage, graph, tput, len(self.waiting), accept)
+        )
+        self._gauges(usage)
+        self.stats.gen_throughput = tput
+        self.stats.cuda_graph = graph
+
+    def _emit(self, req: Request, k: int, now: float) -> None:
+        for _ in range(k):
+            tid = tokens.generated_id(req.seed, len(req.output_ids))
+            req.output_ids.append(tid)
+            req.text_parts.append(tokens.decode_piece(tid))
+        self._alloc(req, k)
+        if req.first_token_at is None:
+            req.first_token_at = now
+            if not req.health:
+                self.stats.ttft.append(now - req.created)
+                if req.admitted_at is not None:
+                    self.stats.queue_time.append(req.admitted_at - req.created)
+        if not req.health:
+            self.stats.generation_tokens += k
+        req.notify()
+
+    def _fatal_oom(self, peak: float) -> None:
+        self._stopped = True
+        if self.on_oom is not None:
+            self.on_oom("oom", peak, self.plan.avail_final_gib or 0.0)
+
+    # ---- loop ---------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        self._t = asyncio.get_running_loop().time()
+        while not self._stopped:
+            batch = self._form_prefill()
+            if batch:
+                await self._run_prefill(batch)
+                continue
+            if self.running:
+                await self._run_decode()
+                continue
+            self._wake.clear()
+            if self.waiting or self.chunked:
+                # Nothing admissible now: wait for a change rather than spin.
+                await asyncio.sleep(0.005)
+                continue
+            await self._wake.wait()
+            self._t = asyncio.get_running_loop().time()
