@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import random
 import time
 from collections.abc import Callable, Coroutine
+from concurrent.futures import Executor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from autotune.loadgen.shapes import Shaper, TokenPool
 from autotune.loadgen.spec import Api, Phase, Poisson, Steady, Stress, Warmup, WorkloadSpec
 
 POLL_S = 0.15
+MIN_POLL_GAP_S = 0.02  # pokes cannot make the watcher poll faster than this
 DEFAULT_STRESS_REQUESTS = 32  # when the server's max running requests is unknown
 DEFAULT_PREFILL_CHUNK = 8192  # when chunked prefill is off or unknown
 
@@ -53,11 +56,16 @@ class ServerFacts:
 
 @dataclass(frozen=True)
 class Died:
-    """The server died during the workload: why, when, and what was in flight."""
+    """The server died during the workload: why, when, and what was in flight.
+
+    `in_flight*` describe the requests in flight when the server stopped answering: when
+    connections first failed (`connections_lost_s`) if that came before the death was known.
+    """
 
     reason: str
-    at_s: float  # seconds since the workload started
+    at_s: float  # seconds since the workload started, when is_dead() reported it
     phase: str
+    connections_lost_s: float | None
     in_flight: int
     in_flight_input_tokens: int
     in_flight_output_tokens: int  # generated so far by the requests in flight
@@ -145,18 +153,47 @@ def run_workload(
         executor.shutdown(wait=False, cancel_futures=True)
 
 
-async def _watch(
-    is_dead: Callable[[], str | None], executor: concurrent.futures.Executor, limit_s: float
-) -> str:
-    """Returns the reason once `is_dead()` reports one; polls at most limit_s / POLL_S times."""
-    loop = asyncio.get_running_loop()
-    for _ in range(int(limit_s / POLL_S) + 10):
-        reason = await loop.run_in_executor(executor, is_dead)
-        if reason:
-            return reason
-        await asyncio.sleep(POLL_S)
-    await asyncio.Event().wait()  # past every phase limit: the driver cancels us
-    return ""
+class _Watch:
+    """Polls `is_dead()` every POLL_S, at once when poked (a request lost its connection)."""
+
+    def __init__(self, is_dead: Callable[[], str | None], executor: Executor) -> None:
+        self.is_dead = is_dead
+        self.executor = executor
+        self.polls = 0
+        self.poked = asyncio.Event()
+        self.polled = asyncio.Event()
+
+    def poke(self) -> None:
+        self.poked.set()
+
+    async def run(self, limit_s: float) -> str:
+        """Returns the reason once `is_dead()` reports one; bounded by limit_s of polling."""
+        loop = asyncio.get_running_loop()
+        for _ in range(int(limit_s / MIN_POLL_GAP_S) + 10):
+            await asyncio.sleep(MIN_POLL_GAP_S)
+            self.poked.clear()
+            reason = await loop.run_in_executor(self.executor, self.is_dead)
+            self.polls += 1
+            self.polled.set()
+            self.polled = asyncio.Event()
+            if reason:
+                return reason
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.poked.wait(), POLL_S)
+        await asyncio.Event().wait()  # past every phase limit: the driver cancels us
+        return ""
+
+    async def confirm(self, task: asyncio.Task[str], timeout_s: float = 1.0) -> None:
+        """Wait (up to timeout_s) for polls that start from now, to learn if the server died."""
+        target = self.polls + 3
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self.polls < target and not task.done():
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return
+            self.poke()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.polled.wait(), left)
 
 
 async def _model_name(client: Client, target: Target, api: Api) -> str:
@@ -185,12 +222,13 @@ async def _run(
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     client = Client(target.base_url, headers=headers, clock=clock)
     t0 = clock()
-    watcher = asyncio.create_task(_watch(is_dead, executor, spec.max_wall_s() + 60.0))
+    watch = _Watch(is_dead, executor)
+    watcher = asyncio.create_task(watch.run(spec.max_wall_s() + 60.0))
     try:
         model = await _model_name(client, target, spec.api)
         options = RequestOptions(spec.api, model, spec.stream, spec.ignore_eos, spec.temperature)
         pool = TokenPool(random.Random(f"{spec.seed}/pool"))
-        rt = ph.Runtime(client, pool, options, clock, t0, spec.request_timeout_s)
+        rt = ph.Runtime(client, pool, options, clock, t0, spec.request_timeout_s, watch.poke)
         results: list[PhaseResult] = []
         died: Died | None = None
         for index, phase in enumerate(spec.phases):
@@ -199,7 +237,7 @@ async def _run(
                     died = _died(rt, watcher.result(), phase.name)
                 results.append(_skipped(phase, rt.rel(clock())))
                 continue
-            result, died = await _phase(spec, rt, facts, phase, index, watcher, slo)
+            result, died = await _phase(spec, rt, facts, phase, index, watch, watcher, slo)
             results.append(result)
         measured = [p for p in results if p.kind != "warmup" and p.ended_by != "skipped"]
         keep = {p.name for p in measured}
@@ -231,10 +269,13 @@ def _kind(phase: Phase) -> str:
 def _died(rt: ph.Runtime, reason: str, phase: str) -> Died:
     now = rt.clock()
     live = list(rt.live.values())
+    if rt.lost_at is not None:
+        now, live = rt.lost_at, rt.lost_live
     return Died(
         reason=reason,
-        at_s=rt.rel(now),
+        at_s=rt.rel(rt.clock()),
         phase=phase,
+        connections_lost_s=None if rt.lost_at is None else rt.rel(rt.lost_at),
         in_flight=len(live),
         in_flight_input_tokens=sum(x.plan.input_len for x in live),
         in_flight_output_tokens=sum(x.reader.output_tokens for x in live if x.reader is not None),
@@ -248,6 +289,7 @@ async def _phase(
     facts: ServerFacts,
     phase: Phase,
     index: int,
+    watch: _Watch,
     watcher: asyncio.Task[str],
     slo: Slo | None,
 ) -> tuple[PhaseResult, Died | None]:
@@ -316,7 +358,10 @@ async def _phase(
         {task, watcher}, timeout=limit, return_when=asyncio.FIRST_COMPLETED
     )
     died: Died | None = None
-    if task in done:
+    if task in done and any(r.error and r.error.startswith("connection") for r in out):
+        await watch.confirm(watcher)  # lost connections: did the server die in this phase?
+        done = {task, watcher} if watcher.done() else done
+    if task in done and watcher not in done:
         ended_by = "completed"
         task.result()
     else:

@@ -45,8 +45,13 @@ class Runtime:
     clock: Callable[[], float]
     t0: float
     request_timeout_s: float
+    on_connection_error: Callable[[], None] = lambda: None  # asks the watcher to check now
     cancel_reason: str = "cancelled"
     live: dict[int, Live] = field(default_factory=dict)
+    # What was in flight when connections first failed after the last success: a crashed
+    # server resets every connection before anyone notices it died.
+    lost_at: float | None = None
+    lost_live: list[Live] = field(default_factory=list)
     records: dict[str, list[RequestRecord]] = field(default_factory=dict)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -76,12 +81,16 @@ async def send_one(
             sent, end = await rt.client.send("POST", path, body, reader, on_send)
         reader.finish(end)
         error = reader.error
+        rt.lost_at = None
     except TimeoutError:
         error = f"timeout: no complete response within {rt.request_timeout_s:g} s"
         end = rt.clock()
     except HttpError as exc:
         error = f"connection: {exc}"
         end = rt.clock()
+        if rt.lost_at is None:
+            rt.lost_at, rt.lost_live = end, list(rt.live.values())
+        rt.on_connection_error()
     except asyncio.CancelledError:
         error = f"cancelled: {rt.cancel_reason}"
         end = rt.clock()
@@ -253,7 +262,9 @@ async def bursts(
             plans = [shaper.fixed(input_len, output_len) for _ in range(min(requests, MAX_BURST))]
             now = rt.clock()
             tasks = {asyncio.create_task(send_one(rt, out, phase, p, now)) for p in plans}
-            await asyncio.gather(*tasks)
+            records = await asyncio.gather(*tasks)
+            if any(not r.ok for r in records):
+                await asyncio.sleep(ERROR_PAUSE_S)  # time for the watcher to see a crash
     finally:
         pending = {t for t in tasks if not t.done()}
         for t in pending:
