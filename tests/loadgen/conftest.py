@@ -1,17 +1,23 @@
-"""Fixtures: a fake SGLang-like server in its own process group, killed and verified gone."""
+"""Fixtures: the fake SGLang-like server and the simulator, each in its own process group,
+killed and verified gone after the test."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+
+from autotune.loadgen import ServerFacts
 
 
 @dataclass
@@ -66,3 +72,97 @@ def fake_server() -> Iterator[Callable[..., FakeServer]]:
                 break
             time.sleep(0.05)
         assert _gone(proc.pid), f"fake server group {proc.pid} still alive"
+
+
+SIM_READY = "The server is fired up and ready to roll!"
+_FACTS = re.compile(
+    r"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), max_prefill_tokens=-?\d+, "
+    r"max_running_requests=(\d+), context_len=(\d+)"
+)
+
+
+@dataclass
+class SimServer:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def facts(self) -> ServerFacts:
+        m = _FACTS.search(self.text())
+        assert m is not None, "no max_total_num_tokens summary line in the log"
+        return ServerFacts(int(m[3]), int(m[2]), int(m[4]), int(m[1]))
+
+    def is_dead(self) -> str | None:
+        code = self.proc.poll()
+        return None if code is None else f"simulator exited with {code}"
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def sim_server(tmp_path: Path) -> Iterator[Callable[..., SimServer]]:
+    """Launches `python -m autotune.sim` like SGLang and waits until it is ready."""
+    started: list[SimServer] = []
+
+    def start(*flags: str, profile: str = "qwen3-32b-h200", tp: int = 1) -> SimServer:
+        port = _free_port()
+        log = tmp_path / f"sim-{port}.log"
+        gpu_dir = tmp_path / f"gpu-{port}"
+        gpu_dir.mkdir()
+        argv = [
+            sys.executable,
+            "-m",
+            "autotune.sim",
+            "--model-path",
+            "m",
+            "--tp",
+            str(tp),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--sim-profile",
+            profile,
+            "--sim-time-scale",
+            "1000",
+            "--sim-gpu-dir",
+            str(gpu_dir),
+            *flags,
+        ]
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        sim = SimServer(proc, port, log)
+        started.append(sim)
+        for _ in range(600):
+            if SIM_READY in sim.text():
+                return sim
+            assert proc.poll() is None, f"simulator exited during startup:\n{sim.text()[-2000:]}"
+            time.sleep(0.1)
+        raise AssertionError("simulator not ready after 60 s")
+
+    yield start
+    for sim in started:
+        sim.kill()
+        sim.proc.wait(timeout=10)
+        for _ in range(100):
+            if _gone(sim.proc.pid):
+                break
+            time.sleep(0.05)
+        assert _gone(sim.proc.pid), f"simulator group {sim.proc.pid} still alive"
