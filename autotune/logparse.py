@@ -551,7 +551,7 @@ def _failure(line: str, ctx: tuple[int, float | None, str, str]) -> Event | None
         return Event(Kind.GRAPH_CAPTURE_FAILED, *ctx)
     if "unhandled cuda error" in line:
         return Event(Kind.NCCL_ERROR, *ctx)
-    if _looks_like_exception(line):
+    if _looks_like_exception(line) or ": error: " in line:  # the latter: argparse usage errors
         return Event(Kind.ERROR, *ctx)
     return None
 

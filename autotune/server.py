@@ -13,9 +13,9 @@ follows the log file as it grows:
   `/health` watch together. A failing `/health` alone is not death while the log still shows
   batches; it becomes death only when batches stop too, or when a server process vanished.
 * `stop()` sends SIGTERM, waits a grace period, SIGKILLs the process group and any descendant that
-  left it, verifies that none survives, then waits until the GPU probe shows memory back at the
-  pre-launch baseline and the port is free. The exit code is never used as evidence (reference
-  §4.5, §7.3: SGLang SIGKILLs itself even on a clean stop).
+  left it, verifies that none survives (`autotune.teardown`), then waits until the GPU probe
+  shows memory back at the pre-launch baseline and the port is free. The exit code is never
+  used as evidence (reference §4.5, §7.3: SGLang SIGKILLs itself even on a clean stop).
 
 Every signal goes to a process identified by pid and start time, never by name; a process
 autotune did not start is never touched.
@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections import deque
@@ -44,6 +43,7 @@ from autotune.logparse import FAILURE_KINDS, Batch, Event, Kind, parse_line
 from autotune.logtail import LogTail
 from autotune.outcome import Outcome, RunFacts, Verdict, classify
 from autotune.phase import Phase, PhaseClock, PhaseLimits
+from autotune.teardown import Teardown, port_is_free, terminate, wait_gone
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], None]
@@ -150,60 +150,9 @@ class Death:
         return f"{self.outcome} ({self.cause})" + (f": {last}" if last else "")
 
 
-@dataclass(frozen=True)
-class Teardown:
-    """The stop: `clean` when no process of ours survives, GPU memory is back at the baseline
-    and the port is free. `outcome` is how the run ended, read from the whole log."""
-
-    clean: bool
-    seconds: float
-    signals: tuple[str, ...]
-    survivors: tuple[int, ...]
-    gpu_problems: tuple[str, ...]
-    port_free: bool
-    outcome: Outcome
-    cause: str
-    evidence: tuple[str, ...]
-
-    @property
-    def problems(self) -> tuple[str, ...]:
-        out = [f"pid {pid} survived SIGKILL" for pid in self.survivors]
-        out += list(self.gpu_problems)
-        if not self.port_free:
-            out.append("the port is still in use")
-        return tuple(out)
-
-    def raise_if_unclean(self) -> None:
-        if not self.clean:
-            raise HarnessError("server teardown incomplete: " + "; ".join(self.problems))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "clean": self.clean,
-            "seconds": round(self.seconds, 3),
-            "signals": list(self.signals),
-            "problems": list(self.problems),
-            "outcome": str(self.outcome),
-            "cause": self.cause,
-            "evidence": list(self.evidence),
-        }
-
-
 # ---------------------------------------------------------------------------------------------
 # Checks before a launch
 # ---------------------------------------------------------------------------------------------
-
-
-def port_is_free(host: str, port: int) -> bool:
-    """True when `host:port` can be bound the way uvicorn binds it (SO_REUSEADDR)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def running_servers(run_dir: Path) -> list[pidfile.PidRecord]:
@@ -269,6 +218,7 @@ class Server:
         self._events: list[Event] = []
         self.batches: deque[Batch] = deque(maxlen=_MAX_BATCHES)
         self._line_no = 0
+        self._recent: deque[str] = deque(maxlen=5)
         self._last_growth = self.launched_at
         self._last_batch_at: float | None = None
         self._failure_at: float | None = None
@@ -368,6 +318,8 @@ class Server:
         now = self._clock()
         if self._tail.offset != before:
             self._last_growth = now
+        if lines:
+            self._recent.extend(line for line in lines[-5:] if line.strip())
         for line in lines:
             self._line_no += 1
             item = parse_line(line, self._line_no)
@@ -387,6 +339,10 @@ class Server:
                 and item.kind is not Kind.ERROR
             ):
                 self._failure_at = now
+
+    def _last_lines(self) -> tuple[str, ...]:
+        """The log's last lines: the only evidence when a process died without a failure line."""
+        return tuple(line.strip() for line in self._recent)
 
     def _exited(self) -> bool:
         return self.process.poll() is not None
@@ -411,7 +367,7 @@ class Server:
                     return self._finish_startup(RunFacts(exited=exited))
             elif exited:
                 self._pump(final=True)
-                return self._finish_startup(RunFacts(exited=True))
+                return self._finish_startup(RunFacts(exited=True, notes=self._last_lines()))
             elif self.ready_line_at is not None:
                 answer = probe_ready(self.base_url, spec.api_key, spec.health_timeout_s)
                 if answer.ok:
@@ -485,7 +441,7 @@ class Server:
         facts: RunFacts | None = None
         if self._exited():
             self._pump(final=True)
-            facts = RunFacts(exited=True)
+            facts = RunFacts(exited=True, notes=self._last_lines())
         elif self._failure_at is not None:
             facts = RunFacts()
         else:
@@ -541,8 +497,10 @@ class Server:
             self._watch.stop()
         known = {p.pid: p for p in self._members}
         known.update({p.pid: p for p in procs.descendants(self.pid)})
-        signals = _terminate(self, known, started)
-        survivors = _wait_gone(self.record, known, self._clock, self._sleep)
+        signals = terminate(
+            self.record, known, self.spec.stop_grace_s, self._clock, self._sleep, self.process
+        )
+        survivors = wait_gone(self.record, known, self._clock, self._sleep)
         self._reap()
         gpu_problems, port_free = self._wait_released(started)
         self._pump(final=True)
@@ -603,86 +561,6 @@ class Server:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-# ---------------------------------------------------------------------------------------------
-# Signals
-# ---------------------------------------------------------------------------------------------
-
-
-def _terminate(
-    server: Server, known: Mapping[int, procs.ProcInfo], started: float
-) -> tuple[str, ...]:
-    """SIGTERM the main process, wait up to the grace period, then SIGKILL the group and any
-    known descendant that left it. Returns the signals sent."""
-    record, clock, sleep = server.record, server._clock, server._sleep
-    sent: list[str] = []
-    if procs.is_alive(record.pid, record.start_ticks):
-        os.kill(record.pid, signal.SIGTERM)
-        sent.append("SIGTERM")
-        # SGLang's main process kills its own tree on SIGTERM; once it is gone, whatever is left
-        # of the group is a straggler for SIGKILL, so the grace period ends with it.
-        deadline = started + server.spec.stop_grace_s
-        while clock() < deadline and procs.is_alive(record.pid, record.start_ticks):
-            server.process.poll()
-            sleep(0.02)
-    if _group_alive(record) and procs.signal_group(record.pgid, record.start_ticks, signal.SIGKILL):
-        sent.append("SIGKILL")
-    for proc in known.values():
-        if proc.pgid != record.pgid and procs.signal_verified(proc, signal.SIGKILL):
-            sent.append(f"SIGKILL:{proc.pid}")
-    return tuple(sent)
-
-
-def _group_alive(record: pidfile.PidRecord) -> bool:
-    return bool(procs.members(record.pgid, record.sid))
-
-
-def _wait_gone(
-    record: pidfile.PidRecord,
-    known: Mapping[int, procs.ProcInfo],
-    clock: Clock,
-    sleep: Sleep,
-    limit_s: float = 5.0,
-) -> list[int]:
-    """Pids of ours still alive after SIGKILL had `limit_s` to work (should be none)."""
-    deadline = clock() + limit_s
-    while True:
-        left = {p.pid for p in procs.members(record.pgid, record.sid)}
-        left |= {p.pid for p in known.values() if procs.is_alive(p.pid, p.start_ticks)}
-        if not left or clock() >= deadline:
-            return sorted(left)
-        sleep(0.02)
-
-
-def stop_orphans(run_dir: Path, grace_s: float = 30.0, sleep: Sleep = time.sleep) -> list[str]:
-    """Stop servers that an earlier, killed autotune started under `run_dir`, and only those:
-    a pidfile's process is signalled only while its pid, start time and boot id match.
-    Returns one line per pidfile handled."""
-    done = []
-    for path, record in pidfile.records(run_dir):
-        group = [p for p in procs.all_procs() if p.pgid == record.pgid]
-        leader = next((p for p in group if p.pid == record.pgid), None)
-        ours = record.boot_id == procs.boot_id() and (
-            leader is None or leader.start_ticks == record.start_ticks
-        )
-        if not group or not ours:
-            pidfile.remove(path)
-            done.append(f"pid {record.pid}: not running; removed its pidfile")
-            continue
-        if record.alive():
-            os.kill(record.pid, signal.SIGTERM)
-            deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline and _group_alive(record):
-                sleep(0.05)
-        procs.signal_group(record.pgid, record.start_ticks, signal.SIGKILL)
-        left = _wait_gone(record, {}, time.monotonic, sleep)
-        if left:
-            done.append(f"pid {record.pid}: processes {left} survived SIGKILL")
-            continue
-        pidfile.remove(path)
-        done.append(f"pid {record.pid} (port {record.port}): stopped")
-    return done
 
 
 def describe_command(argv: Sequence[str], api_key: str | None = None) -> str:

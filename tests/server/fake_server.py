@@ -87,7 +87,13 @@ def make_handler(modes: set[str]) -> type[BaseHTTPRequestHandler]:
 
 def start_child(escape: bool) -> None:
     code = f"import os,time\nif {escape!r}: os.setsid()\ntime.sleep(600)"
-    subprocess.Popen([sys.executable, "-c", code])
+    child = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 10
+    while escape and time.monotonic() < deadline:  # be ready only once it has left the group
+        stat = Path(f"/proc/{child.pid}/stat").read_text()
+        if int(stat[stat.rfind(")") + 2 :].split()[3]) == child.pid:
+            break
+        time.sleep(0.01)
 
 
 def main() -> None:

@@ -15,7 +15,8 @@ from autotune import pidfile
 from autotune.errors import HarnessError, UsageError
 from autotune.outcome import Outcome
 from autotune.phase import Phase, PhaseLimits
-from autotune.server import Death, Server, stop_orphans
+from autotune.server import Death, Server
+from autotune.teardown import stop_orphans
 
 
 def wait_death(server: Server, limit_s: float = 15.0) -> Death:
