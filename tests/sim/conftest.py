@@ -1,0 +1,118 @@
+"""Launching simulator processes for end-to-end tests; every process is verified gone after."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+READY = "The server is fired up and ready to roll!"
+SMALL = ["--model-path", "Qwen/Qwen3-32B", "--sim-profile", "qwen3-32b-h200"]
+KIMI = [
+    "--model-path", "moonshotai/Kimi-K2.5", "--tp", "8", "--max-running-requests", "48",
+    "--chunked-prefill-size", "8192", "--enable-hierarchical-cache", "--hicache-size", "48",
+    "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "draft",
+    "--sim-profile", "kimi-k2.5-tp8-96g",
+]  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class SimProcess:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    gpu_dir: Path
+    pgid: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pgid = self.proc.pid
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for(self, text: str, timeout: float = 30.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.log():
+                return True
+            if self.proc.poll() is not None:
+                return text in self.log()
+            time.sleep(0.02)
+        return False
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        assert self.wait_for(READY, timeout), self.log()[-3000:]
+
+    def wait_exit(self, timeout: float = 30.0) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.pgid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+
+Launcher = Callable[..., SimProcess]
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@pytest.fixture
+def launch_sim(tmp_path: Path) -> Iterator[Launcher]:
+    """launch_sim(args, scale=2000, env=None, gpu_dir=None) -> SimProcess (killed at teardown)."""
+    launched: list[SimProcess] = []
+
+    def launch(
+        args: list[str],
+        scale: float = 2000.0,
+        env: dict[str, str] | None = None,
+        gpu_dir: Path | None = None,
+    ) -> SimProcess:
+        port = free_port()
+        log_path = tmp_path / f"sim-{len(launched)}.log"
+        gdir = gpu_dir or tmp_path / "gpus"
+        full_env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+        full_env.update(env or {})
+        cmd = [sys.executable, "-m", "autotune.sim", *args, "--host", "127.0.0.1", "--port",
+               str(port), "--sim-time-scale", str(scale), "--sim-gpu-dir", str(gdir)]  # fmt: skip
+        with log_path.open("wb") as fh:
+            proc = subprocess.Popen(
+                cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, env=full_env
+            )
+        sim = SimProcess(proc, port, log_path, gdir)
+        launched.append(sim)
+        return sim
+
+    yield launch
+    for sim in launched:
+        sim.kill()
+        deadline = time.monotonic() + 5
+        while group_alive(sim.pgid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not group_alive(sim.pgid), f"process group {sim.pgid} survived its test"
