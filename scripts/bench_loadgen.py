@@ -5,7 +5,8 @@ pins this process (the client) to one core and the server to another when there 
 runs `run_workload` through four cases: tiny non-streamed requests (requests/s), long streams of
 one-token chunks (chunks/s), 128K-token prompts (requests/s and upload MB/s), and streams of
 256 KiB events (download MB/s: no collapse from small read buffers). For each case it prints the
-rate and the CPU share each side used: a client below ~95% of its core was not the limit.
+rate and the CPU share each side used: a client below ~95% of its core was not the limit. Last,
+how fast a run stops once `is_dead()` reports, with ~1,000 requests in flight.
 Goals on one client core: >= 3,000 requests/s and >= 50,000 streamed chunks/s.
 
     .venv/bin/python scripts/bench_loadgen.py [--seconds 5]
@@ -173,7 +174,31 @@ def main() -> int:
             f"{case.name:<50} {rate:>12,.0f} {case.unit:<11} {client_cpu:>9.0%} {server_cpu:>10.0%}"
             f"  {notes}"
         )
+    if args.only in "stop after is_dead":
+        _stop_latency(server_core)
     return 0
+
+
+def _stop_latency(server_core: int | None) -> None:
+    """How long run_workload takes to return once is_dead() reports, with much in flight."""
+    proc, port = _start_server(("--ttft-ms", "1000000"), server_core)
+    try:
+        start = time.perf_counter()
+        reported: list[float] = []
+
+        def is_dead() -> str | None:
+            if time.perf_counter() - start < 2.0:
+                return None
+            reported.append(time.perf_counter())
+            return "stop now"
+
+        spec = workload_from_dict({"phases": [{"kind": "poisson", "rate": 500, "duration_s": 60}]})
+        res = run_workload(spec, Target(f"http://127.0.0.1:{port}"), ServerFacts(), is_dead=is_dead)
+        latency = time.perf_counter() - reported[0]
+        n = res.died.in_flight if res.died else 0
+        print(f"stop after is_dead reports: {latency:.3f} s with {n} requests in flight cancelled")
+    finally:
+        _stop(proc)
 
 
 if __name__ == "__main__":
