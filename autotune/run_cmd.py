@@ -138,11 +138,9 @@ def run(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = open_study(cfg, url, make_sampler(cfg.sampler))
     worker = Worker.current()
-    recovered = recover(
-        study,
-        host=worker.host,
-        stop_orphans=lambda t: launcher.stop_orphans(trial_dir(folder, t.number)),
-    )
+    stopped = launcher.stop_orphans()
+    note = "; ".join(stopped) or "no server was left running"
+    recovered = recover(study, host=worker.host, stop_orphans=lambda t: note)
     queued = prepare(study, cfg)
     trials = study.get_trials(deepcopy=False)
     deadline = clock() + cfg.budget.timeout_s if cfg.budget.timeout_s else None
@@ -155,6 +153,7 @@ def run(
         f"study {cfg.name}: {cfg.server.backend} backend, sampler {cfg.sampler.name}, "
         f"{counted(trials)}/{cfg.budget.n_trials} trials done, storage {redact(url)}"
         + (f"; recovered trials {recovered} left running by a killed run" if recovered else "")
+        + (f"; stopped orphaned servers: {'; '.join(stopped)}" if stopped else "")
         + (f"; {queued} points queued" if queued else "")
     )
 
@@ -162,7 +161,7 @@ def run(
         settings = settings_for(trial, cfg.search)
         port = cfg.server.port or free_port(cfg.server.host)
         argv = server_argv(
-            cfg.server, settings, backend=cfg.server.backend, port=port, extra=launcher.extra_args()
+            cfg.server, settings, backend=cfg.server.backend, extra=launcher.extra_args()
         )
         plan = TrialPlan(
             number=trial.number,

@@ -167,20 +167,15 @@ def server_argv(
     settings: Settings,
     *,
     backend: str,
-    port: int,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """The whole launch command: base command, fixed flags, tuned flags, host and port."""
-    return [
-        *base_command(server, backend),
-        *fixed_flags(server),
-        *settings.flags,
-        "--host",
-        server.host,
-        "--port",
-        str(port),
-        *extra,
-    ]
+    """The launch command: base command, fixed flags, tuned flags (host and port come apart,
+    from `address_flags`, because the harness chooses the port per trial)."""
+    return [*base_command(server, backend), *fixed_flags(server), *settings.flags, *extra]
+
+
+def address_flags(host: str, port: int) -> list[str]:
+    return ["--host", host, "--port", str(port)]
 
 
 def params_from_flags(argv: Sequence[str], search: SearchConfig) -> dict[str, Scalar]:

@@ -17,16 +17,24 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from autotune import __version__
 from autotune.config import Limits, Scalar, StudyConfig
 from autotune.errors import HarnessError
+from autotune.space import address_flags
 from autotune.study import Measured, Result
+
+if TYPE_CHECKING:
+    from autotune.gpu import GpuProbe
+    from autotune.loadgen import WorkloadSpec
+    from autotune.server import Server
 
 PARAMETER_OUTCOMES = frozenset({"startup_oom", "runtime_oom", "startup_error", "crash"})
 """Server endings caused by the trial's parameters: complete trials with violated constraints."""
@@ -111,8 +119,8 @@ class Launcher(Protocol):
         """Flags the backend adds to every launch (the simulator's GPU-state folder)."""
         ...
 
-    def stop_orphans(self, trial_dir: Path) -> str:
-        """Stop servers a killed autotune started for this trial; says what it did."""
+    def stop_orphans(self) -> list[str]:
+        """Stop servers a killed autotune left running; one line per server handled."""
         ...
 
 
@@ -176,6 +184,7 @@ class TrialRecord:
 
 Phase = Callable[[str], None]
 _BY_OPERATOR = "stopped by the operator"
+REASON_CHARS = 160
 
 
 def run_trial(
@@ -281,7 +290,7 @@ def _record(
         outcome=outcome,
         reason=reason,
         params=dict(plan.params),
-        argv=plan.argv,
+        argv=(*plan.argv, *address_flags(plan.host, plan.port)),
         ledger={},
         workload={},
         capacity_tokens=0,
@@ -301,8 +310,12 @@ def _record(
 
 
 def _reason(outcome: str, cause: str, evidence: tuple[str, ...]) -> str:
+    """One line: the outcome, its cause and the start of the deciding log line."""
     text = outcome + (f" ({cause})" if cause else "")
-    return f"{text}: {evidence[0]}" if evidence else text
+    if not evidence:
+        return text
+    line = evidence[0] if len(evidence[0]) <= REASON_CHARS else evidence[0][:REASON_CHARS] + "…"
+    return f"{text}: {line}"
 
 
 def _int(v: object) -> int:
@@ -356,6 +369,193 @@ def _signals_deferred() -> Iterator[list[int]]:
             signal.signal(s, handler)
 
 
-def live_launcher(cfg: StudyConfig, study_dir: Path) -> Launcher:
-    """The real seam: the server lifecycle and the workload driver (`autotune.harness_live`)."""
-    raise HarnessError("the server lifecycle module is not available in this build")
+# ------------------------------------------------------------------------------------------------
+# The real seam: the server lifecycle (`autotune.server`) and the workload driver (`loadgen`)
+# ------------------------------------------------------------------------------------------------
+
+HEADROOM_POLL_S = 0.2
+
+
+def live_launcher(cfg: StudyConfig, study_dir: Path) -> LiveLauncher:
+    """Servers for real: SGLang with NVML, or the simulator with its GPU-state folder."""
+    from autotune.gpu import NvmlProbe, SimProbe
+    from autotune.loadgen import WorkloadSpec
+
+    workload = cfg.workload
+    if not isinstance(workload, WorkloadSpec):
+        raise HarnessError("the workload driver is not available in this build")
+    sim = cfg.server.backend == "sim"
+    gpu_dir = study_dir / "sim-gpu"
+    probe: GpuProbe = SimProbe(gpu_dir) if sim else NvmlProbe()
+    return LiveLauncher(
+        workload=workload,
+        limits=cfg.server.limits,
+        run_dir=study_dir / "run",
+        probe=probe,
+        extra=("--sim-gpu-dir", str(gpu_dir)) if sim else (),
+        version=None if sim else _installed_sglang(),
+    )
+
+
+def _installed_sglang() -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+class LiveLauncher:
+    """`Launcher` over `autotune.server.Server` and `autotune.loadgen.run_workload`."""
+
+    def __init__(
+        self,
+        *,
+        workload: WorkloadSpec,
+        limits: Limits,
+        run_dir: Path,
+        probe: GpuProbe,
+        extra: tuple[str, ...],
+        version: str | None,
+    ) -> None:
+        self.workload = workload
+        self.limits = limits
+        self.run_dir = run_dir
+        self.probe = probe
+        self._extra = extra
+        self._version = version
+        self._api_key = workload.api_key()
+
+    def extra_args(self) -> tuple[str, ...]:
+        return self._extra
+
+    def stop_orphans(self) -> list[str]:
+        from autotune.teardown import stop_orphans
+
+        return stop_orphans(self.run_dir, grace_s=self.limits.stop_grace_s)
+
+    def launch(self, plan: TrialPlan) -> ServerRun:
+        from autotune.server import LaunchSpec, Server
+
+        key = ("--api-key", self._api_key) if self._api_key else ()
+        spec = LaunchSpec(
+            argv=(*plan.argv, *key),
+            log_path=plan.log_path,
+            run_dir=self.run_dir,
+            host=plan.host,
+            port=plan.port,
+            env=dict(plan.env),
+            api_key=self._api_key,
+            startup_s=self.limits.startup_s,
+            stall_s=self.limits.stall_s,
+            stop_grace_s=self.limits.stop_grace_s,
+            release_s=self.limits.release_s,
+        )
+        return _LiveRun(Server.launch(spec, self.probe), self)
+
+
+class _LiveRun:
+    def __init__(self, server: Server, launcher: LiveLauncher) -> None:
+        self.server = server
+        self.launcher = launcher
+
+    def wait_ready(self) -> Startup:
+        r = self.server.wait_ready()
+        version = r.server_info.get("version") if r.server_info else None
+        return Startup(
+            outcome=str(r.outcome),
+            cause=r.cause,
+            evidence=r.evidence,
+            ledger=r.ledger.to_dict(),
+            seconds=r.seconds,
+            sglang_version=str(version) if version else self.launcher._version,
+        )
+
+    def drive(self, ledger: Mapping[str, object]) -> Load:
+        from autotune.loadgen import ServerFacts, Target, run_workload
+
+        facts = ServerFacts(
+            max_running_requests=_opt_int(ledger.get("max_running_requests")),
+            chunked_prefill_size=_opt_int(ledger.get("chunked_prefill_size")),
+            context_len=_opt_int(ledger.get("context_len")),
+        )
+        target = Target(self.server.base_url, self.launcher._api_key)
+        limit_s = self.launcher.limits.workload_s
+        t0 = time.monotonic()
+
+        def is_dead() -> str | None:
+            reason = self.server.dead_reason()
+            if reason is None and time.monotonic() - t0 > limit_s:
+                return f"workload ran past server.limits.workload_s ({limit_s:g} s)"
+            return reason
+
+        with _FreeMemoryWatch(self.launcher.probe, self.server.spec.devices()) as watch:
+            result = run_workload(self.launcher.workload, target, facts, is_dead=is_dead)
+        seconds = time.monotonic() - t0
+        death = self.server.check_alive()
+        overall = result.overall
+        load = Load(
+            "ready",
+            summary=result.to_dict(),
+            throughput_tok_s=float(overall.output_throughput),
+            error_rate=overall.error_rate,
+            p99_ttft_ms=overall.ttft_ms.p99 if overall.ttft_ms else None,
+            p99_itl_ms=overall.itl_ms.p99 if overall.itl_ms else None,
+            min_free_gib=watch.min_free_gib,
+            seconds=seconds,
+        )
+        if death is not None:
+            return replace(
+                load, outcome=str(death.outcome), cause=death.cause, evidence=death.evidence
+            )
+        if result.died is not None:
+            return replace(
+                load, outcome="timeout", cause="workload", evidence=(result.died.reason,)
+            )
+        return load
+
+    def stop(self) -> Stop:
+        t = self.server.stop()
+        return Stop(clean=t.clean, reason="; ".join(t.problems), seconds=t.seconds)
+
+
+def _opt_int(v: object) -> int | None:
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+class _FreeMemoryWatch:
+    """Samples the GPU probe in a thread; `min_free_gib` is the least free memory seen on the
+    server's GPUs (those it holds memory on) while the workload ran: the measured headroom."""
+
+    def __init__(self, probe: GpuProbe, devices: tuple[int, ...] | None) -> None:
+        self._probe = probe
+        self._devices = devices
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="headroom", daemon=True)
+        self.min_free_gib: float | None = None
+
+    def __enter__(self) -> _FreeMemoryWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            self._sample()
+            if self._stop.wait(HEADROOM_POLL_S):
+                return
+
+    def _sample(self) -> None:
+        try:
+            snapshot = self._probe.snapshot()
+        except (HarnessError, OSError, ValueError):
+            return
+        gpus = [g for g in snapshot if self._devices is None or g.index in self._devices]
+        busy = [g for g in gpus if g.used > 0] or gpus
+        if busy:
+            free = min(g.free for g in busy) / 2**30
+            self.min_free_gib = free if self.min_free_gib is None else min(self.min_free_gib, free)

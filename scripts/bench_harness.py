@@ -73,8 +73,8 @@ class TimedLauncher:
     def extra_args(self) -> tuple[str, ...]:
         return self.inner.extra_args()
 
-    def stop_orphans(self, trial_dir: Path) -> str:
-        return self.inner.stop_orphans(trial_dir)
+    def stop_orphans(self) -> list[str]:
+        return self.inner.stop_orphans()
 
 
 class _InstantRun:
@@ -98,8 +98,8 @@ class InstantLauncher:
     def extra_args(self) -> tuple[str, ...]:
         return ()
 
-    def stop_orphans(self, trial_dir: Path) -> str:
-        return ""
+    def stop_orphans(self) -> list[str]:
+        return []
 
 
 def main() -> int:

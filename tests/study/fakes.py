@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from autotune.errors import HarnessError
 from autotune.trial import Load, Startup, Stop, TrialPlan
@@ -83,7 +82,7 @@ class FakeLauncher:
     behaviour: Behaviour = kimi_like
     log: list[str] = field(default_factory=list)
     plans: list[TrialPlan] = field(default_factory=list)
-    orphans_stopped: list[Path] = field(default_factory=list)
+    orphan_sweeps: int = 0
 
     def launch(self, plan: TrialPlan) -> FakeRun:
         self.plans.append(plan)
@@ -97,6 +96,6 @@ class FakeLauncher:
     def extra_args(self) -> tuple[str, ...]:
         return ()
 
-    def stop_orphans(self, trial_dir: Path) -> str:
-        self.orphans_stopped.append(trial_dir)
-        return "stopped server pid 4242"
+    def stop_orphans(self) -> list[str]:
+        self.orphan_sweeps += 1
+        return ["pid 4242 (port 31000): stopped"]

@@ -79,7 +79,8 @@ def test_killed_run_is_recovered(study_file: Callable[[str], Path], tmp_path: Pa
     stale.set_user_attr("worker", {"host": Worker.current().host, "pid": 999999, "start_ticks": 5})
     code, out, launcher = _run(study_file, tmp_path, text.replace("n_trials = 2", "n_trials = 4"))
     assert code == 0 and "recovered trials [2]" in out
-    assert launcher.orphans_stopped == [tmp_path / "results" / "t" / "trials" / "0002"]
+    assert launcher.orphan_sweeps == 1
+    assert "pid 4242 (port 31000): stopped" in out
     trials = study.get_trials()
     assert trials[2].state == TrialState.FAIL and trials[2].user_attrs["outcome"] == "stale"
     assert sum(t.state == TrialState.COMPLETE for t in trials) == 4

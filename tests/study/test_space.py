@@ -70,7 +70,7 @@ def test_flags_round_trip(study_file: Callable[[str], Path]) -> None:
          "enable_mixed_chunk": False, "schedule_policy": "lpm"},
     ):  # fmt: skip
         s = settings_for(optuna.trial.FixedTrial(params), cfg.search)
-        argv = server_argv(cfg.server, s, backend="sglang", port=1234)
+        argv = server_argv(cfg.server, s, backend="sglang")
         assert params_from_flags(argv, cfg.search) == params
 
 
@@ -82,11 +82,11 @@ def test_argv_has_base_command_fixed_then_tuned_flags(study_file: Callable[[str]
         ),
         cfg.search,
     )
-    real = server_argv(cfg.server, s, backend="sglang", port=31000)
+    real = server_argv(cfg.server, s, backend="sglang")
     assert real[:3] == ["python", "-m", "sglang.launch_server"]
     assert real[3:8] == ["--model-path", "/models/kimi", "--tp", "8", "--trust-remote-code"]
-    assert real[-4:] == ["--host", "127.0.0.1", "--port", "31000"]
-    sim = server_argv(cfg.server, s, backend="sim", port=31000, extra=("--sim-gpu-dir", "g"))
+    assert real[-4:] == ["--mem-fraction-static", "0.88", "--max-running-requests", "48"]
+    sim = server_argv(cfg.server, s, backend="sim", extra=("--sim-gpu-dir", "g"))
     assert sim[1:5] == ["-m", "autotune.sim", "--sim-profile", "kimi-k2.5-tp8-96g"]
     assert "--sim-time-scale" in sim and sim[-2:] == ["--sim-gpu-dir", "g"]
     assert real[3:] == sim[sim.index("--model-path") : -2]
