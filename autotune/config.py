@@ -26,7 +26,7 @@ FlagValue: TypeAlias = Scalar | tuple[Scalar, ...]
 Backend: TypeAlias = Literal["sim", "sglang"]
 
 BACKENDS: tuple[Backend, ...] = ("sim", "sglang")
-SAMPLERS = ("grid", "tpe", "random", "gp", "nsga2")
+SAMPLERS = ("capacity", "walkdown", "grid", "tpe", "random", "gp", "nsga2")
 OBJECTIVES = ("capacity", "throughput")
 DEFAULT_SIM_PROFILE = "kimi-k2.5-tp8-96g"
 HICACHE = "hicache_size"
@@ -139,7 +139,7 @@ class Budget:
 
 @dataclass(frozen=True)
 class SamplerConfig:
-    name: str = "tpe"
+    name: str = "capacity"
     seed: int = 0
 
 
@@ -515,7 +515,8 @@ def _budget(t: _Table) -> Budget:
 def _sampler(t: _Table) -> SamplerConfig:
     t.only("name", "seed")
     return SamplerConfig(
-        name=t.choice("name", SAMPLERS, default="tpe"), seed=t.integer("seed", default=0, low=0)
+        name=t.choice("name", SAMPLERS, default="capacity"),
+        seed=t.integer("seed", default=0, low=0),
     )
 
 

@@ -72,7 +72,21 @@ def _gp(cfg: SamplerConfig) -> BaseSampler:
     return optuna.samplers.GPSampler(seed=cfg.seed)
 
 
+def _capacity(cfg: SamplerConfig) -> BaseSampler:
+    from autotune.search import CapacityAwareSampler
+
+    return CapacityAwareSampler(seed=cfg.seed)
+
+
+def _walkdown(cfg: SamplerConfig) -> BaseSampler:
+    from autotune.search import WalkDownSampler
+
+    return WalkDownSampler(seed=cfg.seed)
+
+
 SAMPLER_FACTORIES: dict[str, Callable[[SamplerConfig], BaseSampler]] = {
+    "capacity": _capacity,
+    "walkdown": _walkdown,
     "grid": lambda c: optuna.samplers.RandomSampler(seed=c.seed),
     "tpe": lambda c: optuna.samplers.TPESampler(seed=c.seed, n_startup_trials=4),
     "random": lambda c: optuna.samplers.RandomSampler(seed=c.seed),
@@ -226,8 +240,9 @@ def recover(
     """Fail this host's stale RUNNING trials, stop their servers, enqueue their points again."""
     recovered = []
     for t in stale_trials(study.get_trials(deepcopy=False), host):
-        note = stop_orphans(t)
-        reason = "autotune was killed mid-trial; " + (note or "no server was left running")
+        reason = "autotune was killed mid-trial; " + (
+            stop_orphans(t) or "no server was left running"
+        )
         fail(study, t.number, outcome="stale", reason=reason)
         if t.params:
             study.enqueue_trial(dict(t.params))

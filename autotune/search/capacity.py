@@ -1,0 +1,162 @@
+"""`CapacityAwareSampler`: an Optuna sampler that spends restarts only where uncertainty is.
+
+It proposes all searched parameters at once (relative sampling) from `planner.plan`, so it works
+with any storage and any number of workers: everything it knows is read back from the study's
+trials at each proposal — the ledgers, outcomes and stress peaks autotune records, and the
+trials other workers are running. Each proposal records why as user attributes of the trial:
+`search_rule`, `search_why` ("predicted 201,900 tokens, static free 3.10 ± 0.02 GiB, stress
+peak 2.40 ± 0.20 GiB, ...") and, once what is left to learn is smaller than one step,
+`search_done`; the numbers behind it are kept in the system attribute `capacity_aware:forecast`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.samplers import BaseSampler, RandomSampler
+from optuna.trial import FrozenTrial
+
+from autotune.search.planner import Goal, Proposal, Scalar, plan
+from autotune.search.records import (
+    candidate_values,
+    learnt_space,
+    pending_params,
+    point_of,
+    required_headroom,
+    wants_throughput,
+)
+
+WHY_ATTR = "search_why"
+RULE_ATTR = "search_rule"
+DONE_ATTR = "search_done"
+FORECAST_ATTR = "capacity_aware:forecast"
+
+
+class CapacityAwareSampler(BaseSampler):
+    """Learns SGLang's memory arithmetic from the trials and walks to the OOM edge with a margin.
+
+    Args:
+        seed: seeds the fallback for parameters the memory model does not know.
+        min_headroom_gib: the headroom a stable setting must keep under the stress peak; by
+            default read back from the trials' `headroom_gib` constraint (0 until one is seen).
+        margin_sd: how many standard deviations of the prediction a proposal keeps in reserve.
+        probe_p: the least probability of being stable that makes an uncertain setting worth
+            a launch.
+    """
+
+    def __init__(
+        self,
+        *,
+        seed: int | None = None,
+        min_headroom_gib: float | None = None,
+        margin_sd: float = 2.0,
+        probe_p: float = 0.25,
+    ) -> None:
+        from autotune.memory_model import phi
+
+        self._fallback = RandomSampler(seed=seed)
+        self._rng = random.Random(seed)
+        self._min_headroom = min_headroom_gib
+        self._safe_p = phi(margin_sd)
+        self._probe_p = probe_p
+        self._last: Proposal | None = None
+
+    @property
+    def last_proposal(self) -> Proposal | None:
+        """The latest proposal this instance made (for tests and the benchmark)."""
+        return self._last
+
+    def reseed_rng(self) -> None:
+        self._fallback.reseed_rng()
+
+    def infer_relative_search_space(
+        self, study: optuna.Study, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
+        return learnt_space(study, trial)
+
+    def sample_relative(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        search_space: dict[str, BaseDistribution],
+    ) -> dict[str, Any]:
+        if not search_space:
+            return {}
+        proposal = self.propose(study, trial, search_space)
+        self._record(study, trial, proposal)
+        return {k: v for k, v in proposal.params.items() if k in search_space}
+
+    def sample_independent(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        param_name: str,
+        param_distribution: BaseDistribution,
+    ) -> Any:
+        """Parameters outside the learnt space (the very first trial without a baseline)."""
+        values = candidate_values(param_distribution, param_name)
+        if not values:
+            return self._fallback.sample_independent(study, trial, param_name, param_distribution)
+        proposal = plan({param_name: values}, [], [], Goal())
+        return proposal.params[param_name]
+
+    def propose(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        search_space: dict[str, BaseDistribution],
+    ) -> Proposal:
+        """The planner's proposal for `trial`, from everything the study holds now."""
+        trials = study.get_trials(deepcopy=False)
+        axes = {name: candidate_values(d, name) for name, d in search_space.items()}
+        finished = [p for t in trials if t.number != trial.number and (p := point_of(t))]
+        headroom = self._min_headroom
+        if headroom is None:
+            headroom = required_headroom(trials) or 0.0
+        goal = Goal(
+            min_headroom_gib=headroom,
+            safe_p=self._safe_p,
+            probe_p=self._probe_p,
+            explore=wants_throughput(study),
+        )
+        proposal = plan(axes, finished, pending_params(trials, trial.number), goal)
+        self._last = proposal
+        return proposal
+
+    def _record(self, study: optuna.Study, trial: FrozenTrial, p: Proposal) -> None:
+        storage = study._storage
+        storage.set_trial_user_attr(trial._trial_id, RULE_ATTR, p.rule)
+        storage.set_trial_user_attr(trial._trial_id, WHY_ATTR, p.why)
+        if p.done:
+            storage.set_trial_user_attr(trial._trial_id, DONE_ATTR, p.done)
+        fc = p.forecast
+        if fc is not None:
+            numbers: dict[str, float | str | None] = {
+                "tokens": fc.tokens.mean if fc.tokens else None,
+                "static_free_gib": fc.static_free.mean if fc.static_free else None,
+                "static_free_sd": fc.static_free.sd if fc.static_free else None,
+                "stress_peak_gib": fc.stress_peak.mean if fc.stress_peak else None,
+                "stress_peak_sd": fc.stress_peak.sd if fc.stress_peak else None,
+                "model": p.model.describe() if p.model else None,
+            }
+            storage.set_trial_system_attr(trial._trial_id, FORECAST_ATTR, numbers)
+
+
+def search_done(trials: Sequence[FrozenTrial]) -> str | None:
+    """Why the capacity-aware search has nothing left worth a launch, or None.
+
+    Looks at the newest trial that carries a search rule; a run loop may stop on it.
+    """
+    for t in sorted(trials, key=lambda t: t.number, reverse=True):
+        if RULE_ATTR in t.user_attrs:
+            done = t.user_attrs.get(DONE_ATTR)
+            return str(done) if done else None
+    return None
+
+
+def _values(values: Sequence[Scalar]) -> list[Scalar]:
+    return list(values)

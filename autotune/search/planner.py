@@ -1,0 +1,475 @@
+"""The capacity-aware search's decisions, as a pure function of what the trials recorded.
+
+`plan` looks at the finished launches (their ledgers, outcomes and stress peaks), the launches
+other workers are running now, and the candidate values of each searched parameter, fits the
+memory model and returns the next setting with the rule that chose it and why:
+
+* `start`: nothing is known; a conservative point (the study's baseline normally comes first).
+* `jump` / `step`: the highest-capacity setting the model calls safe (stable with a margin of
+  two standard deviations over the required headroom) and better than the best stable so far.
+* `bisect`: no better setting is safe but some are uncertain; probe the middle of the uncertain
+  range, between the best stable setting and the lowest known or predicted failure.
+* `down`: nothing stable yet and nothing predicted safe; the most likely to be stable.
+* `explore`: the capacity edge is known to one step; try max_running_requests, the host cache
+  and the prefill chunk one at a time at that capacity, for throughput.
+* `confirm`: what is left to learn is smaller than one step; run the best setting again and say
+  so in `done`.
+
+Settings that the model says cannot start (no room for KV, host RAM exceeded, host cache smaller
+than the GPU pool) are never proposed, nor settings that need at least as much memory as one
+that already failed, nor what another worker is running (whose outcome is assumed to be a
+failure until it is known, so workers spread below each other's probes).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from autotune.memory_model import (
+    RUNTIME_FAILURES,
+    STARTUP_FAILURES,
+    Forecast,
+    MemoryModel,
+    Observation,
+    Setting,
+    fit,
+)
+
+Scalar = bool | int | float | str
+FRACTION = "mem_fraction_static"
+REQUESTS = "max_running_requests"
+CHUNK = "chunked_prefill_size"
+HICACHE = "hicache_size"
+MEMORY_PARAMS = (FRACTION, REQUESTS, CHUNK, HICACHE)
+MEMORY_CONSTRAINTS = frozenset({"oom", "crash", "headroom_gib"})
+_HOST_TOO_BIG = ("Not enough host memory", "scheduler is dead", "host memory available")
+_HOST_TOO_SMALL = "host memory should be larger than the device memory"
+
+
+@dataclass(frozen=True)
+class Point:
+    """One launch as the planner sees it: finished (with an observation) or pending."""
+
+    number: int
+    params: Mapping[str, Scalar]
+    observation: Observation | None = None
+    throughput: float = 0.0
+    violated: frozenset[str] = frozenset()
+    """Names of the constraints it broke."""
+
+    @property
+    def feasible(self) -> bool:
+        return self.observation is not None and self.observation.feasible
+
+    @property
+    def memory_failure(self) -> bool:
+        o = self.observation
+        if o is None or o.feasible:
+            return False
+        if o.outcome in STARTUP_FAILURES | RUNTIME_FAILURES:
+            return True
+        return bool(self.violated & MEMORY_CONSTRAINTS)
+
+
+@dataclass(frozen=True)
+class Goal:
+    """What counts as stable and how bold to be."""
+
+    min_headroom_gib: float = 0.0
+    safe_p: float = 0.977
+    """A setting is safe when it is stable with this probability (two standard deviations)."""
+    probe_p: float = 0.25
+    """An uncertain setting is worth a launch from this probability of being stable."""
+    explore: bool = True
+    """Whether throughput is an objective (explore requests and host cache at the edge)."""
+
+
+@dataclass(frozen=True)
+class Proposal:
+    params: dict[str, Scalar]
+    rule: str
+    why: str
+    done: str | None = None
+    forecast: Forecast | None = None
+    model: MemoryModel | None = field(default=None, compare=False)
+
+
+def setting_of(params: Mapping[str, Scalar]) -> Setting | None:
+    f = params.get(FRACTION)
+    if not isinstance(f, int | float) or isinstance(f, bool):
+        return None
+    r = params.get(REQUESTS)
+    c = params.get(CHUNK)
+    h = params.get(HICACHE, 0)
+    return Setting(
+        mem_fraction=float(f),
+        max_running_requests=int(r)
+        if isinstance(r, int | float) and not isinstance(r, bool)
+        else None,
+        chunked_prefill_size=int(c)
+        if isinstance(c, int | float) and not isinstance(c, bool)
+        else None,
+        hicache_gb=float(h) if isinstance(h, int | float) and not isinstance(h, bool) else 0.0,
+    )
+
+
+def _key(params: Mapping[str, Scalar], names: Sequence[str]) -> tuple[Scalar | None, ...]:
+    return tuple(_norm(params.get(n)) for n in names)
+
+
+def _norm(v: Scalar | None) -> Scalar | None:
+    return round(float(v), 9) if isinstance(v, float) else v
+
+
+def plan(
+    axes: Mapping[str, Sequence[Scalar]],
+    finished: Sequence[Point],
+    pending: Sequence[Mapping[str, Scalar]],
+    goal: Goal,
+) -> Proposal:
+    """The next setting to launch, given candidate values per searched parameter."""
+    names = sorted(axes)
+    known = [p for p in finished if p.observation is not None]
+    if not any(p.observation.tokens for p in known if p.observation):
+        return _without_model(axes, names, known, pending)
+    return _Planner(axes, names, known, pending, goal).run()
+
+
+# ---------------------------------------------------------------------------------------------
+# Before any launch showed a KV pool
+
+
+def _without_model(
+    axes: Mapping[str, Sequence[Scalar]],
+    names: Sequence[str],
+    known: Sequence[Point],
+    pending: Sequence[Mapping[str, Scalar]],
+) -> Proposal:
+    base: dict[str, Scalar] = {n: _start_value(n, axes[n]) for n in names}
+    if known or pending:
+        source = known[-1].params if known else pending[0]
+        base.update({k: v for k, v in source.items() if k in axes and k != FRACTION})
+    fractions = sorted(float(v) for v in axes.get(FRACTION, ()))
+    taken = {_key(p.params, names) for p in known} | {_key(p, names) for p in pending}
+    failed = [float(p.params[FRACTION]) for p in known if FRACTION in p.params]
+    if fractions and failed:
+        below = [f for f in fractions if f < min(failed)]
+        if not below:
+            return Proposal(
+                base, "confirm", "nothing starts", done="even the lowest mem_fraction_static fails"
+            )
+        pick = below[len(below) // 2]
+        params = {**base, FRACTION: pick}
+        return Proposal(
+            params,
+            "down",
+            f"{FRACTION} {_fmt(min(failed))} did not start; halfway down to {_fmt(pick)}",
+        )
+    params = dict(base)
+    start = params.get(FRACTION)
+    if isinstance(start, float | int) and not isinstance(start, bool):
+        # nearest to the conservative start first, lower before higher
+        for f in sorted(fractions, key=lambda f: (abs(f - float(start)), f)):
+            params[FRACTION] = f
+            if _key(params, names) not in taken:
+                break
+    return Proposal(params, "start", "no launch recorded yet: a conservative first setting")
+
+
+def _start_value(name: str, values: Sequence[Scalar]) -> Scalar:
+    ordered = sorted(values, key=lambda v: (str(type(v)), v))
+    if name == FRACTION:
+        return ordered[len(ordered) // 4]
+    if name == HICACHE and 0 in ordered:
+        return 0
+    return ordered[len(ordered) // 2]
+
+
+# ---------------------------------------------------------------------------------------------
+# With a model
+
+
+class _Planner:
+    def __init__(
+        self,
+        axes: Mapping[str, Sequence[Scalar]],
+        names: Sequence[str],
+        known: Sequence[Point],
+        pending: Sequence[Mapping[str, Scalar]],
+        goal: Goal,
+    ) -> None:
+        self.axes = axes
+        self.names = names
+        self.known = known
+        self.pending = pending
+        self.goal = goal
+        self.model = fit(p.observation for p in known if p.observation is not None)
+        stable = [p for p in known if p.feasible and p.observation and p.observation.tokens]
+        self.best = max(stable, key=_tokens_of, default=None)
+        started = [p for p in known if p.observation and p.observation.started]
+        self.ref = self.best or (started[-1] if started else known[-1])
+        ref_obs = self.ref.observation
+        assert ref_obs is not None
+        self.default_slots = ref_obs.slots
+        self.default_chunk = ref_obs.chunk
+        self.cap = _tokens_of(self.best) if self.best else 0
+        self.taken = {_key(p.params, names) for p in known} | {_key(p, names) for p in pending}
+
+    # ---- candidates ----------------------------------------------------------------------
+
+    def candidates(self) -> list[tuple[dict[str, Scalar], Forecast]]:
+        mem = [n for n in self.names if n in MEMORY_PARAMS]
+        fixed = {k: v for k, v in self.ref.params.items() if k in self.axes and k not in mem}
+        out = []
+        for combo in itertools.product(*(self.axes[n] for n in mem)):
+            params: dict[str, Scalar] = {
+                **self.ref.params,
+                **fixed,
+                **dict(zip(mem, combo, strict=True)),
+            }
+            params = {k: v for k, v in params.items() if k in self.axes}
+            if _key(params, self.names) in self.taken:
+                continue
+            s = setting_of({**self.ref.params, **params})
+            if s is None or self._ruled_out(s):
+                continue
+            fc = self.model.forecast(
+                s, default_slots=self.default_slots, default_chunk=self.default_chunk
+            )
+            if fc.blocked is None and fc.p_start() >= 0.5:
+                out.append((params, fc))
+        return out
+
+    def _ruled_out(self, s: Setting) -> bool:
+        """Needs at least as much memory as a launch that failed (or one still running)."""
+        for p in self.known:
+            if not p.memory_failure:
+                continue
+            o = p.observation
+            assert o is not None
+            if _needs_more(s, o.setting, o, host=_host_failure(o)):
+                return True
+        for params in self.pending:
+            other = setting_of(params)
+            if (
+                other is not None
+                and _tokens_rank(other) > _tokens_rank_cap(self)
+                and _needs_more(s, other, None, host=None)
+            ):
+                return True
+        return False
+
+    # ---- the rules ---------------------------------------------------------------------------
+
+    def run(self) -> Proposal:
+        cands = self.candidates()
+        g = self.goal
+        scored = [(p, fc, fc.p_stable(g.min_headroom_gib)) for p, fc in cands]
+        # better by at least half a step: launch jitter moves the pool by a few tokens
+        slope = self.model.tokens_slope or 0.0
+        better = [x for x in scored if _fc_tokens(x[1]) > self.cap + 0.5 * slope * self._step()]
+        safe = [x for x in better if x[2] >= g.safe_p]
+        if safe:
+            params, fc, p = max(safe, key=lambda x: (_fc_tokens(x[1]), -self._distance(x[0]), x[2]))
+            rule = "jump" if self._steps_above_best(params) > 1 else "step"
+            return self._proposal(params, fc, rule, f"stable with p={p:.2f}")
+        doubtful = [x for x in better if x[2] >= g.probe_p]
+        if doubtful:
+            params, fc, p = self._bisect(doubtful)
+            return self._proposal(params, fc, "bisect", f"uncertain, p(stable)={p:.2f}")
+        if self.best is None:
+            viable = [x for x in scored if x[2] > 0.0]
+            if viable:
+                params, fc, p = max(
+                    viable, key=lambda x: (x[2] >= g.safe_p, _fc_tokens(x[1]), x[2])
+                )
+                return self._proposal(params, fc, "down", f"nothing stable yet; p(stable)={p:.2f}")
+            return self._done("no setting left that the model expects to be stable")
+        if g.explore:
+            explored = self._explore(scored)
+            if explored is not None:
+                return explored
+        return self._done(self._edge_summary(scored))
+
+    def _bisect(
+        self, doubtful: list[tuple[dict[str, Scalar], Forecast, float]]
+    ) -> tuple[dict[str, Scalar], Forecast, float]:
+        """The uncertain candidate nearest the middle of (best stable, lowest failure)."""
+        near = min(self._distance(x[0]) for x in doubtful)
+        same = [x for x in doubtful if self._distance(x[0]) == near]
+        lo = (
+            self.best.observation.setting.mem_fraction
+            if self.best and self.best.observation
+            else 0.0
+        )
+        fails = [
+            p.observation.setting.mem_fraction
+            for p in self.known
+            if p.memory_failure and p.observation is not None
+        ]
+        top = max(fc.setting.mem_fraction for _, fc, _ in same)
+        hi = min([f for f in fails if f > lo], default=top + self._step())
+        mid = (lo + hi) / 2
+        return min(same, key=lambda x: (abs(x[1].setting.mem_fraction - mid), -x[2]))
+
+    def _explore(self, scored: list[tuple[dict[str, Scalar], Forecast, float]]) -> Proposal | None:
+        """One axis at a time, at the best capacity, from the fastest stable launch."""
+        axes = [n for n in (REQUESTS, HICACHE, CHUNK) if len(self.axes.get(n, ())) > 1]
+        if not axes or self.best is None:
+            return None
+        at_cap = [p for p in self.known if p.feasible and _tokens_of(p) >= 0.99 * self.cap]
+        fastest = max(at_cap, key=lambda p: p.throughput)
+        for name in axes:
+            options = []
+            for params, fc, p in scored:
+                if p < self.goal.safe_p or _fc_tokens(fc) < 0.99 * self.cap:
+                    continue
+                diff = [
+                    n for n in self.names if _norm(params.get(n)) != _norm(fastest.params.get(n))
+                ]
+                if [d for d in diff if d != FRACTION] == [name]:
+                    options.append((params, fc, p))
+            if options:
+                params, fc, p = max(options, key=lambda x: (_fc_tokens(x[1]), _num(x[0].get(name))))
+                return self._proposal(
+                    params,
+                    fc,
+                    "explore",
+                    f"capacity edge known; trying {name}={params.get(name)} for throughput "
+                    f"(fastest so far trial {fastest.number}, {fastest.throughput:,.0f} tok/s)",
+                )
+        return None
+
+    # ---- text ----------------------------------------------------------------------------
+
+    def _proposal(self, params: dict[str, Scalar], fc: Forecast, rule: str, note: str) -> Proposal:
+        where = ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(params.items()))
+        best = (
+            f"best stable so far {self.cap:,} tokens (trial {self.best.number})"
+            if self.best
+            else "nothing stable yet"
+        )
+        why = (
+            f"{rule}: {where} — {fc.describe()}; {note}; needs headroom ≥ "
+            f"{self.goal.min_headroom_gib:g} GiB; {best}"
+        )
+        return Proposal(params, rule, why, forecast=fc, model=self.model)
+
+    def _done(self, summary: str) -> Proposal:
+        ref = self.best or self.ref
+        params = {k: v for k, v in ref.params.items() if k in self.axes}
+        text = f"what is left to learn is smaller than one step: {summary}"
+        return Proposal(
+            params, "confirm", f"confirm trial {ref.number}: {text}", done=text, model=self.model
+        )
+
+    def _edge_summary(self, scored: list[tuple[dict[str, Scalar], Forecast, float]]) -> str:
+        assert self.best is not None and self.best.observation is not None
+        s = self.best.observation.setting
+        text = f"{FRACTION}={_fmt(s.mem_fraction)} holds {self.cap:,} tokens"
+        above = [
+            (fc, p)
+            for params, fc, p in scored
+            if self._same_combo(params) and fc.setting.mem_fraction > s.mem_fraction
+        ]
+        fails = sorted(
+            p.observation.setting.mem_fraction
+            for p in self.known
+            if p.memory_failure
+            and p.observation
+            and p.observation.setting.mem_fraction > s.mem_fraction
+        )
+        if fails:
+            text += f"; {_fmt(fails[0])} failed"
+        if above:
+            fc, p = min(above, key=lambda x: x[0].setting.mem_fraction)
+            text += (
+                f"; {_fmt(fc.setting.mem_fraction)} predicted headroom {fc.headroom} GiB "
+                f"(p(stable)={p:.2f})"
+            )
+        return text
+
+    # ---- helpers -------------------------------------------------------------------------
+
+    def _distance(self, params: Mapping[str, Scalar]) -> int:
+        """How many parameters other than the fraction differ from the reference launch."""
+        return sum(
+            _norm(params.get(n)) != _norm(self.ref.params.get(n))
+            for n in self.names
+            if n != FRACTION
+        )
+
+    def _same_combo(self, params: Mapping[str, Scalar]) -> bool:
+        return all(
+            _norm(params.get(n)) == _norm(self.ref.params.get(n))
+            for n in self.names
+            if n != FRACTION
+        )
+
+    def _step(self) -> float:
+        fs = sorted(float(v) for v in self.axes.get(FRACTION, ()))
+        return min((b - a for a, b in itertools.pairwise(fs)), default=0.01)
+
+    def _steps_above_best(self, params: Mapping[str, Scalar]) -> int:
+        f = params.get(FRACTION)
+        if not isinstance(f, float | int) or self.best is None or self.best.observation is None:
+            return 2
+        return round((float(f) - self.best.observation.setting.mem_fraction) / self._step())
+
+
+def _tokens_rank(s: Setting) -> float:
+    return s.mem_fraction
+
+
+def _tokens_rank_cap(planner: _Planner) -> float:
+    if planner.best is None or planner.best.observation is None:
+        return -1.0
+    return planner.best.observation.setting.mem_fraction
+
+
+def _needs_more(s: Setting, other: Setting, o: Observation | None, *, host: str | None) -> bool:
+    """Whether s needs at least the memory of `other` of the kind that failed."""
+    if host == "too_big":
+        return s.hicache_gb >= other.hicache_gb > 0
+    if host == "too_small":
+        return 0 < s.hicache_gb <= other.hicache_gb and s.mem_fraction >= other.mem_fraction
+    slots = s.max_running_requests
+    oslots = other.max_running_requests
+    if slots is not None and oslots is not None and slots < oslots:
+        return False
+    c, oc = s.chunked_prefill_size, other.chunked_prefill_size
+    if c is not None and oc is not None and c < oc:
+        return False
+    return s.mem_fraction >= other.mem_fraction
+
+
+def _host_failure(o: Observation) -> str | None:
+    if o.outcome not in STARTUP_FAILURES or o.setting.hicache_gb <= 0:
+        return None
+    if _HOST_TOO_SMALL in o.reason:
+        return "too_small"
+    if any(t in o.reason for t in _HOST_TOO_BIG):
+        return "too_big"
+    return None
+
+
+def _tokens_of(p: Point | None) -> int:
+    if p is None or p.observation is None:
+        return 0
+    return p.observation.tokens or 0
+
+
+def _fc_tokens(fc: Forecast) -> float:
+    return fc.tokens.mean if fc.tokens is not None else 0.0
+
+
+def _num(v: Scalar | None) -> float:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
+
+
+def _fmt(v: Scalar | None) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)

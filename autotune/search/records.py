@@ -1,0 +1,177 @@
+"""Reading what trials recorded into the planner's terms, and the search space into candidates.
+
+A trial's record is what `autotune.trial` stores as user attributes: `outcome`, `reason`,
+`headroom_gib`, `throughput_tok_s` and the whole `record` (params, ledger, outcome, the stress
+peak when measured). Constraints are Optuna's (`trial.constraints`, ≤ 0 satisfied). Nothing here
+knows about the simulator.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import optuna
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+from optuna.search_space import intersection_search_space
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.ledger import Ledger
+from autotune.memory_model import RUNTIME_FAILURES, STARTUP_FAILURES, Observation
+from autotune.search.planner import FRACTION, Point, Scalar, setting_of
+
+CONTINUOUS_FRACTION_STEP = 0.005
+MAX_INT_CANDIDATES = 24
+PARAMETER_OUTCOMES = STARTUP_FAILURES | RUNTIME_FAILURES
+
+
+def _record(t: FrozenTrial) -> Mapping[str, Any]:
+    rec = t.user_attrs.get("record")
+    return rec if isinstance(rec, Mapping) else {}
+
+
+def trial_params(t: FrozenTrial) -> dict[str, Scalar]:
+    """Every parameter the trial ran with: recorded (fixed ones too), enqueued, then sampled."""
+    params: dict[str, Scalar] = {}
+    recorded = _record(t).get("params")
+    if isinstance(recorded, Mapping):
+        params.update(recorded)
+    fixed = t.system_attrs.get("fixed_params")
+    if isinstance(fixed, Mapping):
+        params.update(fixed)
+    params.update(t.params)
+    return params
+
+
+def is_feasible(t: FrozenTrial) -> bool:
+    return t.state == TrialState.COMPLETE and all(v <= 0 for v in t.constraints.values())
+
+
+def _float(v: object) -> float | None:
+    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    return None
+
+
+def point_of(t: FrozenTrial) -> Point | None:
+    """A finished trial in the planner's terms; None when it says nothing about memory."""
+    outcome = str(t.user_attrs.get("outcome", _record(t).get("outcome", "")))
+    if t.state == TrialState.FAIL and outcome not in PARAMETER_OUTCOMES:
+        return None
+    if t.state not in (TrialState.COMPLETE, TrialState.FAIL):
+        return None
+    params = trial_params(t)
+    setting = setting_of(params)
+    if setting is None:
+        return None
+    rec = _record(t)
+    led = rec.get("ledger")
+    ledger = Ledger.from_dict(led) if isinstance(led, Mapping) else Ledger()
+    peak = _float(rec.get("stress_peak_gib", t.user_attrs.get("stress_peak_gib")))
+    reason = " ".join(
+        [str(t.user_attrs.get("reason", "")), *[str(e) for e in rec.get("evidence", ()) or ()]]
+    )
+    obs = Observation(
+        setting=setting,
+        ledger=ledger,
+        outcome=outcome,
+        stress_peak_gib=peak,
+        headroom_gib=_float(t.user_attrs.get("headroom_gib")),
+        feasible=is_feasible(t),
+        reason=reason,
+    )
+    return Point(
+        number=t.number,
+        params=params,
+        observation=obs,
+        throughput=_float(t.user_attrs.get("throughput_tok_s")) or 0.0,
+        violated=frozenset(k for k, v in t.constraints.items() if v > 0),
+    )
+
+
+def pending_params(trials: Sequence[FrozenTrial], current: int) -> list[dict[str, Scalar]]:
+    """Parameters of trials other workers run now (or that wait in the queue)."""
+    out = []
+    for t in trials:
+        if t.number == current or t.state not in (TrialState.RUNNING, TrialState.WAITING):
+            continue
+        params = trial_params(t)
+        if params:
+            out.append(params)
+    return out
+
+
+def required_headroom(trials: Sequence[FrozenTrial]) -> float | None:
+    """The study's min_headroom_gib, read back from a constraint: value = required − measured."""
+    for t in trials:
+        c = t.constraints.get("headroom_gib")
+        h = _float(t.user_attrs.get("headroom_gib"))
+        if c is not None and h is not None:
+            return max(round(c + h, 6), 0.0)
+    return None
+
+
+def wants_throughput(study: optuna.Study) -> bool:
+    objectives = study.user_attrs.get("objectives")
+    if isinstance(objectives, list):
+        return "throughput" in objectives
+    return len(study.directions) > 1
+
+
+def learnt_space(study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+    """The searched parameters (more than one value) seen in finished trials, or, before any
+    finished, in the trials other workers are running."""
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if done:
+        space = intersection_search_space(done)
+    else:
+        running = [
+            t
+            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if t.number != trial.number and t.distributions
+        ]
+        space = _intersection([t.distributions for t in running])
+    return {k: d for k, d in space.items() if not d.single()}
+
+
+def _intersection(spaces: Sequence[Mapping[str, BaseDistribution]]) -> dict[str, BaseDistribution]:
+    if not spaces:
+        return {}
+    return {k: d for k, d in spaces[0].items() if all(s.get(k) == d for s in spaces[1:])}
+
+
+def candidate_values(dist: BaseDistribution, name: str) -> tuple[Scalar, ...]:
+    """The values worth considering for one parameter, in order."""
+    if isinstance(dist, CategoricalDistribution):
+        return tuple(dist.choices)  # type: ignore[arg-type]
+    if isinstance(dist, IntDistribution):
+        values = list(range(dist.low, dist.high + 1, dist.step))
+        if len(values) > MAX_INT_CANDIDATES:
+            values = _spread(values, dist.log)
+        return tuple(values)
+    if isinstance(dist, FloatDistribution):
+        step = dist.step or (CONTINUOUS_FRACTION_STEP if name == FRACTION else None)
+        if step is None:
+            n = MAX_INT_CANDIDATES - 1
+            return tuple(dist.low + (dist.high - dist.low) * i / n for i in range(n + 1))
+        n = math.floor((dist.high - dist.low) / step + 1e-9)
+        digits = max(0, -math.floor(math.log10(step)) + 2)
+        return tuple(round(dist.low + i * step, digits) for i in range(n + 1))
+    return ()
+
+
+def _spread(values: list[int], log: bool) -> list[int]:
+    n = MAX_INT_CANDIDATES
+    if log and values[0] > 0:
+        lo, hi = math.log(values[0]), math.log(values[-1])
+        picks = {round(math.exp(lo + (hi - lo) * i / (n - 1))) for i in range(n)}
+    else:
+        picks = {values[round(i * (len(values) - 1) / (n - 1))] for i in range(n)}
+    allowed = set(values)
+    return sorted(min(allowed, key=lambda v: abs(v - p)) for p in picks)

@@ -1,0 +1,181 @@
+"""How many launches each sampler needs to reach the memory edge, on the simulator's pure model.
+
+Whole studies run in-process (no servers): every shipped simulator profile × seeds × samplers.
+Each launch is simulated by `autotune.search.oracle` (startup sizes with the launch's jitter, a
+stress phase of full-chunk forwards) and told to an in-memory Optuna study exactly as a real trial
+would be. The target is the best stable capacity of the space, found by evaluating every grid
+point on the model; a study reaches it at the first launch that is stable (by the model), was
+recorded feasible, and holds at least 99% of it.
+
+    .venv/bin/python scripts/bench_search.py                 # all profiles, 10 seeds, 30 launches
+    .venv/bin/python scripts/bench_search.py --seeds 3 --samplers capacity,tpe
+    .venv/bin/python scripts/bench_search.py --workers 3     # 3 concurrent workers, pending trials
+
+Prints, per sampler: median and worst launches to the target (">N" when a study never got there
+within its budget), how many studies got there, median and worst crashes on the way, and the
+final capacity relative to the best.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import optuna
+
+from autotune.config import SamplerConfig
+from autotune.errors import UsageError
+from autotune.search.oracle import Bench, Launch, bench_for, best_stable, run_trial
+from autotune.sim.profiles import list_profiles, load_profile
+from autotune.space import settings_for
+from autotune.study import SAMPLER_FACTORIES, make_sampler
+
+DEFAULT_SAMPLERS = ("capacity", "tpe", "random", "gp", "walkdown")
+
+
+@dataclass(frozen=True)
+class Run:
+    sampler: str
+    profile: str
+    seed: int
+    launches: int | None  # to the target; None if never within the budget
+    crashes: int  # crashed launches up to the target (or the whole budget)
+    final: float  # best stable and feasible capacity at the end / the best
+    clock: float | None  # trial-durations of wall time to the target (workers mode)
+
+
+def study_run(name: str, bench: Bench, best: int, seed: int, budget: int, workers: int) -> Run:
+    sampler = make_sampler(SamplerConfig(name=name, seed=seed))
+    study = optuna.create_study(directions=["maximize", "maximize"], sampler=sampler)
+    study.set_user_attr("objectives", ["capacity", "throughput"])
+    study.enqueue_trial(dict(bench.search.baseline))
+    launches: list[Launch] = []
+    reached: int | None = None
+    clock: float | None = None
+    running: deque[tuple[optuna.trial.Trial, float]] = deque()
+    now = 0.0
+    while len(launches) < budget:
+        while len(running) < workers and len(launches) + len(running) < budget:
+            trial = study.ask()
+            settings_for(trial, bench.search)  # parameters are chosen when a worker starts
+            running.append((trial, now))
+        trial, started = running.popleft()
+        now = max(now, started + 1.0)
+        launch = run_trial(study, bench, trial, seed * 1000 + trial.number)
+        launches.append(launch)
+        if reached is None and launch.feasible and launch.stable and launch.tokens >= 0.99 * best:
+            reached = len(launches)
+            clock = now
+    upto = launches[:reached] if reached else launches
+    held = [x.tokens for x in launches if x.feasible and x.stable]
+    return Run(
+        sampler=name,
+        profile=bench.profile.name,
+        seed=seed,
+        launches=reached,
+        crashes=sum(x.crashed for x in upto),
+        final=max(held, default=0) / best if best else 0.0,
+        clock=clock,
+    )
+
+
+def summarize(runs: list[Run], budget: int, workers: int) -> list[str]:
+    lines = []
+    head = (
+        f"{'sampler':<10} {'studies':>7} {'reached':>7} {'launches med':>12} {'worst':>6} "
+        f"{'crashes med':>11} {'worst':>6} {'final med':>9} {'final min':>9}"
+    )
+    if workers > 1:
+        head += f" {'wall med':>8}"
+    lines.append(head)
+    by: dict[str, list[Run]] = {}
+    for r in runs:
+        by.setdefault(r.sampler, []).append(r)
+    for name, rs in by.items():
+        steps = [r.launches if r.launches is not None else budget + 1 for r in rs]
+        med = statistics.median(steps)
+        worst = max(steps)
+        crashes = [r.crashes for r in rs]
+        finals = [r.final for r in rs]
+        line = (
+            f"{name:<10} {len(rs):>7} {sum(r.launches is not None for r in rs):>7} "
+            f"{_launches(med, budget):>12} {_launches(worst, budget):>6} "
+            f"{statistics.median(crashes):>11g} {max(crashes):>6} "
+            f"{statistics.median(finals):>9.1%} {min(finals):>9.1%}"
+        )
+        if workers > 1:
+            clocks = [r.clock if r.clock is not None else budget + 1.0 for r in rs]
+            line += f" {statistics.median(clocks):>8g}"
+        lines.append(line)
+    return lines
+
+
+def _launches(value: float, budget: int) -> str:
+    return f">{budget}" if value > budget else f"{value:g}"
+
+
+def per_profile(runs: list[Run], budget: int) -> list[str]:
+    lines = ["", "median launches to the target per profile (>N: not reached)"]
+    profiles = sorted({r.profile for r in runs})
+    samplers = list(dict.fromkeys(r.sampler for r in runs))
+    lines.append(f"{'profile':<26} " + " ".join(f"{s:>9}" for s in samplers))
+    for prof in profiles:
+        cells = []
+        for s in samplers:
+            steps = [
+                r.launches if r.launches is not None else budget + 1
+                for r in runs
+                if r.profile == prof and r.sampler == s
+            ]
+            cells.append(f"{_launches(statistics.median(steps), budget):>9}")
+        lines.append(f"{prof:<26} " + " ".join(cells))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--budget", type=int, default=30, help="launches per study")
+    ap.add_argument("--samplers", default=",".join(DEFAULT_SAMPLERS))
+    ap.add_argument("--profiles", default="", help="comma-separated (default: every profile)")
+    ap.add_argument("--workers", type=int, default=1, help="concurrent workers per study")
+    ap.add_argument("--min-headroom", type=float, default=0.5, help="GiB under the stress peak")
+    args = ap.parse_args(argv)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    profiles = [p for p in args.profiles.split(",") if p] or list_profiles()
+    samplers = []
+    for name in args.samplers.split(","):
+        if name not in SAMPLER_FACTORIES:
+            print(f"skipping sampler {name}: not registered", file=sys.stderr)
+            continue
+        try:
+            make_sampler(SamplerConfig(name=name))
+        except UsageError as exc:
+            print(f"skipping sampler {name}: {exc}", file=sys.stderr)
+            continue
+        samplers.append(name)
+    runs: list[Run] = []
+    t0 = time.perf_counter()
+    for prof_name in profiles:
+        bench = bench_for(load_profile(prof_name), min_headroom_gib=args.min_headroom)
+        best = best_stable(bench)
+        print(f"{prof_name}: best stable capacity {best:,} tokens", file=sys.stderr)
+        for name in samplers:
+            for seed in range(args.seeds):
+                runs.append(study_run(name, bench, best, seed, args.budget, args.workers))
+    print(
+        f"{len(profiles)} profiles × {args.seeds} seeds, budget {args.budget} launches, "
+        f"{args.workers} worker(s), headroom ≥ {args.min_headroom:g} GiB; "
+        f"{time.perf_counter() - t0:.0f} s"
+    )
+    for line in summarize(runs, args.budget, args.workers) + per_profile(runs, args.budget):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
