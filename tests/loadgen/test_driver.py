@@ -217,3 +217,16 @@ def test_stress_sizing_from_server_facts() -> None:
     assert stress_plan(phase, ServerFacts(4, -1, 4096))["input_len"] == 4096 - 64 - 1
     assert stress_plan(phase, ServerFacts())["requests"] == 32
     assert stress_plan(Stress("s", requests=5, input_len=100), pooled)["requests"] == 5
+
+
+def test_dataset_of_lengths_and_prompts(fake_server: Start, tmp_path: Path) -> None:
+    srv = fake_server()
+    data = tmp_path / "traffic.jsonl"
+    data.write_text(
+        '{"input_len": 40, "output_len": 5}\n{"prompt": "hello there friend", "output_len": 3}\n'
+    )
+    phases = [{"kind": "steady", "concurrency": 1, "duration_s": 5, "max_requests": 4}]
+    ws = workload_from_dict({"dataset": str(data), "phases": phases})
+    res = run_workload(ws, Target(srv.url), FACTS, is_dead=srv.is_dead)
+    got = sorted((r.input_tokens, r.output_tokens) for r in res.records)
+    assert got == [(3, 3), (3, 3), (40, 5), (40, 5)]
