@@ -304,10 +304,15 @@ def plan_startup(
     cell = cell_bytes(profile.attention, tp, elem)
     spec = settings.spec
     steps, topk, draft_tokens = SPEC_DEFAULTS
+    if profile.draft is not None:
+        d = profile.draft
+        steps, topk, draft_tokens = d.num_steps, d.topk, d.draft_tokens
     if spec:
         steps = settings.speculative_num_steps or steps
         topk = settings.speculative_eagle_topk or topk
-        draft_tokens = settings.speculative_num_draft_tokens or (steps * topk + 1)
+        if settings.speculative_num_steps or settings.speculative_eagle_topk:
+            draft_tokens = steps * topk + 1
+        draft_tokens = settings.speculative_num_draft_tokens or draft_tokens
     weights = profile.model.weights_gib * profile.model.weights_tp / tp
     base = StartupPlan(
         tp=tp,
