@@ -565,13 +565,14 @@ def _looks_like_exception(line: str) -> bool:
 
 
 def parse_line(line: str, line_no: int = 0) -> Parsed | None:
-    """One line (without its newline) -> an Event, a Batch, or None for anything else."""
+    """One line (a trailing newline is ignored) -> an Event, a Batch, or None for anything else."""
     if " batch" in line:
         common = _common_batch(line, line_no)
         if common is not None:
             return common
     elif "HTTP/1." in line:
         return None  # uvicorn access log
+    line = line.rstrip("\n")
     if "\r" in line:  # a tqdm bar rewritten in place: the last state is what counts
         line = line.rstrip("\r").rsplit("\r", 1)[-1]
     time, rank, message = split_prefix(line)
@@ -595,23 +596,23 @@ def parse_lines(lines: Iterable[str], first_line_no: int = 1) -> ParsedLog:
     """Every line of a log; line numbers start at `first_line_no`."""
     events: list[Event] = []
     batches: list[Batch] = []
-    line_no = first_line_no
+    line_no = first_line_no - 1
+    parse = parse_line
     collecting = gc.isenabled()
     gc.disable()  # the cyclic collector would rescan the growing lists of tuples again and again
     try:
-        for raw in lines:
-            item = parse_line(raw.rstrip("\n"), line_no)
-            line_no += 1
+        for line_no, raw in enumerate(lines, first_line_no):
+            item = parse(raw, line_no)
             if item is None:
                 continue
-            if isinstance(item, Batch):
+            if type(item) is Batch:
                 batches.append(item)
             else:
-                events.append(item)
+                events.append(item)  # type: ignore[arg-type]
     finally:
         if collecting:
             gc.enable()
-    return ParsedLog(tuple(events), tuple(batches), line_no - first_line_no)
+    return ParsedLog(tuple(events), tuple(batches), line_no - first_line_no + 1)
 
 
 def parse_text(text: str) -> ParsedLog:
