@@ -13,7 +13,7 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -43,7 +43,6 @@ class ServerState:
     status: str = "Starting"  # Starting | Up | UnHealthy | ShuttingDown
     first_request_seen: bool = False
     on_first_request: Callable[[], None] | None = None
-    extra_server_args: dict[str, Any] = field(default_factory=dict)
 
     @property
     def model_name(self) -> str:
@@ -51,7 +50,11 @@ class ServerState:
 
 
 class BadRequest(Exception):
-    pass
+    """The request is refused; `status` is the HTTP status SGLang answers with."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def _error(message: str, status: int = 400) -> web.Response:
@@ -291,7 +294,10 @@ class _Api:
                 "tokens). Use a shorter input or enable --allow-auto-truncate."
             )
         if s.status == "ShuttingDown":
-            raise BadRequest("The server is shutting down.")
+            raise BadRequest("The server is shutting down.", 503)
+        limit_q = s.settings.max_queued_requests
+        if limit_q is not None and s.scheduler.queued >= limit_q:
+            raise BadRequest("The request queue is full.", 503)
         self.counter += 1
         req = Request(
             rid or uuid.uuid4().hex,
@@ -346,7 +352,7 @@ class _Api:
             body = await self._json(request)
             reqs = self._generate_requests(body)
         except BadRequest as exc:
-            return _error(str(exc))
+            return web.json_response({"error": {"message": str(exc)}}, status=exc.status)
         batch = isinstance(body.get("text"), list) or (
             isinstance(body.get("input_ids"), list)
             and bool(body["input_ids"])
@@ -457,7 +463,7 @@ class _Api:
                 raise BadRequest("prompt must be a string or a list of token ids")
             req = self._new_request(ids, max_new, ignore, None)
         except BadRequest as exc:
-            return _error(str(exc))
+            return _error(str(exc), exc.status)
         return await self._openai_reply(request, body, req, chat=False)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -480,7 +486,7 @@ class _Api:
             rendered.append("<|im_start|>assistant")
             req = self._new_request(tokens.encode("\n".join(rendered)), max_new, ignore, None)
         except BadRequest as exc:
-            return _error(str(exc))
+            return _error(str(exc), exc.status)
         return await self._openai_reply(request, body, req, chat=True)
 
     def _usage(self, req: Request) -> dict[str, Any]:

@@ -97,7 +97,6 @@ class Stats:
     cuda_graph: bool = False
     ttft: list[float] = field(default_factory=list)
     e2e: list[float] = field(default_factory=list)
-    itl: list[float] = field(default_factory=list)
     queue_time: list[float] = field(default_factory=list)
 
 
