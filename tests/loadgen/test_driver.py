@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -17,9 +18,11 @@ from autotune.loadgen import (
     stress_plan,
     workload_from_dict,
 )
-from tests.loadgen.conftest import FakeServer
 
-Start = Callable[..., FakeServer]
+if TYPE_CHECKING:
+    from tests.loadgen.conftest import FakeServer
+
+Start = Callable[..., "FakeServer"]
 FACTS = ServerFacts(max_running_requests=12, chunked_prefill_size=700, context_len=4096)
 
 

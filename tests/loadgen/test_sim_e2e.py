@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import pytest
 
 from autotune.loadgen import Target, run_workload, stress_plan, workload_from_dict
 from autotune.loadgen.spec import Stress
-from tests.loadgen.conftest import SimServer
+
+if TYPE_CHECKING:
+    from tests.loadgen.conftest import SimServer
 
 pytestmark = pytest.mark.e2e
-Start = Callable[..., SimServer]
+Start = Callable[..., "SimServer"]
 
 
 @pytest.mark.parametrize(
