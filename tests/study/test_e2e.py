@@ -46,7 +46,7 @@ stop_grace_s = 10
 release_s = 10
 
 [search]
-mem_fraction_static = { low = 0.88, high = 0.94, step = 0.03 }
+mem_fraction_static = { low = 0.88, high = 0.94, step = STEP }
 max_running_requests = 48
 hicache_size = 48
 
@@ -54,8 +54,8 @@ hicache_size = 48
 mem_fraction_static = 0.88
 
 [workload]
-input_len = { dist = "uniform", min = 1000, max = 3000 }
-output_len = 32
+input_len = { dist = "uniform", min = 200, max = 600 }
+output_len = 16
 request_timeout_s = 30
 drain_timeout_s = 5
 
@@ -67,6 +67,9 @@ duration_s = DURATION
 [[workload.phases]]
 kind = "stress"
 rounds = 1
+requests = 2
+input_len = 8192
+output_len = 4
 
 [budget]
 n_trials = 3
@@ -106,9 +109,10 @@ def no_leftovers(tmp_path: Path) -> Iterator[Path]:
     assert not left, f"processes left behind: {left}"
 
 
-def _study(folder: Path, duration: float = 1.0) -> Path:
+def _study(folder: Path, duration: float = 1.0, step: float = 0.03) -> Path:
+    """The study file; `step` 0.03 gives the points 0.88, 0.91, 0.94 and 0.06 gives 0.88, 0.94."""
     path = folder / "e2e.toml"
-    path.write_text(STUDY.replace("DURATION", str(duration)))
+    path.write_text(STUDY.replace("DURATION", str(duration)).replace("STEP", str(step)))
     return path
 
 
@@ -167,7 +171,7 @@ def test_study_runs_to_the_end(no_leftovers: Path) -> None:
 
 def test_sigkill_mid_trial_then_resume(no_leftovers: Path) -> None:
     folder = no_leftovers
-    _study(folder, duration=20.0)
+    _study(folder, duration=20.0, step=0.06)
     proc = subprocess.Popen(
         _cmd(folder),
         stdout=subprocess.PIPE,
@@ -184,8 +188,7 @@ def test_sigkill_mid_trial_then_resume(no_leftovers: Path) -> None:
         assert proc.stdout is not None
         proc.stdout.close()
     assert _ours(str(folder)), "the killed run should have left its server behind"
-    fast = _study(folder, duration=1.0)
-    assert fast.is_file()
+    _study(folder, duration=1.0, step=0.06)
     done = subprocess.run(
         _cmd(folder),
         capture_output=True,
@@ -200,13 +203,13 @@ def test_sigkill_mid_trial_then_resume(no_leftovers: Path) -> None:
     assert trials[0].state == TrialState.FAIL and trials[0].user_attrs["outcome"] == "stale"
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     values = sorted(t.params["mem_fraction_static"] for t in complete)
-    assert values == [0.88, 0.91, 0.94]  # nothing lost, nothing run twice
-    assert len(trials) == 4
+    assert values == [0.88, 0.94]  # nothing lost, nothing run twice
+    assert len(trials) == 3
 
 
 def test_ctrl_c_stops_the_server_and_exits_130(no_leftovers: Path) -> None:
     folder = no_leftovers
-    _study(folder, duration=20.0)
+    _study(folder, duration=20.0, step=0.06)
     proc = subprocess.Popen(
         _cmd(folder),
         stdout=subprocess.PIPE,
