@@ -114,6 +114,7 @@ def summary_from_bench_serving(row: Mapping[str, object]) -> Summary:
         requests=completed,
         completed=completed,
         failed=0,
+        unfinished=0,
         error_rate=None,
         errors={},
         total_input_tokens=int(num("total_input_tokens")),

@@ -295,6 +295,7 @@ async def _phase(
 ) -> tuple[PhaseResult, Died | None]:
     out: list[RequestRecord] = []
     rt.records[phase.name] = out
+    rt.cut_by_time_limit = False
     capped = [0]
     start = rt.clock()
     plan: dict[str, object] = {}
@@ -372,6 +373,7 @@ async def _phase(
         else:
             ended_by = "time_limit"
             rt.cancel_reason = f"phase {phase.name} reached its {limit:g} s limit"
+            rt.cut_by_time_limit = True
         task.cancel()
         await asyncio.wait({task}, timeout=1.0)
     duration = rt.clock() - start

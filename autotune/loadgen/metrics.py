@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+UNFINISHED = "unfinished"
 LAG_THRESHOLD_S = 0.025  # a request sent this much later than scheduled was held up by the client
 
 
@@ -109,7 +110,8 @@ class Summary:
     requests: int
     completed: int
     failed: int
-    error_rate: float | None
+    unfinished: int  # cut by the phase's time limit mid-stream; not in requests or failed
+    error_rate: float | None  # failed / requests
     errors: dict[str, int]
     total_input_tokens: int
     total_output_tokens: int
@@ -189,7 +191,14 @@ def summarize(
     capped_arrivals: int = 0,
     lag_threshold_s: float = LAG_THRESHOLD_S,
 ) -> Summary:
-    """The summary of `records` over a measured wall time of `duration_s` seconds."""
+    """The summary of `records` over a measured wall time of `duration_s` seconds.
+
+    Requests cut by the phase's time limit while their tokens were still arriving (error
+    "unfinished: ...") are neither successes nor failures: they count in `unfinished` only.
+    """
+    all_records = records
+    records = [r for r in all_records if not (r.error and r.error.startswith(UNFINISHED))]
+    unfinished = len(all_records) - len(records)
     ok = [r for r in records if r.ok]
     failed = len(records) - len(ok)
     dur = duration_s if duration_s > 0 else math.nan
@@ -199,7 +208,7 @@ def summarize(
     e2es = [r.e2e for r in ok if r.e2e is not None]
     tpots = [t for t in map(tpot_of, ok) if t is not None]
     itls = _all_itls(ok)
-    lags = [r.sent_s - r.scheduled_s for r in records if r.sent_s is not None]
+    lags = [r.sent_s - r.scheduled_s for r in all_records if r.sent_s is not None]
     lag_stats = Stats.of_seconds([max(0.0, x) for x in lags])
     lagged = sum(1 for x in lags if x > lag_threshold_s)
     lagged_fraction = lagged / len(lags) if lags else None
@@ -210,6 +219,7 @@ def summarize(
         requests=len(records),
         completed=len(ok),
         failed=failed,
+        unfinished=unfinished,
         error_rate=failed / len(records) if records else None,
         errors=dict(errors.most_common(8)),
         total_input_tokens=total_in,
@@ -223,7 +233,7 @@ def summarize(
         tpot_ms=Stats.of_seconds(tpots),
         e2e_ms=Stats.of_seconds(e2es),
         concurrency=_finite(sum(e2es) / dur),
-        peak_concurrency=peak_concurrency(records),
+        peak_concurrency=peak_concurrency(all_records),
         max_output_tokens_per_s=max_output_tokens_per_s(records),
         goodput=None if good is None else _finite(good / dur),
         good_fraction=None if good is None or not records else good / len(records),

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from autotune.loadgen.apis import PATHS, RequestOptions, ResponseReader, build_body
 from autotune.loadgen.client import Client, HttpError
-from autotune.loadgen.metrics import RequestRecord
+from autotune.loadgen.metrics import UNFINISHED, RequestRecord
 from autotune.loadgen.shapes import RequestPlan, Shaper, TokenPool
 
 ERROR_PAUSE_S = 0.1  # a client pauses after a failed request, so errors cannot spin
@@ -47,6 +47,7 @@ class Runtime:
     request_timeout_s: float
     on_connection_error: Callable[[], None] = lambda: None  # asks the watcher to check now
     cancel_reason: str = "cancelled"
+    cut_by_time_limit: bool = False  # the phase ran out of time (not: the server died)
     live: dict[int, Live] = field(default_factory=dict)
     # What was in flight when connections first failed after the last success: a crashed
     # server resets every connection before anyone notices it died.
@@ -92,7 +93,8 @@ async def send_one(
             rt.lost_at, rt.lost_live = end, list(rt.live.values())
         rt.on_connection_error()
     except asyncio.CancelledError:
-        error = f"cancelled: {rt.cancel_reason}"
+        streaming = rt.cut_by_time_limit and reader.first_ts is not None
+        error = f"{UNFINISHED if streaming else 'cancelled'}: {rt.cancel_reason}"
         end = rt.clock()
         raise
     finally:

@@ -233,3 +233,14 @@ def test_dataset_of_lengths_and_prompts(fake_server: Start, tmp_path: Path) -> N
     res = run_workload(ws, Target(srv.url), FACTS, is_dead=srv.is_dead)
     got = sorted((r.input_tokens, r.output_tokens) for r in res.records)
     assert got == [(3, 3), (3, 3), (40, 5), (40, 5)]
+
+
+def test_time_limit_while_streaming_leaves_requests_unfinished(fake_server: Start) -> None:
+    srv = fake_server("--itl-ms", "20")
+    phases = [{"kind": "steady", "concurrency": 3, "duration_s": 0.2}]
+    ws = workload_from_dict(spec(phases=phases, output_len=5000, drain_timeout_s=0.3))
+    res = run_workload(ws, Target(srv.url), FACTS, is_dead=srv.is_dead)
+    s = res.phases[0].summary
+    assert res.phases[0].ended_by == "time_limit"
+    assert (s.unfinished, s.requests, s.failed, s.error_rate) == (3, 0, 0, None)
+    assert all(r.error and r.error.startswith("unfinished: phase steady-0") for r in res.records)

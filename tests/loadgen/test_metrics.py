@@ -127,3 +127,14 @@ def test_empty_gives_none_not_zero_and_is_json_safe() -> None:
     assert s.ttft_ms is None and s.error_rate is None and s.lag_ms is None
     json.dumps(s.to_dict(), allow_nan=False)
     json.dumps(summarize([R1, R2, R3], 1.0, Slo(ttft_ms=1)).to_dict(), allow_nan=False)
+
+
+def test_requests_cut_mid_stream_are_unfinished_not_failed() -> None:
+    cut = rec(
+        0.05, 0.05, (0.01,), None, 7, 2, error="unfinished: phase p reached its 1 s limit", end=0.6
+    )
+    s = summarize([R1, R2, R3, cut], 1.0)
+    assert (s.requests, s.failed, s.unfinished) == (3, 1, 1)
+    assert s.error_rate == pytest.approx(1 / 3)
+    assert s.errors == {"HTTP 500": 1}
+    assert s.peak_concurrency == 3  # it was in flight all the same
