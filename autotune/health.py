@@ -3,9 +3,10 @@
 Reference §5: `/health_generate` answers 200 once a one-token generation produced output (503
 while starting, 503 after 20 s without detokenizer output). When a server has no such route, a
 one-token `/generate` is the fallback. The watch thread polls `/health` so that the liveness check
-the workload calls several times a second never blocks on the network; what an answer means is
-decided by the server handle together with the process and the log, because an empty or failing
-`/health` on a server whose log shows healthy batches is not a dead server.
+the workload calls several times a second never blocks on the network. An empty or failing
+`/health` alone proves nothing (the operator saw exactly that on a healthy server), so a failed
+check is confirmed with a one-token `/generate`, and the server handle weighs the result against
+the process and the log.
 """
 
 from __future__ import annotations
@@ -58,14 +59,25 @@ def request(
         return Answer(False, None, f"{type(exc).__name__}: {reason}")
 
 
-def probe_ready(base_url: str, api_key: str | None, timeout_s: float) -> Answer:
-    """`/health_generate`, or a one-token `/generate` where that route does not exist."""
-    answer = request(f"{base_url}/health_generate", api_key=api_key, timeout_s=timeout_s)
-    if answer.status != 404:
-        return answer
+def generate_one(base_url: str, api_key: str | None, timeout_s: float) -> Answer:
+    """A one-token `/generate`: what a health check does, by the public route."""
     payload = {"text": "ping", "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
     answer = request(f"{base_url}/generate", api_key=api_key, payload=payload, timeout_s=timeout_s)
     return Answer(answer.ok and bool(answer.body), answer.status, answer.detail, answer.body)
+
+
+def probe_ready(base_url: str, api_key: str | None, timeout_s: float) -> Answer:
+    """`/health_generate`; when it fails (no such route, an empty answer, 503), a one-token
+    `/generate`, because a server that generates is ready whatever its health route says."""
+    answer = request(f"{base_url}/health_generate", api_key=api_key, timeout_s=timeout_s)
+    if answer.ok:
+        return answer
+    fallback = generate_one(base_url, api_key, timeout_s)
+    if fallback.ok:
+        return Answer(True, fallback.status, f"/health_generate {answer.detail}; /generate ok")
+    return Answer(
+        False, fallback.status, f"/health_generate {answer.detail}; /generate {fallback.detail}"
+    )
 
 
 def server_info(base_url: str, api_key: str | None, timeout_s: float = 10.0) -> dict[str, Any]:
@@ -93,7 +105,8 @@ class HealthState:
 
 
 class HealthWatch:
-    """Polls `/health` every `interval_s` in a daemon thread; `state()` never blocks."""
+    """Polls `/health` every `interval_s` in a daemon thread; `state()` never blocks. When
+    `/health` fails, a one-token `/generate` decides: only both failing counts as a failure."""
 
     def __init__(
         self,
@@ -103,6 +116,7 @@ class HealthWatch:
         timeout_s: float = 25.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._base_url = base_url
         self._url = f"{base_url}/health"
         self._api_key = api_key
         self._interval = interval_s
@@ -130,6 +144,8 @@ class HealthWatch:
         while not self._stop.is_set():
             started = self._clock()
             answer = request(self._url, api_key=self._api_key, timeout_s=self._timeout)
+            if not answer.ok:
+                answer = generate_one(self._base_url, self._api_key, self._timeout)
             with self._lock:
                 s = self._state
                 if answer.ok:

@@ -10,6 +10,7 @@ so tests can stage every ending the lifecycle must recognise without the simulat
     exit-after-ready  becomes ready, then exits silently (an OOM-killed scheduler)
     health-fail       /health and /health_generate answer 503 once ready
     health-late       /health_generate answers 503 for the first second after ready
+    generate          serves a one-token POST /generate once ready
     batches           logs a Decode batch line every 0.1 s once ready
     ignore-sigterm    ignores SIGTERM
     child             starts a child process in its group (a scheduler)
@@ -79,6 +80,17 @@ def make_handler(modes: set[str]) -> type[BaseHTTPRequestHandler]:
                     ],
                 }
                 self._send(200, json.dumps(info).encode())
+            else:
+                self._send(404)
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length", "0"))
+            self.rfile.read(length)
+            if self.path == "/generate" and "generate" in modes and STATE["ready_at"] > 0:
+                log("Prefill batch, #new-seq: 1, #new-token: 1, #cached-token: 0, token usage: "
+                    "0.00, #running-req: 0, #queue-req: 0, input throughput (token/s): 1.00, "
+                    "cuda graph: False")  # fmt: skip
+                self._send(200, json.dumps({"text": "x", "meta_info": {}}).encode())
             else:
                 self._send(404)
 

@@ -97,12 +97,26 @@ def test_phase_limit_is_a_timeout_even_while_the_log_moves(tmp_path: Path, guard
     assert server.stop().clean
 
 
-def test_failing_health_with_healthy_batches_is_not_death(tmp_path: Path, guard: Guard) -> None:
+def test_ready_line_without_any_working_route_is_not_ready(tmp_path: Path, guard: Guard) -> None:
     spec = fake_spec(tmp_path, "health-fail", "batches", ready_check_s=0.5)
     server = guard.server(Server.launch(spec))
-    # The fired-up line is there but /health_generate never answers: readiness is not confirmed.
+    # The fired-up line is there but neither /health_generate nor /generate answers.
     report = server.wait_ready()
     assert (report.outcome, report.cause) == (Outcome.TIMEOUT, "phase_timeout:ready_check")
+    assert any("/generate" in line for line in report.evidence)
+    assert server.stop().clean
+
+
+def test_failing_health_route_with_working_generation_is_ready_and_alive(
+    tmp_path: Path, guard: Guard
+) -> None:
+    server = guard.server(Server.launch(fake_spec(tmp_path, "health-fail", "generate")))
+    assert server.wait_ready().outcome is Outcome.READY
+    time.sleep(1.5)  # several health checks, each failing on /health and passing on /generate
+    assert server.check_alive() is None
+    watch = server._watch
+    assert watch is not None and watch.state().checks >= 2
+    assert watch.state().failures_in_a_row == 0
     assert server.stop().clean
 
 
