@@ -23,7 +23,7 @@ from autotune.sim.flags import ServerSettings
 from autotune.sim.logwriter import LogWriter
 from autotune.sim.model import StartupPlan
 from autotune.sim.profiles import Profile
-from autotune.sim.scheduler import Request, Scheduler
+from autotune.sim.scheduler import Histogram, Request, Scheduler
 
 HEALTH_CHECK_TIMEOUT_S = 20.0
 VERSION = "0.5.9"
@@ -598,17 +598,14 @@ class _Api:
         return resp
 
 
-def _hist(name: str, labels: str, values: list[float], buckets: tuple[float, ...]) -> list[str]:
+def _hist(name: str, labels: str, h: Histogram) -> list[str]:
     lines = [f"# HELP {name} Histogram.", f"# TYPE {name} histogram"]
-    for b in buckets:
-        lines.append(f'{name}_bucket{{{labels},le="{b}"}} {sum(1 for v in values if v <= b)}')
-    lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {len(values)}')
-    lines.append(f"{name}_sum{{{labels}}} {sum(values)}")
-    lines.append(f"{name}_count{{{labels}}} {len(values)}")
+    for edge, count in zip(h.buckets, h.counts, strict=True):
+        lines.append(f'{name}_bucket{{{labels},le="{edge}"}} {count}')
+    lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {h.n}')
+    lines.append(f"{name}_sum{{{labels}}} {h.total}")
+    lines.append(f"{name}_count{{{labels}}} {h.n}")
     return lines
-
-
-_LAT_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 
 
 def render_metrics(state: ServerState) -> str:
@@ -650,7 +647,7 @@ def render_metrics(state: ServerState) -> str:
             f"# TYPE {name} counter",
             f"{name}{{{labels}}} {value}",
         ]
-    lines += _hist("sglang:time_to_first_token_seconds", labels, st.ttft, _LAT_BUCKETS)
-    lines += _hist("sglang:e2e_request_latency_seconds", labels, st.e2e, _LAT_BUCKETS)
-    lines += _hist("sglang:queue_time_seconds", labels, st.queue_time, _LAT_BUCKETS)
+    lines += _hist("sglang:time_to_first_token_seconds", labels, st.ttft)
+    lines += _hist("sglang:e2e_request_latency_seconds", labels, st.e2e)
+    lines += _hist("sglang:queue_time_seconds", labels, st.queue_time)
     return "\n".join(lines) + "\n"

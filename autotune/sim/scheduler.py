@@ -76,6 +76,26 @@ class Request:
         self.event.set()
 
 
+LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+
+
+@dataclass
+class Histogram:
+    """Cumulative-bucket histogram (Prometheus style) with constant memory."""
+
+    buckets: tuple[float, ...] = LATENCY_BUCKETS
+    counts: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BUCKETS))
+    total: float = 0.0
+    n: int = 0
+
+    def observe(self, value: float) -> None:
+        self.n += 1
+        self.total += value
+        for i, edge in enumerate(self.buckets):
+            if value <= edge:
+                self.counts[i] += 1
+
+
 @dataclass
 class Stats:
     """Counters and the gauges SGLang updates at log cadence (for /metrics)."""
@@ -95,9 +115,9 @@ class Stats:
     new_token_ratio: float = 0.0
     spec_accept_length: float = 0.0
     cuda_graph: bool = False
-    ttft: list[float] = field(default_factory=list)
-    e2e: list[float] = field(default_factory=list)
-    queue_time: list[float] = field(default_factory=list)
+    ttft: Histogram = field(default_factory=Histogram)
+    e2e: Histogram = field(default_factory=Histogram)
+    queue_time: Histogram = field(default_factory=Histogram)
 
 
 FatalHandler = Callable[[str, float, float], None]
@@ -243,7 +263,7 @@ class Scheduler:
         self._release(req)
         if not req.health:
             self.stats.requests += 1
-            self.stats.e2e.append(now - req.created)
+            self.stats.e2e.observe(now - req.created)
         self._finish(req, "length")
 
     # ---- admission (PrefillAdder) ---------------------------------------------------------------
@@ -508,9 +528,9 @@ class Scheduler:
         if req.first_token_at is None:
             req.first_token_at = now
             if not req.health:
-                self.stats.ttft.append(now - req.created)
+                self.stats.ttft.observe(now - req.created)
                 if req.admitted_at is not None:
-                    self.stats.queue_time.append(req.admitted_at - req.created)
+                    self.stats.queue_time.observe(req.admitted_at - req.created)
         if not req.health:
             self.stats.generation_tokens += k
         req.notify()
