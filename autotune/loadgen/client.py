@@ -107,7 +107,8 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         ts = self.clock()
         if self._ex is None:
-            return  # stray bytes on an idle connection; the next request starts clean
+            self.close()  # bytes nobody asked for: this connection is out of step
+            return
         self.answered = True
         self._buf += data
         try:
