@@ -141,6 +141,8 @@ class Forecast:
     stress_peak: Estimate | None
     blocked: str | None = None
     """Why the model says it cannot start (no room for KV, host RAM), or None."""
+    peak_floor: float | None = None
+    """A lower bound on the stress peak from a runtime OOM, used while no peak was measured."""
 
     @property
     def headroom(self) -> Estimate | None:
@@ -159,7 +161,12 @@ class Forecast:
         if self.blocked is not None:
             return 0.0
         if head is None:
-            return 0.5
+            # nothing measured: a coin toss, unless an OOM already showed it cannot hold
+            free = self.static_free
+            if free is not None and self.peak_floor is not None:
+                if free.mean < self.peak_floor + min_headroom_gib:
+                    return 0.0
+            return 0.5 * self.p_start()
         return min(head.p_at_least(min_headroom_gib), self.p_start())
 
     def describe(self) -> str:
@@ -279,13 +286,19 @@ class MemoryModel:
         return a.minus(kv).minus(o)
 
     def stress_peak(self, s: Setting, slots: int | None, chunk: int | None) -> Estimate | None:
-        est = self.peak.at(slots, chunk) if self.peak is not None else None
-        for floor_setting, free in self.peak_floors:
-            if _dominates(s, slots, chunk, floor_setting):
-                bound = Estimate(free + 0.05, max(0.05 * free, 0.05))
-                if est is None or est.mean < bound.mean:
-                    est = bound
+        """The fitted peak, raised to what an OOM showed; None while no peak was measured."""
+        if self.peak is None:
+            return None
+        est = self.peak.at(slots, chunk)
+        floor = self.peak_floor(s, slots, chunk)
+        if floor is not None and est.mean < floor + 0.05:
+            est = Estimate(floor + 0.05, max(est.sd, 0.05 * floor, 0.05))
         return est
+
+    def peak_floor(self, s: Setting, slots: int | None, chunk: int | None) -> float | None:
+        """The peak is known to exceed this: a launch needing no more memory OOMed above it."""
+        floors = [free for other, free in self.peak_floors if _dominates(s, slots, chunk, other)]
+        return max(floors, default=None)
 
     def forecast(
         self, s: Setting, *, default_slots: int | None, default_chunk: int | None
@@ -300,6 +313,7 @@ class MemoryModel:
             static_free=self.static_free(s, slots),
             stress_peak=self.stress_peak(s, slots, chunk),
             blocked=blocked,
+            peak_floor=self.peak_floor(s, slots, chunk),
         )
 
     def _blocked(self, s: Setting, tokens: Estimate | None) -> str | None:

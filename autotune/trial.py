@@ -89,6 +89,8 @@ class Load:
     p99_itl_ms: float | None = None
     min_free_gib: float | None = None
     seconds: float = 0.0
+    stress_peak_gib: float | None = None
+    """GPU memory in use at its peak under load minus what was in use when the load began."""
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,7 @@ class TrialRecord:
     host: str
     backend: str
     fatal: str = ""
+    stress_peak_gib: float | None = None
 
     def to_dict(self) -> dict[str, object]:
         d = asdict(self)
@@ -278,6 +281,7 @@ def _judge(
         p99_ttft_ms=load.p99_ttft_ms,
         p99_itl_ms=load.p99_itl_ms,
         evidence=load.evidence,
+        stress_peak_gib=load.stress_peak_gib,
     )
 
 
@@ -504,6 +508,7 @@ class _LiveRun:
             p99_itl_ms=overall.itl_ms.p99 if overall.itl_ms else None,
             min_free_gib=watch.min_free_gib,
             seconds=seconds,
+            stress_peak_gib=watch.peak_gib,
         )
         if death is not None:
             return replace(
@@ -534,6 +539,14 @@ class _FreeMemoryWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="headroom", daemon=True)
         self.min_free_gib: float | None = None
+        self._first_used: dict[int, int] = {}
+        self._max_used: dict[int, int] = {}
+
+    @property
+    def peak_gib(self) -> float | None:
+        """The transient peak: the most memory in use minus what was in use at the start."""
+        rises = [self._max_used[i] - first for i, first in self._first_used.items()]
+        return max(rises) / 2**30 if rises else None
 
     def __enter__(self) -> _FreeMemoryWatch:
         self._thread.start()
@@ -556,6 +569,9 @@ class _FreeMemoryWatch:
             return
         gpus = [g for g in snapshot if self._devices is None or g.index in self._devices]
         busy = [g for g in gpus if g.used > 0] or gpus
+        for g in busy:
+            self._first_used.setdefault(g.index, g.used)
+            self._max_used[g.index] = max(self._max_used.get(g.index, 0), g.used)
         if busy:
             free = min(g.free for g in busy) / 2**30
             self.min_free_gib = free if self.min_free_gib is None else min(self.min_free_gib, free)

@@ -273,7 +273,10 @@ class _Planner:
         safe = [x for x in better if x[2] >= g.safe_p]
         if safe:
             params, fc, p = max(safe, key=lambda x: (_fc_tokens(x[1]), -self._distance(x[0]), x[2]))
-            rule = "jump" if self._steps_above_best(params) > 1 else "step"
+            if self.best is None:
+                rule = "down"
+            else:
+                rule = "jump" if self._steps_above_best(params) > 1 else "step"
             return self._proposal(params, fc, rule, f"stable with p={p:.2f}")
         doubtful = [x for x in better if x[2] >= g.probe_p]
         if doubtful:
@@ -302,7 +305,7 @@ class _Planner:
         lo = (
             self.best.observation.setting.mem_fraction
             if self.best and self.best.observation
-            else 0.0
+            else min(fc.setting.mem_fraction for _, fc, _ in same)
         )
         fails = [
             p.observation.setting.mem_fraction

@@ -1,0 +1,131 @@
+"""One test per rule of the capacity-aware planner, on launches of the simulator's pure model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from autotune.search.planner import FRACTION, Goal, Point, plan
+from tests.search.helpers import AXES, DEEPSEEK, KIMI, QWEN, point
+
+GOAL = Goal(min_headroom_gib=0.5)
+
+
+def kimi(f: float, r: int = 48, h: int = 48) -> dict[str, float | int]:
+    return {"mem_fraction_static": f, "max_running_requests": r, "hicache_size": h}
+
+
+EDGE_FOUND = [
+    point(KIMI, kimi(f, r), i)
+    for i, (f, r) in enumerate([(0.88, 48), (0.89, 48), (0.90, 48), (0.91, 48), (0.91, 32)])
+]
+
+
+def test_start_is_conservative_without_any_launch() -> None:
+    p = plan(AXES, [], [], GOAL)
+    assert p.rule == "start"
+    assert float(p.params[FRACTION]) <= 0.82
+    assert p.params["hicache_size"] == 0
+
+
+def test_start_does_not_duplicate_what_another_worker_runs() -> None:
+    first = plan(AXES, [], [], GOAL)
+    second = plan(AXES, [], [first.params], GOAL)
+    assert second.params != first.params
+    assert second.rule == "start"
+
+
+def test_jumps_close_to_the_edge_with_a_margin() -> None:
+    base = dict(QWEN.search.baseline)
+    p = plan(AXES, [point(QWEN, base, 0)], [], GOAL)
+    assert p.rule == "jump"
+    assert float(p.params[FRACTION]) >= float(base[FRACTION]) + 0.04
+    assert p.forecast is not None
+    head = p.forecast.headroom
+    assert head is not None and head.mean - 2 * head.sd >= GOAL.min_headroom_gib
+
+
+def test_steps_when_the_edge_is_one_step_away() -> None:
+    p = plan(AXES, [point(KIMI, kimi(0.88), 0)], [], GOAL)
+    assert p.rule == "step"
+    assert p.params == kimi(0.89)
+
+
+def test_why_names_capacity_headroom_and_the_stress_peak() -> None:
+    p = plan(AXES, [point(KIMI, kimi(0.88), 0)], [], GOAL)
+    for words in ("predicted 173,", "tokens", "headroom", "stress peak", "±", "best stable so far"):
+        assert words in p.why
+
+
+def unmeasured(p: Point) -> Point:
+    """The same launch with no stress peak and no headroom recorded."""
+    assert p.observation is not None
+    obs = dataclasses.replace(p.observation, stress_peak_gib=None, headroom_gib=None)
+    return dataclasses.replace(p, observation=obs)
+
+
+def test_bisects_between_the_best_stable_and_an_oom() -> None:
+    done = [unmeasured(point(KIMI, kimi(0.86), 0)), point(KIMI, kimi(0.93), 1)]
+    assert done[1].observation is not None and done[1].observation.outcome == "runtime_oom"
+    p = plan(AXES, done, [], GOAL)
+    assert p.rule == "bisect"
+    assert p.params in (kimi(0.89), kimi(0.9))
+
+
+def test_bisects_down_after_an_oom_with_nothing_measured() -> None:
+    p = plan(AXES, [point(KIMI, kimi(0.93), 0)], [], GOAL)
+    assert p.rule == "bisect"
+    assert 0.8 <= float(p.params[FRACTION]) <= 0.86
+
+
+def test_never_proposes_more_than_what_failed() -> None:
+    done = [point(KIMI, kimi(0.88), 0), point(KIMI, kimi(0.91), 1)]
+    assert done[1].memory_failure
+    bold = Goal(min_headroom_gib=0.0, safe_p=0.5, probe_p=0.01)
+    p = plan(AXES, done, [], bold)
+    s = p.params
+    assert not (float(s[FRACTION]) >= 0.91 and int(s["max_running_requests"]) >= 48)
+
+
+def test_goes_down_to_a_safe_setting_when_the_first_one_lacked_headroom() -> None:
+    done = [point(KIMI, kimi(0.91, 32), 0)]
+    assert done[0].observation is not None and done[0].observation.outcome == "ok"
+    assert not done[0].feasible
+    p = plan(AXES, done, [], GOAL)
+    assert p.rule == "down"
+    assert p.params == kimi(0.9, 32)
+    assert p.forecast is not None and p.forecast.p_stable(0.5) > GOAL.safe_p
+
+
+def test_never_proposes_a_host_cache_that_cannot_start() -> None:
+    base = dict(DEEPSEEK.search.baseline)
+    done = [point(DEEPSEEK, base, 0)]
+    for n in range(1, 12):
+        p = plan(AXES, done, [], GOAL)
+        assert p.params["hicache_size"] in (0, 96), p.why
+        done.append(point(DEEPSEEK, p.params, n))
+
+
+def test_explores_requests_and_host_cache_once_the_edge_is_known() -> None:
+    done = EDGE_FOUND
+    p = plan(AXES, done, [], GOAL)
+    assert p.rule == "explore"
+    assert p.params[FRACTION] == 0.9
+    changed = [k for k in ("max_running_requests", "hicache_size") if p.params[k] != kimi(0.9)[k]]
+    assert len(changed) == 1
+
+
+def test_signals_done_when_what_is_left_is_below_one_step() -> None:
+    p = plan(AXES, EDGE_FOUND, [], Goal(min_headroom_gib=0.5, explore=False))
+    assert p.rule == "confirm"
+    assert p.done is not None and "smaller than one step" in p.done
+    assert p.params == kimi(0.9)
+    assert "0.91 failed" in p.done
+
+
+def test_a_running_probe_is_neither_repeated_nor_overtaken() -> None:
+    done = [point(KIMI, kimi(0.88), 0)]
+    first = plan(AXES, done, [], GOAL)
+    second = plan(AXES, done, [first.params], GOAL)
+    assert second.params != first.params
+    f1, f2 = float(first.params[FRACTION]), float(second.params[FRACTION])
+    assert f2 < f1 or int(second.params["max_running_requests"]) < 48
