@@ -233,7 +233,7 @@ class SimServer:
             lw.fmt_kv_allocated(plan.max_total_num_tokens, plan.kv_gib, plan.k_gib, plan.v_gib)
         )
         log.every_rank(lw.fmt_pool_end(plan.avail_after_pool_gib))
-        self.set_used(used_base + plan.p_gib - plan.init_mem_usage_gib - plan.avail_after_pool_gib)
+        self.set_used(plan.init_mem_usage_gib + plan.p_gib - plan.avail_after_pool_gib)
         if fail is not None and fail.stage == "workspace":
             self.crash_startup(
                 ranks, lw.SCHEDULER_INIT_FRAMES, self.oom_text(fail.tried_gib, fail.free_gib)
