@@ -162,10 +162,9 @@ class Forecast:
             return 0.0
         if head is None:
             # nothing measured: a coin toss, unless an OOM already showed it cannot hold
-            free = self.static_free
-            if free is not None and self.peak_floor is not None:
-                if free.mean < self.peak_floor + min_headroom_gib:
-                    return 0.0
+            free, floor = self.static_free, self.peak_floor
+            if free is not None and floor is not None and free.mean < floor + min_headroom_gib:
+                return 0.0
             return 0.5 * self.p_start()
         return min(head.p_at_least(min_headroom_gib), self.p_start())
 
@@ -254,6 +253,9 @@ class MemoryModel:
     host_free_gb: float | None = None
     ranks: int = 1
     observations: int = 0
+    probe_offset: Estimate = Estimate(0.0, 0.0)
+    """How much less free memory the GPU probe shows than the log at the same moment; the
+    headroom constraint is judged on the probe."""
 
     # ---- predictions -----------------------------------------------------------------------
 
@@ -276,6 +278,7 @@ class MemoryModel:
         return self.graph.at(float(min(slots, MAX_GRAPH_BATCH))) if self.graph else None
 
     def static_free(self, s: Setting, slots: int | None) -> Estimate | None:
+        """Free GPU memory once startup is done, as the GPU probe will see it."""
         n = self.tokens(s.mem_fraction)
         o = self.overhead(slots)
         a = self.avail_after_weights
@@ -283,7 +286,7 @@ class MemoryModel:
             return None
         kv_cell = self.cell_bytes * (1.0 + self.draft_ratio)
         kv = Estimate((n.mean + 1) * kv_cell / GiB, n.sd * kv_cell / GiB)
-        return a.minus(kv).minus(o)
+        return a.minus(kv).minus(o).minus(self.probe_offset)
 
     def stress_peak(self, s: Setting, slots: int | None, chunk: int | None) -> Estimate | None:
         """The fitted peak, raised to what an OOM showed; None while no peak was measured."""
@@ -437,7 +440,24 @@ def fit(observations: Iterable[Observation]) -> MemoryModel:
         host_free_gb=min((f for o in obs if (f := o.host_free_gb) is not None), default=None),
         ranks=max((o.ledger.ranks or 1 for o in obs), default=1),
         observations=len(obs),
+        probe_offset=_probe_offset(obs),
     )
+
+
+def _probe_offset(obs: Sequence[Observation]) -> Estimate:
+    """Log's static free − (probe's least free + probe's peak rise), where both were measured."""
+    rows = [
+        free - o.stress_peak_gib - o.headroom_gib
+        for o in obs
+        if o.outcome == "ok"
+        and (free := o.static_free_gib) is not None
+        and o.stress_peak_gib is not None
+        and o.headroom_gib is not None
+    ]
+    if not rows:
+        return Estimate(0.0, 0.0)
+    spread = float(np.std(rows, ddof=1)) if len(rows) >= 2 else 0.0
+    return Estimate(float(np.mean(rows)), max(spread, LOG_ROUNDING_GIB))
 
 
 def _distinct(values: Iterable[object]) -> int:

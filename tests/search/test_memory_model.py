@@ -6,6 +6,8 @@ Ledgers come from the simulator's pure model at the log's two-decimal precision 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from autotune.ledger import Ledger
@@ -123,3 +125,19 @@ def test_host_ram_limit_is_learnt_from_the_failure_message() -> None:
     assert model.host_free_gb == 500.0
     fc = model.forecast(Setting(0.88, 48, None, 96.0), default_slots=48, default_chunk=None)
     assert fc.blocked is not None and "host RAM" in fc.blocked
+
+
+def test_headroom_is_predicted_on_the_probe_scale() -> None:
+    """The constraint is judged on the GPU probe, which here sees 0.1 GiB less free than the log."""
+    _, a = launch(KIMI, 0.88)
+    _, b = launch(KIMI, 0.86, seed=2)
+    obs = []
+    for o in (a, b):
+        free = o.static_free_gib
+        assert free is not None
+        obs.append(dataclasses.replace(o, stress_peak_gib=2.5, headroom_gib=free - 2.5 - 0.1))
+    model = fit(obs)
+    assert model.probe_offset.mean == pytest.approx(0.1, abs=1e-6)
+    fc = model.forecast(Setting(0.88, 48, None, 0.0), default_slots=48, default_chunk=None)
+    assert fc.headroom is not None and a.static_free_gib is not None
+    assert fc.headroom.mean == pytest.approx(a.static_free_gib - 2.6, abs=0.03)
