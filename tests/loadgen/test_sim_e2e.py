@@ -15,14 +15,20 @@ if TYPE_CHECKING:
     from tests.loadgen.conftest import SimServer
 
 pytestmark = pytest.mark.e2e
-Start = Callable[..., "SimServer"]
+Start = Callable[..., "SimServer | None"]
+
+
+def start(sim_server: Start, *flags: str) -> SimServer:
+    sim = sim_server(*flags)
+    assert sim is not None
+    return sim
 
 
 @pytest.mark.parametrize(
     ("api", "stream"), [("generate", True), ("completions", True), ("chat", True), ("chat", False)]
 )
 def test_each_api(sim_server: Start, api: str, stream: bool) -> None:
-    sim = sim_server()
+    sim = start(sim_server)
     phases = [{"kind": "steady", "concurrency": 4, "duration_s": 30, "max_requests": 8}]
     ws = workload_from_dict(
         {"api": api, "stream": stream, "input_len": 300, "output_len": 16, "phases": phases}
@@ -42,7 +48,7 @@ def test_each_api(sim_server: Start, api: str, stream: bool) -> None:
 
 
 def test_each_phase_kind(sim_server: Start) -> None:
-    sim = sim_server("--chunked-prefill-size", "2048", "--max-running-requests", "12")
+    sim = start(sim_server, "--chunked-prefill-size", "2048", "--max-running-requests", "12")
     facts = sim.facts()
     phases = [
         {"kind": "warmup", "requests": 2},
@@ -73,25 +79,30 @@ def test_each_phase_kind(sim_server: Start) -> None:
 
 
 def test_server_that_ooms_under_stress(sim_server: Start) -> None:
-    """The default profile with too little headroom starts, then OOMs on a burst of chunks."""
-    sim = sim_server("--mem-fraction-static", "0.89", profile="kimi-k2.5-tp8-96g", tp=8)
+    """The default profile with too little headroom starts, then OOMs on a burst of chunks:
+    the highest --mem-fraction-static that still starts leaves the least headroom."""
+    for fraction in ("0.91", "0.90", "0.89", "0.88", "0.87"):
+        sim = sim_server(
+            "--mem-fraction-static", fraction, profile="kimi-k2.5-tp8-96g", tp=8, may_fail=True
+        )
+        if sim is not None:
+            break
+    assert sim is not None, "no fraction in 0.87-0.91 starts on the default profile"
     phases = [
-        {"kind": "steady", "concurrency": 2, "duration_s": 30, "max_requests": 4},
         {"kind": "stress", "rounds": 3, "output_len": 8},
         {"kind": "steady", "concurrency": 2, "duration_s": 30},
     ]
     ws = workload_from_dict({"input_len": 200, "output_len": 8, "phases": phases})
     res = run_workload(ws, Target(sim.url), sim.facts(), is_dead=sim.is_dead)
     assert "CUDA out of memory" in sim.text()
-    assert res.died is not None and res.died.phase == "stress-1"
+    assert res.died is not None and res.died.phase == "stress-0"
     assert res.died.in_flight > 0 and res.died.in_flight_input_tokens > 0
-    assert [p.ended_by for p in res.phases] == ["completed", "server_died", "skipped"]
-    assert res.phases[0].summary.completed == 4
-    assert res.phases[1].summary.completed == 0
+    assert [p.ended_by for p in res.phases] == ["server_died", "skipped"]
+    assert res.phases[0].summary.completed == 0
 
 
 def test_server_killed_mid_phase(sim_server: Start) -> None:
-    sim = sim_server()
+    sim = start(sim_server)
     killer = threading.Timer(1.0, sim.kill)
     phases = [{"kind": "poisson", "rate": 30, "duration_s": 60}]
     ws = workload_from_dict({"input_len": 100, "output_len": 2000, "phases": phases})
@@ -107,7 +118,7 @@ def test_server_killed_mid_phase(sim_server: Start) -> None:
 
 
 def test_api_key(sim_server: Start, monkeypatch: pytest.MonkeyPatch) -> None:
-    sim = sim_server("--api-key", "sim-key")
+    sim = start(sim_server, "--api-key", "sim-key")
     phases = [{"kind": "warmup", "requests": 3, "concurrency": 3}]
     ws = workload_from_dict(
         {"api": "chat", "api_key_env": "AUTOTUNE_TEST_KEY", "output_len": 4, "phases": phases}
