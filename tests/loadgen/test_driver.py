@@ -191,7 +191,7 @@ def test_unreported_death_is_bounded_by_phase_time(fake_server: Start) -> None:
     )
     s = res.overall
     assert res.died is None and res.phases[0].ended_by == "completed"
-    assert s.completed == 3 and "connection" in s.errors
+    assert 2 <= s.completed <= 3 and "connection" in s.errors
     assert s.failed < 40  # clients pause after a refused connection instead of spinning
 
 
