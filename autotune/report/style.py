@@ -1,0 +1,23 @@
+"""How each kind of trial is drawn, shared by the HTML and PNG renderers."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Look(NamedTuple):
+    name: str
+    color: str
+    plotly_symbol: str
+    mpl_marker: str
+
+
+LOOKS = {
+    "feasible": Look("feasible", "#2a9d3f", "circle", "o"),
+    "infeasible": Look("infeasible (constraint broken)", "#e69500", "diamond", "D"),
+    "oom": Look("out of memory", "#d62728", "x", "X"),
+    "failed": Look("failed (not the parameters)", "#7f7f7f", "square", "s"),
+    "running": Look("running", "#1f77b4", "circle-open", "o"),
+}
+WINNER_COLOR = "#f2b705"
+LINE_COLOR = "#4a4a4a"
