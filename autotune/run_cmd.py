@@ -159,6 +159,9 @@ def run(
 
     def run_one(trial: optuna.trial.Trial) -> Result:
         settings = settings_for(trial, cfg.search)
+        done = sampler_done(study, trial)
+        if done:
+            return Result("fail", "skipped", f"not launched: {done}", None, {}, end=done)
         port = cfg.server.port or free_port(cfg.server.host)
         argv = server_argv(
             cfg.server, settings, backend=cfg.server.backend, extra=launcher.extra_args()
@@ -207,6 +210,20 @@ def run(
     trials = study.get_trials(deepcopy=False)
     progress.message(_summary(cfg, end.why, trials))
     return 0
+
+
+def sampler_done(study: optuna.Study, trial: optuna.trial.Trial) -> str:
+    """Why the sampler, while proposing `trial`, found nothing left worth a launch ("" if not).
+
+    Samplers that can tell (the capacity-aware search) say so in a user attribute of the trial
+    they were asked for; that trial is then recorded as skipped instead of launched.
+    """
+    try:
+        from autotune.search.capacity import DONE_ATTR
+    except ImportError:
+        return ""
+    done = study._storage.get_trial(trial._trial_id).user_attrs.get(DONE_ATTR)
+    return f"search done: {done}" if done else ""
 
 
 def _tally_add(tally: Tally, t: FrozenTrial) -> None:

@@ -28,8 +28,8 @@ from autotune.errors import UsageError
 from autotune.space import grid
 
 STUDY_DB = "study.db"
-NOT_COUNTED = frozenset({"interrupted", "stale"})
-"""Outcomes of trials that were cut short by autotune itself; their points are run again."""
+NOT_COUNTED = frozenset({"interrupted", "stale", "skipped"})
+"""Outcomes of trials autotune cut short (their points run again) or never launched."""
 
 log = logging.getLogger("autotune.study")
 
@@ -350,6 +350,9 @@ class Result:
     fatal: str = ""
     """Non-empty when the run must stop after this trial: `interrupted`, or why the machine is
     no longer fit for the next launch (a server that would not go away)."""
+    end: str = ""
+    """Non-empty when the study has nothing left worth a launch (the sampler says so); the loop
+    records this trial and ends normally."""
 
 
 class Interrupted(Exception):
@@ -410,6 +413,8 @@ def run_loop(
             raise Interrupted(f"stopped by the operator during trial {trial.number}")
         if result.fatal:
             raise HarnessError(f"trial {trial.number}: {result.fatal}; stopping the study")
+        if result.end:
+            return LoopEnd(result.end, ran, counted(study.get_trials(deepcopy=False)))
         failures = failures + 1 if result.outcome in HARNESS_OUTCOMES else 0
         if failures >= MAX_CONSECUTIVE_FAILURES:
             raise HarnessError(

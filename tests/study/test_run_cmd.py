@@ -117,3 +117,25 @@ def test_status_command(
     assert "2 trials finished" in out
     assert main(["status", "--study", "nothere"]) == 2
     assert "nothere" in capsys.readouterr().err
+
+
+def test_sampler_done_ends_the_study_without_a_launch(
+    study_file: Callable[[str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import autotune.run_cmd
+
+    calls = {"n": 0}
+
+    def done(study: optuna.Study, trial: optuna.trial.Trial) -> str:
+        calls["n"] += 1
+        return "search done: nothing left" if calls["n"] == 3 else ""
+
+    monkeypatch.setattr(autotune.run_cmd, "sampler_done", done)
+    code, out, launcher = _run(study_file, tmp_path, VALID.replace("n_trials = 5", "n_trials = 9"))
+    assert code == 0 and len(launcher.plans) == 2
+    assert "finished (search done: nothing left): 2 trials" in out
+    study = optuna.load_study(
+        study_name="t", storage=default_storage_url(tmp_path / "results" / "t")
+    )
+    last = study.get_trials()[-1]
+    assert last.state == TrialState.FAIL and last.user_attrs["outcome"] == "skipped"
