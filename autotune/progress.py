@@ -8,6 +8,7 @@ per event, so nothing depends on a terminal. Formatting is pure; the clock and s
 
 from __future__ import annotations
 
+import shutil
 import statistics
 import threading
 import time
@@ -205,7 +206,8 @@ class Progress:
 
     def _redraw(self) -> None:
         if self._live and self._phase:
-            self._out.write("\r\x1b[K" + self._status())
+            width = shutil.get_terminal_size((120, 24)).columns - 1
+            self._out.write("\r\x1b[K" + self._status()[:width])
             self._drawn = True
 
     def _clear(self) -> None:
