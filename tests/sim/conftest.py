@@ -85,7 +85,7 @@ def group_alive(pgid: int) -> bool:
 
 @pytest.fixture
 def launch_sim(tmp_path: Path) -> Iterator[Launcher]:
-    """launch_sim(args, scale=2000, env=None, gpu_dir=None) -> SimProcess (killed at teardown)."""
+    """launch_sim(args, scale=, env=, gpu_dir=, port=) -> SimProcess (killed at teardown)."""
     launched: list[SimProcess] = []
 
     def launch(
@@ -93,8 +93,9 @@ def launch_sim(tmp_path: Path) -> Iterator[Launcher]:
         scale: float = 2000.0,
         env: dict[str, str] | None = None,
         gpu_dir: Path | None = None,
+        port: int | None = None,
     ) -> SimProcess:
-        port = free_port()
+        port = port or free_port()
         log_path = tmp_path / f"sim-{len(launched)}.log"
         gdir = gpu_dir or tmp_path / "gpus"
         full_env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}

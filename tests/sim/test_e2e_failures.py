@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from autotune.sim.gpustate import read_gpu_state, write_holder
-from tests.sim.conftest import KIMI, SMALL, Launcher
+from tests.sim.conftest import KIMI, READY, SMALL, Launcher
 from tests.sim.http import request, sse_events
 
 pytestmark = pytest.mark.e2e
@@ -199,3 +199,16 @@ def test_bad_flags_and_profile_exit_2() -> None:
                               timeout=30, check=False)  # fmt: skip
         assert proc.returncode == 2
         assert b"error" in proc.stderr
+
+
+def test_port_in_use_fails_like_uvicorn(launch_sim: Launcher) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        busy = launch_sim([*SMALL, "--skip-server-warmup"], port=port)
+        assert busy.wait_exit() == 1
+        assert "address already in use" in busy.log()
+        assert READY not in busy.log()

@@ -117,3 +117,32 @@ def test_runtime_oom_when_transient_exceeds_free_memory() -> None:
     safe = dataclasses.replace(s, mem_fraction_static=0.88)
     _, fatal = run(safe, [req(1, 9000, 4)], profile=fast)
     assert not fatal
+
+
+def test_host_tier_serves_an_evicted_prefix() -> None:
+    prof = fast_profile()
+    s = ServerSettings(
+        model_path="m", max_total_tokens=600, enable_hierarchical_cache=True, hicache_ratio=4.0
+    )
+    plan = plan_startup(prof, s)
+    assert plan.host_cache_tokens == 2401
+    first = req(1, 320, 2, prefix=3)
+    fillers = [req(10 + i, 320, 2) for i in range(3)]
+    again = req(2, 320, 2, prefix=3)
+    out = io.StringIO()
+    loaded: list[int] = []
+
+    async def sequence() -> None:
+        sch = Scheduler(prof, plan, seed=0, log=LogWriter(1, stream=out))
+        task = asyncio.create_task(sch.run())
+        for r in (first, *fillers, again):
+            sch.submit(r)
+            while not r.finished:
+                await asyncio.sleep(0.001)
+        loaded.append(sch.cache.loaded_back_total)
+        sch.stop()
+        task.cancel()
+
+    asyncio.run(sequence())
+    assert again.cached_tokens == 304
+    assert loaded[0] > 0  # came back from host memory, not from the GPU pool
