@@ -17,7 +17,6 @@ from autotune.study import (
     best_feasible_capacity,
     counted,
     default_storage_url,
-    feasible,
     load_existing,
     redact,
 )
@@ -75,7 +74,7 @@ def rows(trials: Sequence[FrozenTrial]) -> tuple[list[str], list[list[str]]]:
         for k in list(t.params) + list(t.user_attrs.get("record", {}).get("params", {})):
             if k not in names:
                 names.append(k)
-    head = ["#", "state", "outcome", *names, "capacity", "tok/s", "headroom", "ok", "time"]
+    head = ["#", "state", "outcome", *names, "capacity", "tok/s", "headroom", "time", "feasible"]
     body = []
     for t in trials:
         a = t.user_attrs
@@ -86,7 +85,8 @@ def rows(trials: Sequence[FrozenTrial]) -> tuple[list[str], list[list[str]]]:
         total = record.get("phases", {}).get("total")
         verdict = ""
         if t.state == TrialState.COMPLETE:
-            verdict = "yes" if feasible(t) else "NO"
+            broken = [k for k, v in t.constraints.items() if v > 0]
+            verdict = "yes" if not broken else "NO: " + ",".join(broken)
         body.append(
             [
                 str(t.number),
@@ -96,8 +96,8 @@ def rows(trials: Sequence[FrozenTrial]) -> tuple[list[str], list[list[str]]]:
                 f"{int(a['capacity_tokens']):,}" if "capacity_tokens" in a else "",
                 f"{float(a['throughput_tok_s']):,.0f}" if "throughput_tok_s" in a else "",
                 f"{headroom:.2f}" if isinstance(headroom, int | float) else "",
-                verdict,
                 duration(total) if isinstance(total, int | float) else "",
+                verdict,
             ]
         )
     return head, body
@@ -106,7 +106,10 @@ def rows(trials: Sequence[FrozenTrial]) -> tuple[list[str], list[list[str]]]:
 def render(name: str, url: str, trials: Sequence[FrozenTrial]) -> str:
     head, body = rows(trials)
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in [head, *body]]
+    lines = [
+        "  ".join([*(c.rjust(w) for c, w in zip(r[:-1], widths, strict=False)), r[-1]]).rstrip()
+        for r in [head, *body]
+    ]
     best = best_feasible_capacity(trials)
     ooms = sum(1 for t in trials if t.user_attrs.get("outcome") in ("startup_oom", "runtime_oom"))
     summary = (

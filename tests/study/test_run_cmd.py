@@ -98,6 +98,7 @@ def test_status_table(study_file: Callable[[str], Path], tmp_path: Path) -> None
     )
     assert lines[1].split()[:4] == ["#", "state", "outcome", "mem_fraction_static"]
     assert lines[2].split()[:4] == ["0", "done", "ok", "0.88"]
+    assert lines[2].endswith("yes")
     assert len(lines) == 2 + 3 + 5  # summary, header, 3 done, 5 queued grid points
     assert lines[-1].split()[1] == "queued"
 
