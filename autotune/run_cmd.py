@@ -21,9 +21,10 @@ from typing import TextIO
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.config import SAMPLERS, StudyConfig, find_study_file, load_study
-from autotune.errors import UsageError
+from autotune.errors import HarnessError, UsageError
 from autotune.progress import Progress, Tally, finished_line
 from autotune.space import server_argv, settings_for
 from autotune.study import (
@@ -198,6 +199,9 @@ def run(
             worker=worker,
             on_told=on_told,
         )
+    except SQLAlchemyError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise HarnessError(f"the study storage {redact(url)} failed: {first}") from exc
     except Interrupted as exc:
         progress.close()
         stream.write(

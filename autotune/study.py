@@ -22,6 +22,7 @@ from pathlib import Path
 import optuna
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.config import Constraints, SamplerConfig, Scalar, SearchConfig, StudyConfig
 from autotune.errors import UsageError
@@ -107,8 +108,9 @@ def open_study(cfg: StudyConfig, storage_url: str, sampler: BaseSampler) -> optu
             directions=directions,
             load_if_exists=True,
         )
-    except (ImportError, ValueError) as exc:
-        raise UsageError(f"--storage {redact(storage_url)}: {exc}") from exc
+    except (ImportError, ValueError, SQLAlchemyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"--storage {redact(storage_url)}: cannot open it ({first})") from exc
     stored = study.user_attrs.get("objectives")
     if stored is None:
         study.set_user_attr("objectives", list(cfg.objectives))

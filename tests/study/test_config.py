@@ -350,6 +350,8 @@ def test_missing_study_file_is_usage_error(
         (["--timeout", "-5"], "--timeout"),
         (["--sampler", "bayes"], "--sampler bayes"),
         (["--study", "../etc"], "--study"),
+        (["--storage", "nonsense"], "--storage nonsense: cannot open it"),
+        (["--storage", "sqlite:////nonexistent/dir/x.db"], "cannot open it"),
     ],
 )
 def test_bad_command_line_values(
