@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 Kind = Literal["bool", "int", "float", "str", "ints", "strs", "json"]
@@ -55,7 +55,8 @@ def _f(
 _HICACHE_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
 _HICACHE_STORAGE = ("file", "mooncake", "hf3fs", "nixl", "aibrix", "dynamic", "eic")
 
-# The flags the simulator models (they change sizes, scheduling, logs or HTTP behaviour).
+# The flags that shape memory, scheduling, logs or HTTP behaviour (those named like a
+# ServerSettings field are modelled; the rest of this group is recorded like NOTED).
 MODELLED: tuple[FlagSpec, ...] = (
     _f("--model-path", "str", None, aliases=("--model",)),
     _f("--tokenizer-path"),
@@ -468,7 +469,11 @@ def build_parser(version: Version = DEFAULT_VERSION) -> argparse.ArgumentParser:
     return parser
 
 
-_MODELLED_DESTS = {spec.dest for spec in MODELLED}
+_SETTINGS_FIELDS = {f.name for f in fields(ServerSettings)} - {"noted"}
+_NEW_SPELLINGS = (
+    ("cuda_graph_max_bs_decode", "cuda_graph_max_bs"),
+    ("cuda_graph_bs_decode", "cuda_graph_bs"),
+)
 _RENAMED = {
     "tensor_parallel_size": "tp_size",
     "pipeline_parallel_size": "pp_size",
@@ -490,42 +495,18 @@ def parse_command_line(
     kwargs: dict[str, object] = {}
     noted: dict[str, object] = {}
     defaults = {spec.dest: spec.default for spec in flags_for(version)}
+    # 0.5.14+ spellings fill the old fields when those are not given.
+    for new, old in _NEW_SPELLINGS:
+        if values.get(new) is not None and values.get(old) is None:
+            values[old] = values[new]
     for dest, value in values.items():
         if dest.startswith("sim_"):
             continue
-        if dest in _MODELLED_DESTS:
-            kwargs[_RENAMED.get(dest, dest)] = value
+        name = _RENAMED.get(dest, dest)
+        if name in _SETTINGS_FIELDS:
+            kwargs[name] = value
         elif value != defaults.get(dest):
             noted[dest] = value
-    # 0.5.14+ spellings map onto the old fields.
-    for new, old in (
-        ("cuda_graph_max_bs_decode", "cuda_graph_max_bs"),
-        ("cuda_graph_bs_decode", "cuda_graph_bs"),
-    ):
-        if kwargs.get(new) is not None and kwargs.get(old) is None:
-            kwargs[old] = kwargs[new]
-        kwargs.pop(new, None)
-    for dropped in (
-        "cuda_graph_max_bs_prefill",
-        "cuda_graph_bs_prefill",
-        "cuda_graph_config",
-        "tokenizer_path_unused",
-        "log_level",
-        "log_level_http",
-        "random_seed",
-        "disable_overlap_schedule",
-        "enable_piecewise_cuda_graph",
-        "disable_piecewise_cuda_graph",
-        "hicache_io_backend",
-        "hicache_mem_layout",
-        "hicache_storage_backend",
-        "hicache_storage_prefetch_policy",
-        "hicache_storage_backend_extra_config",
-    ):
-        if dropped in kwargs:
-            value = kwargs.pop(dropped)
-            if value not in (None, False, defaults.get(dropped)):
-                noted[dropped] = value
     if isinstance(kwargs.get("cuda_graph_bs"), list):
         kwargs["cuda_graph_bs"] = tuple(kwargs["cuda_graph_bs"])  # type: ignore[arg-type]
     if values.get("cuda_graph_config"):
