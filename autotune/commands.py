@@ -32,3 +32,30 @@ def _ledger(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 REGISTRARS.append(_ledger)
+
+
+def _report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from autotune.report_cmd import register
+
+    register(sub)
+
+
+def _explain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from autotune.explain import register
+
+    register(sub)
+
+
+def _export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from autotune.export import register
+
+    register(sub)
+
+
+def _confirm(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from autotune.confirm import register
+
+    register(sub)
+
+
+REGISTRARS += [_report, _explain, _export, _confirm]
