@@ -9,7 +9,7 @@ so tests can stage every ending the lifecycle must recognise without the simulat
     runtime-oom       becomes ready, then logs a torch OOM and SIGKILLs itself
     exit-after-ready  becomes ready, then exits silently (an OOM-killed scheduler)
     health-fail       /health and /health_generate answer 503 once ready
-    health-late       /health_generate answers 503 for the first second after ready
+    health-late       /health_generate answers 503 for half a second after ready
     generate          serves a one-token POST /generate once ready
     batches           logs a Decode batch line every 0.1 s once ready
     ignore-sigterm    ignores SIGTERM
@@ -65,7 +65,7 @@ def make_handler(modes: set[str]) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             ready = STATE["ready_at"] > 0
             if self.path in ("/health", "/health_generate"):
-                late = "health-late" in modes and time.monotonic() - STATE["ready_at"] < 1.0
+                late = "health-late" in modes and time.monotonic() - STATE["ready_at"] < 0.5
                 ok = ready and "health-fail" not in modes and not late
                 self._send(200 if ok else 503)
             elif self.path == "/server_info":

@@ -130,7 +130,7 @@ def test_health_failing_alone_while_batches_flow_keeps_server_alive(
     watch = server._watch
     assert watch is not None
     watch._url = f"http://127.0.0.1:{server.spec.port}/nothing-here"  # every check fails
-    deadline = time.monotonic() + 2.0
+    deadline = time.monotonic() + 1.2
     while time.monotonic() < deadline:
         assert server.check_alive() is None
         time.sleep(0.05)
@@ -154,7 +154,7 @@ def test_readiness_waits_for_health_generate(tmp_path: Path, guard: Guard) -> No
     report = server.wait_ready()
     assert report.outcome is Outcome.READY
     assert report.ready_at is not None and report.ready_line_at is not None
-    assert report.ready_at - report.ready_line_at >= 0.5
+    assert report.ready_at - report.ready_line_at >= 0.4
     assert server.stop().clean
 
 

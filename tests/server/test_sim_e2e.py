@@ -1,0 +1,272 @@
+"""End to end through the simulator: every outcome and every fault, real processes and HTTP.
+
+Each test launches `python -m autotune.sim` (Kimi-K2.5 TP8 profile, startup sped up 3000×) with
+its own GPU-state folder, so the SimProbe sees exactly what that server holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Guard
+from server_helpers import free_port, pid_alive, sleeper
+
+from autotune import pidfile
+from autotune.errors import HarnessError
+from autotune.gpu import GiB, SimProbe
+from autotune.outcome import Outcome
+from autotune.phase import Phase, PhaseLimits
+from autotune.server import LaunchSpec, Server
+
+pytestmark = pytest.mark.e2e
+
+
+def sim_spec(tmp_path: Path, *flags: str, **overrides: Any) -> LaunchSpec:
+    argv = (
+        sys.executable, "-m", "autotune.sim", "--model-path", "/models/Kimi-K2.5",
+        "--tp-size", "8", "--sim-time-scale", "30000", "--sim-gpu-dir", str(tmp_path / "gpu"),
+        *flags,
+    )  # fmt: skip
+    values: dict[str, Any] = dict(
+        argv=argv,
+        log_path=tmp_path / "server.log",
+        run_dir=tmp_path / "run",
+        port=free_port(),
+        startup_s=120.0,
+        stall_s=20.0,
+        ready_check_s=10.0,
+        health_timeout_s=5.0,
+        exit_wait_s=5.0,
+        health_interval_s=0.2,
+        unhealthy_s=2.0,
+        stop_grace_s=10.0,
+        release_s=10.0,
+    )
+    values.update(overrides)
+    return LaunchSpec(**values)
+
+
+def gpu_dir(spec: LaunchSpec) -> Path:
+    return Path(spec.argv[spec.argv.index("--sim-gpu-dir") + 1])
+
+
+def launch(guard: Guard, spec: LaunchSpec) -> Server:
+    return guard.server(Server.launch(spec, SimProbe(gpu_dir(spec))))
+
+
+def used(spec: LaunchSpec) -> int:
+    return sum(g.used for g in SimProbe(gpu_dir(spec)).snapshot())
+
+
+def generate(server: Server, tokens: int, api_key: str | None = None) -> None:
+    body = {"input_ids": list(range(1, tokens + 1)), "sampling_params": {"max_new_tokens": 4}}
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    req = urllib.request.Request(
+        f"{server.base_url}/generate", data=json.dumps(body).encode(), headers=headers
+    )
+    with contextlib.suppress(urllib.error.URLError, ConnectionError):  # it dies under the request
+        urllib.request.urlopen(req, timeout=30).read()
+
+
+def wait_death(server: Server, limit_s: float = 20.0) -> Any:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        death = server.check_alive()
+        if death is not None:
+            return death
+        time.sleep(0.05)
+    raise AssertionError("never judged dead")
+
+
+def test_ready_ledger_matches_server_info_and_teardown_releases_gpus(
+    tmp_path: Path, guard: Guard
+) -> None:
+    foreign = guard.stranger(sleeper())
+    spec = sim_spec(tmp_path, "--mem-fraction-static", "0.88")
+    server = launch(guard, spec)
+    report = server.wait_ready()
+    assert report.outcome is Outcome.READY, report.to_dict()
+    led = report.ledger
+    assert led.max_total_num_tokens is not None and led.max_total_num_tokens > 100_000
+    assert led.weights_gib == pytest.approx(72.33) and led.ranks == 8
+    assert led.graph_gib is not None and led.avail_after_graphs_gib is not None
+    assert report.server_info and report.mismatches == ()
+    assert used(spec) > 8 * 90 * GiB
+    assert server.check_alive() is None
+    down = server.stop()
+    assert down.clean, down.problems
+    assert down.outcome is Outcome.STOPPED
+    assert used(spec) == 0
+    assert pid_alive(foreign)
+
+
+@pytest.mark.parametrize(
+    ("flags", "cause"),
+    [
+        (("--mem-fraction-static", "0.5"), "no_kv_room"),
+        (("--mem-fraction-static", "0.93"), "graph_capture_failed"),
+        (("--mem-fraction-static", "0.97"), "torch_oom"),
+        (
+            (
+                "--mem-fraction-static",
+                "0.85",
+                "--enable-hierarchical-cache",
+                "--hicache-size",
+                "3000",
+            ),
+            "host_memory",
+        ),
+    ],
+    ids=["no-room-for-kv", "graph-capture-oom", "alloc-oom", "host-cache"],
+)
+def test_startup_oom(tmp_path: Path, guard: Guard, flags: tuple[str, ...], cause: str) -> None:
+    spec = sim_spec(tmp_path, *flags)
+    server = launch(guard, spec)
+    report = server.wait_ready()
+    assert (report.outcome, report.cause) == (Outcome.STARTUP_OOM, cause), report.evidence
+    assert report.evidence
+    down = server.stop()
+    assert down.clean and down.outcome is Outcome.STARTUP_OOM
+    assert used(spec) == 0
+
+
+def test_runtime_oom_under_a_large_prefill(tmp_path: Path, guard: Guard) -> None:
+    spec = sim_spec(tmp_path, "--mem-fraction-static", "0.88")
+    server = launch(guard, spec)
+    assert server.wait_ready().outcome is Outcome.READY
+    generate(server, 8000)
+    death = wait_death(server)
+    assert (death.outcome, death.cause) == (Outcome.RUNTIME_OOM, "torch_oom")
+    assert "CUDA out of memory" in death.evidence[0]
+    down = server.stop()
+    assert down.clean and down.outcome is Outcome.RUNTIME_OOM
+
+
+def test_fault_crash_mid_load_is_a_startup_error(tmp_path: Path, guard: Guard) -> None:
+    server = launch(guard, sim_spec(tmp_path, "--sim-fault", "crash-mid-load"))
+    report = server.wait_ready()
+    assert report.outcome is Outcome.STARTUP_ERROR
+    assert report.phase is Phase.WEIGHT_LOAD
+    assert any("Scheduler hit an exception" in line for line in report.evidence)
+    assert server.stop().clean
+
+
+def test_fault_hang_weight_load_is_a_hang(tmp_path: Path, guard: Guard) -> None:
+    spec = sim_spec(tmp_path, "--sim-fault", "hang-weight-load", stall_s=1.5)
+    server = launch(guard, spec)
+    report = server.wait_ready()
+    assert (report.outcome, report.cause) == (Outcome.HANG, "stall:weight_load")
+    assert server.stop().clean
+
+
+def test_fault_slow_startup_runs_into_the_phase_limit(tmp_path: Path, guard: Guard) -> None:
+    spec = sim_spec(
+        tmp_path, "--sim-fault", "slow-startup=100", phase_limits=PhaseLimits(weight_load_s=1.0)
+    )
+    server = launch(guard, spec)
+    report = server.wait_ready()
+    assert (report.outcome, report.cause) == (Outcome.TIMEOUT, "phase_timeout:weight_load")
+    assert server.stop().clean
+
+
+@pytest.mark.parametrize("fault", ["health-empty", "health-fail"])
+def test_broken_health_route_is_neither_unready_nor_dead(
+    tmp_path: Path, guard: Guard, fault: str
+) -> None:
+    server = launch(guard, sim_spec(tmp_path, "--sim-fault", fault, unhealthy_s=1.0))
+    report = server.wait_ready()
+    assert report.outcome is Outcome.READY
+    deadline = time.monotonic() + 2 * server.spec.unhealthy_s
+    while time.monotonic() < deadline:
+        assert server.check_alive() is None
+        time.sleep(0.1)
+    watch = server._watch
+    assert watch is not None and watch.state().checks >= 2
+    assert server.stop().clean
+
+
+def test_fault_ignore_sigterm_is_stopped_by_sigkill(tmp_path: Path, guard: Guard) -> None:
+    spec = sim_spec(tmp_path, "--sim-fault", "ignore-sigterm", stop_grace_s=1.0)
+    server = launch(guard, spec)
+    assert server.wait_ready().outcome is Outcome.READY
+    down = server.stop()
+    assert down.clean, down.problems
+    assert down.signals[:2] == ("SIGTERM", "SIGKILL")
+    assert used(spec) == 0
+
+
+def test_fault_hold_gpu_is_waited_out(tmp_path: Path, guard: Guard) -> None:
+    spec = sim_spec(tmp_path, "--sim-fault", "hold-gpu=1")
+    server = launch(guard, spec)
+    assert server.wait_ready().outcome is Outcome.READY
+    down = server.stop()
+    assert down.clean, down.problems
+    assert down.seconds >= 0.9
+    assert used(spec) == 0
+
+
+def test_fault_hold_gpu_past_the_limit_is_a_clear_error(tmp_path: Path, guard: Guard) -> None:
+    spec = sim_spec(tmp_path, "--sim-fault", "hold-gpu=30", stop_grace_s=0.5, release_s=1.0)
+    server = launch(guard, spec)
+    assert server.wait_ready().outcome is Outcome.READY
+    down = server.stop()
+    assert not down.clean
+    assert down.survivors == () and down.port_free
+    assert any("more in use than before the launch" in p for p in down.problems)
+    with pytest.raises(HarnessError, match="teardown incomplete"):
+        down.raise_if_unclean()
+
+
+def test_foreign_gpu_memory_refuses_or_waits(tmp_path: Path, guard: Guard) -> None:
+    from autotune.sim.gpustate import write_holder
+
+    stranger = guard.stranger(sleeper())
+    spec = sim_spec(tmp_path, foreign_wait_s=30.0)
+    write_holder(gpu_dir(spec), stranger.pid, {3: 4 * GiB}, {i: 100 * GiB for i in range(8)})
+    with pytest.raises(HarnessError, match=f"pid {stranger.pid} holds 4.00 GiB"):
+        Server.launch(spec, SimProbe(gpu_dir(spec)))
+    assert not spec.log_path.exists()
+    assert pid_alive(stranger)
+
+    # With the wait policy the launch goes ahead once the holder is gone.
+    waiting = sim_spec(tmp_path, foreign_gpu="wait", foreign_wait_s=30.0)
+    stranger.kill()
+    stranger.wait()
+    server = launch(guard, waiting)
+    assert server.wait_ready().outcome is Outcome.READY
+    assert server.stop().clean
+
+
+def test_api_key_never_written_and_a_restarted_autotune_stops_its_orphan(
+    tmp_path: Path, guard: Guard
+) -> None:
+    from autotune.teardown import stop_orphans
+
+    key = "sk-test-0123456789"
+    spec = sim_spec(tmp_path, "--api-key", key, api_key=key)
+    server = launch(guard, spec)
+    report = server.wait_ready()
+    assert report.outcome is Outcome.READY, report.evidence
+    assert report.server_info, "autotune's own checks authenticate"
+    [(path, record)] = pidfile.records(spec.run_dir)
+    assert key not in path.read_text() and "--api-key" in record.argv
+    autotune_files = [p for p in tmp_path.rglob("*") if p.is_file() and p != spec.log_path]
+    assert all(key not in p.read_text(errors="replace") for p in autotune_files)
+    with pytest.raises(HarnessError, match="still running"):
+        Server.launch(sim_spec(tmp_path), SimProbe(gpu_dir(spec)))
+    # autotune is "restarted": the handle is gone, only the pidfile is left.
+    done = stop_orphans(spec.run_dir, grace_s=10.0)
+    assert any("stopped" in line for line in done), done
+    server.process.wait(timeout=5)
+    assert used(spec) == 0
+    assert not pidfile.records(spec.run_dir)
