@@ -303,6 +303,16 @@ class MemoryModel:
         floors = [free for other, free in self.peak_floors if _dominates(s, slots, chunk, other)]
         return max(floors, default=None)
 
+    def oom_edge(self, fc: Forecast, min_headroom_gib: float) -> Estimate | None:
+        """The mem_fraction_static at which the stress headroom falls to `min_headroom_gib`, for
+        the other settings of `fc`: free memory shrinks by P·(1 + draft) GiB per unit of f."""
+        head = fc.headroom
+        if head is None or self.p_gib is None:
+            return None
+        per_unit = self.p_gib.mean * (1.0 + self.draft_ratio)
+        f = fc.setting.mem_fraction + (head.mean - min_headroom_gib) / per_unit
+        return Estimate(f, head.sd / per_unit)
+
     def forecast(
         self, s: Setting, *, default_slots: int | None, default_chunk: int | None
     ) -> Forecast:

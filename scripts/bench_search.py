@@ -13,7 +13,8 @@ recorded feasible, and holds at least 99% of it.
 
 Prints, per sampler: median and worst launches to the target (">N" when a study never got there
 within its budget), how many studies got there, median and worst crashes on the way, and the
-final capacity relative to the best.
+final capacity relative to the best. Crashes are launches that ended in an OOM or crash (at
+startup or under load); "in budget" counts them over all the study's launches.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import statistics
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import optuna
 
@@ -44,6 +45,7 @@ class Run:
     seed: int
     launches: int | None  # to the target; None if never within the budget
     crashes: int  # crashed launches up to the target (or the whole budget)
+    crashes_all: int  # crashed launches over the whole budget
     final: float  # best stable and feasible capacity at the end / the best
     clock: float | None  # trial-durations of wall time to the target (workers mode)
 
@@ -78,6 +80,7 @@ def study_run(name: str, bench: Bench, best: int, seed: int, budget: int, worker
         seed=seed,
         launches=reached,
         crashes=sum(x.crashed for x in upto),
+        crashes_all=sum(x.crashed for x in launches),
         final=max(held, default=0) / best if best else 0.0,
         clock=clock,
     )
@@ -87,7 +90,7 @@ def summarize(runs: list[Run], budget: int, workers: int) -> list[str]:
     lines = []
     head = (
         f"{'sampler':<10} {'studies':>7} {'reached':>7} {'launches med':>12} {'worst':>6} "
-        f"{'crashes med':>11} {'worst':>6} {'final med':>9} {'final min':>9}"
+        f"{'crashes med':>11} {'worst':>6} {'in budget':>9} {'final med':>9} {'final min':>9}"
     )
     if workers > 1:
         head += f" {'wall med':>8}"
@@ -105,6 +108,7 @@ def summarize(runs: list[Run], budget: int, workers: int) -> list[str]:
             f"{name:<10} {len(rs):>7} {sum(r.launches is not None for r in rs):>7} "
             f"{_launches(med, budget):>12} {_launches(worst, budget):>6} "
             f"{statistics.median(crashes):>11g} {max(crashes):>6} "
+            f"{statistics.median(r.crashes_all for r in rs):>9g} "
             f"{statistics.median(finals):>9.1%} {min(finals):>9.1%}"
         )
         if workers > 1:
@@ -144,6 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profiles", default="", help="comma-separated (default: every profile)")
     ap.add_argument("--workers", type=int, default=1, help="concurrent workers per study")
     ap.add_argument("--min-headroom", type=float, default=0.5, help="GiB under the stress peak")
+    ap.add_argument(
+        "--baseline-fraction",
+        type=float,
+        default=None,
+        help="start every study from this mem_fraction_static instead of the profile's baseline",
+    )
     args = ap.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     profiles = [p for p in args.profiles.split(",") if p] or list_profiles()
@@ -162,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     for prof_name in profiles:
         bench = bench_for(load_profile(prof_name), min_headroom_gib=args.min_headroom)
+        if args.baseline_fraction is not None:
+            baseline = {**bench.search.baseline, "mem_fraction_static": args.baseline_fraction}
+            bench = replace(bench, search=replace(bench.search, baseline=baseline))
         best = best_stable(bench)
         print(f"{prof_name}: best stable capacity {best:,} tokens", file=sys.stderr)
         for name in samplers:

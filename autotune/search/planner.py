@@ -44,6 +44,8 @@ CHUNK = "chunked_prefill_size"
 HICACHE = "hicache_size"
 MEMORY_PARAMS = (FRACTION, REQUESTS, CHUNK, HICACHE)
 MEMORY_CONSTRAINTS = frozenset({"oom", "crash", "headroom_gib"})
+EXPLORE_FLOOR = 0.9
+"""Exploring for throughput gives up at most this share of the best capacity."""
 _HOST_TOO_BIG = ("Not enough host memory", "scheduler is dead", "host memory available")
 _HOST_TOO_SMALL = "host memory should be larger than the device memory"
 
@@ -277,18 +279,18 @@ class _Planner:
                 rule = "down"
             else:
                 rule = "jump" if self._steps_above_best(params) > 1 else "step"
-            return self._proposal(params, fc, rule, f"stable with p={p:.2f}")
+            return self._proposal(params, fc, rule, f"p(stable) {p:.2f}")
         doubtful = [x for x in better if x[2] >= g.probe_p]
         if doubtful:
             params, fc, p = self._bisect(doubtful)
-            return self._proposal(params, fc, "bisect", f"uncertain, p(stable)={p:.2f}")
+            return self._proposal(params, fc, "bisect", f"uncertain, p(stable) {p:.2f}")
         if self.best is None:
             viable = [x for x in scored if x[2] > 0.0]
             if viable:
                 params, fc, p = max(
                     viable, key=lambda x: (x[2] >= g.safe_p, _fc_tokens(x[1]), x[2])
                 )
-                return self._proposal(params, fc, "down", f"nothing stable yet; p(stable)={p:.2f}")
+                return self._proposal(params, fc, "down", f"p(stable) {p:.2f}")
             return self._done("no setting left that the model expects to be stable")
         if g.explore:
             explored = self._explore(scored)
@@ -318,24 +320,34 @@ class _Planner:
         return min(same, key=lambda x: (abs(x[1].setting.mem_fraction - mid), -x[2]))
 
     def _explore(self, scored: list[tuple[dict[str, Scalar], Forecast, float]]) -> Proposal | None:
-        """One axis at a time, at the best capacity, from the fastest stable launch."""
+        """One axis at a time from the fastest stable launch near the best capacity: more
+        requests (at the highest fraction that stays safe for them), each other host-cache size
+        and prefill chunk; a combination that already held is not tried again."""
         axes = [n for n in (REQUESTS, HICACHE, CHUNK) if len(self.axes.get(n, ())) > 1]
         if not axes or self.best is None:
             return None
-        at_cap = [p for p in self.known if p.feasible and _tokens_of(p) >= 0.99 * self.cap]
-        fastest = max(at_cap, key=lambda p: p.throughput)
+        near = [p for p in self.known if p.feasible and _tokens_of(p) >= EXPLORE_FLOOR * self.cap]
+        fastest = max(near, key=lambda p: (p.throughput, _tokens_of(p)))
+        held = {self._combo(p.params) for p in self.known if p.feasible}
         for name in axes:
             options = []
             for params, fc, p in scored:
-                if p < self.goal.safe_p or _fc_tokens(fc) < 0.99 * self.cap:
+                if p < self.goal.safe_p or _fc_tokens(fc) < EXPLORE_FLOOR * self.cap:
+                    continue
+                if self._combo(params) in held:
                     continue
                 diff = [
-                    n for n in self.names if _norm(params.get(n)) != _norm(fastest.params.get(n))
+                    n
+                    for n in self.names
+                    if n != FRACTION and _norm(params.get(n)) != _norm(fastest.params.get(n))
                 ]
-                if [d for d in diff if d != FRACTION] == [name]:
+                more = name != REQUESTS or _num(params.get(name)) > _num(fastest.params.get(name))
+                if diff == [name] and more:
                     options.append((params, fc, p))
             if options:
-                params, fc, p = max(options, key=lambda x: (_fc_tokens(x[1]), _num(x[0].get(name))))
+                params, fc, p = max(
+                    options, key=lambda x: (_fc_tokens(x[1]), -_num(x[0].get(name)))
+                )
                 return self._proposal(
                     params,
                     fc,
@@ -345,20 +357,29 @@ class _Planner:
                 )
         return None
 
+    def _combo(self, params: Mapping[str, Scalar]) -> tuple[Scalar | None, ...]:
+        return tuple(_norm(params.get(n)) for n in self.names if n != FRACTION)
+
     # ---- text ----------------------------------------------------------------------------
 
     def _proposal(self, params: dict[str, Scalar], fc: Forecast, rule: str, note: str) -> Proposal:
-        where = ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(params.items()))
+        f = params.get(FRACTION)
+        rest = ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(params.items()) if k != FRACTION)
+        where = f"{FRACTION}={_fmt(f)}" + (f" ({rest})" if rest else "")
         best = (
             f"best stable so far {self.cap:,} tokens (trial {self.best.number})"
             if self.best
             else "nothing stable yet"
         )
         why = (
-            f"{rule}: {where} — {fc.describe()}; {note}; needs headroom ≥ "
-            f"{self.goal.min_headroom_gib:g} GiB; {best}"
+            f"{rule} to {where}: {fc.describe()}, {self.goal.min_headroom_gib:g} GiB required; "
+            f"{note}{self._edge_text(fc)}; {best}"
         )
         return Proposal(params, rule, why, forecast=fc, model=self.model)
+
+    def _edge_text(self, fc: Forecast) -> str:
+        edge = self.model.oom_edge(fc, self.goal.min_headroom_gib)
+        return f"; edge at {FRACTION} {edge.mean:.4f} ± {edge.sd:.4f}" if edge else ""
 
     def _done(self, summary: str) -> Proposal:
         ref = self.best or self.ref
@@ -392,6 +413,7 @@ class _Planner:
                 f"; {_fmt(fc.setting.mem_fraction)} predicted headroom {fc.headroom} GiB "
                 f"(p(stable)={p:.2f})"
             )
+            text += self._edge_text(fc)
         return text
 
     # ---- helpers -------------------------------------------------------------------------

@@ -59,7 +59,7 @@ def test_headroom_requirement_is_read_back_from_the_constraints() -> None:
     sampler = CapacityAwareSampler(seed=0)
     _study, _ = study_with(KIMI, sampler, 2)
     assert sampler.last_proposal is not None
-    assert "needs headroom ≥ 0.5 GiB" in sampler.last_proposal.why
+    assert "0.5 GiB required" in sampler.last_proposal.why
 
 
 def test_first_trial_without_a_baseline_is_conservative() -> None:
