@@ -539,7 +539,10 @@ class SimServer:
         self.log.main(
             "SIGTERM received. signum=15 frame=None. Draining requests and shutting down..."
         )
+        skip_drain = state.status == "UnHealthy" or self.env.get("SGL_FORCE_SHUTDOWN") == "1"
         state.status = "ShuttingDown"
+        if skip_drain:
+            self.die()
         asyncio.get_running_loop().create_task(self._drain())
 
     async def _drain(self) -> None:
