@@ -51,7 +51,8 @@ def handle(args: argparse.Namespace) -> int:
     for f in args.fraction or ():
         if not 0.0 < f < 1.0:
             raise UsageError(f"--fraction {f:g}: must be between 0 and 1")
-    sys.stdout.write(explain(review, review.trial(number), extra=args.fraction or ()))
+    text = explain(review, review.trial(number), extra=args.fraction or ())
+    sys.stdout.write(review.scrub(text))
     return 0
 
 

@@ -97,7 +97,7 @@ def handle(args: argparse.Namespace) -> int:
 
         for problem in check_argv(ex.argv, backend=ex.backend):
             sys.stderr.write(f"autotune: warning: {problem}\n")
-    sys.stdout.write(render(ex, args.format))
+    sys.stdout.write(review.scrub(render(ex, args.format)))
     return 0
 
 

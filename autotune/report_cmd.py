@@ -35,5 +35,5 @@ def handle(args: argparse.Namespace) -> int:
     text = explain(review, review.trial(w.trial)) if w is not None else ""
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     written = write_report(review, args.out or source.folder, explanation=text, generated_at=now)
-    sys.stdout.write(summary(review, written))
+    sys.stdout.write(review.scrub(summary(review, written)))
     return 0

@@ -126,8 +126,10 @@ def choose(
     fraction_step: float = DEFAULT_STEP,
     tolerance: float = DEFAULT_TOLERANCE,
     margin: Margin | None = None,
+    cell_bytes: float | None = None,
 ) -> Winner | None:
-    """The winner among `trials`, or None while no trial is feasible."""
+    """The winner among `trials`, or None while no trial is feasible; `cell_bytes` (bytes per
+    token fitted across the study) sharpens predictions for a point that never ran."""
     margin = margin or Margin()
     feasible = [t for t in trials if t.feasible]
     if not feasible:
@@ -138,7 +140,7 @@ def choose(
         close, key=lambda t: (t.capacity_tokens or 0, t.throughput_tok_s or 0.0, -t.number)
     )
     notes: list[str] = []
-    steps = _steps_back(chosen, margin, fraction_step, notes)
+    steps = _steps_back(chosen, margin, fraction_step, notes, cell_bytes)
     params = dict(chosen.params)
     f0 = chosen.fraction
     if f0 is not None and steps:
@@ -167,7 +169,7 @@ def choose(
             predicted=False,
             notes=tuple(notes),
         )
-    tokens, headroom = _predict(chosen, float(params[FRACTION]))
+    tokens, headroom = _predict(chosen, float(params[FRACTION]), cell_bytes)
     notes.append(f"no trial ran {FRACTION}={params[FRACTION]}; its figures are predicted")
     return Winner(
         chosen=chosen,
@@ -185,10 +187,12 @@ def choose(
     )
 
 
-def _steps_back(chosen: TrialView, margin: Margin, step: float, notes: list[str]) -> int:
+def _steps_back(
+    chosen: TrialView, margin: Margin, step: float, notes: list[str], cell: float | None
+) -> int:
     if margin.headroom_gib is None:
         return margin.steps
-    a = _arith(chosen)
+    a = _arith(chosen, cell)
     free = chosen.headroom_gib
     if a is None or free is None:
         notes.append("no ledger to size a GiB margin from; backed off one step instead")
@@ -200,21 +204,23 @@ def _steps_back(chosen: TrialView, margin: Margin, step: float, notes: list[str]
     return math.ceil(missing / per_step - 1e-9)
 
 
-def _predict(chosen: TrialView, fraction: float) -> tuple[int | None, float | None]:
-    a = _arith(chosen)
+def _predict(
+    chosen: TrialView, fraction: float, cell: float | None
+) -> tuple[int | None, float | None]:
+    a = _arith(chosen, cell)
     if a is None:
         return None, None
     at = a.at(fraction)
     return at.tokens, at.free_at_peak_gib
 
 
-def _arith(t: TrialView) -> Arithmetic | None:
+def _arith(t: TrialView, cell: float | None) -> Arithmetic | None:
     if t.fraction is None:
         return None
     peak = t.stress_peak_gib
     if peak is None and t.headroom_gib is not None and t.static_free_gib is not None:
         peak = t.static_free_gib - t.headroom_gib
-    return arithmetic(t.ledger, t.fraction, stress_peak_gib=peak)
+    return arithmetic(t.ledger, t.fraction, stress_peak_gib=peak, cell_bytes=cell)
 
 
 def _same_params(trials: Sequence[TrialView], params: Mapping[str, Scalar]) -> TrialView | None:

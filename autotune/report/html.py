@@ -80,7 +80,7 @@ def fig_pareto(d: ParetoData) -> go.Figure:
         )
     if d.winner is not None and d.winner in by:
         w = by[d.winner]
-        label = "exported" + ("" if d.confirmed else " (UNCONFIRMED)")
+        label = d.winner_label
         fig.add_trace(
             go.Scatter(
                 x=[w.x],

@@ -47,6 +47,7 @@ def figures(review: Review) -> Figures:
             winner=exported,
             chosen=w.chosen.number if w is not None else None,
             confirmed=review.confirmed,
+            predicted=w is not None and w.predicted,
         ),
         feasibility=pd.feasibility(trials),
         capacity=pd.capacity(trials),
@@ -142,7 +143,7 @@ def render_page(
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>autotune: {e(review.name)}</title><style>{_CSS}</style>"
-        f"<script>{h.plotly_js()}</script></head>\n<body>\n{body}\n</body></html>\n"
+        f"<script>{h.plotly_js()}</script></head>\n<body>\n{review.scrub(body)}\n</body></html>\n"
     )
 
 

@@ -33,6 +33,7 @@ class ParetoData(NamedTuple):
     winner: int | None
     chosen: int | None
     confirmed: bool | None
+    winner_label: str = "exported"
 
 
 class FeasibilityData(NamedTuple):
@@ -125,6 +126,7 @@ def pareto(
     winner: int | None = None,
     chosen: int | None = None,
     confirmed: bool | None = None,
+    predicted: bool = False,
 ) -> ParetoData:
     points = tuple(
         Point(t.number, float(t.capacity_tokens or 0), float(t.throughput_tok_s or 0.0), t.kind,
@@ -139,7 +141,10 @@ def pareto(
         if not any((q.x >= p.x and q.y >= p.y) and (q.x > p.x or q.y > p.y) for q in feasible)
     ]
     front.sort(key=lambda p: p.x)
-    return ParetoData(points, tuple(p.number for p in front), winner, chosen, confirmed)
+    label = "chosen; exported backed off (predicted)" if predicted else "exported"
+    if not confirmed:
+        label += " (UNCONFIRMED)" if confirmed is None else " (FAILED confirmation)"
+    return ParetoData(points, tuple(p.number for p in front), winner, chosen, confirmed, label)
 
 
 def feasibility(trials: Sequence[TrialView]) -> FeasibilityData:

@@ -78,7 +78,7 @@ def pareto_png(d: ParetoData, path: Path) -> Path:
                 label="Pareto front (feasible)")  # fmt: skip
     if d.winner is not None and d.winner in by:
         w = by[d.winner]
-        label = "exported" + ("" if d.confirmed else " (UNCONFIRMED)")
+        label = d.winner_label
         ax.scatter([w.x], [w.y], marker="*", s=380, color=WINNER_COLOR, edgecolors="black",
                    zorder=4, label=label)  # fmt: skip
     for p in d.points:

@@ -19,6 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config import FloatRange, StudyConfig
 from autotune.errors import UsageError
 from autotune.report.plotdata import study_cell_bytes
+from autotune.report.redact import scrub
 from autotune.report.trials import FRACTION, TrialView, views
 from autotune.winner import (
     DEFAULT_STEP,
@@ -97,6 +98,11 @@ class Review:
     cell_bytes: float | None
     running: int
     queued: int
+    secrets: tuple[str, ...] = ()
+    """Literal secrets (the API key the workload reads) to mask in every output."""
+
+    def scrub(self, text: str) -> str:
+        return scrub(text, self.secrets)
 
     @property
     def confirmed(self) -> bool | None:
@@ -184,17 +190,21 @@ def build_review(
     """Read the trials and choose the winner (pure)."""
     seen = views(trials)
     step = fraction_step(cfg)
+    cell = study_cell_bytes(seen)
     return Review(
         name=name,
         storage=storage,
         trials=tuple(seen),
-        winner=choose(seen, fraction_step=step, tolerance=tolerance, margin=margin),
+        winner=choose(
+            seen, fraction_step=step, tolerance=tolerance, margin=margin, cell_bytes=cell
+        ),
         confirmation=Confirmation.from_attr(study_attrs.get(CONFIRMATION)),
         fraction_step=step,
         min_headroom_gib=_min_headroom(cfg, trials),
-        cell_bytes=study_cell_bytes(seen),
+        cell_bytes=cell,
         running=sum(1 for t in trials if t.state == TrialState.RUNNING),
         queued=sum(1 for t in trials if t.state == TrialState.WAITING),
+        secrets=secrets_of(cfg),
     )
 
 
@@ -216,6 +226,15 @@ def review_of(source: Source, args: argparse.Namespace) -> Review:
         tolerance=parse_tolerance(str(getattr(args, "tolerance", DEFAULT_TOLERANCE))),
         margin=parse_margin(str(getattr(args, "margin", "1step"))),
     )
+
+
+def secrets_of(cfg: StudyConfig | None) -> tuple[str, ...]:
+    """The API key the study's workload reads from the environment, when it is set here."""
+    import os
+
+    name = getattr(cfg.workload, "api_key_env", None) if cfg is not None else None
+    value = os.environ.get(str(name)) if name else None
+    return (value,) if value else ()
 
 
 def fraction_step(cfg: StudyConfig | None) -> float:

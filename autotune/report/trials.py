@@ -19,6 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Scalar
 from autotune.ledger import Ledger
+from autotune.report.redact import scrub, scrub_argv
 
 FRACTION = "mem_fraction_static"
 REQUESTS = "max_running_requests"
@@ -143,14 +144,14 @@ def view(t: FrozenTrial) -> TrialView:
         p99_ttft_ms=_num(rec.get("p99_ttft_ms")),
         p99_itl_ms=_num(rec.get("p99_itl_ms")),
         median_tpot_ms=_num(_mapping(overall.get("tpot_ms")).get("p50")),
-        reason=str(a.get("reason", rec.get("reason", "")) or ""),
+        reason=scrub(str(a.get("reason", rec.get("reason", "")) or "")),
         log_path=str(log_path) if isinstance(log_path, str) and log_path else None,
-        argv=tuple(str(x) for x in rec.get("argv", ()) or ()),
+        argv=scrub_argv(str(x) for x in rec.get("argv", ()) or ()),
         sglang_version=str(version) if version else None,
         host=str(host) if host else None,
         seconds=_num(phases.get("total")),
         started=t.datetime_start,
-        evidence=tuple(str(e) for e in rec.get("evidence", ()) or ()),
+        evidence=tuple(scrub(str(e)) for e in rec.get("evidence", ()) or ()),
     )
 
 

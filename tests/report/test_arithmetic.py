@@ -1,0 +1,59 @@
+"""SGLang's pool arithmetic with the operator's figures (DESIGN §1, reference §1)."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.ledger import Ledger
+from autotune.report.arithmetic import arithmetic, cell_from_fit
+from tests.report.fakes import CELL, P, ledger, tokens
+
+
+def test_operators_088() -> None:
+    a = arithmetic(Ledger.from_dict(ledger(0.88)), 0.88, stress_peak_gib=2.5, cell_bytes=CELL)
+    assert a is not None
+    assert f"{a.kv_budget_gib:.2f}" == "10.42"
+    assert a.tokens_from_formula == 159_276  # the operator's log: 159,277 (P, A unrounded)
+    assert f"{a.reserve_gib:.2f}" == "11.29"
+    h = a.headroom
+    assert h is not None
+    total = h.request_table + h.draft + h.graphs + h.other + h.free
+    assert total == pytest.approx(h.reserve, abs=0.02)
+    assert a.free_at_peak_gib == pytest.approx(h.free - 2.5)
+
+
+def test_another_fraction_moves_p_times_delta() -> None:
+    a = arithmetic(Ledger.from_dict(ledger(0.88)), 0.88, stress_peak_gib=2.5, cell_bytes=CELL)
+    assert a is not None
+    at = a.at(0.90)
+    assert at.tokens == tokens(0.90)
+    now = a.at(0.88)
+    assert now.static_free_gib is not None and at.static_free_gib is not None
+    moved = now.static_free_gib - at.static_free_gib
+    assert moved == pytest.approx(0.02 * P * (1 + a.draft_ratio), rel=0.01)
+
+
+def test_highest_fraction_keeps_the_required_headroom() -> None:
+    a = arithmetic(Ledger.from_dict(ledger(0.88)), 0.88, stress_peak_gib=2.5, cell_bytes=CELL)
+    assert a is not None
+    top = a.highest_fraction(0.5, 0.01)
+    assert top is not None
+    at_top, above = a.at(top), a.at(round(top + 0.01, 2))
+    assert at_top.free_at_peak_gib is not None and at_top.free_at_peak_gib >= 0.5
+    assert above.free_at_peak_gib is not None and above.free_at_peak_gib < 0.5
+
+
+def test_cell_fitted_across_fractions_snaps_to_the_real_cell() -> None:
+    pts = [(f, tokens(f), P) for f in (0.86, 0.88, 0.90)]
+    assert cell_from_fit(pts) == CELL
+    assert cell_from_fit(pts[:1]) is None
+
+
+def test_no_arithmetic_without_p() -> None:
+    assert arithmetic(Ledger(), 0.88) is None
+
+
+def test_cell_from_the_kv_line_when_not_fitted() -> None:
+    a = arithmetic(Ledger.from_dict(ledger(0.88)), 0.88)
+    assert a is not None and not a.cell_exact
+    assert a.cell_bytes == pytest.approx(CELL, rel=1e-3)

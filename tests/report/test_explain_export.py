@@ -1,0 +1,129 @@
+"""explain's words and export's formats, from recorded trials."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from autotune.config import StudyConfig
+from autotune.errors import UsageError
+from autotune.explain import explain
+from autotune.export import build_export, render, round_trip
+from autotune.report.review import Review, build_review
+from tests.report.fakes import trial, walk
+
+KEY = "sk-very-secret-0123"
+
+
+def _review(cfg: StudyConfig | None, **attrs: object) -> Review:
+    return build_review("t", "sqlite:///x.db", walk(), cfg=cfg, study_attrs=attrs)
+
+
+def test_explain_puts_the_operators_arithmetic_in_words(cfg: StudyConfig) -> None:
+    review = _review(cfg)
+    text = explain(review, review.trial(0))
+    assert "KV pool = A − P × (1 − f) = 21.71 − 94.05 × (1 − 0.88) = 10.42 GiB → 159,276 " \
+        "tokens at 70,272 B/token" in text  # fmt: skip
+    assert "Headroom P × (1 − f) = 11.29 GiB = request table 0.04 + draft 0.84" in text
+    assert "CUDA graphs 3.70" in text
+    assert "Stress peak 2.50 GiB measured under the stress phase" in text
+    assert "(required ≥ 0.50)" in text
+    assert "does not size the KV pool" in text
+    # other fractions, with the trials that ran them, and the limit
+    assert "#5 ok" in text and "0.91 (trial 5), was infeasible: broke headroom_gib" in text
+    assert "highest mem_fraction_static that does is 0.9" in text
+
+
+def test_explain_names_the_exported_setting_and_its_confirmation(cfg: StudyConfig) -> None:
+    review = _review(cfg)
+    assert review.winner is not None and review.winner.trial == 4
+    text = explain(review, review.trial(4))
+    assert "this is the exported setting, UNCONFIRMED" in text
+    assert "#6 runtime_oom" in text and "predicted: OOM under stress" not in text
+
+
+def test_explain_a_startup_oom(cfg: StudyConfig) -> None:
+    review = _review(cfg)
+    text = explain(review, review.trial(7))
+    assert "out of memory" in text and "did not get far enough" in text
+
+
+def test_unknown_trial_is_a_usage_error(cfg: StudyConfig) -> None:
+    with pytest.raises(UsageError, match="--trial 99: study t has no such trial"):
+        _review(cfg).trial(99)
+
+
+def test_export_round_trips_and_uses_the_space_function(cfg: StudyConfig) -> None:
+    ex = build_export(_review(cfg), cfg)
+    assert ex.trial == 4 and ex.params["mem_fraction_static"] == 0.89
+    assert ex.argv[:3] == ("python3", "-m", "sglang.launch_server")
+    assert round_trip(ex.argv, cfg) == {"mem_fraction_static": 0.89, "max_running_requests": 48}
+    assert ex.argv[-4:] == ("--host", "127.0.0.1", "--port", "30000")
+    shell = render(ex, "shell")
+    words = shlex.split(shell.split("exec ", 1)[1].replace("\\\n", " "))
+    assert words[: len(ex.argv)] == list(ex.argv)
+
+
+def test_export_formats(cfg: StudyConfig) -> None:
+    ex = build_export(_review(cfg), cfg)
+    flags = render(ex, "flags")
+    assert flags.startswith("--model-path '/models/Kimi K2.5' --tp 8")
+    assert "--mem-fraction-static 0.89 --max-running-requests 48" in flags
+    data = json.loads(render(ex, "json"))
+    for key in ("study", "trial", "params", "argv", "capacity_tokens", "throughput_tok_s",
+                "headroom_gib", "margin", "confirmed", "sglang_version"):  # fmt: skip
+        assert key in data
+    assert data["confirmed"] is None and data["margin"] == {"steps": 1, "headroom_gib": None}
+    assert data["sglang_version"] == "0.5.9"
+    unit = render(ex, "systemd")
+    lines = unit.splitlines()
+    assert "[Service]" in lines and "ExecStart=" in lines
+    start = next(x for x in lines if x.startswith("ExecStart=python3"))
+    assert '"/models/Kimi K2.5"' in start
+    assert "Environment=SGLANG_ENABLE_SPEC_V2=1" in lines
+    assert "UNCONFIRMED" in unit and "UNCONFIRMED" in render(ex, "shell")
+    with pytest.raises(UsageError, match="--format xml"):
+        render(ex, "xml")
+
+
+def test_export_refers_to_the_api_key_variable_never_its_value(
+    cfg: StudyConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AUTOTUNE_TEST_KEY", KEY)
+    review = _review(cfg)
+    ex = build_export(review, cfg)
+    for fmt in ("flags", "shell", "json", "systemd"):
+        out = review.scrub(render(ex, fmt))
+        assert KEY not in out
+        assert "AUTOTUNE_TEST_KEY" in out
+    assert '--api-key "${AUTOTUNE_TEST_KEY}"' in render(ex, "shell")
+
+
+def test_export_a_trial_as_it_ran(cfg: StudyConfig) -> None:
+    ex = build_export(_review(cfg), cfg, trial=6)
+    assert ex.params["mem_fraction_static"] == 0.92 and ex.confirmed is None
+    assert ex.notes == ("trial 6 was oom",)
+    assert ex.margin == {"steps": 0, "headroom_gib": None}
+
+
+def test_export_without_a_feasible_trial(cfg: StudyConfig) -> None:
+    review = build_review("t", "x", [trial(0, 0.94, outcome="startup_oom")], cfg=cfg,
+                          study_attrs={})  # fmt: skip
+    with pytest.raises(UsageError, match="no feasible trial"):
+        build_export(review, cfg)
+
+
+def test_a_passed_confirmation_labels_the_winner_confirmed(cfg: StudyConfig) -> None:
+    params = {"mem_fraction_static": 0.89, "max_running_requests": 48}
+    ok = {"params": params, "passed": True, "outcome": "ok", "at": "today"}
+    review = _review(cfg, confirmation=ok)
+    assert review.confirmed is True
+    ex = build_export(review, cfg)
+    assert ex.confirmed is True and "CONFIRMED" in render(ex, "shell")
+    other = {**ok, "params": {**params, "mem_fraction_static": 0.88}}
+    assert _review(cfg, confirmation=other).confirmed is None
+    failed = {**ok, "passed": False, "reason": "runtime_oom"}
+    assert _review(cfg, confirmation=failed).confirmed is False
+    assert "FAILED" in _review(cfg, confirmation=failed).confirmed_label()

@@ -1,0 +1,95 @@
+"""The winner rule: capacity within a throughput tolerance, then a safety margin."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.errors import UsageError
+from autotune.report.trials import views
+from autotune.winner import Margin, choose, parse_margin, parse_tolerance
+from tests.report.fakes import P, trial, walk
+
+
+def test_highest_capacity_backed_off_one_step_to_a_trial_that_ran() -> None:
+    w = choose(views(walk()), fraction_step=0.01)
+    assert w is not None
+    assert w.chosen.number == 1  # 0.90: the most capacity among feasible trials
+    assert w.params["mem_fraction_static"] == 0.89
+    assert w.source is not None and w.source.number == 4 and w.trial == 4
+    assert not w.predicted
+    assert w.capacity_tokens == w.source.capacity_tokens
+    assert w.steps_back == 1
+
+
+def test_no_margin_exports_the_chosen_trial() -> None:
+    w = choose(views(walk()), margin=Margin(steps=0))
+    assert w is not None and w.trial == 1 and w.params["mem_fraction_static"] == 0.90
+
+
+def test_throughput_tolerance_excludes_a_slower_bigger_pool() -> None:
+    trials = [trial(0, 0.88, throughput=150.0), trial(1, 0.90, throughput=130.0)]
+    strict = choose(views(trials), tolerance=0.05, margin=Margin(steps=0))
+    loose = choose(views(trials), tolerance=0.15, margin=Margin(steps=0))
+    assert strict is not None and strict.chosen.number == 0
+    assert loose is not None and loose.chosen.number == 1
+
+
+def test_backed_off_point_that_never_ran_is_predicted_with_sglang_arithmetic() -> None:
+    w = choose(views([trial(0, 0.90, peak=2.5)]), fraction_step=0.02)
+    assert w is not None and w.predicted and w.source is None
+    assert w.params["mem_fraction_static"] == 0.88
+    # two steps of 0.01·P: the pool shrinks by 0.02·94.05 GiB and the free memory grows as much
+    assert w.capacity_tokens is not None
+    assert w.capacity_tokens == pytest.approx(int((21.71 - P * 0.12) * 2**30) // 70272, rel=1e-3)
+    chosen_free = w.chosen.headroom_gib
+    assert chosen_free is not None and w.headroom_gib is not None
+    assert w.headroom_gib == pytest.approx(chosen_free + 0.02 * P, abs=0.05)
+    assert any("predicted" in n for n in w.notes)
+
+
+def test_headroom_margin_takes_enough_steps() -> None:
+    w = choose(views(walk()), fraction_step=0.01, margin=Margin(steps=0, headroom_gib=3.0))
+    assert w is not None
+    # 0.90 leaves 1.12 GiB at the peak; each step adds 0.94 GiB (+ the draft's share): 2 steps
+    assert w.steps_back == 2 and w.params["mem_fraction_static"] == 0.88
+    assert w.headroom_gib is not None and w.headroom_gib >= 3.0
+
+
+def test_headroom_margin_already_met_takes_no_step() -> None:
+    w = choose(views(walk()), margin=Margin(steps=0, headroom_gib=1.0))
+    assert w is not None and w.steps_back == 0 and w.trial == 1
+
+
+def test_no_feasible_trial_no_winner() -> None:
+    assert choose(views([trial(0, 0.94, outcome="startup_oom")])) is None
+    assert choose([]) is None
+
+
+def test_an_infeasible_backed_off_point_is_noted() -> None:
+    trials = [trial(0, 0.90), trial(1, 0.89, outcome="runtime_oom")]
+    w = choose(views(trials))
+    assert w is not None and w.source is not None and w.source.number == 1
+    assert any("larger margin" in n for n in w.notes)
+
+
+@pytest.mark.parametrize(
+    ("text", "margin"),
+    [("1step", Margin(1)), ("2 steps", Margin(2)), ("0", Margin(0)),
+     ("1.5GiB", Margin(0, 1.5)), ("2gb", Margin(0, 2.0))],
+)  # fmt: skip
+def test_parse_margin(text: str, margin: Margin) -> None:
+    assert parse_margin(text) == margin
+
+
+@pytest.mark.parametrize("text", ["one", "1.5steps", "-1", "2TB"])
+def test_parse_margin_rejects(text: str) -> None:
+    with pytest.raises(UsageError, match="--margin"):
+        parse_margin(text)
+
+
+def test_parse_tolerance() -> None:
+    assert parse_tolerance("0.1") == 0.1
+    assert parse_tolerance("5%") == 0.05
+    for bad in ("x", "1.5", "-0.1"):
+        with pytest.raises(UsageError, match="--tolerance"):
+            parse_tolerance(bad)
