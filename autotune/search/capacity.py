@@ -11,7 +11,6 @@ peak 2.40 ± 0.20 GiB, ...") and, once what is left to learn is smaller than one
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,7 +19,7 @@ from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial
 
-from autotune.search.planner import Goal, Proposal, Scalar, plan
+from autotune.search.planner import Goal, Proposal, plan
 from autotune.search.records import (
     candidate_values,
     learnt_space,
@@ -59,7 +58,6 @@ class CapacityAwareSampler(BaseSampler):
         from autotune.memory_model import phi
 
         self._fallback = RandomSampler(seed=seed)
-        self._rng = random.Random(seed)
         self._min_headroom = min_headroom_gib
         self._safe_p = phi(margin_sd)
         self._probe_p = probe_p
@@ -156,7 +154,3 @@ def search_done(trials: Sequence[FrozenTrial]) -> str | None:
             done = t.user_attrs.get(DONE_ATTR)
             return str(done) if done else None
     return None
-
-
-def _values(values: Sequence[Scalar]) -> list[Scalar]:
-    return list(values)

@@ -126,7 +126,9 @@ def server_settings(bench: Bench, params: Mapping[str, Scalar]) -> ServerSetting
     p = bench.profile
     h = float(params.get("hicache_size", 0) or 0)
     r = params.get("max_running_requests")
+    c = params.get("chunked_prefill_size")
     return ServerSettings(
+        chunked_prefill_size=int(c) if isinstance(c, int | float) else None,
         tp_size=p.hardware.gpu_count,
         mem_fraction_static=float(params["mem_fraction_static"]),
         max_running_requests=int(r) if isinstance(r, int | float) else None,

@@ -27,52 +27,27 @@ import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from autotune.memory_model import (
-    RUNTIME_FAILURES,
-    STARTUP_FAILURES,
-    Forecast,
-    MemoryModel,
-    Observation,
-    Setting,
-    fit,
+from autotune.memory_model import Forecast, MemoryModel, Setting, fit
+from autotune.search.points import (
+    CHUNK,
+    FRACTION,
+    HICACHE,
+    MEMORY_PARAMS,
+    REQUESTS,
+    Point,
+    Scalar,
+    fmt,
+    host_failure,
+    key,
+    needs_more,
+    norm,
+    num,
+    setting_of,
+    tokens_of,
 )
 
-Scalar = bool | int | float | str
-FRACTION = "mem_fraction_static"
-REQUESTS = "max_running_requests"
-CHUNK = "chunked_prefill_size"
-HICACHE = "hicache_size"
-MEMORY_PARAMS = (FRACTION, REQUESTS, CHUNK, HICACHE)
-MEMORY_CONSTRAINTS = frozenset({"oom", "crash", "headroom_gib"})
 EXPLORE_FLOOR = 0.9
 """Exploring for throughput gives up at most this share of the best capacity."""
-_HOST_TOO_BIG = ("Not enough host memory", "scheduler is dead", "host memory available")
-_HOST_TOO_SMALL = "host memory should be larger than the device memory"
-
-
-@dataclass(frozen=True)
-class Point:
-    """One launch as the planner sees it: finished (with an observation) or pending."""
-
-    number: int
-    params: Mapping[str, Scalar]
-    observation: Observation | None = None
-    throughput: float = 0.0
-    violated: frozenset[str] = frozenset()
-    """Names of the constraints it broke."""
-
-    @property
-    def feasible(self) -> bool:
-        return self.observation is not None and self.observation.feasible
-
-    @property
-    def memory_failure(self) -> bool:
-        o = self.observation
-        if o is None or o.feasible:
-            return False
-        if o.outcome in STARTUP_FAILURES | RUNTIME_FAILURES:
-            return True
-        return bool(self.violated & MEMORY_CONSTRAINTS)
 
 
 @dataclass(frozen=True)
@@ -96,33 +71,6 @@ class Proposal:
     done: str | None = None
     forecast: Forecast | None = None
     model: MemoryModel | None = field(default=None, compare=False)
-
-
-def setting_of(params: Mapping[str, Scalar]) -> Setting | None:
-    f = params.get(FRACTION)
-    if not isinstance(f, int | float) or isinstance(f, bool):
-        return None
-    r = params.get(REQUESTS)
-    c = params.get(CHUNK)
-    h = params.get(HICACHE, 0)
-    return Setting(
-        mem_fraction=float(f),
-        max_running_requests=int(r)
-        if isinstance(r, int | float) and not isinstance(r, bool)
-        else None,
-        chunked_prefill_size=int(c)
-        if isinstance(c, int | float) and not isinstance(c, bool)
-        else None,
-        hicache_gb=float(h) if isinstance(h, int | float) and not isinstance(h, bool) else 0.0,
-    )
-
-
-def _key(params: Mapping[str, Scalar], names: Sequence[str]) -> tuple[Scalar | None, ...]:
-    return tuple(_norm(params.get(n)) for n in names)
-
-
-def _norm(v: Scalar | None) -> Scalar | None:
-    return round(float(v), 9) if isinstance(v, float) else v
 
 
 def plan(
@@ -154,7 +102,7 @@ def _without_model(
         source = known[-1].params if known else pending[0]
         base.update({k: v for k, v in source.items() if k in axes and k != FRACTION})
     fractions = sorted(float(v) for v in axes.get(FRACTION, ()))
-    taken = {_key(p.params, names) for p in known} | {_key(p, names) for p in pending}
+    taken = {key(p.params, names) for p in known} | {key(p, names) for p in pending}
     failed = [float(p.params[FRACTION]) for p in known if FRACTION in p.params]
     if fractions and failed:
         below = [f for f in fractions if f < min(failed)]
@@ -167,7 +115,7 @@ def _without_model(
         return Proposal(
             params,
             "down",
-            f"{FRACTION} {_fmt(min(failed))} did not start; halfway down to {_fmt(pick)}",
+            f"{FRACTION} {fmt(min(failed))} did not start; halfway down to {fmt(pick)}",
         )
     params = dict(base)
     start = params.get(FRACTION)
@@ -175,7 +123,7 @@ def _without_model(
         # nearest to the conservative start first, lower before higher
         for f in sorted(fractions, key=lambda f: (abs(f - float(start)), f)):
             params[FRACTION] = f
-            if _key(params, names) not in taken:
+            if key(params, names) not in taken:
                 break
     return Proposal(params, "start", "no launch recorded yet: a conservative first setting")
 
@@ -209,15 +157,15 @@ class _Planner:
         self.goal = goal
         self.model = fit(p.observation for p in known if p.observation is not None)
         stable = [p for p in known if p.feasible and p.observation and p.observation.tokens]
-        self.best = max(stable, key=_tokens_of, default=None)
+        self.best = max(stable, key=tokens_of, default=None)
         started = [p for p in known if p.observation and p.observation.started]
         self.ref = self.best or (started[-1] if started else known[-1])
         ref_obs = self.ref.observation
         assert ref_obs is not None
         self.default_slots = ref_obs.slots
         self.default_chunk = ref_obs.chunk
-        self.cap = _tokens_of(self.best) if self.best else 0
-        self.taken = {_key(p.params, names) for p in known} | {_key(p, names) for p in pending}
+        self.cap = tokens_of(self.best) if self.best else 0
+        self.taken = {key(p.params, names) for p in known} | {key(p, names) for p in pending}
 
     # ---- candidates ----------------------------------------------------------------------
 
@@ -232,7 +180,7 @@ class _Planner:
                 **dict(zip(mem, combo, strict=True)),
             }
             params = {k: v for k, v in params.items() if k in self.axes}
-            if _key(params, self.names) in self.taken:
+            if key(params, self.names) in self.taken:
                 continue
             s = setting_of({**self.ref.params, **params})
             if s is None or self._ruled_out(s):
@@ -251,14 +199,14 @@ class _Planner:
                 continue
             o = p.observation
             assert o is not None
-            if _needs_more(s, o.setting, o, host=_host_failure(o)):
+            if needs_more(s, o.setting, host=host_failure(o)):
                 return True
         for params in self.pending:
             other = setting_of(params)
             if (
                 other is not None
                 and _tokens_rank(other) > _tokens_rank_cap(self)
-                and _needs_more(s, other, None, host=None)
+                and needs_more(s, other)
             ):
                 return True
         return False
@@ -326,8 +274,8 @@ class _Planner:
         axes = [n for n in (REQUESTS, HICACHE, CHUNK) if len(self.axes.get(n, ())) > 1]
         if not axes or self.best is None:
             return None
-        near = [p for p in self.known if p.feasible and _tokens_of(p) >= EXPLORE_FLOOR * self.cap]
-        fastest = max(near, key=lambda p: (p.throughput, _tokens_of(p)))
+        near = [p for p in self.known if p.feasible and tokens_of(p) >= EXPLORE_FLOOR * self.cap]
+        fastest = max(near, key=lambda p: (p.throughput, tokens_of(p)))
         held = {self._combo(p.params) for p in self.known if p.feasible}
         for name in axes:
             options = []
@@ -339,15 +287,13 @@ class _Planner:
                 diff = [
                     n
                     for n in self.names
-                    if n != FRACTION and _norm(params.get(n)) != _norm(fastest.params.get(n))
+                    if n != FRACTION and norm(params.get(n)) != norm(fastest.params.get(n))
                 ]
-                more = name != REQUESTS or _num(params.get(name)) > _num(fastest.params.get(name))
+                more = name != REQUESTS or num(params.get(name)) > num(fastest.params.get(name))
                 if diff == [name] and more:
                     options.append((params, fc, p))
             if options:
-                params, fc, p = max(
-                    options, key=lambda x: (_fc_tokens(x[1]), -_num(x[0].get(name)))
-                )
+                params, fc, p = max(options, key=lambda x: (_fc_tokens(x[1]), -num(x[0].get(name))))
                 return self._proposal(
                     params,
                     fc,
@@ -358,14 +304,14 @@ class _Planner:
         return None
 
     def _combo(self, params: Mapping[str, Scalar]) -> tuple[Scalar | None, ...]:
-        return tuple(_norm(params.get(n)) for n in self.names if n != FRACTION)
+        return tuple(norm(params.get(n)) for n in self.names if n != FRACTION)
 
     # ---- text ----------------------------------------------------------------------------
 
     def _proposal(self, params: dict[str, Scalar], fc: Forecast, rule: str, note: str) -> Proposal:
         f = params.get(FRACTION)
-        rest = ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(params.items()) if k != FRACTION)
-        where = f"{FRACTION}={_fmt(f)}" + (f" ({rest})" if rest else "")
+        rest = ", ".join(f"{k}={fmt(v)}" for k, v in sorted(params.items()) if k != FRACTION)
+        where = f"{FRACTION}={fmt(f)}" + (f" ({rest})" if rest else "")
         best = (
             f"best stable so far {self.cap:,} tokens (trial {self.best.number})"
             if self.best
@@ -392,7 +338,7 @@ class _Planner:
     def _edge_summary(self, scored: list[tuple[dict[str, Scalar], Forecast, float]]) -> str:
         assert self.best is not None and self.best.observation is not None
         s = self.best.observation.setting
-        text = f"{FRACTION}={_fmt(s.mem_fraction)} holds {self.cap:,} tokens"
+        text = f"{FRACTION}={fmt(s.mem_fraction)} holds {self.cap:,} tokens"
         above = [
             (fc, p)
             for params, fc, p in scored
@@ -406,11 +352,11 @@ class _Planner:
             and p.observation.setting.mem_fraction > s.mem_fraction
         )
         if fails:
-            text += f"; {_fmt(fails[0])} failed"
+            text += f"; {fmt(fails[0])} failed"
         if above:
             fc, p = min(above, key=lambda x: x[0].setting.mem_fraction)
             text += (
-                f"; {_fmt(fc.setting.mem_fraction)} predicted headroom {fc.headroom} GiB "
+                f"; {fmt(fc.setting.mem_fraction)} predicted headroom {fc.headroom} GiB "
                 f"(p(stable)={p:.2f})"
             )
             text += self._edge_text(fc)
@@ -421,16 +367,12 @@ class _Planner:
     def _distance(self, params: Mapping[str, Scalar]) -> int:
         """How many parameters other than the fraction differ from the reference launch."""
         return sum(
-            _norm(params.get(n)) != _norm(self.ref.params.get(n))
-            for n in self.names
-            if n != FRACTION
+            norm(params.get(n)) != norm(self.ref.params.get(n)) for n in self.names if n != FRACTION
         )
 
     def _same_combo(self, params: Mapping[str, Scalar]) -> bool:
         return all(
-            _norm(params.get(n)) == _norm(self.ref.params.get(n))
-            for n in self.names
-            if n != FRACTION
+            norm(params.get(n)) == norm(self.ref.params.get(n)) for n in self.names if n != FRACTION
         )
 
     def _step(self) -> float:
@@ -454,47 +396,5 @@ def _tokens_rank_cap(planner: _Planner) -> float:
     return planner.best.observation.setting.mem_fraction
 
 
-def _needs_more(s: Setting, other: Setting, o: Observation | None, *, host: str | None) -> bool:
-    """Whether s needs at least the memory of `other` of the kind that failed."""
-    if host == "too_big":
-        return s.hicache_gb >= other.hicache_gb > 0
-    if host == "too_small":
-        return 0 < s.hicache_gb <= other.hicache_gb and s.mem_fraction >= other.mem_fraction
-    slots = s.max_running_requests
-    oslots = other.max_running_requests
-    if slots is not None and oslots is not None and slots < oslots:
-        return False
-    c, oc = s.chunked_prefill_size, other.chunked_prefill_size
-    if c is not None and oc is not None and c < oc:
-        return False
-    return s.mem_fraction >= other.mem_fraction
-
-
-def _host_failure(o: Observation) -> str | None:
-    if o.outcome not in STARTUP_FAILURES or o.setting.hicache_gb <= 0:
-        return None
-    if _HOST_TOO_SMALL in o.reason:
-        return "too_small"
-    if any(t in o.reason for t in _HOST_TOO_BIG):
-        return "too_big"
-    return None
-
-
-def _tokens_of(p: Point | None) -> int:
-    if p is None or p.observation is None:
-        return 0
-    return p.observation.tokens or 0
-
-
 def _fc_tokens(fc: Forecast) -> float:
     return fc.tokens.mean if fc.tokens is not None else 0.0
-
-
-def _num(v: Scalar | None) -> float:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
-
-
-def _fmt(v: Scalar | None) -> str:
-    if isinstance(v, float):
-        return f"{v:g}"
-    return str(v)

@@ -24,7 +24,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.ledger import Ledger
 from autotune.memory_model import RUNTIME_FAILURES, STARTUP_FAILURES, Observation
-from autotune.search.planner import FRACTION, Point, Scalar, setting_of
+from autotune.search.points import FRACTION, Point, Scalar, setting_of
 
 CONTINUOUS_FRACTION_STEP = 0.005
 MAX_INT_CANDIDATES = 24

@@ -19,7 +19,7 @@ from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial
 
 from autotune.search.capacity import DONE_ATTR, RULE_ATTR, WHY_ATTR
-from autotune.search.planner import FRACTION, Point, Scalar
+from autotune.search.points import FRACTION, Point, Scalar
 from autotune.search.records import candidate_values, learnt_space, pending_params, point_of
 
 

@@ -9,7 +9,7 @@ import optuna
 from autotune.ledger import Ledger
 from autotune.memory_model import Observation
 from autotune.search.oracle import Bench, Launch, bench_for, launch, run_trial
-from autotune.search.planner import Point, Scalar, setting_of
+from autotune.search.points import Point, Scalar, setting_of
 from autotune.sim.profiles import load_profile
 
 KIMI = bench_for(load_profile("kimi-k2.5-tp8-96g"))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from autotune.search.planner import FRACTION, Goal, Point, plan
+from autotune.memory_model import Setting
+from autotune.search.planner import Goal, plan
+from autotune.search.points import FRACTION, Point
 from tests.search.helpers import AXES, DEEPSEEK, KIMI, QWEN, point
 
 GOAL = Goal(min_headroom_gib=0.5)
@@ -132,3 +134,21 @@ def test_a_running_probe_is_neither_repeated_nor_overtaken() -> None:
     assert second.params != first.params
     f1, f2 = float(first.params[FRACTION]), float(second.params[FRACTION])
     assert f2 < f1 or int(second.params["max_running_requests"]) < 48
+
+
+def test_a_bigger_prefill_chunk_is_predicted_to_need_more_headroom() -> None:
+    axes = {**AXES, "chunked_prefill_size": (4096, 8192, 16384)}
+    base = {**kimi(0.88), "chunked_prefill_size": 8192}
+    done = [point(KIMI, base, 0), point(KIMI, {**base, FRACTION: 0.89}, 1)]
+    p = plan(axes, done, [], GOAL)
+    assert p.model is not None
+    model = p.model
+    at = {
+        c: model.forecast(Setting(0.9, 48, c, 48.0), default_slots=48, default_chunk=8192)
+        for c in (4096, 8192, 16384)
+    }
+    peaks = [at[c].stress_peak for c in (4096, 8192, 16384)]
+    small, mid, big = (p for p in peaks if p is not None)
+    assert small.mean < mid.mean < big.mean
+    assert big.sd > mid.sd
+    assert at[16384].p_stable(0.5) < 0.5 < at[4096].p_stable(0.5)
