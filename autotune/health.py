@@ -1,9 +1,10 @@
 """HTTP checks of a running server: readiness probe, /server_info, and a background health watch.
 
 Reference §5: `/health_generate` answers 200 once a one-token generation produced output (503
-while starting, 503 after 20 s without detokenizer output). When a server has no such route, a
-one-token `/generate` is the fallback. The watch thread polls `/health` so that the liveness check
-the workload calls several times a second never blocks on the network. An empty or failing
+while starting, 503 after 20 s without detokenizer output). Readiness asks for a one-token
+`/generate` first and `/health_generate` second; either proves the server generates. The watch
+thread polls `/health` so that the liveness check the workload calls several times a second
+never blocks on the network. An empty or failing
 `/health` alone proves nothing (the operator saw exactly that on a healthy server), so a failed
 check is confirmed with a one-token `/generate`, and the server handle weighs the result against
 the process and the log.
@@ -67,16 +68,17 @@ def generate_one(base_url: str, api_key: str | None, timeout_s: float) -> Answer
 
 
 def probe_ready(base_url: str, api_key: str | None, timeout_s: float) -> Answer:
-    """`/health_generate`; when it fails (no such route, an empty answer, 503), a one-token
-    `/generate`, because a server that generates is ready whatever its health route says."""
-    answer = request(f"{base_url}/health_generate", api_key=api_key, timeout_s=timeout_s)
+    """A one-token `/generate`, else `/health_generate`. The generation goes first because it
+    answers as soon as the token exists, while SGLang's `/health_generate` polls once a second
+    (reference §5) and so adds up to a second to every readiness check."""
+    answer = generate_one(base_url, api_key, timeout_s)
     if answer.ok:
         return answer
-    fallback = generate_one(base_url, api_key, timeout_s)
-    if fallback.ok:
-        return Answer(True, fallback.status, f"/health_generate {answer.detail}; /generate ok")
+    health = request(f"{base_url}/health_generate", api_key=api_key, timeout_s=timeout_s)
+    if health.ok:
+        return Answer(True, health.status, f"/generate {answer.detail}; /health_generate ok")
     return Answer(
-        False, fallback.status, f"/health_generate {answer.detail}; /generate {fallback.detail}"
+        False, health.status, f"/generate {answer.detail}; /health_generate {health.detail}"
     )
 
 

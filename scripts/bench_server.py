@@ -73,8 +73,9 @@ def one_run(backend: str, work: Path) -> tuple[float, float]:
     if backend == "sim":
         gpu_dir = work / "gpu"
         argv: tuple[str, ...] = (
-            sys.executable, "-m", "autotune.sim", "--model-path", "/models/kimi",
-            "--sim-gpu-dir", str(gpu_dir), "--sim-time-scale", "0.01",
+            sys.executable, "-m", "autotune.sim", "--model-path", "/models/Kimi-K2.5",
+            "--tp-size", "8", "--mem-fraction-static", "0.88",
+            "--sim-gpu-dir", str(gpu_dir), "--sim-time-scale", "3000",
         )  # fmt: skip
         probe = SimProbe(gpu_dir)
     else:
