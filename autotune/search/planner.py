@@ -47,6 +47,8 @@ from autotune.search.points import (
 )
 
 EXPLORE_FLOOR = 0.9
+SAME_CAPACITY = 0.002
+"""Launches of one fraction differ by launch jitter (a few hundred tokens); this much is a tie."""
 """Exploring for throughput gives up at most this share of the best capacity."""
 
 
@@ -157,7 +159,10 @@ class _Planner:
         self.goal = goal
         self.model = fit(p.observation for p in known if p.observation is not None)
         stable = [p for p in known if p.feasible and p.observation and p.observation.tokens]
-        self.best = max(stable, key=tokens_of, default=None)
+        # the most capacity; among launches within launch jitter of it, the fastest
+        top = max((tokens_of(p) for p in stable), default=0)
+        level = [p for p in stable if tokens_of(p) >= top * (1 - SAME_CAPACITY)]
+        self.best = max(level, key=lambda p: (p.throughput, tokens_of(p)), default=None)
         started = [p for p in known if p.observation and p.observation.started]
         self.ref = self.best or (started[-1] if started else known[-1])
         ref_obs = self.ref.observation
