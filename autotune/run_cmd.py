@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fcntl
+import os
 import signal
 import socket
 import sys
@@ -121,9 +123,10 @@ def handle(args: argparse.Namespace) -> int:
     url = storage_url(args, cfg, folder)
     from autotune.trial import live_launcher
 
-    launcher = live_launcher(cfg, folder)
-    with _sigterm_as_interrupt():
-        return run(cfg, folder, url, launcher, sys.stdout)
+    with study_lock(folder):
+        launcher = live_launcher(cfg, folder)
+        with _sigterm_as_interrupt():
+            return run(cfg, folder, url, launcher, sys.stdout)
 
 
 def run(
@@ -279,6 +282,32 @@ def free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+@contextmanager
+def study_lock(folder: Path) -> Iterator[None]:
+    """One run per results folder: a second one would take the first one's server for an
+    orphan. The lock dies with the process, so a SIGKILLed run never blocks the next."""
+    path = folder / "run" / "autotune.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            raise UsageError(
+                f"{folder} is in use by a running autotune ({holder}); wait for it, stop it, "
+                "or use another --results-dir"
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()}\n")
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @contextmanager

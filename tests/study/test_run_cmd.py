@@ -140,3 +140,17 @@ def test_sampler_done_ends_the_study_without_a_launch(
     )
     last = study.get_trials()[-1]
     assert last.state == TrialState.FAIL and last.user_attrs["outcome"] == "skipped"
+
+
+def test_one_run_per_results_folder(tmp_path: Path) -> None:
+    from autotune.errors import UsageError
+    from autotune.run_cmd import study_lock
+
+    with (
+        study_lock(tmp_path),
+        pytest.raises(UsageError, match=r"in use by a running autotune \(pid \d+\)"),
+        study_lock(tmp_path),
+    ):
+        pass
+    with study_lock(tmp_path):  # released at the end of the run
+        pass
