@@ -63,6 +63,8 @@ class Kind(StrEnum):
     RANK_DEAD = "rank_dead"
     WATCHDOG_TIMEOUT = "watchdog_timeout"
     WARMUP_FAILED = "warmup_failed"
+    HICACHE_TOO_SMALL = "hicache_too_small"
+    EXIT_CODE = "exit_code"
     NCCL_ERROR = "nccl_error"
     ERROR = "error"
 
@@ -82,6 +84,7 @@ FAILURE_KINDS = frozenset(
         Kind.RANK_DEAD,
         Kind.WATCHDOG_TIMEOUT,
         Kind.WARMUP_FAILED,
+        Kind.HICACHE_TOO_SMALL,
         Kind.NCCL_ERROR,
         Kind.ERROR,
     }
@@ -503,8 +506,13 @@ def _startup(message: str, ctx: tuple[int, float | None, str, str]) -> Event | N
             return Event(Kind.HICACHE_AUTOSIZE, *ctx)
         if message.startswith("Health check failed"):
             return Event(Kind.HEALTH_CHECK_FAILED, *ctx)
-    elif c == "E" and message.startswith("Entering DeepGEMM"):
-        return Event(Kind.DEEPGEMM_JIT, *ctx)
+    elif c == "E":
+        if message.startswith("Entering DeepGEMM"):
+            return Event(Kind.DEEPGEMM_JIT, *ctx)
+        if message.startswith("Exit code: "):
+            code = message[11:].strip()
+            values = {"code": float(code)} if code.lstrip("-").isdigit() else {}
+            return Event(Kind.EXIT_CODE, *ctx, values)
     return None
 
 
@@ -547,6 +555,8 @@ def _failure(line: str, ctx: tuple[int, float | None, str, str]) -> Event | None
         return Event(Kind.POOL_TOO_SMALL, *ctx)
     if "Not enough host memory" in line:
         return Event(Kind.HOST_MEMORY, *ctx)
+    if "host memory should be larger than the device memory" in line:
+        return Event(Kind.HICACHE_TOO_SMALL, *ctx)
     if "Capture cuda graph failed" in line or ("CUDA graph" in line and "failed:" in line):
         return Event(Kind.GRAPH_CAPTURE_FAILED, *ctx)
     if "unhandled cuda error" in line:

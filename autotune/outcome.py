@@ -77,6 +77,7 @@ _PRIORITY = (
     Kind.DECODE_OOM,
     Kind.NCCL_ERROR,
     Kind.WATCHDOG_TIMEOUT,
+    Kind.HICACHE_TOO_SMALL,
     Kind.WARMUP_FAILED,
     Kind.RANK_DEAD,
     Kind.ERROR,
@@ -92,6 +93,16 @@ def _is_memory(event: Event, failures: Sequence[Event]) -> bool:
     if event.kind is Kind.GRAPH_CAPTURE_FAILED:
         return "out of memory" in event.text or any(e.kind in _OOM_KINDS for e in failures)
     return False
+
+
+def _host_oom_killed(deciding: Event, events: Sequence[Event]) -> bool:
+    """A rank SIGKILLed (exit code -9) after the scheduler summary line, i.e. while the ranks
+    pin their host cache: the kernel's OOM killer (reference §3, §4.5), a host-memory failure."""
+    if deciding.kind is not Kind.RANK_DEAD:
+        return False
+    summary = next((e for e in events if e.kind is Kind.SCHEDULER_SUMMARY), None)
+    killed = any(e.kind is Kind.EXIT_CODE and e.values.get("code") == -9 for e in events)
+    return killed and summary is not None and summary.line_no < deciding.line_no
 
 
 def _evidence(deciding: Event, failures: Sequence[Event]) -> tuple[str, ...]:
@@ -126,6 +137,8 @@ def classify(events: Sequence[Event], facts: RunFacts | None = None) -> Verdict:
         if deciding.kind is Kind.WATCHDOG_TIMEOUT:
             return Verdict(Outcome.HANG, "watchdog_timeout", evidence)
         after_ready = ready is not None and deciding.line_no > ready.line_no
+        if not after_ready and _host_oom_killed(deciding, events):
+            return Verdict(Outcome.STARTUP_OOM, "host_oom_killer", evidence)
         memory = _is_memory(deciding, failures)
         if after_ready:
             outcome = Outcome.RUNTIME_OOM if memory else Outcome.CRASH

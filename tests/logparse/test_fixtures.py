@@ -170,6 +170,13 @@ ROWS: list[tuple[str, Outcome, str, dict[str, Any]]] = [
     ),
     ("startup_host_memory.log", Outcome.STARTUP_OOM, "host_memory", {"host_cache_gb": None}),
     ("startup_weight_oom.log", Outcome.STARTUP_OOM, "torch_oom", {"weights_gib": None}),
+    (
+        "startup_host_oom_killer.log",
+        Outcome.STARTUP_OOM,
+        "host_oom_killer",
+        {"host_cache_gb": 400.0},
+    ),
+    ("startup_hicache_too_small.log", Outcome.STARTUP_ERROR, "hicache_too_small", {}),
     ("startup_error_model.log", Outcome.STARTUP_ERROR, "error", {"p_gib": 94.04}),
     ("startup_rank_dead.log", Outcome.STARTUP_ERROR, "rank_dead", {}),
     ("startup_warmup_failed.log", Outcome.STARTUP_ERROR, "warmup_failed", {}),

@@ -126,8 +126,18 @@ def test_ready_ledger_matches_server_info_and_teardown_releases_gpus(
             ),
             "host_memory",
         ),
+        (
+            (
+                "--mem-fraction-static",
+                "0.85",
+                "--enable-hierarchical-cache",
+                "--hicache-size",
+                "400",
+            ),
+            "host_oom_killer",
+        ),
     ],
-    ids=["no-room-for-kv", "graph-capture-oom", "alloc-oom", "host-cache"],
+    ids=["no-room-for-kv", "graph-capture-oom", "alloc-oom", "host-cache", "host-oom-killer"],
 )
 def test_startup_oom(tmp_path: Path, guard: Guard, flags: tuple[str, ...], cause: str) -> None:
     spec = sim_spec(tmp_path, *flags)
