@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -218,3 +219,65 @@ def test_phase_limits() -> None:
     limits = PhaseLimits(weight_load_s=5.0)
     assert limits.limit(Phase.WEIGHT_LOAD) == 5.0
     assert limits.limit(Phase.READY) is None
+
+
+# -- NVML (a stand-in module: this machine has no GPU) ------------------------------------------
+
+
+class _FakeNvml:
+    class NVMLError(Exception):
+        pass
+
+    class _Mem:
+        total, used = 80 * GiB, 5 * GiB
+
+    class _Proc:
+        def __init__(self, pid: int, used: int | None) -> None:
+            self.pid, self.usedGpuMemory = pid, used
+
+    def __init__(self, fail_init: bool = False) -> None:
+        self.fail_init = fail_init
+        self.inits = 0
+
+    def nvmlInit(self) -> None:
+        self.inits += 1
+        if self.fail_init:
+            raise self.NVMLError("Driver Not Loaded")
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> object:
+        return self._Mem()
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[object]:
+        if handle == 1:
+            raise self.NVMLError("not supported")
+        return [self._Proc(111, 4 * GiB), self._Proc(222, None)]
+
+
+def test_nvml_probe_maps_devices_and_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.gpu import NvmlProbe
+
+    fake = _FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    probe = NvmlProbe()
+    snap = probe.snapshot()
+    assert [(g.index, g.total, g.used, dict(g.pids)) for g in snap] == [
+        (0, 80 * GiB, 5 * GiB, {111: 4 * GiB, 222: 0}),
+        (1, 80 * GiB, 5 * GiB, {}),
+    ]
+    probe.snapshot()
+    assert fake.inits == 1
+
+
+def test_nvml_probe_without_a_driver_is_a_harness_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.errors import HarnessError
+    from autotune.gpu import NvmlProbe
+
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml(fail_init=True))
+    with pytest.raises(HarnessError, match="NVML could not start"):
+        NvmlProbe().snapshot()
