@@ -24,7 +24,14 @@ from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
-from autotune.config import Constraints, SamplerConfig, Scalar, SearchConfig, StudyConfig
+from autotune.config import (
+    Constraints,
+    Fixed,
+    SamplerConfig,
+    Scalar,
+    SearchConfig,
+    StudyConfig,
+)
 from autotune.errors import UsageError
 from autotune.space import grid
 
@@ -160,8 +167,6 @@ def prepare(study: optuna.Study, cfg: StudyConfig) -> int:
 
 
 def _searched_names(search: SearchConfig) -> set[str]:
-    from autotune.config import Fixed
-
     return {p.name for p in search.params if not isinstance(p, Fixed)}
 
 

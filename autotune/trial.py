@@ -1,8 +1,9 @@
 """One trial end to end: launch → ready → ledger → workload → metrics → teardown → a record.
 
 The orchestration here is pure control flow over a small seam (`Launcher` / `ServerRun`), so it is
-tested with fakes; `autotune.harness` implements the seam with the real server lifecycle and
-workload driver. What a trial's ending means is decided here, once:
+tested with fakes; `LiveLauncher`, at the end of this module, implements the seam with the real
+server lifecycle (`autotune.server`) and workload driver (`autotune.loadgen`), the one place
+they are called. What a trial's ending means is decided here, once:
 
 * the parameters broke the server (OOM at startup or under load, a crash): a COMPLETE trial with
   violated constraints and the capacity it measured (0 if none), so samplers learn the edge;
