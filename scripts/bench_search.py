@@ -14,7 +14,9 @@ recorded feasible, and holds at least 99% of it.
 Prints, per sampler: median and worst launches to the target (">N" when a study never got there
 within its budget), how many studies got there, median and worst crashes on the way, and the
 final capacity relative to the best. Crashes are launches that ended in an OOM or crash (at
-startup or under load); "in budget" counts them over all the study's launches.
+startup or under load); "in study" counts them over all the study's launches, and "used" is
+how many launches the study took before the sampler said nothing was left worth one (as
+`autotune run` stops then) or the budget ran out.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import optuna
 
 from autotune.config import SamplerConfig
 from autotune.errors import UsageError
+from autotune.search.capacity import DONE_ATTR
 from autotune.search.oracle import Bench, Launch, bench_for, best_stable, run_trial
 from autotune.sim.profiles import list_profiles, load_profile
 from autotune.space import settings_for
@@ -45,7 +48,8 @@ class Run:
     seed: int
     launches: int | None  # to the target; None if never within the budget
     crashes: int  # crashed launches up to the target (or the whole budget)
-    crashes_all: int  # crashed launches over the whole budget
+    crashes_all: int  # crashed launches over the whole study
+    used: int  # launches until the sampler said nothing was left worth one (or the budget)
     final: float  # best stable and feasible capacity at the end / the best
     clock: float | None  # trial-durations of wall time to the target (workers mode)
 
@@ -60,11 +64,19 @@ def study_run(name: str, bench: Bench, best: int, seed: int, budget: int, worker
     clock: float | None = None
     running: deque[tuple[optuna.trial.Trial, float]] = deque()
     now = 0.0
-    while len(launches) < budget:
-        while len(running) < workers and len(launches) + len(running) < budget:
+    ended = False
+    while len(launches) < budget and (running or not ended):
+        while not ended and len(running) < workers and len(launches) + len(running) < budget:
             trial = study.ask()
             settings_for(trial, bench.search)  # parameters are chosen when a worker starts
+            if DONE_ATTR in study._storage.get_trial(trial._trial_id).user_attrs:
+                # nothing left worth a launch: the run loop skips the trial and ends the study
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                ended = True
+                break
             running.append((trial, now))
+        if not running:
+            break
         trial, started = running.popleft()
         now = max(now, started + 1.0)
         launch = run_trial(study, bench, trial, seed * 1000 + trial.number)
@@ -81,6 +93,7 @@ def study_run(name: str, bench: Bench, best: int, seed: int, budget: int, worker
         launches=reached,
         crashes=sum(x.crashed for x in upto),
         crashes_all=sum(x.crashed for x in launches),
+        used=len(launches),
         final=max(held, default=0) / best if best else 0.0,
         clock=clock,
     )
@@ -90,7 +103,8 @@ def summarize(runs: list[Run], budget: int, workers: int) -> list[str]:
     lines = []
     head = (
         f"{'sampler':<10} {'studies':>7} {'reached':>7} {'launches med':>12} {'worst':>6} "
-        f"{'crashes med':>11} {'worst':>6} {'in budget':>9} {'final med':>9} {'final min':>9}"
+        f"{'crashes med':>11} {'worst':>6} {'in study':>8} {'used med':>8} {'final med':>9} "
+        f"{'final min':>9}"
     )
     if workers > 1:
         head += f" {'wall med':>8}"
@@ -108,7 +122,8 @@ def summarize(runs: list[Run], budget: int, workers: int) -> list[str]:
             f"{name:<10} {len(rs):>7} {sum(r.launches is not None for r in rs):>7} "
             f"{_launches(med, budget):>12} {_launches(worst, budget):>6} "
             f"{statistics.median(crashes):>11g} {max(crashes):>6} "
-            f"{statistics.median(r.crashes_all for r in rs):>9g} "
+            f"{statistics.median(r.crashes_all for r in rs):>8g} "
+            f"{statistics.median(r.used for r in rs):>8g} "
             f"{statistics.median(finals):>9.1%} {min(finals):>9.1%}"
         )
         if workers > 1:
