@@ -161,6 +161,8 @@ def run(
         + (f"; {queued} points queued" if queued else "")
     )
 
+    shown_k = [tally.done + 1]  # "trial k of N" of the trial in progress
+
     def run_one(trial: optuna.trial.Trial) -> Result:
         settings = settings_for(trial, cfg.search)
         done = sampler_done(study, trial)
@@ -182,14 +184,15 @@ def run(
             backend=cfg.server.backend,
         )
         trial.set_user_attr("trial_dir", str(plan.trial_dir))
-        progress.trial_started(tally.done + 1, trial.number, settings.params)
+        shown_k[0] = tally.done + 1
+        progress.trial_started(shown_k[0], trial.number, settings.params)
         record = run_trial(plan, launcher, clock=clock, phase=progress.phase)
         write_record(record, plan.trial_dir)
         return record.result()
 
     def on_told(t: FrozenTrial) -> None:
         _tally_add(tally, t)
-        progress.trial_finished(_finished(t, tally))
+        progress.trial_finished(_finished(t, tally, shown_k[0]))
 
     try:
         end = run_loop(
@@ -244,13 +247,13 @@ def _tally_add(tally: Tally, t: FrozenTrial) -> None:
     )
 
 
-def _finished(t: FrozenTrial, tally: Tally) -> str:
+def _finished(t: FrozenTrial, tally: Tally, k: int) -> str:
     a = t.user_attrs
     record = a.get("record") if isinstance(a.get("record"), dict) else {}
     assert isinstance(record, dict)
     total = record.get("phases", {}).get("total", 0.0)
     return finished_line(
-        k=tally.done,
+        k=k,
         n=tally.n_trials,
         number=t.number,
         outcome=str(a.get("outcome", "")),
