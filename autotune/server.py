@@ -28,27 +28,24 @@ import os
 import signal
 import subprocess
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune import pidfile, procs
+from autotune import pidfile, preflight, procs
 from autotune.errors import HarnessError, UsageError
-from autotune.gpu import GpuMemory, GpuProbe, MiB, foreign_holders, unreleased, visible_devices
+from autotune.gpu import GpuMemory, GpuProbe, MiB, unreleased, visible_devices
 from autotune.health import HealthWatch, probe_ready, server_info
 from autotune.ledger import Ledger, build_ledger, cross_check, ledger_from_server_info
-from autotune.logparse import FAILURE_KINDS, Batch, Event, Kind, parse_line
-from autotune.logtail import LogTail
+from autotune.logparse import Batch, Event
+from autotune.logwatch import LogWatch
 from autotune.outcome import Outcome, RunFacts, Verdict, classify
-from autotune.phase import Phase, PhaseClock, PhaseLimits
+from autotune.phase import Phase, PhaseLimits
 from autotune.teardown import Teardown, port_is_free, terminate, wait_gone
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], None]
-FOREIGN_POLICIES = ("refuse", "wait", "ignore")
-_MAX_BATCHES = 200_000
 
 
 @dataclass(frozen=True)
@@ -151,41 +148,6 @@ class Death:
 
 
 # ---------------------------------------------------------------------------------------------
-# Checks before a launch
-# ---------------------------------------------------------------------------------------------
-
-
-def running_servers(run_dir: Path) -> list[pidfile.PidRecord]:
-    """Servers autotune started under `run_dir` that still run."""
-    return [record for _, record in pidfile.records(run_dir) if record.alive()]
-
-
-def _check_gpus(spec: LaunchSpec, probe: GpuProbe, clock: Clock, sleep: Sleep) -> list[GpuMemory]:
-    """The pre-launch snapshot, after the foreign-memory policy is satisfied."""
-    if spec.foreign_gpu not in FOREIGN_POLICIES:
-        raise UsageError(
-            f"foreign_gpu={spec.foreign_gpu!r}: use one of {', '.join(FOREIGN_POLICIES)}"
-        )
-    devices = spec.devices()
-    deadline = clock() + spec.foreign_wait_s
-    while True:
-        snapshot = probe.snapshot()
-        foreign = foreign_holders(snapshot, (), devices)
-        if not foreign or spec.foreign_gpu == "ignore":
-            return snapshot
-        if spec.foreign_gpu == "refuse" or clock() >= deadline:
-            waited = (
-                "" if spec.foreign_gpu == "refuse" else f" after waiting {spec.foreign_wait_s:g} s"
-            )
-            raise HarnessError(
-                "GPU memory is held by processes autotune did not start"
-                f"{waited} ({'; '.join(foreign)}); they would shrink the KV pool. "
-                "Stop them, or set the policy to wait or ignore"
-            )
-        sleep(min(5.0, max(0.1, deadline - clock())))
-
-
-# ---------------------------------------------------------------------------------------------
 # The handle
 # ---------------------------------------------------------------------------------------------
 
@@ -213,16 +175,7 @@ class Server:
         self._clock = clock
         self._sleep = sleep
         self.launched_at = clock()
-        self._tail = LogTail(spec.log_path)
-        self._phases = PhaseClock(self.launched_at)
-        self._events: list[Event] = []
-        self.batches: deque[Batch] = deque(maxlen=_MAX_BATCHES)
-        self._line_no = 0
-        self._recent: deque[str] = deque(maxlen=5)
-        self._last_growth = self.launched_at
-        self._last_batch_at: float | None = None
-        self._failure_at: float | None = None
-        self.ready_line_at: float | None = None
+        self.log = LogWatch(spec.log_path, clock)
         self._startup: StartupReport | None = None
         self._watch: HealthWatch | None = None
         self._members: list[procs.ProcInfo] = []
@@ -243,19 +196,13 @@ class Server:
     ) -> Server:
         """Start the server; raises HarnessError when the machine is not ready for it."""
         command = spec.command()
-        alive = running_servers(spec.run_dir)
-        if alive:
-            listed = ", ".join(f"pid {r.pid} (port {r.port})" for r in alive)
-            raise HarnessError(
-                f"a server autotune started earlier is still running: {listed}; "
-                "stop it first (autotune stops such servers when a study resumes)"
+        preflight.check_no_server_running(spec.run_dir)
+        preflight.check_port(spec.host, spec.port)
+        baseline: list[GpuMemory] = []
+        if probe is not None:
+            baseline = preflight.gpu_baseline(
+                probe, spec.devices(), spec.foreign_gpu, spec.foreign_wait_s, clock, sleep
             )
-        if not port_is_free(spec.host, spec.port):
-            raise HarnessError(
-                f"port {spec.port} on {spec.host} is in use by another process; "
-                "free it or choose another port"
-            )
-        baseline = _check_gpus(spec, probe, clock, sleep) if probe is not None else []
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(spec.log_path, "wb") as log:
             try:
@@ -301,54 +248,29 @@ class Server:
 
     @property
     def phase(self) -> Phase:
-        return self._phases.phase
+        return self.log.phase
 
     @property
     def events(self) -> tuple[Event, ...]:
-        return tuple(self._events)
+        return tuple(self.log.events)
+
+    @property
+    def batches(self) -> Sequence[Batch]:
+        """Prefill/Decode lines so far (the serving time series), oldest first."""
+        return self.log.batches
+
+    @property
+    def ready_line_at(self) -> float | None:
+        return self.log.ready_line_at
 
     def ledger(self) -> Ledger:
-        return build_ledger(self._events)
-
-    # -- following the log ------------------------------------------------------------------
-
-    def _pump(self, final: bool = False) -> None:
-        before = self._tail.offset
-        lines = self._tail.flush() if final else self._tail.read()
-        now = self._clock()
-        if self._tail.offset != before:
-            self._last_growth = now
-        if lines:
-            self._recent.extend(line for line in lines[-5:] if line.strip())
-        for line in lines:
-            self._line_no += 1
-            item = parse_line(line, self._line_no)
-            if item is None:
-                continue
-            if isinstance(item, Batch):
-                self.batches.append(item)
-                self._last_batch_at = now
-                continue
-            self._events.append(item)
-            self._phases.feed(item, now)
-            if item.kind is Kind.READY and self.ready_line_at is None:
-                self.ready_line_at = now
-            if (
-                self._failure_at is None
-                and item.kind in FAILURE_KINDS
-                and item.kind is not Kind.ERROR
-            ):
-                self._failure_at = now
-
-    def _last_lines(self) -> tuple[str, ...]:
-        """The log's last lines: the only evidence when a process died without a failure line."""
-        return tuple(line.strip() for line in self._recent)
+        return build_ledger(self.log.events)
 
     def _exited(self) -> bool:
         return self.process.poll() is not None
 
     def _verdict(self, facts: RunFacts) -> Verdict:
-        return classify(self._events, facts)
+        return classify(self.log.events, facts)
 
     # -- startup ----------------------------------------------------------------------------
 
@@ -359,28 +281,28 @@ class Server:
             return self._startup
         spec = self.spec
         while True:
-            self._pump()
+            self.log.pump()
             now = self._clock()
             exited = self._exited()
-            if self._failure_at is not None:
-                if exited or now - self._failure_at >= spec.exit_wait_s:
+            if self.log.failure_at is not None:
+                if exited or now - self.log.failure_at >= spec.exit_wait_s:
                     return self._finish_startup(RunFacts(exited=exited))
             elif exited:
-                self._pump(final=True)
-                return self._finish_startup(RunFacts(exited=True, notes=self._last_lines()))
+                self.log.pump(final=True)
+                return self._finish_startup(RunFacts(exited=True, notes=self.log.last_lines()))
             elif self.ready_line_at is not None:
                 answer = probe_ready(self.base_url, spec.api_key, spec.health_timeout_s)
                 if answer.ok:
                     return self._finish_startup(RunFacts(), ready=True)
                 if self._clock() - self.ready_line_at >= spec.ready_check_s:
-                    note = f"/health_generate after the ready line: {answer.detail}"
+                    note = f"readiness check after the ready line: {answer.detail}"
                     return self._finish_startup(RunFacts(timed_out="ready_check", notes=(note,)))
             else:
                 timeout = self._timeout(now)
                 if timeout:
                     return self._finish_startup(RunFacts(timed_out=timeout))
-                if now - self._last_growth >= spec.stall_s:
-                    note = f"no log output for {now - self._last_growth:.0f} s in {self.phase}"
+                if now - self.log.last_growth >= spec.stall_s:
+                    note = f"no log output for {now - self.log.last_growth:.0f} s in {self.phase}"
                     return self._finish_startup(RunFacts(stalled=str(self.phase), notes=(note,)))
             self._sleep(spec.poll_s)
 
@@ -388,7 +310,7 @@ class Server:
         if now - self.launched_at >= self.spec.startup_s:
             return "startup"
         limit = self.spec.phase_limits.limit(self.phase)
-        if limit is not None and self._phases.in_phase(now) >= limit:
+        if limit is not None and self.log.phases.in_phase(now) >= limit:
             return str(self.phase)
         return ""
 
@@ -420,7 +342,7 @@ class Server:
             evidence=verdict.evidence,
             ledger=ledger,
             phase=self.phase,
-            phase_seconds=self._phases.totals(now),
+            phase_seconds=self.log.phases.totals(now),
             seconds=now - self.launched_at,
             ready_line_at=self.ready_line_at,
             ready_at=now if ready else None,
@@ -436,13 +358,13 @@ class Server:
         the process, and reads the health watch's last state (no network call here)."""
         if self._death is not None:
             return self._death
-        self._pump()
+        self.log.pump()
         now = self._clock()
         facts: RunFacts | None = None
         if self._exited():
-            self._pump(final=True)
-            facts = RunFacts(exited=True, notes=self._last_lines())
-        elif self._failure_at is not None:
+            self.log.pump(final=True)
+            facts = RunFacts(exited=True, notes=self.log.last_lines())
+        elif self.log.failure_at is not None:
             facts = RunFacts()
         else:
             reason = self._unhealthy(now)
@@ -474,7 +396,7 @@ class Server:
                 return f"server process {gone[0]} is gone and /health fails ({state.last_detail})"
         failing = now - state.failing_since
         batches_since = (
-            self._last_batch_at is not None and self._last_batch_at >= state.failing_since
+            self.log.last_batch_at is not None and self.log.last_batch_at >= state.failing_since
         )
         if failing >= self.spec.unhealthy_s and not batches_since:
             return (
@@ -490,8 +412,8 @@ class Server:
         if self._teardown is not None:
             return self._teardown
         started = self._clock()
-        self._pump()
-        stop_line = self._line_no
+        self.log.pump()
+        stop_line = self.log.lines
         was_running = not self._exited()
         if self._watch is not None:
             self._watch.stop()
@@ -503,8 +425,8 @@ class Server:
         survivors = wait_gone(self.record, known, self._clock, self._sleep)
         self._reap()
         gpu_problems, port_free = self._wait_released(started)
-        self._pump(final=True)
-        self._tail.close()
+        self.log.pump(final=True)
+        self.log.close()
         verdict = self._final_verdict(was_running, stop_line)
         clean = not survivors and not gpu_problems and port_free
         if not survivors:
