@@ -22,11 +22,16 @@ from pathlib import Path
 
 from autotune.config import StudyConfig
 from autotune.errors import HarnessError, UsageError
-from autotune.report.review import CONFIRMATION, add_review_args, open_source, review_of
+from autotune.report.review import (
+    CONFIRMATION,
+    CONFIRMATIONS,
+    add_review_args,
+    open_source,
+    review_of,
+)
 from autotune.study import constraint_values
 
 DEFAULT_SOAK_FACTOR = 3.0
-HISTORY = "confirmations"
 MAX_HISTORY = 20
 
 
@@ -170,9 +175,9 @@ def record_verdict(study: object, verdict: dict[str, object]) -> None:
 
     assert isinstance(study, optuna.Study)
     study.set_user_attr(CONFIRMATION, verdict)
-    history = study.user_attrs.get(HISTORY)
+    history = study.user_attrs.get(CONFIRMATIONS)
     past = list(history) if isinstance(history, list) else []
-    study.set_user_attr(HISTORY, [*past, verdict][-MAX_HISTORY:])
+    study.set_user_attr(CONFIRMATIONS, [*past, verdict][-MAX_HISTORY:])
 
 
 def describe(v: Mapping[str, object]) -> str:

@@ -132,7 +132,8 @@ def build_export(review: Review, cfg: StudyConfig, *, trial: int | None = None) 
             "space changed since; export with the study file the trials ran with (--config)"
         )
     argv = launch_argv(cfg, params, backend=backend)
-    confirmed = review.confirmed if trial is None or _is_winner(review, params) else None
+    soaked = review.confirmation_of(params)
+    confirmed = soaked.passed if soaked is not None else None
     key_env = _api_key_env(cfg)
     return Export(
         study=review.name,
@@ -149,7 +150,7 @@ def build_export(review: Review, cfg: StudyConfig, *, trial: int | None = None) 
         tolerance=tolerance,
         chosen_trial=chosen,
         confirmed=confirmed,
-        confirmed_label=_label(review, confirmed),
+        confirmed_label=review.confirmed_label(params),
         sglang_version=version,
         backend=backend,
         notes=tuple(notes),
@@ -169,16 +170,6 @@ def launch_argv(cfg: StudyConfig, params: Mapping[str, Scalar], *, backend: str)
 def round_trip(argv: Sequence[str], cfg: StudyConfig) -> dict[str, Scalar]:
     """The parameters read back out of an exported command."""
     return params_from_flags(list(argv), cfg.search)
-
-
-def _is_winner(review: Review, params: Mapping[str, Scalar]) -> bool:
-    return review.winner is not None and dict(review.winner.params) == dict(params)
-
-
-def _label(review: Review, confirmed: bool | None) -> str:
-    if confirmed is None:
-        return f"UNCONFIRMED (run `autotune confirm --study {review.name}`)"
-    return review.confirmed_label()
 
 
 def _api_key_env(cfg: StudyConfig) -> str | None:

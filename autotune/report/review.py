@@ -33,6 +33,8 @@ from autotune.winner import (
 
 CONFIRMATION = "confirmation"
 """Study user attribute `autotune confirm` writes: the last soak of an exported setting."""
+CONFIRMATIONS = "confirmations"
+"""Study user attribute: the recent soaks, oldest first."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,8 @@ class Review:
     storage: str
     trials: tuple[TrialView, ...]
     winner: Winner | None
-    confirmation: Confirmation | None
+    confirmations: tuple[Confirmation, ...]
+    """Recorded soaks, oldest first."""
     fraction_step: float
     min_headroom_gib: float | None
     cell_bytes: float | None
@@ -105,22 +108,32 @@ class Review:
         return scrub(text, self.secrets)
 
     @property
+    def confirmation(self) -> Confirmation | None:
+        """The latest soak of the exported setting."""
+        if self.winner is None:
+            return None
+        return self.confirmation_of(self.winner.params)
+
+    def confirmation_of(self, params: Mapping[str, object]) -> Confirmation | None:
+        for c in reversed(self.confirmations):
+            if c.covers(params):
+                return c
+        return None
+
+    @property
     def confirmed(self) -> bool | None:
         """True/False when the exported setting was soaked and passed/failed; None if not."""
-        if self.winner is None or self.confirmation is None:
-            return None
-        if not self.confirmation.covers(self.winner.params):
-            return None
-        return self.confirmation.passed
+        c = self.confirmation
+        return c.passed if c is not None else None
 
-    def confirmed_label(self) -> str:
-        c = self.confirmed
-        if c is True:
-            return f"CONFIRMED by a soak ({self.confirmation.at if self.confirmation else ''})"
-        if c is False:
-            reason = self.confirmation.reason if self.confirmation else ""
-            return f"FAILED its confirmation soak: {reason}".rstrip(": ")
-        return f"UNCONFIRMED (run `autotune confirm --study {self.name}`)"
+    def confirmed_label(self, params: Mapping[str, object] | None = None) -> str:
+        """How the exported setting (or `params`) fared in a soak, in words."""
+        c = self.confirmation if params is None else self.confirmation_of(params)
+        if c is None:
+            return f"UNCONFIRMED (run `autotune confirm --study {self.name}`)"
+        if c.passed:
+            return f"CONFIRMED by a soak ({c.at})"
+        return f"FAILED its confirmation soak: {c.reason or c.outcome}"
 
     def trial(self, number: int) -> TrialView:
         for t in self.trials:
@@ -198,7 +211,7 @@ def build_review(
         winner=choose(
             seen, fraction_step=step, tolerance=tolerance, margin=margin, cell_bytes=cell
         ),
-        confirmation=Confirmation.from_attr(study_attrs.get(CONFIRMATION)),
+        confirmations=_confirmations(study_attrs),
         fraction_step=step,
         min_headroom_gib=_min_headroom(cfg, trials),
         cell_bytes=cell,
@@ -226,6 +239,15 @@ def review_of(source: Source, args: argparse.Namespace) -> Review:
         tolerance=parse_tolerance(str(getattr(args, "tolerance", DEFAULT_TOLERANCE))),
         margin=parse_margin(str(getattr(args, "margin", "1step"))),
     )
+
+
+def _confirmations(attrs: Mapping[str, object]) -> tuple[Confirmation, ...]:
+    history = attrs.get(CONFIRMATIONS)
+    items = list(history) if isinstance(history, list) else []
+    latest = attrs.get(CONFIRMATION)
+    if latest is not None and latest not in items:
+        items.append(latest)
+    return tuple(c for c in map(Confirmation.from_attr, items) if c is not None)
 
 
 def secrets_of(cfg: StudyConfig | None) -> tuple[str, ...]:

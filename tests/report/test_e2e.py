@@ -1,0 +1,264 @@
+"""The morning review end to end: a short study through the simulator, then report, explain,
+export and confirm as the operator runs them (real processes, real HTTP on 127.0.0.1).
+
+One study serves every test in this module (it takes the longest); every process started here
+carries the module's folder in its command line, and none may be left when the module ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.config import load_study
+from autotune.space import params_from_flags
+
+pytestmark = pytest.mark.e2e
+
+STUDY = """
+[server]
+backend = "sim"
+sim_profile = "kimi-k2.5-tp8-96g"
+
+[server.flags]
+model-path = "moonshotai/Kimi-K2.5"
+tp = 8
+trust-remote-code = true
+speculative-algorithm = "EAGLE3"
+speculative-draft-model-path = "lightseekorg/kimi-k2.5-eagle3"
+speculative-num-steps = 3
+speculative-eagle-topk = 1
+speculative-num-draft-tokens = 4
+
+[server.limits]
+startup_s = 60
+stall_s = 30
+workload_s = 60
+stop_grace_s = 10
+release_s = 10
+
+[search]
+mem_fraction_static = { low = 0.88, high = 0.94, step = 0.03 }
+max_running_requests = 48
+hicache_size = 48
+
+[baseline]
+mem_fraction_static = 0.88
+
+[workload]
+input_len = { dist = "uniform", min = 200, max = 600 }
+output_len = 16
+request_timeout_s = 30
+drain_timeout_s = 5
+
+[[workload.phases]]
+kind = "steady"
+concurrency = 8
+duration_s = 1.0
+
+[[workload.phases]]
+kind = "stress"
+rounds = 1
+requests = 2
+input_len = 8192
+output_len = 4
+
+[constraints]
+min_headroom_gib = 0.5
+
+[budget]
+n_trials = 3
+
+[sampler]
+name = "grid"
+"""
+
+
+def _ours(tag: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if tag in cmdline and state != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            pgid = os.getpgid(pid)
+            if pgid != os.getpgrp():
+                os.killpg(pgid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+
+
+def autotune(folder: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "autotune", *args, "--config", str(folder / "e2e.toml"),
+           "--results-dir", str(folder / "results")]  # fmt: skip
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, cwd=folder, start_new_session=True
+    )
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The study folder after `autotune run`; `report` was also run while trial 0 ran."""
+    folder = tmp_path_factory.mktemp("review")
+    (folder / "e2e.toml").write_text(STUDY)
+    cmd = [sys.executable, "-m", "autotune", "run", "--config", str(folder / "e2e.toml"),
+           "--results-dir", str(folder / "results")]  # fmt: skip
+    run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           cwd=folder, start_new_session=True)  # fmt: skip
+    try:
+        log = folder / "results/e2e/trials/0000/server.log"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and run.poll() is None:
+            if log.is_file() and "fired up and ready" in log.read_text(errors="replace"):
+                break
+            time.sleep(0.1)
+        during = autotune(folder, "report")
+        (folder / "during.txt").write_text(f"{during.returncode}\n{during.stdout}{during.stderr}")
+        out, _ = run.communicate(timeout=240)
+        assert run.returncode == 0, out
+        yield folder
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate(timeout=30)
+        left = _ours(str(folder))
+        _kill(left)
+        assert not left, f"processes left behind: {left}"
+
+
+def _trial_json(folder: Path, number: int) -> dict[str, object]:
+    data = json.loads((folder / f"results/e2e/trials/{number:04d}/trial.json").read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def test_report_while_running_and_after(study: Path) -> None:
+    during = (study / "during.txt").read_text()
+    assert during.startswith("0\n"), during
+    assert "running" in during
+    done = autotune(study, "report")
+    assert done.returncode == 0, done.stderr
+    assert "3 trials finished" in done.stdout and "UNCONFIRMED" in done.stdout
+    html = study / "results/e2e/report.html"
+    page = html.read_text()
+    assert "Plotly.newPlot" in page and "KV pool = A − P × (1 − f)" in page
+    pngs = sorted((study / "results/e2e/report").glob("*.png"))
+    assert {"pareto.png", "capacity.png", "feasibility.png", "ledger-winner.png"} <= {
+        p.name for p in pngs
+    }
+    assert all(p.stat().st_size > 5000 for p in pngs)
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium not installed")
+def test_report_opens_in_headless_chromium(study: Path) -> None:
+    assert autotune(study, "report").returncode == 0
+    html = study / "results/e2e/report.html"
+    shot = study / "shot.png"
+    argv = ["chromium", "--headless=new", "--no-sandbox", "--disable-gpu",
+            "--enable-logging=stderr", "--v=0", "--window-size=1300,2600",
+            "--virtual-time-budget=8000", f"--user-data-dir={study / 'chromium'}"]  # fmt: skip
+    dom = subprocess.run([*argv, "--dump-dom", html.as_uri()], capture_output=True, text=True,
+                         timeout=120, start_new_session=True)  # fmt: skip
+    console = [line for line in dom.stderr.splitlines() if ":CONSOLE" in line]
+    assert not console, console
+    assert dom.stdout.count('class="main-svg"') >= 6  # every plotly figure was drawn
+    pic = subprocess.run([*argv, f"--screenshot={shot}", html.as_uri()], capture_output=True,
+                         timeout=120, start_new_session=True)  # fmt: skip
+    assert pic.returncode == 0 and shot.stat().st_size > 50_000
+
+
+def test_explain_prints_the_arithmetic(study: Path) -> None:
+    done = autotune(study, "explain", "--trial", "0")
+    assert done.returncode == 0, done.stderr
+    assert "KV pool = A − P × (1 − f) = 21.71 − 94.05 × (1 − 0.88) = 10.42 GiB" in done.stdout
+    assert "Headroom P × (1 − f) = 11.29 GiB" in done.stdout
+    assert "Stress peak" in done.stdout and "What limits it" in done.stdout
+
+
+def test_export_prints_each_format_with_the_flags_the_trial_ran(study: Path) -> None:
+    cfg = load_study(study / "e2e.toml")
+    for fmt in ("flags", "shell", "json", "systemd"):
+        done = autotune(study, "export", "--format", fmt)
+        assert done.returncode == 0, done.stderr
+        assert "--mem-fraction-static" in done.stdout
+    unit = autotune(study, "export", "--format", "systemd").stdout
+    assert "\nExecStart=\nExecStart=" in unit and "UNCONFIRMED" in unit
+    ran = _trial_json(study, 0)
+    exported = json.loads(autotune(study, "export", "--format", "json", "--trial", "0").stdout)
+    argv = [str(a) for a in ran["argv"]]  # type: ignore[attr-defined]
+    for flag in ("--sim-gpu-dir", "--host", "--port"):  # chosen per launch by the harness
+        i = argv.index(flag)
+        del argv[i : i + 2]
+    assert exported["argv"] == argv
+    assert params_from_flags(exported["argv"], cfg.search) == ran["params"]
+    assert exported["params"] == ran["params"] and exported["trial"] == 0
+
+
+def test_confirm_records_pass_and_fail(study: Path) -> None:
+    passed = autotune(study, "confirm", "--margin", "0", "--soak-factor", "1.5")
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    assert "confirmation PASSED" in passed.stdout
+    failed = autotune(study, "confirm", "--trial", "2")  # 0.94 does not start
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "confirmation FAILED" in failed.stdout
+    url = f"sqlite:///{study / 'results/e2e/study.db'}"
+    attrs = optuna.load_study(study_name="e2e", storage=url).user_attrs
+    assert [c["passed"] for c in attrs["confirmations"]] == [True, False]
+    assert attrs["confirmation"]["params"]["mem_fraction_static"] == 0.94
+    shown = autotune(study, "export", "--margin", "0", "--format", "json")
+    assert json.loads(shown.stdout)["confirmed"] is True
+    assert "CONFIRMED by a soak" in autotune(study, "report", "--margin", "0").stdout
+    assert "UNCONFIRMED" in autotune(study, "export").stdout  # the default margin: not soaked
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("report", "--study", "nosuch"), "nosuch"),
+        (("explain", "--trial", "99"), "--trial 99"),
+        (("export", "--format", "xml"), "--format xml"),
+        (("export", "--margin", "lots"), "--margin"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(
+    study: Path, args: tuple[str, ...], message: str
+) -> None:
+    if args[1] == "--study":
+        cmd = [sys.executable, "-m", "autotune", *args, "--results-dir", str(study / "results")]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=study)
+    else:
+        done = autotune(study, *args)
+    assert done.returncode == 2
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_study_with_no_trials_is_exit_code_2(study: Path) -> None:
+    folder = study / "results" / "empty"
+    folder.mkdir()
+    optuna.create_study(study_name="empty", storage=f"sqlite:///{folder / 'study.db'}")
+    cmd = [sys.executable, "-m", "autotune", "report", "--study", "empty",
+           "--results-dir", str(study / "results")]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=study)
+    assert done.returncode == 2 and "no trials yet" in done.stderr
