@@ -9,8 +9,9 @@ from pathlib import Path
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy.exc import SQLAlchemyError
 
-from autotune.errors import UsageError
+from autotune.errors import HarnessError, UsageError
 from autotune.progress import duration
 from autotune.study import (
     STUDY_DB,
@@ -33,8 +34,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def handle(args: argparse.Namespace) -> int:
     name, url = _locate(args)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = load_existing(name, url)
-    sys.stdout.write(render(name, redact(url), study.get_trials(deepcopy=False)))
+    try:
+        study = load_existing(name, url)
+        trials = study.get_trials(deepcopy=False)
+    except SQLAlchemyError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise HarnessError(f"cannot read the study storage {redact(url)}: {first}") from exc
+    sys.stdout.write(render(name, redact(url), trials))
     return 0
 
 
