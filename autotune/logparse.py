@@ -238,7 +238,6 @@ _AVAIL = re.compile(r"avail[ _]mem=" + _NUM)
 _USAGE = re.compile(r"mem usage=" + _NUM)
 _ELAPSED = re.compile(r"(?:elapsed=|Time elapsed: )" + _NUM)
 _TYPE = re.compile(r"type=([\w.]+)")
-_DTYPE = re.compile(r"dtype=([\w.]+)")
 _KV_TOKENS = re.compile(r"#tokens: (\d+)")
 _KV_SIZE = re.compile(r"\bKV size: " + _NUM)
 _K_SIZE = re.compile(r"\bK size: " + _NUM)
@@ -256,6 +255,7 @@ _MRR_REDUCED = re.compile(r"requested (\d+) to (\d+)")
 _PID = re.compile(r"\[(\d+)\]")
 _URL = re.compile(r"(https?://\S+)")
 _RETRACT = re.compile(r"#retracted_reqs: (\d+)")
+_MRR_RESET = re.compile(r"reset to (\d+)")
 _TRIED = re.compile(r"Tried to allocate " + _NUM + r" ?(GiB|MiB|KiB|B)")
 
 
@@ -386,137 +386,154 @@ def _batch(phase: str, message: str, line_no: int, time: float | None, rank: str
     return Batch(phase, line_no, time, rank, *slots) if found else None
 
 
-def _memory_event(kind: Kind, message: str, ctx: tuple[int, float | None, str, str]) -> Event:
-    return Event(
-        kind,
-        *ctx,
-        _values(
+Ctx = tuple[int, float | None, str, str]  # line number, time, rank, text
+Builder = Callable[[str, Ctx], Event | None]
+
+
+def _plain(kind: Kind) -> Builder:
+    return lambda message, ctx: Event(kind, *ctx)
+
+
+def _memory(kind: Kind, label: re.Pattern[str] | None = None) -> Builder:
+    """Events with `avail mem=`, `mem usage=`, `elapsed=` figures (and a regex-read label)."""
+
+    def build(message: str, ctx: Ctx) -> Event:
+        values = _values(
             avail_gib=_num(_AVAIL, message),
             usage_gib=_num(_USAGE, message),
             elapsed_s=_num(_ELAPSED, message),
-        ),
-    )
+        )
+        m = label.search(message) if label is not None else None
+        return Event(kind, *ctx, values, m.group(1) if m else "")
+
+    return build
 
 
-def _graph_event(kind: Kind, message: str, ctx: tuple[int, float | None, str, str]) -> Event:
+def _kv_allocated(message: str, ctx: Ctx) -> Event:
+    kv = _num(_KV_SIZE, message)
+    k, v = _num(_K_SIZE, message), _num(_V_SIZE, message)
+    if kv is None and k is not None and v is not None:
+        kv = k + v  # MHA prints K and V separately
+    m = _KV_DTYPE.search(message)
+    values = _values(tokens=_num(_KV_TOKENS, message), kv_gib=kv, k_gib=k, v_gib=v)
+    return Event(Kind.KV_ALLOCATED, *ctx, values, m.group(1) if m else "")
+
+
+def _capturing(message: str, ctx: Ctx) -> Event:
+    m = _CAPTURING.search(message)
+    values = {"bs": float(m.group(1)), "avail_gib": float(m.group(2))} if m else {}
+    return Event(Kind.GRAPH_CAPTURING, *ctx, values)
+
+
+def _capture(message: str, ctx: Ctx) -> Event | None:
+    """`Capture [target|draft] [decode|prefill|verify|piecewise] cuda graph begin|end|failed`."""
+    if " failed" in message:
+        return Event(Kind.GRAPH_CAPTURE_FAILED, *ctx)
+    if " begin" in message:
+        kind = Kind.GRAPH_CAPTURE_BEGIN
+    elif " end" in message:
+        kind = Kind.GRAPH_CAPTURE_END
+    else:
+        return None  # the `bs [...]` and `num tokens [...]` lists
+    event = _memory(kind)(message, ctx)
+    assert event is not None
     m = _GRAPH_ROLE.match(message)
-    role = ""
+    role = " ".join(p.strip().lower() for p in m.groups() if p) if m else ""
+    return event._replace(label=role)
+
+
+def _summary(message: str, ctx: Ctx) -> Event:
+    values = {k: float(v) for k, v in _SUMMARY_FIELD.findall(message)}
+    return Event(Kind.SCHEDULER_SUMMARY, *ctx, values)
+
+
+def _mrr_reduced(message: str, ctx: Ctx) -> Event:
+    m = _MRR_REDUCED.search(message)
+    values = {"requested": float(m.group(1)), "value": float(m.group(2))} if m else {}
+    return Event(Kind.MRR_REDUCED, *ctx, values)
+
+
+def _mrr_reset(message: str, ctx: Ctx) -> Event:
+    m = _MRR_RESET.search(message)
+    return Event(Kind.MRR_SPEC_RESET, *ctx, _values(value=float(m.group(1)) if m else None))
+
+
+def _retract(message: str, ctx: Ctx) -> Event:
+    return Event(Kind.RETRACT, *ctx, _values(retracted=_num(_RETRACT, message)))
+
+
+def _kv_dtype(message: str, ctx: Ctx) -> Event:
+    return Event(Kind.KV_DTYPE, *ctx, label=message.rsplit(" ", 1)[-1])
+
+
+def _host_cache(message: str, ctx: Ctx) -> Event | None:
+    if "host" not in message:
+        return None
+    m = _HOST_GB.search(message)
+    values = {}
     if m:
-        role = " ".join(p.strip().lower() for p in m.groups() if p)
-    event = _memory_event(kind, message, ctx)
-    return Event(event.kind, *ctx, event.values, role)
+        values = _values(gb=float(m.group(2)), tokens=float(m.group(1)) if m.group(1) else None)
+    return Event(Kind.HOST_CACHE, *ctx, values)
 
 
-def _startup(message: str, ctx: tuple[int, float | None, str, str]) -> Event | None:
+def _rank_dead(message: str, ctx: Ctx) -> Event | None:
+    return Event(Kind.RANK_DEAD, *ctx) if "is dead" in message else None
+
+
+def _exit_code(message: str, ctx: Ctx) -> Event:
+    code = message[11:].strip()
+    values = {"code": float(code)} if code.lstrip("-").isdigit() else {}
+    return Event(Kind.EXIT_CODE, *ctx, values)
+
+
+# How a startup or lifecycle message begins -> how to read it (reference §4.2, §4.4, §4.5, §7).
+_STARTS: tuple[tuple[str, Builder], ...] = (
+    ("Load weight begin", _memory(Kind.WEIGHT_LOAD_BEGIN)),
+    ("Load weight end", _memory(Kind.WEIGHT_LOAD_END, _TYPE)),
+    ("KV Cache is allocated", _kv_allocated),
+    ("KV cache pool is full", _retract),
+    ("Capturing batches", _capturing),
+    ("Capture ", _capture),
+    ("Init torch distributed begin", _plain(Kind.DIST_INIT_BEGIN)),
+    ("Init parallel begin", _plain(Kind.DIST_INIT_BEGIN)),
+    ("Init torch distributed ends", _memory(Kind.DIST_INIT_END)),
+    ("Init parallel ends", _memory(Kind.DIST_INIT_END)),
+    ("Initialization failed", _plain(Kind.WARMUP_FAILED)),
+    ("Memory pool end", _memory(Kind.MEMORY_POOL_END)),
+    ("Memory baseline taken", _memory(Kind.MEMORY_BASELINE)),
+    ("Max running requests is reset", _mrr_reset),
+    ("max_total_num_tokens=", _summary),
+    ("max_running_requests was reduced", _mrr_reduced),
+    ("Using KV cache dtype", _kv_dtype),
+    ("The server is fired up and ready to roll", _plain(Kind.READY)),
+    ("The memory capacity is unbalanced", _plain(Kind.UNBALANCED_MEMORY)),
+    ("Allocating ", _host_cache),
+    ("HiCache auto-sizing", _plain(Kind.HICACHE_AUTOSIZE)),
+    ("Scheduler hit an exception", _plain(Kind.SCHEDULER_EXCEPTION)),
+    ("Scheduler watchdog timeout", _plain(Kind.WATCHDOG_TIMEOUT)),
+    ("SIGQUIT received", _plain(Kind.SIGQUIT)),
+    ("Received sigquit from a child process", _plain(Kind.SIGQUIT)),
+    ("SIGTERM received", _plain(Kind.SIGTERM_RECEIVED)),
+    ("Gracefully exiting", _plain(Kind.GRACEFUL_EXIT)),
+    ("Rank ", _rank_dead),
+    ("Exit code: ", _exit_code),
+    ("Health check failed", _plain(Kind.HEALTH_CHECK_FAILED)),
+    ("Entering DeepGEMM", _plain(Kind.DEEPGEMM_JIT)),
+)
+_BY_FIRST_CHAR: dict[str, tuple[tuple[str, Builder], ...]] = {
+    c: tuple(row for row in _STARTS if row[0][0] == c) for c in {row[0][0] for row in _STARTS}
+}
+
+
+def _startup(message: str, ctx: Ctx) -> Event | None:
     """Startup and lifecycle lines, matched on how the message begins."""
-    c = message[0]
-    if c == "L" and message.startswith("Load weight "):
-        if message.startswith("Load weight begin"):
-            return _memory_event(Kind.WEIGHT_LOAD_BEGIN, message, ctx)
-        if message.startswith("Load weight end"):
-            event = _memory_event(Kind.WEIGHT_LOAD_END, message, ctx)
-            m = _TYPE.search(message)
-            return Event(event.kind, *ctx, event.values, m.group(1) if m else "")
-    elif c == "K":
-        if message.startswith("KV Cache is allocated"):
-            kv = _num(_KV_SIZE, message)
-            k, v = _num(_K_SIZE, message), _num(_V_SIZE, message)
-            if kv is None and k is not None and v is not None:
-                kv = k + v
-            m = _KV_DTYPE.search(message)
-            return Event(
-                Kind.KV_ALLOCATED,
-                *ctx,
-                _values(tokens=_num(_KV_TOKENS, message), kv_gib=kv, k_gib=k, v_gib=v),
-                m.group(1) if m else "",
-            )
-        if message.startswith("KV cache pool is full"):
-            return Event(Kind.RETRACT, *ctx, _values(retracted=_num(_RETRACT, message)))
-    elif c == "C":
-        if message.startswith("Capturing batches"):
-            m = _CAPTURING.search(message)
-            values = {"bs": float(m.group(1)), "avail_gib": float(m.group(2))} if m else {}
-            return Event(Kind.GRAPH_CAPTURING, *ctx, values)
-        if message.startswith("Capture "):
-            if " failed" in message:
-                return Event(Kind.GRAPH_CAPTURE_FAILED, *ctx)
-            if " begin" in message:
-                return _graph_event(Kind.GRAPH_CAPTURE_BEGIN, message, ctx)
-            if " end" in message:
-                return _graph_event(Kind.GRAPH_CAPTURE_END, message, ctx)
-    elif c == "I":
-        if message.startswith(("Init torch distributed begin", "Init parallel begin")):
-            return Event(Kind.DIST_INIT_BEGIN, *ctx)
-        if message.startswith(("Init torch distributed ends", "Init parallel ends")):
-            return _memory_event(Kind.DIST_INIT_END, message, ctx)
-        if message.startswith("Initialization failed"):
-            return Event(Kind.WARMUP_FAILED, *ctx)
-    elif c == "M":
-        if message.startswith("Memory pool end"):
-            return _memory_event(Kind.MEMORY_POOL_END, message, ctx)
-        if message.startswith("Memory baseline taken"):
-            return _memory_event(Kind.MEMORY_BASELINE, message, ctx)
-        if message.startswith("Max running requests is reset"):
-            m = re.search(r"reset to (\d+)", message)
-            return Event(Kind.MRR_SPEC_RESET, *ctx, _values(value=float(m.group(1)) if m else None))
-    elif c == "m":
-        if message.startswith("max_total_num_tokens="):
-            values = {k: float(v) for k, v in _SUMMARY_FIELD.findall(message)}
-            return Event(Kind.SCHEDULER_SUMMARY, *ctx, values)
-        if message.startswith("max_running_requests was reduced"):
-            m = _MRR_REDUCED.search(message)
-            values = {"requested": float(m.group(1)), "value": float(m.group(2))} if m else {}
-            return Event(Kind.MRR_REDUCED, *ctx, values)
-    elif c == "U":
-        if message.startswith("Using KV cache dtype"):
-            return Event(Kind.KV_DTYPE, *ctx, label=message.rsplit(" ", 1)[-1])
-    elif c == "T":
-        if message.startswith("The server is fired up and ready to roll"):
-            return Event(Kind.READY, *ctx)
-        if message.startswith("The memory capacity is unbalanced"):
-            return Event(Kind.UNBALANCED_MEMORY, *ctx)
-    elif c == "A":
-        if message.startswith("Allocating ") and "host" in message:
-            m = _HOST_GB.search(message)
-            values = {}
-            if m:
-                values = _values(
-                    gb=float(m.group(2)), tokens=float(m.group(1)) if m.group(1) else None
-                )
-            return Event(Kind.HOST_CACHE, *ctx, values)
-    elif c == "S":
-        if message.startswith("Scheduler hit an exception"):
-            return Event(Kind.SCHEDULER_EXCEPTION, *ctx)
-        if message.startswith("SIGQUIT received"):
-            return Event(Kind.SIGQUIT, *ctx)
-        if message.startswith("SIGTERM received"):
-            return Event(Kind.SIGTERM_RECEIVED, *ctx)
-        if message.startswith("Scheduler watchdog timeout"):
-            return Event(Kind.WATCHDOG_TIMEOUT, *ctx)
-    elif c == "R":
-        if message.startswith("Received sigquit from a child process"):
-            return Event(Kind.SIGQUIT, *ctx)
-        if message.startswith("Rank ") and "is dead" in message:
-            return Event(Kind.RANK_DEAD, *ctx)
-    elif c == "G":
-        if message.startswith("Gracefully exiting"):
-            return Event(Kind.GRACEFUL_EXIT, *ctx)
-    elif c == "H":
-        if message.startswith("HiCache auto-sizing"):
-            return Event(Kind.HICACHE_AUTOSIZE, *ctx)
-        if message.startswith("Health check failed"):
-            return Event(Kind.HEALTH_CHECK_FAILED, *ctx)
-    elif c == "E":
-        if message.startswith("Entering DeepGEMM"):
-            return Event(Kind.DEEPGEMM_JIT, *ctx)
-        if message.startswith("Exit code: "):
-            code = message[11:].strip()
-            values = {"code": float(code)} if code.lstrip("-").isdigit() else {}
-            return Event(Kind.EXIT_CODE, *ctx, values)
+    for prefix, build in _BY_FIRST_CHAR.get(message[0], ()):
+        if message.startswith(prefix):
+            return build(message, ctx)
     return None
 
 
-def _uvicorn(message: str, ctx: tuple[int, float | None, str, str]) -> Event | None:
+def _uvicorn(message: str, ctx: Ctx) -> Event | None:
     body = message[5:].lstrip()
     if body.startswith("Started server process"):
         m = _PID.search(body)
@@ -527,7 +544,7 @@ def _uvicorn(message: str, ctx: tuple[int, float | None, str, str]) -> Event | N
     return None
 
 
-def _failure(line: str, ctx: tuple[int, float | None, str, str]) -> Event | None:
+def _failure(line: str, ctx: Ctx) -> Event | None:
     """Failure text, wherever it sits in the line (tracebacks carry no prefix)."""
     if "out of memory" in line:
         if "Tried to allocate" in line and "CUDA out of memory" in line:
