@@ -83,7 +83,8 @@ def probe_ready(base_url: str, api_key: str | None, timeout_s: float) -> Answer:
 
 
 def server_info(base_url: str, api_key: str | None, timeout_s: float = 10.0) -> dict[str, Any]:
-    """`/server_info` (or the deprecated `/get_server_info`) as a dict; {} when unavailable."""
+    """`/server_info` (or the deprecated `/get_server_info`) as a dict; {} when unavailable.
+    It lists every server argument, so key fields are masked before anyone can store it."""
     for route in ("/server_info", "/get_server_info"):
         answer = request(f"{base_url}{route}", api_key=api_key, timeout_s=timeout_s)
         if answer.ok:
@@ -91,8 +92,17 @@ def server_info(base_url: str, api_key: str | None, timeout_s: float = 10.0) -> 
                 data = json.loads(answer.body)
             except ValueError:
                 return {}
-            return data if isinstance(data, dict) else {}
+            return masked(data) if isinstance(data, dict) else {}
     return {}
+
+
+def masked(value: Any) -> Any:
+    """`value` with every `*api_key` field that holds something replaced by ***."""
+    if isinstance(value, dict):
+        return {k: "***" if k.endswith("api_key") and v else masked(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [masked(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True)

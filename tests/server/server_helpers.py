@@ -6,11 +6,12 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from autotune.phase import PhaseLimits
-from autotune.server import LaunchSpec
+from autotune.server import Death, LaunchSpec, Server
 
 FAKE = Path(__file__).with_name("fake_server.py")
 
@@ -54,3 +55,14 @@ def sleeper() -> subprocess.Popen[bytes]:
 
 def pid_alive(popen: subprocess.Popen[Any]) -> bool:
     return popen.poll() is None and os.path.exists(f"/proc/{popen.pid}")
+
+
+def wait_death(server: Server, limit_s: float = 20.0) -> Death:
+    """Poll `check_alive` until the server is judged dead (fails the test after `limit_s`)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        death = server.check_alive()
+        if death is not None:
+            return death
+        time.sleep(0.05)
+    raise AssertionError("the server was never judged dead")

@@ -9,24 +9,14 @@ from pathlib import Path
 
 import pytest
 from conftest import Guard
-from server_helpers import fake_spec, pid_alive, sleeper
+from server_helpers import fake_spec, pid_alive, sleeper, wait_death
 
 from autotune import pidfile
 from autotune.errors import HarnessError, UsageError
 from autotune.outcome import Outcome
 from autotune.phase import Phase, PhaseLimits
-from autotune.server import Death, Server
+from autotune.server import Server
 from autotune.teardown import stop_orphans
-
-
-def wait_death(server: Server, limit_s: float = 15.0) -> Death:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        death = server.check_alive()
-        if death is not None:
-            return death
-        time.sleep(0.05)
-    raise AssertionError("the server was never judged dead")
 
 
 def test_ready_then_clean_stop_spares_a_foreign_process(tmp_path: Path, guard: Guard) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from conftest import Guard
-from server_helpers import free_port, pid_alive, sleeper
+from server_helpers import free_port, pid_alive, sleeper, wait_death
 
 from autotune import pidfile
 from autotune.errors import HarnessError
@@ -76,16 +76,6 @@ def generate(server: Server, tokens: int, api_key: str | None = None) -> None:
     )
     with contextlib.suppress(urllib.error.URLError, ConnectionError):  # it dies under the request
         urllib.request.urlopen(req, timeout=30).read()
-
-
-def wait_death(server: Server, limit_s: float = 20.0) -> Any:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        death = server.check_alive()
-        if death is not None:
-            return death
-        time.sleep(0.05)
-    raise AssertionError("never judged dead")
 
 
 def test_ready_ledger_matches_server_info_and_teardown_releases_gpus(
@@ -268,6 +258,7 @@ def test_api_key_never_written_and_a_restarted_autotune_stops_its_orphan(
     report = server.wait_ready()
     assert report.outcome is Outcome.READY, report.evidence
     assert report.server_info, "autotune's own checks authenticate"
+    assert key not in json.dumps(report.server_info)
     [(path, record)] = pidfile.records(spec.run_dir)
     assert key not in path.read_text() and "--api-key" in record.argv
     autotune_files = [p for p in tmp_path.rglob("*") if p.is_file() and p != spec.log_path]

@@ -281,3 +281,14 @@ def test_nvml_probe_without_a_driver_is_a_harness_error(monkeypatch: pytest.Monk
     monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml(fail_init=True))
     with pytest.raises(HarnessError, match="NVML could not start"):
         NvmlProbe().snapshot()
+
+
+def test_server_info_key_fields_are_masked() -> None:
+    from autotune.health import masked
+
+    info = {"api_key": "k", "admin_api_key": None, "internal_states": [{"api_key": "k", "x": 1}]}
+    assert masked(info) == {
+        "api_key": "***",
+        "admin_api_key": None,
+        "internal_states": [{"api_key": "***", "x": 1}],
+    }
