@@ -483,8 +483,3 @@ class Server:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def describe_command(argv: Sequence[str], api_key: str | None = None) -> str:
-    """The command line for messages and records, secrets masked."""
-    return " ".join(pidfile.masked_argv(argv, [api_key] if api_key else []))
