@@ -10,9 +10,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from autotune.explain import explain
-from autotune.report.page import summary, write_report
-from autotune.report.review import add_review_args, open_source, review_of
+from autotune.report.review import add_review_args
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,6 +27,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
+    from autotune.explain import explain
+    from autotune.report.page import summary, write_report
+    from autotune.report.review import open_source, review_of
+
     source = open_source(args)
     review = review_of(source, args)
     w = review.winner

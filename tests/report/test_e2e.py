@@ -17,10 +17,12 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import optuna
 import pytest
 
+from autotune.cli import main
 from autotune.config import load_study
 from autotune.space import params_from_flags
 
@@ -30,6 +32,7 @@ STUDY = """
 [server]
 backend = "sim"
 sim_profile = "kimi-k2.5-tp8-96g"
+sim_time_scale = 3000
 
 [server.flags]
 model-path = "moonshotai/Kimi-K2.5"
@@ -110,6 +113,24 @@ def _kill(pids: list[int]) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+class Done(NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def cli(folder: Path, capsys: pytest.CaptureFixture[str], *args: str) -> Done:
+    """`autotune ARGS` in this process (the servers it starts are still processes of their own)."""
+    capsys.readouterr()
+    try:
+        code = main([*args, "--config", str(folder / "e2e.toml"),
+                     "--results-dir", str(folder / "results")])  # fmt: skip
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return Done(code, out, err)
+
+
 def autotune(folder: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "autotune", *args, "--config", str(folder / "e2e.toml"),
            "--results-dir", str(folder / "results")]  # fmt: skip
@@ -120,7 +141,7 @@ def autotune(folder: Path, *args: str, timeout: float = 120) -> subprocess.Compl
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The study folder after `autotune run`; `report` was also run while trial 0 ran."""
+    """The study folder after `autotune run`; `report` ran while trial 0 ran and at the end."""
     folder = tmp_path_factory.mktemp("review")
     (folder / "e2e.toml").write_text(STUDY)
     cmd = [sys.executable, "-m", "autotune", "run", "--config", str(folder / "e2e.toml"),
@@ -138,6 +159,8 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         (folder / "during.txt").write_text(f"{during.returncode}\n{during.stdout}{during.stderr}")
         out, _ = run.communicate(timeout=240)
         assert run.returncode == 0, out
+        after = autotune(folder, "report")
+        (folder / "after.txt").write_text(f"{after.returncode}\n{after.stdout}{after.stderr}")
         yield folder
     finally:
         if run.poll() is None:
@@ -158,9 +181,9 @@ def test_report_while_running_and_after(study: Path) -> None:
     during = (study / "during.txt").read_text()
     assert during.startswith("0\n"), during
     assert "running" in during
-    done = autotune(study, "report")
-    assert done.returncode == 0, done.stderr
-    assert "3 trials finished" in done.stdout and "UNCONFIRMED" in done.stdout
+    after = (study / "after.txt").read_text()
+    assert after.startswith("0\n"), after
+    assert "3 trials finished" in after and "UNCONFIRMED" in after
     html = study / "results/e2e/report.html"
     page = html.read_text()
     assert "Plotly.newPlot" in page and "KV pool = A − P × (1 − f)" in page
@@ -173,40 +196,43 @@ def test_report_while_running_and_after(study: Path) -> None:
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium not installed")
 def test_report_opens_in_headless_chromium(study: Path) -> None:
-    assert autotune(study, "report").returncode == 0
     html = study / "results/e2e/report.html"
     shot = study / "shot.png"
     argv = ["chromium", "--headless=new", "--no-sandbox", "--disable-gpu",
             "--enable-logging=stderr", "--v=0", "--window-size=1300,2600",
             "--virtual-time-budget=8000", f"--user-data-dir={study / 'chromium'}"]  # fmt: skip
-    dom = subprocess.run([*argv, "--dump-dom", html.as_uri()], capture_output=True, text=True,
-                         timeout=120, start_new_session=True)  # fmt: skip
+    pic = subprocess.Popen([*argv, f"--screenshot={shot}", html.as_uri()], cwd=study,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)  # fmt: skip
+    dom_argv = [*argv[:-1], f"--user-data-dir={study / 'chromium-dom'}"]
+    dom = subprocess.run([*dom_argv, "--dump-dom", html.as_uri()], capture_output=True,
+                         text=True, timeout=120, start_new_session=True)  # fmt: skip
+    assert pic.wait(timeout=120) == 0 and shot.stat().st_size > 50_000
     console = [line for line in dom.stderr.splitlines() if ":CONSOLE" in line]
     assert not console, console
     assert dom.stdout.count('class="main-svg"') >= 6  # every plotly figure was drawn
-    pic = subprocess.run([*argv, f"--screenshot={shot}", html.as_uri()], capture_output=True,
-                         timeout=120, start_new_session=True)  # fmt: skip
-    assert pic.returncode == 0 and shot.stat().st_size > 50_000
 
 
-def test_explain_prints_the_arithmetic(study: Path) -> None:
-    done = autotune(study, "explain", "--trial", "0")
+def test_explain_prints_the_arithmetic(study: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    done = cli(study, capsys, "explain", "--trial", "0")
     assert done.returncode == 0, done.stderr
     assert "KV pool = A − P × (1 − f) = 21.71 − 94.05 × (1 − 0.88) = 10.42 GiB" in done.stdout
     assert "Headroom P × (1 − f) = 11.29 GiB" in done.stdout
     assert "Stress peak" in done.stdout and "What limits it" in done.stdout
 
 
-def test_export_prints_each_format_with_the_flags_the_trial_ran(study: Path) -> None:
+def test_export_prints_each_format_with_the_flags_the_trial_ran(
+    study: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg = load_study(study / "e2e.toml")
     for fmt in ("flags", "shell", "json", "systemd"):
-        done = autotune(study, "export", "--format", fmt)
+        done = cli(study, capsys, "export", "--format", fmt)
         assert done.returncode == 0, done.stderr
         assert "--mem-fraction-static" in done.stdout
-    unit = autotune(study, "export", "--format", "systemd").stdout
+    unit = cli(study, capsys, "export", "--format", "systemd").stdout
     assert "\nExecStart=\nExecStart=" in unit and "UNCONFIRMED" in unit
     ran = _trial_json(study, 0)
-    exported = json.loads(autotune(study, "export", "--format", "json", "--trial", "0").stdout)
+    exported = json.loads(cli(study, capsys, "export", "--format", "json", "--trial", "0").stdout)
     argv = [str(a) for a in ran["argv"]]  # type: ignore[attr-defined]
     for flag in ("--sim-gpu-dir", "--host", "--port"):  # chosen per launch by the harness
         i = argv.index(flag)
@@ -216,21 +242,21 @@ def test_export_prints_each_format_with_the_flags_the_trial_ran(study: Path) -> 
     assert exported["params"] == ran["params"] and exported["trial"] == 0
 
 
-def test_confirm_records_pass_and_fail(study: Path) -> None:
-    passed = autotune(study, "confirm", "--margin", "0", "--soak-factor", "1.5")
+def test_confirm_records_pass_and_fail(study: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    passed = cli(study, capsys, "confirm", "--margin", "0", "--soak-factor", "1.5")
     assert passed.returncode == 0, passed.stdout + passed.stderr
     assert "confirmation PASSED" in passed.stdout
-    failed = autotune(study, "confirm", "--trial", "2")  # 0.94 does not start
+    failed = cli(study, capsys, "confirm", "--trial", "2")  # 0.94 does not start
     assert failed.returncode == 1, failed.stdout + failed.stderr
     assert "confirmation FAILED" in failed.stdout
     url = f"sqlite:///{study / 'results/e2e/study.db'}"
     attrs = optuna.load_study(study_name="e2e", storage=url).user_attrs
     assert [c["passed"] for c in attrs["confirmations"]] == [True, False]
     assert attrs["confirmation"]["params"]["mem_fraction_static"] == 0.94
-    shown = autotune(study, "export", "--margin", "0", "--format", "json")
+    shown = cli(study, capsys, "export", "--margin", "0", "--format", "json")
     assert json.loads(shown.stdout)["confirmed"] is True
-    assert "CONFIRMED by a soak" in autotune(study, "report", "--margin", "0").stdout
-    assert "UNCONFIRMED" in autotune(study, "export").stdout  # the default margin: not soaked
+    assert "CONFIRMED by a soak" in cli(study, capsys, "explain", "--margin", "0").stdout
+    assert "UNCONFIRMED" in cli(study, capsys, "export").stdout  # the default margin: not soaked
 
 
 @pytest.mark.parametrize(
@@ -243,22 +269,23 @@ def test_confirm_records_pass_and_fail(study: Path) -> None:
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(
-    study: Path, args: tuple[str, ...], message: str
+    study: Path, args: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     if args[1] == "--study":
         cmd = [sys.executable, "-m", "autotune", *args, "--results-dir", str(study / "results")]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=study)
     else:
-        done = autotune(study, *args)
+        done = cli(study, capsys, *args)  # type: ignore[assignment]
     assert done.returncode == 2
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
-def test_a_study_with_no_trials_is_exit_code_2(study: Path) -> None:
+def test_a_study_with_no_trials_is_exit_code_2(
+    study: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     folder = study / "results" / "empty"
     folder.mkdir()
     optuna.create_study(study_name="empty", storage=f"sqlite:///{folder / 'study.db'}")
-    cmd = [sys.executable, "-m", "autotune", "report", "--study", "empty",
-           "--results-dir", str(study / "results")]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=study)
-    assert done.returncode == 2 and "no trials yet" in done.stderr
+    capsys.readouterr()
+    code = main(["report", "--study", "empty", "--results-dir", str(study / "results")])
+    assert code == 2 and "no trials yet" in capsys.readouterr().err
