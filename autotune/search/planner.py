@@ -47,6 +47,8 @@ from autotune.search.points import (
 )
 
 EXPLORE_FLOOR = 0.9
+RECHECKS = 3
+"""A best setting with a thin margin is run until it held this many times (or failed once)."""
 SAME_CAPACITY = 0.002
 """Launches of one fraction differ by launch jitter (a few hundred tokens); this much is a tie."""
 """Exploring for throughput gives up at most this share of the best capacity."""
@@ -158,7 +160,13 @@ class _Planner:
         self.pending = pending
         self.goal = goal
         self.model = fit(p.observation for p in known if p.observation is not None)
-        stable = [p for p in known if p.feasible and p.observation and p.observation.tokens]
+        # stable: held, and nothing needing no more GPU memory failed (a repeat of the same
+        # fraction, requests and chunk that ran out of headroom disqualifies it)
+        stable = [
+            p
+            for p in known
+            if p.feasible and p.observation and p.observation.tokens and not self._beaten(p)
+        ]
         # the most capacity; among launches within launch jitter of it, the fastest
         top = max((tokens_of(p) for p in stable), default=0)
         level = [p for p in stable if tokens_of(p) >= top * (1 - SAME_CAPACITY)]
@@ -171,6 +179,16 @@ class _Planner:
         self.default_chunk = ref_obs.chunk
         self.cap = tokens_of(self.best) if self.best else 0
         self.taken = {key(p.params, names) for p in known} | {key(p, names) for p in pending}
+
+    def _beaten(self, p: Point) -> bool:
+        s = p.observation.setting if p.observation else None
+        for q in self.known:
+            o = q.observation
+            if s is None or o is None or not q.memory_failure or host_failure(o) is not None:
+                continue
+            if needs_more(s, o.setting):
+                return True
+        return False
 
     # ---- candidates ----------------------------------------------------------------------
 
@@ -245,11 +263,37 @@ class _Planner:
                 )
                 return self._proposal(params, fc, "down", f"p(stable) {p:.2f}")
             return self._done("no setting left that the model expects to be stable")
+        recheck = self._recheck()
+        if recheck is not None:
+            return recheck
         if g.explore:
             explored = self._explore(scored)
             if explored is not None:
                 return explored
         return self._done(self._edge_summary(scored))
+
+    def _recheck(self) -> Proposal | None:
+        """Run the best setting again while its margin is thin and it has held fewer than
+        RECHECKS times: one lucky stress phase at the edge is not stability."""
+        best = self.best
+        if best is None or best.observation is None:
+            return None
+        s = best.observation.setting
+        fc = self.model.forecast(
+            s, default_slots=self.default_slots, default_chunk=self.default_chunk
+        )
+        p = fc.p_stable(self.goal.min_headroom_gib)
+        runs = sum(
+            1
+            for q in self.known
+            if q.feasible and q.observation and _same_gpu(q.observation.setting, s)
+        )
+        if p >= self.goal.safe_p or runs >= RECHECKS:
+            return None
+        params = {k: v for k, v in best.params.items() if k in self.axes}
+        return self._proposal(
+            params, fc, "recheck", f"held {runs} time(s) with a thin margin, p(stable) {p:.2f}"
+        )
 
     def _bisect(
         self, doubtful: list[tuple[dict[str, Scalar], Forecast, float]]
@@ -403,3 +447,12 @@ def _tokens_rank_cap(planner: _Planner) -> float:
 
 def _fc_tokens(fc: Forecast) -> float:
     return fc.tokens.mean if fc.tokens is not None else 0.0
+
+
+def _same_gpu(a: Setting, b: Setting) -> bool:
+    """Same GPU memory demand: fraction, requests and chunk (the host cache is host memory)."""
+    return (
+        abs(a.mem_fraction - b.mem_fraction) < 1e-9
+        and a.max_running_requests == b.max_running_requests
+        and a.chunked_prefill_size == b.chunked_prefill_size
+    )

@@ -152,3 +152,16 @@ def test_a_bigger_prefill_chunk_is_predicted_to_need_more_headroom() -> None:
     assert small.mean < mid.mean < big.mean
     assert big.sd > mid.sd
     assert at[16384].p_stable(0.5) < 0.5 < at[4096].p_stable(0.5)
+
+
+def test_rechecks_a_best_setting_that_held_with_a_thin_margin() -> None:
+    done = list(EDGE_FOUND)
+    edge = done[2].observation
+    assert edge is not None and edge.static_free_gib is not None
+    thin = dataclasses.replace(edge, stress_peak_gib=edge.static_free_gib - 0.58, headroom_gib=0.58)
+    done[2] = dataclasses.replace(done[2], observation=thin)
+    p = plan(AXES, done, [], Goal(min_headroom_gib=0.5, explore=False))
+    assert p.rule == "recheck"
+    assert p.params == kimi(0.9)
+    again = [*done, dataclasses.replace(done[2], number=4), dataclasses.replace(done[2], number=5)]
+    assert plan(AXES, again, [], Goal(min_headroom_gib=0.5, explore=False)).rule == "confirm"
