@@ -11,14 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import UsageError
 from autotune.ledger import Ledger, build_ledger
-from autotune.logparse import Batch, Kind, ParsedLog, parse_lines
+from autotune.logparse import Kind, ParsedLog, parse_lines
 from autotune.outcome import Verdict, classify
+from autotune.serving import ServingSummary, summarize
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -45,35 +45,15 @@ def read_log(path: Path) -> ParsedLog:
         raise UsageError(f"{path}: cannot read it ({exc.strerror})") from exc
 
 
-def serving_summary(batches: Sequence[Batch], retractions: int) -> dict[str, Any]:
-    def peak(values: list[float | int | None]) -> float | int | None:
-        present = [v for v in values if v is not None]
-        return max(present) if present else None
-
-    decode = [b for b in batches if b.phase == "decode"]
-    prefill = [b for b in batches if b.phase == "prefill"]
-    return {
-        "decode_lines": len(decode),
-        "prefill_lines": len(prefill),
-        "max_running": peak([b.running for b in batches]),
-        "max_queued": peak([b.queued for b in batches]),
-        "max_token_usage": peak([b.token_usage for b in batches]),
-        "max_gen_throughput": peak([b.gen_throughput for b in decode]),
-        "max_input_throughput": peak([b.input_throughput for b in prefill]),
-        "retractions": retractions,
-    }
+def summarize_log(log: ParsedLog) -> tuple[Ledger, Verdict, ServingSummary]:
+    return build_ledger(log.events), classify(log.events), summarize(log.batches, log.events)
 
 
-def summarize(log: ParsedLog) -> tuple[Ledger, Verdict, dict[str, Any]]:
-    retracted = sum(int(e.values.get("retracted", 0)) for e in log.of(Kind.RETRACT))
-    return build_ledger(log.events), classify(log.events), serving_summary(log.batches, retracted)
-
-
-def as_json(ledger: Ledger, verdict: Verdict, serving: dict[str, Any], log: ParsedLog) -> str:
+def as_json(ledger: Ledger, verdict: Verdict, serving: ServingSummary, log: ParsedLog) -> str:
     doc: dict[str, Any] = ledger.to_dict()
     doc["ready"] = log.first(Kind.READY) is not None
     doc.update(verdict.to_dict())
-    doc["serving"] = serving
+    doc["serving"] = serving.to_dict()
     doc["lines"] = log.lines
     return json.dumps(doc)
 
@@ -103,7 +83,7 @@ _ROWS = (
 )
 
 
-def as_text(ledger: Ledger, verdict: Verdict, serving: dict[str, Any]) -> str:
+def as_text(ledger: Ledger, verdict: Verdict, serving: ServingSummary) -> str:
     lines = [f"outcome: {verdict.outcome}" + (f" ({verdict.cause})" if verdict.cause else "")]
     for line in verdict.evidence:
         lines.append(f"  | {line}")
@@ -118,21 +98,21 @@ def as_text(ledger: Ledger, verdict: Verdict, serving: dict[str, Any]) -> str:
         else:
             shown = f"{value:,}" if isinstance(value, int) else str(value)
         lines.append(f"{label:<28} {shown:>14} {unit}".rstrip())
-    if serving["decode_lines"] or serving["prefill_lines"]:
+    if serving.decode_lines or serving.prefill_lines:
         lines.append("")
         lines.append(
-            f"serving: {serving['prefill_lines']} prefill and {serving['decode_lines']} decode"
-            f" lines; peak running {serving['max_running']}, queued {serving['max_queued']},"
-            f" token usage {serving['max_token_usage']},"
-            f" gen throughput {serving['max_gen_throughput']} tok/s;"
-            f" {serving['retractions']} requests retracted"
+            f"serving: {serving.prefill_lines} prefill and {serving.decode_lines} decode lines;"
+            f" peak running {serving.max_running}, queued {serving.max_queued},"
+            f" token usage {serving.max_token_usage},"
+            f" gen throughput {serving.max_gen_throughput} tok/s;"
+            f" {serving.retractions} requests retracted"
         )
     return "\n".join(lines) + "\n"
 
 
 def handle(args: argparse.Namespace) -> int:
     log = read_log(args.logfile)
-    ledger, verdict, serving = summarize(log)
+    ledger, verdict, serving = summarize_log(log)
     out = (
         as_json(ledger, verdict, serving, log) + "\n"
         if args.json

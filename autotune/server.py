@@ -42,6 +42,7 @@ from autotune.logparse import Batch, Event
 from autotune.logwatch import LogWatch
 from autotune.outcome import Outcome, RunFacts, Verdict, classify
 from autotune.phase import Phase, PhaseLimits
+from autotune.serving import ServingSummary, summarize
 from autotune.teardown import Teardown, port_is_free, terminate, wait_gone
 
 Clock = Callable[[], float]
@@ -265,6 +266,10 @@ class Server:
 
     def ledger(self) -> Ledger:
         return build_ledger(self.log.events)
+
+    def serving(self) -> ServingSummary:
+        """The batch lines logged so far, summed up (peaks, CUDA-graph share, retractions)."""
+        return summarize(self.log.batches, self.log.events)
 
     def _exited(self) -> bool:
         return self.process.poll() is not None

@@ -125,6 +125,8 @@ def test_health_failing_alone_while_batches_flow_keeps_server_alive(
         assert server.check_alive() is None
         time.sleep(0.05)
     assert watch.state().failures_in_a_row > 0
+    serving = server.serving()
+    assert serving.decode_lines > 0 and serving.max_running == 4
     assert server.stop().clean
 
 
