@@ -189,18 +189,46 @@ def fig_waterfalls(items: Sequence[WaterfallData], first: int = 0) -> go.Figure:
         title=f"Memory per GPU, {e(shown.title)}" if shown else "Memory per GPU",
         yaxis_title="GiB per GPU",
         shapes=_waterfall_shapes(shown) if shown else [],
-        updatemenus=[{"buttons": buttons, "x": 1.0, "xanchor": "right", "y": 1.18}]
-        if len(items) > 1
-        else [],
+        updatemenus=[*_zoom_menu(items), *_trial_menu(buttons)],
+        yaxis_range=[0, _zoom_top(items)],
         showlegend=False,
-        **{k: v for k, v in _LAYOUT.items() if k != "legend"},
+        **{k: v for k, v in _LAYOUT.items() if k not in ("legend", "margin", "height")},
+        height=480,
+        margin={"l": 70, "r": 20, "t": 100, "b": 90},
     )
     return fig
 
 
+def _zoom_top(items: Sequence[WaterfallData]) -> float:
+    """A y range that shows the reserve P·(1−f) of every trial: where the decisions are."""
+    tops = [d.reserve_gib for d in items if d.reserve_gib is not None]
+    tops += [s.value for d in items for s in d.steps if s.measure == "total"]
+    return 1.15 * max(tops, default=10.0)
+
+
+def _zoom_menu(items: Sequence[WaterfallData]) -> list[dict[str, Any]]:
+    buttons = [
+        {"label": "the reserve P·(1−f)", "method": "relayout",
+         "args": [{"yaxis.range": [0, _zoom_top(items)]}]},
+        {"label": "the whole GPU", "method": "relayout", "args": [{"yaxis.autorange": True}]},
+    ]  # fmt: skip
+    return [{"type": "buttons", "direction": "right", "buttons": buttons, "x": 0.0,
+             "xanchor": "left", "y": 1.02, "yanchor": "bottom"}]  # fmt: skip
+
+
+def _trial_menu(buttons: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if len(buttons) < 2:
+        return []
+    return [{"buttons": buttons, "x": 1.0, "xanchor": "right", "y": 1.02, "yanchor": "bottom"}]
+
+
 def _waterfall_shapes(d: WaterfallData) -> list[dict[str, Any]]:
     shapes = []
-    for y, color in ((d.reserve_gib, "#555"), (d.min_headroom_gib, LOOKS["oom"].color)):
+    lines = (
+        (d.reserve_gib, "#555", "reserve P·(1−f)"),
+        (d.min_headroom_gib, LOOKS["oom"].color, "required headroom"),
+    )
+    for y, color, text in lines:
         if y is not None:
             shapes.append(
                 {
@@ -211,6 +239,11 @@ def _waterfall_shapes(d: WaterfallData) -> list[dict[str, Any]]:
                     "y0": y,
                     "y1": y,
                     "line": {"color": color, "dash": "dash", "width": 1},
+                    "label": {
+                        "text": f"{text} {y:.2f} GiB",
+                        "textposition": "end",
+                        "font": {"size": 10, "color": color},
+                    },
                 }
             )
     return shapes
@@ -245,7 +278,8 @@ def fig_load(d: LoadData) -> go.Figure:
             )
         )
     fig.update_layout(
-        title="Throughput and latency vs max_running_requests",
+        title="Throughput and latency vs max_running_requests"
+        + (f"<br><sup>{e(d.note)}</sup>" if d.note else ""),
         xaxis_title="max_running_requests",
         yaxis={"title": "output throughput (tok/s)"},
         yaxis2={"title": "latency (ms)", "overlaying": "y", "side": "right"},

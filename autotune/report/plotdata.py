@@ -90,6 +90,8 @@ class LoadData(NamedTuple):
     """Throughput and latency against max_running_requests (trials that served the workload)."""
 
     points: tuple[LoadPoint, ...]
+    note: str = ""
+    """Said under the title when the axis has a single value."""
 
 
 class HistoryData(NamedTuple):
@@ -291,14 +293,20 @@ def _draft(t: TrialView) -> float | None:
 
 
 def load(trials: Sequence[TrialView]) -> LoadData:
-    return LoadData(
-        tuple(
-            LoadPoint(t.number, float(t.requests or 0), t.throughput_tok_s, t.p99_ttft_ms,
-                      t.p99_itl_ms, t.kind)
-            for t in trials
-            if t.outcome == "ok" and t.requests is not None
-        )
+    points = tuple(
+        LoadPoint(t.number, float(t.requests or 0), t.throughput_tok_s, t.p99_ttft_ms,
+                  t.p99_itl_ms, t.kind)
+        for t in trials
+        if t.outcome == "ok" and t.requests is not None
     )  # fmt: skip
+    values = {p.requests for p in points}
+    note = ""
+    if len(values) == 1:
+        note = (
+            f"max_running_requests was {next(iter(values)):g} in every trial; "
+            "the spread comes from the other parameters"
+        )
+    return LoadData(points, note)
 
 
 def history(trials: Sequence[TrialView]) -> HistoryData:

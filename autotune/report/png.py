@@ -194,7 +194,8 @@ def load_png(d: LoadData, path: Path) -> Path:
         ys = [getattr(p, attr) for p in pts if getattr(p, attr) is not None]
         ax2.scatter(xs, ys, marker="^", color=color, label=name, zorder=3)
     ax2.set_ylabel("latency (ms)")
-    ax.set_title("Throughput and latency vs max_running_requests")
+    title = "Throughput and latency vs max_running_requests"
+    ax.set_title(title + (f"\n{d.note}" if d.note else ""), fontsize=10)
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
     if h1 or h2:

@@ -101,6 +101,9 @@ def test_load_points_only_for_trials_that_served() -> None:
     d = pd.load(views(walk()))
     assert {p.number for p in d.points} == {0, 1, 2, 3, 4, 5}
     assert all(p.requests == 48 and p.p99_ttft_ms == 2300.0 for p in d.points)
+    assert d.note.startswith("max_running_requests was 48 in every trial")
+    spread = pd.load(views([trial(0, 0.88, requests=32), trial(1, 0.88, requests=64)]))
+    assert [p.requests for p in spread.points] == [32.0, 64.0] and spread.note == ""
 
 
 def test_history_best_so_far_never_drops() -> None:
