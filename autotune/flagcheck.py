@@ -57,6 +57,8 @@ def check_argv(
         raise _Rejected(message)
 
     parser.error = reject  # type: ignore[method-assign,assignment]
+    # an old flag that is a prefix of its new name must not pass as an abbreviation
+    parser.allow_abbrev = False
     problems = []
     try:
         _, unknown = parser.parse_known_args(flags)
