@@ -324,7 +324,9 @@ class _Planner:
         if not axes or self.best is None:
             return None
         near = [p for p in self.known if p.feasible and tokens_of(p) >= EXPLORE_FLOOR * self.cap]
-        fastest = max(near, key=lambda p: (p.throughput, tokens_of(p)))
+        # the best capacity, unless a launch near it was clearly faster (not just noise)
+        faster = max(near, key=lambda p: (p.throughput, tokens_of(p)))
+        fastest = faster if faster.throughput > 1.02 * self.best.throughput else self.best
         held = {self._combo(p.params) for p in self.known if p.feasible}
         for name in axes:
             options = []
@@ -385,31 +387,51 @@ class _Planner:
         )
 
     def _edge_summary(self, scored: list[tuple[dict[str, Scalar], Forecast, float]]) -> str:
+        """Where the edge is, in words: what holds, what failed above it, what the model says
+        of the next step."""
         assert self.best is not None and self.best.observation is not None
-        s = self.best.observation.setting
-        text = f"{FRACTION}={fmt(s.mem_fraction)} holds {self.cap:,} tokens"
-        above = [
-            (fc, p)
-            for params, fc, p in scored
-            if self._same_combo(params) and fc.setting.mem_fraction > s.mem_fraction
+        best = self.best.observation
+        s = best.setting
+        text = f"{self._where(self.best.params)} holds {self.cap:,} tokens"
+        if best.headroom_gib is not None:
+            text += f" with {best.headroom_gib:.2f} GiB to spare under the stress peak"
+        fails = [
+            (q.observation.setting.mem_fraction, q.number, q)
+            for q in self.known
+            if q.memory_failure and q.observation
         ]
-        fails = sorted(
-            p.observation.setting.mem_fraction
-            for p in self.known
-            if p.memory_failure
-            and p.observation
-            and p.observation.setting.mem_fraction > s.mem_fraction
-        )
-        if fails:
-            text += f"; {fmt(fails[0])} failed"
+        above = [x for x in fails if x[0] > s.mem_fraction]
         if above:
-            fc, p = min(above, key=lambda x: x[0].setting.mem_fraction)
-            text += (
-                f"; {fmt(fc.setting.mem_fraction)} predicted headroom {fc.headroom} GiB "
-                f"(p(stable)={p:.2f})"
+            q = min(above)[2]
+            text += f"; {self._where(q.params, against=self.best.params)} {_failure_words(q)}"
+        step = [f for f in self._fractions() if f > s.mem_fraction + 1e-9]
+        if step:
+            nxt = Setting(step[0], s.max_running_requests, s.chunked_prefill_size, s.hicache_gb)
+            fc = self.model.forecast(
+                nxt, default_slots=self.default_slots, default_chunk=self.default_chunk
             )
-            text += self._edge_text(fc)
+            if fc.headroom is not None:
+                p = fc.p_stable(self.goal.min_headroom_gib)
+                text += (
+                    f"; the model puts {FRACTION}={fmt(step[0])} at headroom {fc.headroom} GiB "
+                    f"(p(stable) {p:.2f}){self._edge_text(fc)}"
+                )
         return text
+
+    def _where(
+        self, params: Mapping[str, Scalar], against: Mapping[str, Scalar] | None = None
+    ) -> str:
+        """`mem_fraction_static=0.9` plus the other parameters (only those that differ)."""
+        others = [
+            f"{n}={fmt(params.get(n))}"
+            for n in self.names
+            if n != FRACTION and (against is None or norm(params.get(n)) != norm(against.get(n)))
+        ]
+        head = f"{FRACTION}={fmt(params.get(FRACTION))}"
+        return head + (f" ({', '.join(others)})" if others else "")
+
+    def _fractions(self) -> list[float]:
+        return sorted(num(v) for v in self.axes.get(FRACTION, ()))
 
     # ---- helpers -------------------------------------------------------------------------
 
@@ -456,3 +478,16 @@ def _same_gpu(a: Setting, b: Setting) -> bool:
         and a.max_running_requests == b.max_running_requests
         and a.chunked_prefill_size == b.chunked_prefill_size
     )
+
+
+def _failure_words(q: Point) -> str:
+    o = q.observation
+    if o is None:
+        return "failed"
+    if o.outcome == "runtime_oom":
+        return "ran out of GPU memory under load"
+    if o.outcome == "startup_oom":
+        return "ran out of GPU memory at startup"
+    if o.outcome == "ok" and o.headroom_gib is not None:
+        return f"kept only {o.headroom_gib:.2f} GiB under the stress peak"
+    return f"failed ({o.outcome})"

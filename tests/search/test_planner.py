@@ -124,7 +124,7 @@ def test_signals_done_when_what_is_left_is_below_one_step() -> None:
     assert p.rule == "confirm"
     assert p.done is not None and "smaller than one step" in p.done
     assert p.params == kimi(0.9)
-    assert "0.91 failed" in p.done
+    assert "mem_fraction_static=0.91 ran out of GPU memory under load" in p.done
 
 
 def test_a_running_probe_is_neither_repeated_nor_overtaken() -> None:
