@@ -314,6 +314,7 @@ def history(trials: Sequence[TrialView]) -> HistoryData:
     points = tuple(
         Point(t.number, float(t.number), float(t.capacity_tokens or 0), t.kind, t.label())
         for t in ordered
+        if t.capacity_tokens is not None
     )
     best_x: list[float] = []
     best_y: list[float] = []

@@ -107,8 +107,12 @@ def test_load_points_only_for_trials_that_served() -> None:
 
 
 def test_history_best_so_far_never_drops() -> None:
-    d = pd.history(views(walk()))
-    assert [p.number for p in d.points] == list(range(8))
+    d = pd.history(views([*walk(), trial(8, 0.93, state=TrialState.RUNNING)]))
+    assert [p.number for p in d.points] == list(range(9))
+    assert d.points[-1].kind == "running"
+    no_capacity = trial(9, 0.95, outcome="startup_oom")
+    no_capacity.user_attrs["capacity_tokens"] = 0
+    assert 9 not in [p.number for p in pd.history(views([no_capacity])).points]
     assert list(d.best_y) == sorted(d.best_y)
     assert d.best_y[-1] == max(p.y for p in d.points if p.kind == "feasible")
 
