@@ -82,7 +82,14 @@ def _heading(review: Review, t: TrialView) -> str:
     text = f"trial {t.number} ({params}): {t.outcome or t.state}, {verdict}"
     w = review.winner
     if w is not None and w.trial == t.number:
-        text += f"\nthis is the exported setting, {review.confirmed_label()}"
+        if w.predicted:
+            f = w.params.get(FRACTION)
+            text += (
+                f"\nthe exported setting is this trial backed off to {FRACTION}={f} "
+                f"(never run; its figures are predicted), {review.confirmed_label()}"
+            )
+        else:
+            text += f"\nthis is the exported setting, {review.confirmed_label()}"
     if t.reason:
         text += f"\n  {t.reason}"
     return text

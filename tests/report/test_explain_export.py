@@ -44,6 +44,12 @@ def test_explain_names_the_exported_setting_and_its_confirmation(cfg: StudyConfi
     assert "#6 runtime_oom" in text and "predicted: OOM under stress" not in text
 
 
+def test_explain_says_when_the_export_is_a_backed_off_prediction(cfg: StudyConfig) -> None:
+    review = build_review("t", "x", [trial(0, 0.90)], cfg=cfg, study_attrs={})
+    text = explain(review, review.trial(0))
+    assert "backed off to mem_fraction_static=0.89 (never run; its figures are predicted)" in text
+
+
 def test_explain_a_startup_oom(cfg: StudyConfig) -> None:
     review = _review(cfg)
     text = explain(review, review.trial(7))
