@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune import procs
 from autotune.phase import PhaseLimits
 from autotune.server import Death, LaunchSpec, Server
 
@@ -66,3 +69,36 @@ def wait_death(server: Server, limit_s: float = 20.0) -> Death:
             return death
         time.sleep(0.05)
     raise AssertionError("the server was never judged dead")
+
+
+@dataclass
+class Guard:
+    """Process groups and pids a test started. Servers' groups and `must_die` pids must be gone
+    when the test ends; `strangers` (stand-ins for other people's processes) are killed then."""
+
+    groups: list[tuple[int, int]] = field(default_factory=list)  # (pgid, sid)
+    must_die: list[procs.ProcInfo] = field(default_factory=list)
+    strangers: list[subprocess.Popen[Any]] = field(default_factory=list)
+
+    def server(self, server: Server) -> Server:
+        self.groups.append((server.record.pgid, server.record.sid))
+        return server
+
+    def stranger(self, popen: subprocess.Popen[Any]) -> subprocess.Popen[Any]:
+        self.strangers.append(popen)
+        return popen
+
+    def leftovers(self) -> list[int]:
+        left = [p.pid for pgid, sid in self.groups for p in procs.members(pgid, sid)]
+        left += [p.pid for p in self.must_die if procs.is_alive(p.pid, p.start_ticks)]
+        return left
+
+    def kill_all(self) -> None:
+        for pgid, sid in self.groups:
+            for p in procs.members(pgid, sid):
+                procs.signal_verified(p, signal.SIGKILL)
+        for p in self.must_die:
+            procs.signal_verified(p, signal.SIGKILL)
+        for popen in self.strangers:
+            popen.kill()
+            popen.wait()

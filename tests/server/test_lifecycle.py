@@ -8,8 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Guard
-from server_helpers import fake_spec, pid_alive, sleeper, wait_death
+from server_helpers import Guard, fake_spec, pid_alive, sleeper, wait_death
 
 from autotune import pidfile
 from autotune.errors import HarnessError, UsageError

@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Guard
-from server_helpers import free_port, pid_alive, sleeper, wait_death
+from server_helpers import Guard, free_port, pid_alive, sleeper, wait_death
 
 from autotune import pidfile
 from autotune.errors import HarnessError

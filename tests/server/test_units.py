@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import Guard
-from server_helpers import pid_alive, sleeper
+from server_helpers import Guard, pid_alive, sleeper
 
 from autotune import pidfile, procs
 from autotune.gpu import (
