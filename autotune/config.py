@@ -138,6 +138,15 @@ class Budget:
 
 
 @dataclass(frozen=True)
+class Heartbeat:
+    """How workers sharing a study tell they are alive: a heartbeat every `interval_s`; a
+    RUNNING trial whose heartbeat is older than `grace_s` is failed by the other workers."""
+
+    interval_s: int = 30
+    grace_s: int = 300
+
+
+@dataclass(frozen=True)
 class SamplerConfig:
     name: str = "capacity"
     seed: int = 0
@@ -158,6 +167,7 @@ class StudyConfig:
     budget: Budget
     sampler: SamplerConfig
     storage: str | None
+    heartbeat: Heartbeat = Heartbeat()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -220,8 +230,9 @@ def parse_study(raw: Mapping[str, object], *, name: str, path: Path) -> StudyCon
     budget = _budget(top.table("budget"))
     sampler = _sampler(top.table("sampler"))
     storage_table = top.table("storage")
-    storage_table.only("url")
+    storage_table.only("url", "heartbeat_s", "grace_s")
     storage = storage_table.string("url", default="") or None
+    heartbeat = _heartbeat(storage_table)
     return StudyConfig(
         name=name,
         path=path,
@@ -234,6 +245,7 @@ def parse_study(raw: Mapping[str, object], *, name: str, path: Path) -> StudyCon
         budget=budget,
         sampler=sampler,
         storage=storage,
+        heartbeat=heartbeat,
     )
 
 
@@ -510,6 +522,18 @@ def _budget(t: _Table) -> Budget:
         n_trials=t.integer("n_trials", default=Budget.n_trials, low=1),
         timeout_s=t.positive("timeout_s") if "timeout_s" in t else None,
     )
+
+
+def _heartbeat(t: _Table) -> Heartbeat:
+    d = Heartbeat()
+    interval = t.integer("heartbeat_s", default=d.interval_s, low=1)
+    grace = t.integer("grace_s", default=max(d.grace_s, 2 * interval), low=1)
+    if grace < 2 * interval:
+        raise ConfigError(
+            t.key("grace_s"),
+            f"must be at least twice storage.heartbeat_s ({2 * interval}); got {grace}",
+        )
+    return Heartbeat(interval_s=interval, grace_s=grace)
 
 
 def _sampler(t: _Table) -> SamplerConfig:

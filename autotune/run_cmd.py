@@ -32,7 +32,6 @@ from autotune.space import server_argv, settings_for
 from autotune.study import (
     Interrupted,
     Result,
-    Worker,
     best_feasible_capacity,
     counted,
     default_storage_url,
@@ -61,6 +60,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--timeout", type=float, metavar="SECONDS", help="no new trial after this long")
     p.add_argument(
         "--sampler", metavar="NAME", help=f"override sampler.name ({', '.join(SAMPLERS)})"
+    )
+    w = p.add_argument_group("workers sharing one study (see docs/workers.md)")
+    w.add_argument(
+        "--gpus",
+        metavar="LIST",
+        help="this worker's GPU group, e.g. 0,1,2,3 (CUDA_VISIBLE_DEVICES)",
+    )
+    w.add_argument("--port", type=int, metavar="N", help="this worker's server port (server.port)")
+    w.add_argument(
+        "--heartbeat-s", type=int, metavar="S", help="heartbeat interval (storage.heartbeat_s)"
+    )
+    w.add_argument(
+        "--grace-s",
+        type=int,
+        metavar="S",
+        help="fail another worker's trial after this long without its heartbeat (storage.grace_s)",
     )
     p.set_defaults(handler=handle)
 
@@ -112,15 +127,24 @@ def storage_url(args: argparse.Namespace, cfg: StudyConfig, folder: Path) -> str
 
 
 def handle(args: argparse.Namespace) -> int:
-    cfg = resolve_config(args)
-    folder = study_dir(cfg, args.results_dir)
+    from autotune.workers import gpu_group, with_worker_args, worker_folder
+
+    cfg = with_worker_args(
+        resolve_config(args),
+        gpus=args.gpus,
+        port=args.port,
+        heartbeat_s=args.heartbeat_s,
+        grace_s=args.grace_s,
+    )
+    study_folder = study_dir(cfg, args.results_dir)
+    url = storage_url(args, cfg, study_folder)
+    folder = worker_folder(study_folder, gpu_group(cfg.server.env))
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(
             f"--results-dir {args.results_dir}: cannot create {folder}: {exc}"
         ) from exc
-    url = storage_url(args, cfg, folder)
     from autotune.trial import live_launcher
 
     with study_lock(folder):
@@ -139,12 +163,16 @@ def run(
     clock: Callable[[], float] = time.monotonic,
 ) -> int:
     """Run the study to its end; 0 when done, 130 when the operator stopped it."""
+    from autotune.workers import Coordinator, current_worker, gpu_group
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = open_study(cfg, url, make_sampler(cfg.sampler))
-    worker = Worker.current()
+    study = open_study(cfg, url, make_sampler(cfg.sampler), heartbeat=cfg.heartbeat)
+    worker = current_worker(gpu_group(cfg.server.env) or gpu_group(os.environ))
     stopped = launcher.stop_orphans()
     note = "; ".join(stopped) or "no server was left running"
-    recovered = recover(study, host=worker.host, stop_orphans=lambda t: note)
+    recovered = recover(
+        study, host=worker.host, machine=worker.machine, stop_orphans=lambda t: note
+    )
     queued = prepare(study, cfg)
     trials = study.get_trials(deepcopy=False)
     deadline = clock() + cfg.budget.timeout_s if cfg.budget.timeout_s else None
@@ -162,6 +190,14 @@ def run(
     )
 
     shown_k = [tally.done + 1]  # "trial k of N" of the trial in progress
+    coordinator = Coordinator(
+        me=worker,
+        search=cfg.search,
+        heartbeat=cfg.heartbeat,
+        limits=cfg.server.limits,
+        clock=clock,
+        notify=progress.message,
+    )
 
     def run_one(trial: optuna.trial.Trial) -> Result:
         settings = settings_for(trial, cfg.search)
@@ -204,6 +240,7 @@ def run(
             clock=clock,
             worker=worker,
             on_told=on_told,
+            coordinator=coordinator,
         )
     except SQLAlchemyError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

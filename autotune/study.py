@@ -17,16 +17,21 @@ import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import optuna
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.samplers import BaseSampler
+from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.config import (
     Constraints,
     Fixed,
+    Heartbeat,
     SamplerConfig,
     Scalar,
     SearchConfig,
@@ -34,6 +39,9 @@ from autotune.config import (
 )
 from autotune.errors import UsageError
 from autotune.space import grid
+
+if TYPE_CHECKING:
+    from autotune.workers import Coordinator
 
 STUDY_DB = "study.db"
 NOT_COUNTED = frozenset({"interrupted", "stale", "skipped"})
@@ -104,13 +112,27 @@ SAMPLER_FACTORIES: dict[str, Callable[[SamplerConfig], BaseSampler]] = {
 """Samplers selectable by name; later samplers register here."""
 
 
-def open_study(cfg: StudyConfig, storage_url: str, sampler: BaseSampler) -> optuna.Study:
-    """Create the study or load it to resume; directions come from the objectives."""
+def open_study(
+    cfg: StudyConfig,
+    storage_url: str,
+    sampler: BaseSampler,
+    *,
+    heartbeat: Heartbeat | None = None,
+) -> optuna.Study:
+    """Create the study or load it to resume; directions come from the objectives.
+
+    With `heartbeat`, the storage records Optuna's RDB heartbeats (see `autotune.workers`).
+    """
     directions = [optuna.study.StudyDirection.MAXIMIZE] * len(cfg.objectives)
     try:
+        storage: str | BaseStorage = storage_url
+        if heartbeat is not None:
+            from autotune.workers import rdb_storage
+
+            storage = rdb_storage(storage_url, heartbeat)
         study = optuna.create_study(
             study_name=cfg.name,
-            storage=storage_url,
+            storage=storage,
             sampler=sampler,
             directions=directions,
             load_if_exists=True,
@@ -195,22 +217,41 @@ class Worker:
     host: str
     pid: int
     start_ticks: int
+    gpus: str = ""
+    """The GPU group (CUDA_VISIBLE_DEVICES) its servers use; "" for all of the machine's."""
+    machine: str = ""
+    """Boot and PID-namespace id: tells two containers with one host name apart."""
 
     @staticmethod
     def current() -> Worker:
         return Worker(socket.gethostname(), os.getpid(), _start_ticks(os.getpid()))
 
     def to_dict(self) -> dict[str, object]:
-        return {"host": self.host, "pid": self.pid, "start_ticks": self.start_ticks}
+        d: dict[str, object] = {"host": self.host, "pid": self.pid, "start_ticks": self.start_ticks}
+        if self.gpus:
+            d["gpus"] = self.gpus
+        if self.machine:
+            d["machine"] = self.machine
+        return d
 
     @staticmethod
     def from_dict(d: object) -> Worker | None:
         if not isinstance(d, dict):
             return None
         try:
-            return Worker(str(d["host"]), int(d["pid"]), int(d["start_ticks"]))
+            return Worker(
+                str(d["host"]),
+                int(d["pid"]),
+                int(d["start_ticks"]),
+                str(d.get("gpus", "")),
+                str(d.get("machine", "")),
+            )
         except (KeyError, TypeError, ValueError):
             return None
+
+    def same_machine(self, host: str, machine: str = "") -> bool:
+        """Whether this worker ran on the machine named so (its processes are visible here)."""
+        return self.host == host and (not machine or not self.machine or self.machine == machine)
 
     def alive(self) -> bool:
         """True when this worker's process still runs (same pid and same start time)."""
@@ -226,14 +267,26 @@ def _start_ticks(pid: int) -> int:
     return -1 if fields[0] in ("Z", "X") else int(fields[19])
 
 
-def stale_trials(trials: Sequence[FrozenTrial], host: str) -> list[FrozenTrial]:
+NO_WORKER_AFTER_S = 120.0
+"""A RUNNING trial gets its worker recorded right after it is asked; one still without a worker
+after this long was left by a process killed in between (younger ones may be another worker's)."""
+
+
+def stale_trials(
+    trials: Sequence[FrozenTrial], host: str, *, machine: str = "", now: datetime | None = None
+) -> list[FrozenTrial]:
     """RUNNING trials started on `host` by a process that is gone (or with no worker recorded)."""
+    now = now or datetime.now()
     out = []
     for t in trials:
         if t.state != TrialState.RUNNING:
             continue
         w = Worker.from_dict(t.user_attrs.get("worker"))
-        if w is None or (w.host == host and not w.alive()):
+        if w is None:
+            started = t.datetime_start
+            if started is None or (now - started).total_seconds() > NO_WORKER_AFTER_S:
+                out.append(t)
+        elif w.same_machine(host, machine) and not w.alive():
             out.append(t)
     return out
 
@@ -243,14 +296,16 @@ def recover(
     *,
     host: str,
     stop_orphans: Callable[[FrozenTrial], str],
+    machine: str = "",
 ) -> list[int]:
     """Fail this host's stale RUNNING trials, stop their servers, enqueue their points again."""
     recovered = []
-    for t in stale_trials(study.get_trials(deepcopy=False), host):
+    for t in stale_trials(study.get_trials(deepcopy=False), host, machine=machine):
         reason = "autotune was killed mid-trial; " + (
             stop_orphans(t) or "no server was left running"
         )
-        fail(study, t.number, outcome="stale", reason=reason)
+        if not fail(study, t.number, outcome="stale", reason=reason):
+            continue
         if t.params:
             study.enqueue_trial(dict(t.params))
         recovered.append(t.number)
@@ -258,12 +313,16 @@ def recover(
     return recovered
 
 
-def fail(study: optuna.Study, number: int, *, outcome: str, reason: str) -> None:
-    trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
-    trial = optuna.trial.Trial(study, trial_id)
-    trial.set_user_attr("outcome", outcome)
-    trial.set_user_attr("reason", reason)
-    study.tell(number, state=TrialState.FAIL)
+def fail(study: optuna.Study, number: int, *, outcome: str, reason: str) -> bool:
+    """Fail a RUNNING trial with its outcome; False when another worker finished it first."""
+    storage = study._storage
+    trial_id = storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+    try:
+        storage.set_trial_user_attr(trial_id, "outcome", outcome)
+        storage.set_trial_user_attr(trial_id, "reason", reason)
+        return storage.set_trial_state_values(trial_id, state=TrialState.FAIL)
+    except UpdateFinishedTrialError:
+        return False
 
 
 def counted(trials: Sequence[FrozenTrial]) -> int:
@@ -388,8 +447,14 @@ def run_loop(
     clock: Callable[[], float],
     worker: Worker,
     on_told: Callable[[FrozenTrial], None] = lambda t: None,
+    coordinator: Coordinator | None = None,
 ) -> LoopEnd:
     """Ask, run, tell until `n_trials` trials count, the time is up or the grid is done.
+
+    With a `coordinator` (several workers on one study, `autotune.workers`), stale trials of
+    dead workers are failed before each ask, the loop waits while other workers' running trials
+    fill the budget, and a trial that would overrun the budget or repeat a running point is
+    recorded as skipped instead of launched.
 
     Raises `Interrupted` after recording the current trial when the operator stops the run, and
     `HarnessError` after several harness failures in a row (the machine, not the parameters).
@@ -400,20 +465,42 @@ def run_loop(
     ran = 0
     failures = 0
     while True:
-        done = counted(study.get_trials(deepcopy=False))
+        if coordinator is not None:
+            coordinator.reap(study)
+        trials = study.get_trials(deepcopy=False)
+        done = counted(trials)
         if done >= n_trials:
             return LoopEnd("budget", ran, done)
         if timeout_s is not None and clock() - start >= timeout_s:
             return LoopEnd("timeout", ran, done)
+        if coordinator is not None:
+            held = coordinator.hold(trials, n_trials, grid=cfg.sampler.name == "grid")
+            if held:  # waited too long for the other workers
+                return LoopEnd(held, ran, done)
+            if held is not None:  # waited one interval: look again
+                continue
         if cfg.sampler.name == "grid" and waiting(study) == 0:
             return LoopEnd("grid done", ran, done)
-        trial = study.ask()
+        trial = coordinator.ask(study) if coordinator is not None else study.ask()
+        skip = ""
         try:
             trial.set_user_attr("worker", worker.to_dict())
-            result = run_one(trial)
+            if coordinator is not None:
+                skip = coordinator.claim(study, trial, n_trials)
+            result = Result("fail", "skipped", skip, None, {}) if skip else run_one(trial)
         except KeyboardInterrupt:
             result = Result("interrupted", "interrupted", "stopped by the operator", None, {})
-        tell(study, trial, result, cfg)
+        finally:
+            if coordinator is not None:
+                coordinator.release(trial)
+        if not _tell_unless_finished(study, trial, result, cfg):
+            log.warning(
+                "trial %d was failed by another worker while it ran (its heartbeat was late); "
+                "its record stays in its trial folder",
+                trial.number,
+            )
+        if skip and result.state != "interrupted":
+            continue
         ran += 1
         on_told(_frozen(study, trial))
         if result.state == "interrupted" or result.fatal == "interrupted":
@@ -432,6 +519,19 @@ def run_loop(
 
 def _frozen(study: optuna.Study, trial: optuna.trial.Trial) -> FrozenTrial:
     return study._storage.get_trial(trial._trial_id)
+
+
+def _tell_unless_finished(
+    study: optuna.Study, trial: optuna.trial.Trial, result: Result, cfg: StudyConfig
+) -> bool:
+    """`tell`; False when the trial was already finished (another worker judged it stale)."""
+    try:
+        tell(study, trial, result, cfg)
+    except (UpdateFinishedTrialError, ValueError):
+        if not _frozen(study, trial).state.is_finished():
+            raise
+        return False
+    return True
 
 
 def tell(study: optuna.Study, trial: optuna.trial.Trial, result: Result, cfg: StudyConfig) -> None:
