@@ -134,6 +134,12 @@ def build_export(review: Review, cfg: StudyConfig, *, trial: int | None = None) 
     argv = launch_argv(cfg, params, backend=backend)
     soaked = review.confirmation_of(params)
     confirmed = soaked.passed if soaked is not None else None
+    if soaked is not None and soaked.passed and figures[3]:
+        # a setting that never ran in the search was measured by its confirmation soak
+        r = soaked.record
+        figures = (_int(r.get("capacity_tokens")), _num(r.get("throughput_tok_s")),
+                   _num(r.get("headroom_gib")), False)  # fmt: skip
+        notes = (*notes, "figures measured by the confirmation soak")
     key_env = _api_key_env(cfg)
     return Export(
         study=review.name,
@@ -156,6 +162,14 @@ def build_export(review: Review, cfg: StudyConfig, *, trial: int | None = None) 
         notes=tuple(notes),
         program=base_command(cfg.server, backend),
     )
+
+
+def _num(v: object) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _int(v: object) -> int | None:
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) and v > 0 else None
 
 
 def launch_argv(cfg: StudyConfig, params: Mapping[str, Scalar], *, backend: str) -> list[str]:

@@ -177,6 +177,16 @@ def _trial_json(folder: Path, number: int) -> dict[str, object]:
     return data
 
 
+def _without_launch_flags(argv: object) -> list[str]:
+    """A recorded command without what the harness picks per launch."""
+    assert isinstance(argv, list)
+    out = [str(a) for a in argv]
+    for flag in ("--sim-gpu-dir", "--host", "--port"):
+        i = out.index(flag)
+        del out[i : i + 2]
+    return out
+
+
 def test_report_while_running_and_after(study: Path) -> None:
     during = (study / "during.txt").read_text()
     assert during.startswith("0\n"), during
@@ -233,10 +243,7 @@ def test_export_prints_each_format_with_the_flags_the_trial_ran(
     assert "\nExecStart=\nExecStart=" in unit and "UNCONFIRMED" in unit
     ran = _trial_json(study, 0)
     exported = json.loads(cli(study, capsys, "export", "--format", "json", "--trial", "0").stdout)
-    argv = [str(a) for a in ran["argv"]]  # type: ignore[attr-defined]
-    for flag in ("--sim-gpu-dir", "--host", "--port"):  # chosen per launch by the harness
-        i = argv.index(flag)
-        del argv[i : i + 2]
+    argv = _without_launch_flags(ran["argv"])
     assert exported["argv"] == argv
     assert params_from_flags(exported["argv"], cfg.search) == ran["params"]
     assert exported["params"] == ran["params"] and exported["trial"] == 0
@@ -254,7 +261,10 @@ def test_confirm_records_pass_and_fail(study: Path, capsys: pytest.CaptureFixtur
     assert [c["passed"] for c in attrs["confirmations"]] == [True, False]
     assert attrs["confirmation"]["params"]["mem_fraction_static"] == 0.94
     shown = cli(study, capsys, "export", "--margin", "0", "--format", "json")
-    assert json.loads(shown.stdout)["confirmed"] is True
+    exported = json.loads(shown.stdout)
+    assert exported["confirmed"] is True
+    soaked = json.loads((study / "results/e2e/confirm/0000/trial.json").read_text())
+    assert _without_launch_flags(soaked["argv"]) == exported["argv"]  # the exported command
     assert "CONFIRMED by a soak" in cli(study, capsys, "explain", "--margin", "0").stdout
     assert "UNCONFIRMED" in cli(study, capsys, "export").stdout  # the default margin: not soaked
 

@@ -121,6 +121,16 @@ def test_export_without_a_feasible_trial(cfg: StudyConfig) -> None:
         build_export(review, cfg)
 
 
+def test_a_soak_measures_a_predicted_export(cfg: StudyConfig) -> None:
+    params = {"mem_fraction_static": 0.89, "max_running_requests": 48}
+    soak = {"params": params, "passed": True, "outcome": "ok", "capacity_tokens": 173_683,
+            "throughput_tok_s": 140.5, "headroom_gib": 1.9}  # fmt: skip
+    review = build_review("t", "x", [trial(0, 0.90)], cfg=cfg, study_attrs={"confirmation": soak})
+    ex = build_export(review, cfg)
+    assert not ex.predicted and ex.capacity_tokens == 173_683 and ex.throughput_tok_s == 140.5
+    assert "figures measured by the confirmation soak" in ex.notes
+
+
 def test_a_passed_confirmation_labels_the_winner_confirmed(cfg: StudyConfig) -> None:
     params = {"mem_fraction_static": 0.89, "max_running_requests": 48}
     ok = {"params": params, "passed": True, "outcome": "ok", "at": "today"}
