@@ -149,7 +149,7 @@ def handle(args: argparse.Namespace) -> int:
 
     with study_lock(folder):
         launcher = live_launcher(cfg, folder)
-        with _sigterm_as_interrupt():
+        with _stop_signals():
             return run(cfg, folder, url, launcher, sys.stdout)
 
 
@@ -351,14 +351,20 @@ def study_lock(folder: Path) -> Iterator[None]:
 
 
 @contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """`systemctl stop` (SIGTERM) stops the run like Ctrl-C: the trial is recorded first."""
+def _stop_signals() -> Iterator[None]:
+    """Ctrl-C (SIGINT) and `systemctl stop` (SIGTERM) stop the run cleanly: the trial is
+    recorded first. SIGINT is handled even when the shell started us with it ignored (a
+    background job), so `kill -INT` always works."""
 
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {
+        signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+        signal.SIGTERM: signal.signal(signal.SIGTERM, interrupt),
+    }
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
