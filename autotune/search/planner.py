@@ -47,6 +47,10 @@ from autotune.search.points import (
 )
 
 EXPLORE_FLOOR = 0.9
+MAX_CANDIDATES = 4000
+NEIGHBOURS = 2
+"""Past MAX_CANDIDATES settings, axes other than the fraction keep this many values each side of
+the reference launch's."""
 RECHECKS = 3
 """A best setting with a thin margin is run until it held this many times (or failed once)."""
 SAME_CAPACITY = 0.002
@@ -195,8 +199,17 @@ class _Planner:
     def candidates(self) -> list[tuple[dict[str, Scalar], Forecast]]:
         mem = [n for n in self.names if n in MEMORY_PARAMS]
         fixed = {k: v for k, v in self.ref.params.items() if k in self.axes and k not in mem}
+        values = {n: list(self.axes[n]) for n in mem}
+        size = 1
+        for v in values.values():
+            size *= len(v)
+        if size > MAX_CANDIDATES:
+            # a large space: the other axes near the reference launch's values only
+            for n in mem:
+                if n != FRACTION:
+                    values[n] = _window(values[n], self.ref.params.get(n), NEIGHBOURS)
         out = []
-        for combo in itertools.product(*(self.axes[n] for n in mem)):
+        for combo in itertools.product(*(values[n] for n in mem)):
             params: dict[str, Scalar] = {
                 **self.ref.params,
                 **fixed,
@@ -491,3 +504,11 @@ def _failure_words(q: Point) -> str:
     if o.outcome == "ok" and o.headroom_gib is not None:
         return f"kept only {o.headroom_gib:.2f} GiB under the stress peak"
     return f"failed ({o.outcome})"
+
+
+def _window(values: list[Scalar], at: Scalar | None, width: int) -> list[Scalar]:
+    """`values` within `width` places of `at` (the nearest value when `at` is not among them)."""
+    if not values:
+        return values
+    idx = min(range(len(values)), key=lambda i: abs(num(values[i]) - num(at)))
+    return values[max(0, idx - width) : idx + width + 1]
