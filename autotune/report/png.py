@@ -63,6 +63,22 @@ def _scatter(ax: Axes, points: Sequence[Point]) -> None:
         )
 
 
+def _numbers(ax: Axes, points: Sequence[Point]) -> None:
+    """Trial numbers next to their points; trials within 1 % of the axes share one label."""
+    if not points:
+        return
+    xr = (max(p.x for p in points) - min(p.x for p in points)) or 1.0
+    yr = (max(p.y for p in points) - min(p.y for p in points)) or 1.0
+    at: dict[tuple[int, int], list[Point]] = {}
+    for p in points:
+        at.setdefault((round(p.x / xr * 100), round(p.y / yr * 100)), []).append(p)
+    for group in at.values():
+        label = ",".join(f"#{n}" for n in sorted(p.number for p in group))
+        first = group[0]
+        ax.annotate(label, (first.x, first.y), textcoords="offset points", xytext=(5, 5),
+                    fontsize=7)  # fmt: skip
+
+
 def _legend(ax: Axes) -> None:
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8, loc="best")
@@ -81,9 +97,7 @@ def pareto_png(d: ParetoData, path: Path) -> Path:
         label = d.winner_label
         ax.scatter([w.x], [w.y], marker="*", s=380, color=WINNER_COLOR, edgecolors="black",
                    zorder=4, label=label)  # fmt: skip
-    for p in d.points:
-        ax.annotate(f"#{p.number}", (p.x, p.y), textcoords="offset points", xytext=(5, 5),
-                    fontsize=7)  # fmt: skip
+    _numbers(ax, d.points)
     ax.set_title("Capacity vs throughput")
     ax.set_xlabel("KV capacity (tokens)")
     ax.set_ylabel("output throughput (tok/s)")
@@ -95,9 +109,7 @@ def pareto_png(d: ParetoData, path: Path) -> Path:
 def feasibility_png(d: FeasibilityData, path: Path) -> Path:
     fig, ax = _new()
     _scatter(ax, d.points)
-    for p in d.points:
-        ax.annotate(f"#{p.number}", (p.x, p.y), textcoords="offset points", xytext=(4, 6),
-                    fontsize=7)  # fmt: skip
+    _numbers(ax, d.points)
     ax.set_title("Feasibility: mem_fraction_static × max_running_requests")
     ax.set_xlabel("mem_fraction_static")
     ax.set_ylabel("max_running_requests")
