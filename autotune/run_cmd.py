@@ -266,9 +266,11 @@ def sampler_done(study: optuna.Study, trial: optuna.trial.Trial) -> str:
     they were asked for; that trial is then recorded as skipped instead of launched.
     """
     try:
-        from autotune.search.capacity import DONE_ATTR
+        from autotune.search.capacity import DONE_ATTR, CapacityAwareSampler
     except ImportError:
         return ""
+    if not isinstance(study.sampler, CapacityAwareSampler):
+        return ""  # the others never say so; spare the storage a read
     done = study._storage.get_trial(trial._trial_id).user_attrs.get(DONE_ATTR)
     return f"search done: {done}" if done else ""
 

@@ -479,7 +479,7 @@ def run_loop(
                 return LoopEnd(held, ran, done)
             if held is not None:  # waited one interval: look again
                 continue
-        if cfg.sampler.name == "grid" and waiting(study) == 0:
+        if cfg.sampler.name == "grid" and not any(t.state == TrialState.WAITING for t in trials):
             return LoopEnd("grid done", ran, done)
         trial = coordinator.ask(study) if coordinator is not None else study.ask()
         skip = ""
