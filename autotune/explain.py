@@ -9,6 +9,8 @@ built by pure functions from a `Review`, so the report embeds the same words.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import statistics
 import sys
 from collections.abc import Sequence
 
@@ -65,9 +67,55 @@ def explain(review: Review, t: TrialView, *, extra: Sequence[float] = ()) -> str
         return "\n".join(lines) + "\n"
     lines += _pool(a, t)
     lines += _headroom(a, t, review.min_headroom_gib)
+    basis = _started_neighbour(review, t) if t.outcome in ("startup_oom", "startup_error") else None
+    if basis is not None:
+        b = trial_arithmetic(basis, review.cell_bytes)
+        if b is not None:
+            a = b
+            lines.append(
+                f"This trial did not finish starting, so predictions below start from trial "
+                f"{basis.number} ({FRACTION}={basis.fraction:g}), the nearest that did"
+            )
+    borrowed = _borrowed_peak(review, t) if a.stress_peak_gib is None else None
+    if borrowed is not None:
+        peak, numbers = borrowed
+        a = dataclasses.replace(a, stress_peak_gib=peak)
+        lines.append(
+            f"Predictions below use the stress peak measured by trials "
+            f"{', '.join(f'#{n}' for n in numbers)} with the same other settings: {peak:.2f} GiB"
+        )
     lines += _other_fractions(a, review, t, extra)
     lines += _limits(a, review, t)
     return "\n".join(lines) + "\n"
+
+
+def _started_neighbour(review: Review, t: TrialView) -> TrialView | None:
+    started = [
+        x
+        for x in review.trials
+        if x.fraction is not None
+        and x.static_free_gib is not None
+        and x.outcome not in ("startup_oom", "startup_error")
+        and x.kind != "running"
+        and _same_except_fraction(x, t)
+    ]
+    if not started or t.fraction is None:
+        return None
+    f = t.fraction
+    return min(started, key=lambda x: (abs((x.fraction or 0.0) - f), x.number))
+
+
+def _borrowed_peak(review: Review, t: TrialView) -> tuple[float, list[int]] | None:
+    """The median stress peak of the trials that differ from `t` only in the fraction (the
+    peak does not depend on it: the pool is allocated up front)."""
+    found = [
+        (x.stress_peak_gib, x.number)
+        for x in review.trials
+        if x.stress_peak_gib is not None and x.number != t.number and _same_except_fraction(x, t)
+    ]
+    if not found:
+        return None
+    return statistics.median(p for p, _ in found), sorted(n for _, n in found)
 
 
 def _heading(review: Review, t: TrialView) -> str:
@@ -137,14 +185,22 @@ def _headroom(a: Arithmetic, t: TrialView, min_headroom: float | None) -> list[s
             f"Reserve P × (1 − f) = {a.reserve_gib:.2f} GiB; the server did not get far enough "
             "to show where it went."
         ]
+    started = t.outcome not in ("startup_oom", "startup_error")
     parts = [f"request table {h.request_table:.2f}"]
     if h.draft:
         parts.append(
             f"draft {h.draft:.2f} (weights {h.draft_weights:.2f}, KV {h.draft_kv:.2f}, "
             f"graphs {h.draft_graphs:.2f})"
         )
-    parts += [f"CUDA graphs {h.graphs:.2f}", f"other {h.other:.2f}", f"free {h.free:.2f}"]
-    out = [f"Headroom P × (1 − f) = {h.reserve:.2f} GiB = " + " + ".join(parts)]
+    free = f"free {h.free:.2f}" if started else f"{h.free:.2f} free at the last log line"
+    parts += [f"CUDA graphs {h.graphs:.2f}", f"other {h.other:.2f}", free]
+    if started:
+        out = [f"Headroom P × (1 − f) = {h.reserve:.2f} GiB = " + " + ".join(parts)]
+    else:
+        out = [
+            f"Headroom P × (1 − f) = {h.reserve:.2f} GiB was too small to start: "
+            + " + ".join(parts)
+        ]
     if h.other:
         out.append("  'other' is what the log lines leave unexplained: workspaces, NCCL, cuBLAS")
     peak = a.stress_peak_gib
@@ -169,7 +225,8 @@ def _other_fractions(
     a: Arithmetic, review: Review, t: TrialView, extra: Sequence[float]
 ) -> list[str]:
     step = review.fraction_step
-    fs = {round(a.fraction + i * step, 6) for i in range(-NEIGHBOURS, NEIGHBOURS + 1)}
+    centre = t.fraction if t.fraction is not None else a.fraction
+    fs = {round(centre + i * step, 6) for i in range(-NEIGHBOURS, NEIGHBOURS + 1)}
     fs |= {round(x, 6) for x in extra}
     fs = {f for f in fs if 0.0 < f < 1.0}
     ran = {
@@ -187,7 +244,7 @@ def _other_fractions(
         peak = f"{at.free_at_peak_gib:8.2f}" if at.free_at_peak_gib is not None else f"{'?':>8}"
         x = ran.get(round(f, 6))
         seen = f"#{x.number} {x.outcome or x.state}" if x is not None else _predicted(at)
-        mark = "*" if abs(f - a.fraction) < 1e-9 else " "
+        mark = "*" if abs(f - centre) < 1e-9 else " "
         rows.append(
             f" {mark}{f:6.3g} {at.kv_gib:7.2f} {at.tokens:9,} {at.reserve_gib:8.2f} "
             f"{free} {peak}  {seen}"
@@ -202,12 +259,13 @@ def _limits(a: Arithmetic, review: Review, t: TrialView) -> list[str]:
     if highest is not None:
         out.append(
             f"  the reserve must hold the request table, the draft, CUDA graphs and the stress "
-            f"peak with {need:.2f} GiB to spare; by this trial's figures the highest "
+            f"peak with {need:.2f} GiB to spare; by these figures the highest "
             f"mem_fraction_static that does is {highest:g}"
         )
     above = sorted(
         (x for x in review.trials
-         if x.fraction is not None and a.fraction < x.fraction and _same_except_fraction(x, t)
+         if x.fraction is not None and (t.fraction or a.fraction) < x.fraction
+         and _same_except_fraction(x, t)
          and not x.feasible and x.kind != "running"),
         key=lambda x: x.fraction or 0.0,
     )  # fmt: skip

@@ -54,6 +54,12 @@ def test_explain_a_startup_oom(cfg: StudyConfig) -> None:
     review = _review(cfg)
     text = explain(review, review.trial(7))
     assert "out of memory" in text and "did not get far enough" in text
+    # predictions start from the nearest trial that started (0.92) with the others' stress peak
+    assert "predictions below start from trial 6 (mem_fraction_static=0.92)" in text
+    assert "stress peak measured by trials #0, #1, #2, #3, #4, #5" in text
+    row = next(line for line in text.splitlines() if line.startswith(" *"))
+    assert "0.94" in row and "#7 startup_oom" in row
+    assert float(row.split()[5]) < 0  # free memory at startup: negative, as it was
 
 
 def test_unknown_trial_is_a_usage_error(cfg: StudyConfig) -> None:
