@@ -57,6 +57,7 @@ class RunFacts:
     timed_out: str = ""  # phase that ran past its limit, "" if none
     stalled: str = ""  # phase in which the log stopped moving, "" if none
     unhealthy: str = ""  # why the live checks judged a ready server dead, "" if not
+    lost: str = ""  # which server process vanished while the main process lives, "" if none
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -84,6 +85,7 @@ _PRIORITY = (
     Kind.SCHEDULER_EXCEPTION,
     Kind.SIGQUIT,
 )
+_RANK = {kind: i for i, kind in enumerate(_PRIORITY)}
 _MAX_EVIDENCE = 8
 
 
@@ -131,8 +133,7 @@ def classify(events: Sequence[Event], facts: RunFacts | None = None) -> Verdict:
     if not facts.exited and all(e.kind is Kind.ERROR for e in failures):
         failures = []
     if failures:
-        rank = {kind: i for i, kind in enumerate(_PRIORITY)}
-        deciding = min(failures, key=lambda e: (rank.get(e.kind, len(rank)), e.line_no))
+        deciding = min(failures, key=lambda e: (_RANK.get(e.kind, len(_RANK)), e.line_no))
         evidence = _evidence(deciding, failures)
         if deciding.kind is Kind.WATCHDOG_TIMEOUT:
             return Verdict(Outcome.HANG, "watchdog_timeout", evidence)
@@ -156,8 +157,10 @@ def _without_failure_lines(
         return Verdict(Outcome.TIMEOUT, f"phase_timeout:{facts.timed_out}", facts.notes)
     if facts.stalled:
         return Verdict(Outcome.HANG, f"stall:{facts.stalled}", facts.notes)
+    if facts.lost:
+        return Verdict(Outcome.CRASH, "process_lost", (facts.lost, *ready_text, *facts.notes))
     if facts.unhealthy:
-        return Verdict(Outcome.HANG, f"unhealthy:{facts.unhealthy}", ready_text + facts.notes)
+        return Verdict(Outcome.HANG, "unhealthy", (facts.unhealthy, *ready_text, *facts.notes))
     if facts.stopped_by_us:
         return Verdict(Outcome.STOPPED, "stopped", ready_text)
     if facts.exited:

@@ -372,9 +372,7 @@ class Server:
         elif self.log.failure_at is not None:
             facts = RunFacts()
         else:
-            reason = self._unhealthy(now)
-            if reason:
-                facts = RunFacts(unhealthy=reason, notes=(reason,))
+            facts = self._unhealthy(now)
         if facts is None:
             return None
         verdict = self._verdict(facts)
@@ -388,26 +386,27 @@ class Server:
         death = self.check_alive()
         return death.describe() if death else None
 
-    def _unhealthy(self, now: float) -> str:
+    def _unhealthy(self, now: float) -> RunFacts | None:
+        """Death by the live checks: generation failing (health route and one-token generate)
+        while no batch line appears, or failing while a server process has vanished."""
         if self._watch is None:
-            return ""
+            return None
         state = self._watch.state()
         if state.failing_since is None:
-            return ""
+            return None
         if now - self._members_checked >= 1.0 and self._members:
             self._members_checked = now
             gone = [m.pid for m in self._members if not procs.is_alive(m.pid, m.start_ticks)]
             if gone:
-                return f"server process {gone[0]} is gone and /health fails ({state.last_detail})"
+                return RunFacts(lost=f"server process {gone[0]} is gone ({state.last_detail})")
         failing = now - state.failing_since
         batches_since = (
             self.log.last_batch_at is not None and self.log.last_batch_at >= state.failing_since
         )
         if failing >= self.spec.unhealthy_s and not batches_since:
-            return (
-                f"/health failing for {failing:.0f} s ({state.last_detail}) and no batches logged"
-            )
-        return ""
+            reason = f"generation failing for {failing:.0f} s ({state.last_detail}), no batches"
+            return RunFacts(unhealthy=reason)
+        return None
 
     # -- teardown ---------------------------------------------------------------------------
 

@@ -38,6 +38,9 @@ def test_harness_facts() -> None:
     assert classify(events(""), RunFacts(timed_out="weight_load")).outcome is Outcome.TIMEOUT
     assert classify(events(""), RunFacts(stalled="graph_capture")).outcome is Outcome.HANG
     assert classify(events(READY), RunFacts(unhealthy="no answer")).outcome is Outcome.HANG
+    lost = classify(events(READY), RunFacts(lost="server process 7 is gone"))
+    assert (lost.outcome, lost.cause) == (Outcome.CRASH, "process_lost")
+    assert lost.evidence[0] == "server process 7 is gone"
     assert classify(events(READY), RunFacts(stopped_by_us=True)).outcome is Outcome.STOPPED
 
 

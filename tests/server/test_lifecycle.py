@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import time
 from pathlib import Path
@@ -136,7 +138,24 @@ def test_failing_health_without_batches_is_death(tmp_path: Path, guard: Guard) -
     assert watch is not None
     watch._url = f"http://127.0.0.1:{server.spec.port}/nothing-here"
     death = wait_death(server)
-    assert death.outcome is Outcome.HANG and death.cause.startswith("unhealthy:")
+    assert (death.outcome, death.cause) == (Outcome.HANG, "unhealthy")
+    assert "no batches" in death.evidence[0]
+    assert server.stop().clean
+
+
+def test_a_vanished_server_process_with_failing_checks_is_a_crash(
+    tmp_path: Path, guard: Guard
+) -> None:
+    server = guard.server(Server.launch(fake_spec(tmp_path, "child", unhealthy_s=60.0)))
+    assert server.wait_ready().outcome is Outcome.READY
+    [child] = [m for m in server._members if m.pid != server.pid]
+    os.kill(child.pid, signal.SIGKILL)  # the kernel's OOM killer takes a scheduler
+    watch = server._watch
+    assert watch is not None
+    watch._url = f"http://127.0.0.1:{server.spec.port}/nothing-here"
+    death = wait_death(server)
+    assert (death.outcome, death.cause) == (Outcome.CRASH, "process_lost")
+    assert str(child.pid) in death.evidence[0]
     assert server.stop().clean
 
 
