@@ -308,11 +308,25 @@ def _server(t: _Table) -> ServerConfig:
         env=env,
         host=host,
         port=port,
-        sim_profile=t.string("sim_profile", default=DEFAULT_SIM_PROFILE),
+        sim_profile=_sim_profile(t),
         sim_time_scale=t.positive("sim_time_scale") if "sim_time_scale" in t else None,
         sim_seed=t.integer("sim_seed", default=0, low=0),
         limits=limits,
     )
+
+
+def _sim_profile(t: _Table) -> str:
+    """The simulator profile, checked now so that a rehearsal does not fail at every launch."""
+    name = t.string("sim_profile", default=DEFAULT_SIM_PROFILE)
+    try:
+        from autotune.sim.profiles import ProfileError, load_profile
+    except ImportError:  # a build without the simulator
+        return name
+    try:
+        load_profile(name)
+    except ProfileError as exc:
+        raise ConfigError(t.key("sim_profile"), str(exc)) from None
+    return name
 
 
 def _fixed_flags(t: _Table) -> tuple[tuple[str, FlagValue], ...]:

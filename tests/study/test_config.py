@@ -297,6 +297,38 @@ BAD: list[tuple[str, str, str]] = [
     (_replace("duration_s = 1.0", "duration_s = -1.0"), "workload.phases[0].duration_s", ""),
     (_replace('kind = "steady"', 'kind = "burst"'), "workload.phases[0].kind", ""),
     (_replace("[workload]\n", "[workload]\nfoo = 1\n"), "workload.foo", ""),
+    (
+        _replace('sim_profile = "kimi-k2.5-tp8-96g"', 'sim_profile = "kimi"'),
+        "server.sim_profile",
+        "not found",
+    ),
+    (_replace("[server]\n", "[server]\nenv = 3\n"), "server.env", "table"),
+    (_replace("[server]\n", '[server]\nhost = ""\n'), "server.host", "host name"),
+    (
+        _replace("choices = [32, 48, 64]", "choices = [32, 48], low = 1"),
+        "search.max_running_requests.low",
+        "unknown",
+    ),
+    (
+        _replace(
+            "hicache_size = { choices = [0, 48] }",
+            "hicache_ratio = { low = 0, high = 4, log = true }",
+        ),
+        "search.hicache_ratio.low",
+        "log",
+    ),
+    (_replace("n_trials = 5", 'n_trials = 5\ntimeout_s = "8h"'), "budget.timeout_s", "number"),
+    (
+        _replace("[budget]", '[objectives]\nminimize = ["capacity"]\n\n[budget]'),
+        "objectives.minimize",
+        "unknown",
+    ),
+    (
+        _replace("trust_remote_code = true", "trust_remote_code = [true, {a = 1}]"),
+        "server.flags.trust_remote_code",
+        "list flag",
+    ),
+    (_replace("[server]\n", "[server]\nsim_seed = -1\n"), "server.sim_seed", "≥ 0"),
 ]
 
 
