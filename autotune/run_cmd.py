@@ -88,7 +88,13 @@ def add_study_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--storage", metavar="URL", help="Optuna storage URL (default results/NAME/study.db)"
     )
-    p.add_argument("--results-dir", type=Path, metavar="DIR", default=Path("results"))
+    p.add_argument(
+        "--results-dir",
+        type=Path,
+        metavar="DIR",
+        default=Path("results"),
+        help="where the study's folder NAME/ goes (default results)",
+    )
 
 
 def resolve_config(args: argparse.Namespace) -> StudyConfig:

@@ -26,7 +26,11 @@ from autotune.study import (
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from autotune.run_cmd import add_study_args
 
-    p = sub.add_parser("status", help="print a study's trials", description=__doc__)
+    p = sub.add_parser(
+        "status",
+        help="print a study's trials",
+        description="Print a study's trial table, read from its storage (also while it runs).",
+    )
     add_study_args(p)
     p.set_defaults(handler=handle)
 
