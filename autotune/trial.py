@@ -333,11 +333,14 @@ def _float(v: object) -> float | None:
 
 def write_record(record: TrialRecord, trial_dir: Path) -> Path:
     """trial.json, written atomically (a crash leaves the old file or the new one, never half)."""
-    trial_dir.mkdir(parents=True, exist_ok=True)
     path = trial_dir / "trial.json"
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(_json_safe(record.to_dict()), indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
+    try:
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(_json_safe(record.to_dict()), indent=2, sort_keys=True) + "\n")
+        tmp.replace(path)
+    except OSError as exc:
+        raise HarnessError(f"cannot write {path}: {exc.strerror or exc}") from exc
     return path
 
 

@@ -125,3 +125,13 @@ def test_record_is_written_as_json(tmp_path: Path) -> None:
     assert data["params"] == {"mem_fraction_static": 0.88}
     assert set(data["phases"]) == {"launch", "startup", "workload", "teardown", "total"}
     assert not list(path.parent.glob("*.tmp"))
+
+
+def test_unwritable_record_is_a_harness_error(tmp_path: Path) -> None:
+    from autotune.errors import HarnessError
+
+    record, _ = _run(tmp_path, FakeLauncher())
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(HarnessError, match="cannot write"):
+        write_record(record, blocker / "0003")
