@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import cast
 
 from autotune import __version__
 from autotune.errors import AutotuneError
@@ -35,7 +36,10 @@ def _registrars() -> list[Registrar]:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="autotune", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--version", action="version", version=f"autotune {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        parser.add_subparsers(dest="command", required=True, parser_class=_Parser),
+    )
     for register in _registrars():
         register(sub)
     return parser
