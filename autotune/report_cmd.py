@@ -10,7 +10,8 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from autotune.report.review import add_review_args
+from autotune.config import StudyConfig
+from autotune.report.review import Review, add_review_args
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,6 +37,26 @@ def handle(args: argparse.Namespace) -> int:
     w = review.winner
     text = explain(review, review.trial(w.trial)) if w is not None else ""
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    written = write_report(review, args.out or source.folder, explanation=text, generated_at=now)
+    warnings = _flag_problems(source.cfg, review)
+    written = write_report(
+        review, args.out or source.folder, explanation=text, generated_at=now, warnings=warnings
+    )
     sys.stdout.write(review.scrub(summary(review, written)))
+    for problem in warnings:
+        sys.stderr.write(f"autotune: warning: {problem}\n")
     return 0
+
+
+def _flag_problems(cfg: StudyConfig | None, review: Review) -> list[str]:
+    """The exported command checked with the server's own parser (when it is importable)."""
+    if cfg is None or review.winner is None:
+        return []
+    from autotune.export import launch_argv
+    from autotune.flagcheck import check_argv
+
+    backend = cfg.server.backend
+    try:
+        argv = launch_argv(cfg, review.winner.params, backend=backend)
+    except KeyError:  # the study file's search space changed since the trials ran
+        return []
+    return check_argv(argv, backend=backend)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,12 +67,22 @@ class Written:
     pngs: tuple[Path, ...]
 
 
-def write_report(review: Review, out_dir: Path, *, explanation: str, generated_at: str) -> Written:
+def write_report(
+    review: Review,
+    out_dir: Path,
+    *,
+    explanation: str,
+    generated_at: str,
+    warnings: Sequence[str] = (),
+) -> Written:
     """report.html in `out_dir`, PNGs in `out_dir/report/`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     figs = figures(review)
     pngs = write_pngs(figs, out_dir / "report")
-    page = render_page(review, figs, out_dir, explanation=explanation, generated_at=generated_at)
+    page = render_page(
+        review, figs, out_dir, explanation=explanation, generated_at=generated_at,
+        warnings=warnings,
+    )  # fmt: skip
     path = out_dir / "report.html"
     tmp = path.with_suffix(".html.tmp")
     tmp.write_text(page, encoding="utf-8")
@@ -110,7 +120,13 @@ td:last-child,td:nth-child(12){max-width:420px;overflow-wrap:anywhere}
 
 
 def render_page(
-    review: Review, figs: Figures, out_dir: Path, *, explanation: str, generated_at: str
+    review: Review,
+    figs: Figures,
+    out_dir: Path,
+    *,
+    explanation: str,
+    generated_at: str,
+    warnings: Sequence[str] = (),
 ) -> str:
     """The whole HTML page (pure, apart from reading plotly.js from the installed package)."""
     e = h.e
@@ -126,7 +142,11 @@ def render_page(
     if review.running:
         head += "<p><b>The study is still running</b>; regenerate the report for newer trials.</p>"
     hrefs = {t.number: _href(t, out_dir) for t in review.trials if t.log_path}
-    parts = [head, _winner_box(review), "<h2>Why: the memory arithmetic</h2>"]
+    parts = [head, _winner_box(review)]
+    if warnings:
+        items = "".join(f"<li>{e(w)}</li>" for w in warnings)
+        parts.append(f'<div class="box failed"><p>Flag check:</p><ul>{items}</ul></div>')
+    parts.append("<h2>Why: the memory arithmetic</h2>")
     parts.append(f"<pre>{e(explanation)}</pre>" if explanation else "<p>no feasible trial</p>")
     parts.append('<h2>Figures</h2><div class="grid">')
     parts.append(h.figure_div(h.fig_pareto(figs.pareto), "pareto"))

@@ -126,6 +126,8 @@ def view(t: FrozenTrial) -> TrialView:
         peak = max(static_free - headroom, 0.0)
     phases = _mapping(rec.get("phases"))
     log_path = rec.get("log_path")
+    if not log_path and isinstance(a.get("trial_dir"), str):  # a trial still running
+        log_path = f"{a['trial_dir']}/server.log"
     version = rec.get("sglang_version")
     host = rec.get("host")
     return TrialView(

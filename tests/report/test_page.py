@@ -35,7 +35,13 @@ def test_report_files_escape_logs_and_hide_secrets(
     monkeypatch.setenv("AUTOTUNE_TEST_KEY", KEY)
     review = build_review("t", "postgresql://autotune:***@db/optuna", _trials(), cfg=cfg,
                           study_attrs={})  # fmt: skip
-    written = write_report(review, tmp_path, explanation="KV pool = …", generated_at="now")
+    written = write_report(
+        review,
+        tmp_path,
+        explanation="KV pool = …",
+        generated_at="now",
+        warnings=["--cuda-graph-max-bs is not a flag of this SGLang <b>"],
+    )
     page = written.html.read_text(encoding="utf-8")
     assert written.html == tmp_path / "report.html"
     assert page.startswith("<!DOCTYPE html>") and "Plotly.newPlot" in page
@@ -47,6 +53,7 @@ def test_report_files_escape_logs_and_hide_secrets(
     assert "&lt;/script&gt;&lt;script&gt;alert(&quot;pwned&quot;)" in page
     assert page.count("</script>") == page.count("<script")
     assert KEY not in page
+    assert "Flag check:" in page and "this SGLang &lt;b&gt;" in page
     assert "The study is still running" in page and "UNCONFIRMED" in page
     # the log link is relative to the report
     rel = os.path.relpath("/results/t/trials/0000/server.log", tmp_path)

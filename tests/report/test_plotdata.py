@@ -36,6 +36,14 @@ def test_running_trials_are_left_out_of_the_pareto_plot_but_not_the_map() -> Non
     assert [(p.number, p.kind) for p in fm.points] == [(0, "feasible"), (1, "running")]
 
 
+def test_a_running_trial_links_its_live_log() -> None:
+    t = trial(0, 0.88, state=TrialState.RUNNING)
+    t.user_attrs.clear()
+    t.user_attrs["trial_dir"] = "/r/t/trials/0000"
+    [v] = views([t])
+    assert v.kind == "running" and v.log_path == "/r/t/trials/0000/server.log"
+
+
 def test_feasibility_map_axes_and_outcomes() -> None:
     trials = [trial(0, 0.88, requests=32), trial(1, 0.92, requests=64, outcome="runtime_oom")]
     d = pd.feasibility(views(trials))
