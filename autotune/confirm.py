@@ -14,11 +14,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TextIO
 
 from autotune.config import StudyConfig
 from autotune.errors import HarnessError, UsageError
@@ -77,7 +80,13 @@ def handle(args: argparse.Namespace) -> int:
         f"(trial {ex.trial}) with a {args.soak_factor:g}× soak\n"
     )
     out.flush()
-    verdict = run_confirmation(soak_cfg, source.folder, dict(ex.params), trial=ex.trial)
+    with _sigterm_as_interrupt():
+        verdict = run_confirmation(
+            soak_cfg, source.folder, dict(ex.params), trial=ex.trial, phase=_phase_printer(out)
+        )
+    if verdict["outcome"] == "interrupted":
+        out.write("confirmation interrupted: the server was stopped; nothing was recorded\n")
+        return 130
     verdict["soak_factor"] = args.soak_factor
     record_verdict(source.study, verdict)
     out.write(describe(verdict))
@@ -117,6 +126,7 @@ def run_confirmation(
     trial: int,
     launcher_factory: Callable[[StudyConfig, Path], object] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    phase: Callable[[str], None] = lambda p: None,
 ) -> dict[str, object]:
     """Launch, soak, tear down; the verdict as a JSON-safe dict."""
     from autotune.run_cmd import free_port
@@ -142,7 +152,7 @@ def run_confirmation(
         limits=cfg.server.limits,
         backend=cfg.server.backend,
     )
-    record = run_trial(plan, launcher, clock=clock, phase=lambda p: None)
+    record = run_trial(plan, launcher, clock=clock, phase=phase)
     write_record(record, plan.trial_dir)
     measured = record.measured()
     broken: list[str] = []
@@ -200,6 +210,30 @@ def describe(v: Mapping[str, object]) -> str:
         lines.append(f"  {v['reason']}")
     lines.append(f"  log: {v.get('log_path')}")
     return "\n".join(lines) + "\n"
+
+
+def _phase_printer(out: TextIO) -> Callable[[str], None]:
+    start = time.monotonic()
+
+    def phase(name: str) -> None:
+        out.write(f"  {name} (at {time.monotonic() - start:.0f} s)\n")
+        out.flush()
+
+    return phase
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops the soak like Ctrl-C: the server is torn down before autotune exits."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _next_number(folder: Path) -> int:
