@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from autotune.config import StudyConfig
+from autotune.errors import UsageError
 from autotune.report.review import Review, add_review_args
 
 
@@ -38,9 +39,13 @@ def handle(args: argparse.Namespace) -> int:
     text = explain(review, review.trial(w.trial)) if w is not None else ""
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     warnings = _flag_problems(source.cfg, review)
-    written = write_report(
-        review, args.out or source.folder, explanation=text, generated_at=now, warnings=warnings
-    )
+    out_dir = args.out or source.folder
+    try:
+        written = write_report(
+            review, out_dir, explanation=text, generated_at=now, warnings=warnings
+        )
+    except OSError as exc:
+        raise UsageError(f"--out {out_dir}: cannot write the report there: {exc.strerror}") from exc
     sys.stdout.write(review.scrub(summary(review, written)))
     for problem in warnings:
         sys.stderr.write(f"autotune: warning: {problem}\n")
