@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import fcntl
 import os
+import random
 import signal
 import socket
 import sys
@@ -169,17 +170,27 @@ def run(
     clock: Callable[[], float] = time.monotonic,
 ) -> int:
     """Run the study to its end; 0 when done, 130 when the operator stopped it."""
-    from autotune.workers import Coordinator, current_worker, gpu_group
+    from autotune.workers import (
+        Coordinator,
+        current_worker,
+        drop_twice_queued,
+        gpu_group,
+        worker_seed,
+    )
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = open_study(cfg, url, make_sampler(cfg.sampler), heartbeat=cfg.heartbeat)
     worker = current_worker(gpu_group(cfg.server.env) or gpu_group(os.environ))
+    seed = worker_seed(cfg.sampler.seed, worker)
+    sampler = make_sampler(dataclasses.replace(cfg.sampler, seed=seed))
+    study = open_study(cfg, url, sampler, heartbeat=cfg.heartbeat)
     stopped = launcher.stop_orphans()
     note = "; ".join(stopped) or "no server was left running"
     recovered = recover(
         study, host=worker.host, machine=worker.machine, stop_orphans=lambda t: note
     )
     queued = prepare(study, cfg)
+    if queued:
+        drop_twice_queued(study)
     trials = study.get_trials(deepcopy=False)
     deadline = clock() + cfg.budget.timeout_s if cfg.budget.timeout_s else None
     tally = Tally(n_trials=cfg.budget.n_trials)
@@ -203,6 +214,8 @@ def run(
         limits=cfg.server.limits,
         clock=clock,
         notify=progress.message,
+        rng=random.Random(seed),
+        random_after_duplicate=cfg.sampler.name not in ("capacity", "walkdown"),
     )
 
     def run_one(trial: optuna.trial.Trial) -> Result:

@@ -23,19 +23,22 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import random
 import threading
 import time
 import warnings
+import zlib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 
 import optuna
 from optuna.exceptions import ExperimentalWarning
+from optuna.samplers import RandomSampler
 from optuna.storages import RDBStorage
 from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled
 from optuna.trial import FrozenTrial, TrialState
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, ProgrammingError, SQLAlchemyError
 
 from autotune.config import Heartbeat, Limits, SearchConfig, StudyConfig
 from autotune.errors import UsageError
@@ -117,8 +120,21 @@ def machine_id() -> str:
     return f"{boot[:8]}/{pidns.removeprefix('pid:').strip('[]')}"
 
 
-def current_worker(gpus: str) -> Worker:
-    return dataclasses.replace(Worker.current(), gpus=gpus, machine=machine_id())
+HOST_ENV = "AUTOTUNE_WORKER_HOST"
+"""Overrides the host name a worker records, where host names are not unique."""
+
+
+def current_worker(gpus: str, env: Mapping[str, str] = os.environ) -> Worker:
+    w = Worker.current()
+    host = env.get(HOST_ENV, "").strip() or w.host
+    return dataclasses.replace(w, host=host, gpus=gpus, machine=machine_id())
+
+
+def worker_seed(seed: int, worker: Worker) -> int:
+    """The sampler seed of one worker: the study's, mixed with the worker's host and GPU group,
+    so that workers sharing a study do not draw the same points in lockstep (and one worker
+    draws the same points again when it restarts)."""
+    return (seed + zlib.crc32(f"{worker.host}/{worker.gpus}".encode())) % 2**31
 
 
 def describe(w: Worker | None) -> str:
@@ -136,14 +152,42 @@ def rdb_storage(url: str, heartbeat: Heartbeat) -> RDBStorage:
     """Optuna's RDB storage with heartbeats on; connections are checked before use, since a
     worker may sit idle for an hour while its server runs."""
     engine_kwargs: dict[str, object] = {} if url.startswith("sqlite") else {"pool_pre_ping": True}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ExperimentalWarning)
-        return RDBStorage(
-            url,
-            engine_kwargs=engine_kwargs,
-            heartbeat_interval=heartbeat.interval_s,
-            grace_period=heartbeat.grace_s,
-        )
+    for attempt in range(CREATE_ATTEMPTS):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ExperimentalWarning)
+                return RDBStorage(
+                    url,
+                    engine_kwargs=dict(engine_kwargs),
+                    heartbeat_interval=heartbeat.interval_s,
+                    grace_period=heartbeat.grace_s,
+                )
+        except (IntegrityError, ProgrammingError):
+            # workers starting together race to create Optuna's tables; the loser retries
+            if attempt == CREATE_ATTEMPTS - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+CREATE_ATTEMPTS = 5
+
+
+def drop_twice_queued(study: optuna.Study) -> list[int]:
+    """Workers that open a new study together each queue its first points (the baseline, the
+    grid); keep the first of each queued point and record the others as skipped."""
+    seen: set[str] = set()
+    dropped = []
+    for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+        if t.state != TrialState.WAITING:
+            continue
+        key = repr(sorted((k, _norm(v)) for k, v in point(t).items()))
+        if key not in seen:
+            seen.add(key)
+            continue
+        if fail(study, t.number, outcome="skipped", reason="not launched: queued twice"):
+            dropped.append(t.number)
+    return dropped
 
 
 class Beat:
@@ -231,6 +275,15 @@ def point(t: FrozenTrial) -> dict[str, object]:
     return dict(fixed) if isinstance(fixed, dict) else {}
 
 
+def same_point(a: Mapping[str, object], b: Mapping[str, object]) -> bool:
+    """Equal parameters, floats compared to 9 digits (a sampled 0.8600000000000001 is 0.86)."""
+    return a.keys() == b.keys() and all(_norm(a[k]) == _norm(b[k]) for k in a)
+
+
+def _norm(v: object) -> object:
+    return round(v, 9) if isinstance(v, float) else v
+
+
 def running_before(trials: Sequence[FrozenTrial], trial: FrozenTrial) -> list[FrozenTrial]:
     """Other RUNNING trials that started before `trial` (they have the first claim)."""
     return [
@@ -251,7 +304,7 @@ def duplicate_of(trials: Sequence[FrozenTrial], trial: FrozenTrial) -> FrozenTri
     mine = point(trial)
     if not mine:
         return None
-    return next((t for t in running_before(trials, trial) if point(t) == mine), None)
+    return next((t for t in running_before(trials, trial) if same_point(point(t), mine)), None)
 
 
 def max_wait_s(limits: Limits, heartbeat: Heartbeat) -> float:
@@ -284,8 +337,12 @@ class Coordinator:
         sleep: Callable[[float], None] = time.sleep,
         now: Callable[[], datetime] = datetime.now,
         notify: Callable[[str], None] = lambda line: None,
+        rng: random.Random | None = None,
+        random_after_duplicate: bool = True,
     ) -> None:
         self.me = me
+        self._rng = rng or random.Random(0)
+        self._random_after_duplicate = random_after_duplicate
         self._search = search
         self._heartbeat = heartbeat
         self._max_wait_s = max_wait_s(limits, heartbeat)
@@ -349,10 +406,25 @@ class Coordinator:
         return ""
 
     def ask(self, study: optuna.Study) -> optuna.trial.Trial:
-        """`study.ask()`, and the trial's heartbeat started."""
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Heartbeat of storage", category=UserWarning)
-            trial = study.ask()
+        """`study.ask()` with the parameters chosen, and the trial's heartbeat started.
+
+        Right after a proposal was skipped as a repeat of a running trial, the next one is a
+        random point: a sampler that knows nothing of running trials would repeat itself.
+        """
+        from autotune.space import settings_for
+
+        sampler = study.sampler
+        if self._duplicates and self._random_after_duplicate:
+            study.sampler = RandomSampler(seed=self._rng.randrange(2**31))
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings(
+                    "ignore", message="Heartbeat of storage", category=UserWarning
+                )
+                trial = study.ask()
+            settings_for(trial, self._search)  # parameters are chosen now (TPE one by one)
+        finally:
+            study.sampler = sampler
         storage = study._storage
         if isinstance(storage, BaseHeartbeat) and is_heartbeat_enabled(storage):
             beat = Beat(storage, trial._trial_id, self._heartbeat.interval_s)
@@ -361,10 +433,7 @@ class Coordinator:
         return trial
 
     def claim(self, study: optuna.Study, trial: optuna.trial.Trial, n_trials: int) -> str:
-        """ "" to run `trial`; otherwise why it is skipped (a popped queued point goes back)."""
-        from autotune.space import settings_for
-
-        settings_for(trial, self._search)  # parameters are chosen now (TPE one by one)
+        """Empty to run `trial`; otherwise why it is skipped (a popped queued point goes back)."""
         trials = study.get_trials(deepcopy=False)
         mine = study._storage.get_trial(trial._trial_id)
         if surplus(trials, mine, n_trials):

@@ -1,0 +1,87 @@
+"""Fixtures for the workers' tests: a fresh PostgreSQL database per test, and a check that no
+process a test started outlives it.
+
+Tests marked `postgres` need the server on 127.0.0.1:5432 (trust auth; `.ci/run` starts it).
+When it cannot be reached they fail with the reason; deselect them with `-m "not postgres"`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PG_HOST = os.environ.get("AUTOTUNE_TEST_PGHOST", "127.0.0.1")
+PG_PORT = int(os.environ.get("AUTOTUNE_TEST_PGPORT", "5432"))
+PG_USERS = ("postgres", "root")
+
+
+def _admin_connection() -> tuple[object, str]:
+    import psycopg2
+
+    errors = []
+    for user in PG_USERS:
+        try:
+            conn = psycopg2.connect(
+                host=PG_HOST, port=PG_PORT, user=user, dbname="test", connect_timeout=5
+            )
+        except psycopg2.Error as exc:
+            errors.append(f"{user}: {str(exc).strip().splitlines()[0]}")
+            continue
+        conn.autocommit = True
+        return conn, user
+    pytest.fail(
+        f"PostgreSQL at {PG_HOST}:{PG_PORT} (database test) is unreachable ({'; '.join(errors)}); "
+        "start it (`.ci/run` does) or deselect these tests with -m 'not postgres'",
+        pytrace=False,
+    )
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A database of its own for this test (created now, dropped at the end), as a URL."""
+    conn, user = _admin_connection()
+    name = f"autotune_test_{uuid.uuid4().hex[:12]}"
+    cur = conn.cursor()  # type: ignore[attr-defined]
+    cur.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql+psycopg2://{user}@{PG_HOST}:{PG_PORT}/{name}"
+    finally:
+        cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.close()  # type: ignore[attr-defined]
+
+
+def ours(tag: str) -> list[int]:
+    """Live processes whose command line mentions `tag` (the test's folder)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if tag in cmdline and state != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.fixture
+def no_leftovers(tmp_path: Path) -> Iterator[Path]:
+    """The test's folder; at the end no process mentioning it may be alive."""
+    yield tmp_path
+    left = ours(str(tmp_path))
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            pgid = os.getpgid(pid)
+            if pgid != os.getpgrp():
+                os.killpg(pgid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left behind: {left}"
