@@ -200,6 +200,17 @@ def test_three_workers_share_a_study(no_leftovers: Path, pg_url: str) -> None:
     )
     assert status.returncode == 0, status.stderr
     assert f"{N_TRIALS} trials finished" in status.stdout
+    # report and export read the shared study too
+    for command in (["report"], ["export", "--format", "flags"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "autotune", *command, "--config", str(folder / "w.toml"),
+             "--results-dir", str(folder / "results"), "--storage", pg_url],
+            capture_output=True, text=True, timeout=120, cwd=folder,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        if command[0] == "export":
+            assert "--mem-fraction-static" in done.stdout
+    assert (folder / "results" / "w" / "report.html").is_file()
 
 
 def test_killed_worker_trial_is_failed_by_the_others(no_leftovers: Path, pg_url: str) -> None:
