@@ -143,6 +143,9 @@ def handle(args: argparse.Namespace) -> int:
         heartbeat_s=args.heartbeat_s,
         grace_s=args.grace_s,
     )
+    from autotune.hostcheck import check_host
+
+    check_host(cfg)
     study_folder = study_dir(cfg, args.results_dir)
     url = storage_url(args, cfg, study_folder)
     folder = worker_folder(study_folder, gpu_group(cfg.server.env))

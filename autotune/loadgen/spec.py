@@ -8,6 +8,7 @@ needs later is decided here, so a trial never fails halfway through on a bad stu
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import os
@@ -209,6 +210,7 @@ class _Table:
     def req_int(self, name: str, lo: int, hi: int = MAX_TOKENS) -> int:
         value = self.get_int(name, None, lo, hi)
         if value is None:
+            self._misspelt(name)
             raise ConfigError(self.sub(name), f"is required: an integer in [{lo}, {hi}]")
         return value
 
@@ -225,8 +227,16 @@ class _Table:
     def req_float(self, name: str, lo: float, hi: float) -> float:
         value = self.get_float(name, None, lo, hi)
         if value is None:
+            self._misspelt(name)
             raise ConfigError(self.sub(name), f"is required: a number in [{lo}, {hi}]")
         return value
+
+    def _misspelt(self, name: str) -> None:
+        """A missing required key next to an unknown one that looks like it: name the typo."""
+        unknown = [k for k in self.raw if k not in self.used and k != name]
+        close = difflib.get_close_matches(name, unknown, n=1, cutoff=0.75)
+        if close:
+            raise ConfigError(self.sub(close[0]), f"unknown key; did you mean {name}?")
 
     def get_bool(self, name: str, default: bool) -> bool:
         value = self.get(name)

@@ -1,0 +1,133 @@
+"""Whether this machine can run the study at all, checked once before the first launch.
+
+Three mistakes would otherwise cost a launch each (or a whole night of failed trials):
+SGLang not installed for the interpreter the study's command names, a model path that does not
+exist, and a hierarchical host cache that cannot fit in host RAM (per rank, times the ranks).
+Host RAM is the simulator profile's in rehearsal and the machine's (/proc/meminfo) on the real
+backend. Each problem is a `ConfigError` or `UsageError` naming the value and the fix.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from autotune.config import HICACHE, Choices, Fixed, FloatRange, IntRange, StudyConfig
+from autotune.errors import ConfigError, UsageError
+
+MODEL_FLAGS = ("model_path", "speculative_draft_model_path", "tokenizer_path")
+TP_FLAGS = ("tp", "tp_size", "tensor_parallel_size")
+PP_FLAGS = ("pp", "pp_size", "pipeline_parallel_size")
+_FIND_SGLANG = "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"
+
+
+def check_host(
+    cfg: StudyConfig,
+    *,
+    host_ram_gb: Callable[[], float | None] | None = None,
+    sglang_present: Callable[[tuple[str, ...]], bool] | None = None,
+) -> None:
+    """Raise when the study cannot run here; nothing is launched before this passes."""
+    sim = cfg.server.backend == "sim"
+    if not sim:
+        _check_sglang(cfg.server.command, sglang_present or _sglang_importable)
+        _check_model_paths(cfg)
+    ram = (host_ram_gb or (lambda: _ram_gb(cfg)))()
+    _check_hicache(cfg, ram, "the simulator profile's" if sim else "this machine's")
+
+
+def _check_sglang(command: tuple[str, ...], present: Callable[[tuple[str, ...]], bool]) -> None:
+    if shutil.which(command[0]) is None:
+        raise ConfigError("server.command", f"{command[0]!r} is not found on PATH; fix the path")
+    runs_sglang = len(command) >= 3 and command[1] == "-m" and command[2].startswith("sglang")
+    if runs_sglang and not present(command):
+        raise UsageError(
+            f"SGLang is not installed for {command[0]} (server.command runs "
+            f"`{' '.join(command)}`); install it (pip install 'sglang[all]'), point "
+            "server.command at the Python that has it, or rehearse with --backend sim"
+        )
+
+
+def _sglang_importable(command: tuple[str, ...]) -> bool:
+    try:
+        done = subprocess.run(
+            [command[0], "-c", _FIND_SGLANG], capture_output=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def _check_model_paths(cfg: StudyConfig) -> None:
+    """A value that reads as a local path must exist; `org/name` may be a Hugging Face id."""
+    for name, value in cfg.server.flags:
+        if name not in MODEL_FLAGS or not isinstance(value, str):
+            continue
+        if value.startswith(("/", "./", "../", "~")) and not Path(value).expanduser().exists():
+            raise ConfigError(
+                f"server.flags.{name.replace('_', '-')}",
+                f"{value} does not exist on this machine; fix the path "
+                "(or give a Hugging Face model id)",
+            )
+
+
+def _ranks(cfg: StudyConfig) -> int:
+    flags = dict(cfg.server.flags)
+    tp = next((flags[k] for k in TP_FLAGS if k in flags), 1)
+    pp = next((flags[k] for k in PP_FLAGS if k in flags), 1)
+    return (tp if isinstance(tp, int) else 1) * (pp if isinstance(pp, int) else 1)
+
+
+def _largest_hicache(cfg: StudyConfig) -> float:
+    for p in cfg.search.params:
+        if p.name != HICACHE:
+            continue
+        if isinstance(p, Fixed):
+            values = [p.value]
+        elif isinstance(p, Choices):
+            values = list(p.values)
+        elif isinstance(p, IntRange | FloatRange):
+            values = [p.high]
+        else:
+            values = []
+        numbers = [float(v) for v in values if isinstance(v, int | float)]
+        return max(numbers, default=0.0)
+    value = dict(cfg.server.flags).get(HICACHE)
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
+def _check_hicache(cfg: StudyConfig, ram_gb: float | None, whose: str) -> None:
+    largest = _largest_hicache(cfg)
+    ranks = _ranks(cfg)
+    if ram_gb is None or largest <= 0 or largest * ranks <= ram_gb:
+        return
+    raise ConfigError(
+        f"search.{HICACHE}",
+        f"{largest:g} GB per rank × {ranks} ranks = {largest * ranks:g} GB of host cache is "
+        f"more than {whose} {ram_gb:g} GB of host RAM; lower it to at most "
+        f"{ram_gb / ranks:g}",
+    )
+
+
+def _ram_gb(cfg: StudyConfig) -> float | None:
+    if cfg.server.backend == "sim":
+        from autotune.sim.profiles import ProfileError, load_profile
+
+        try:
+            return load_profile(cfg.server.sim_profile).hardware.host_ram_gb
+        except (ProfileError, OSError):
+            return None  # the launch reports a bad profile itself
+    return machine_ram_gb()
+
+
+def machine_ram_gb(meminfo: Path = Path("/proc/meminfo")) -> float | None:
+    """Total host RAM in GB (10^9 bytes), or None when /proc/meminfo cannot be read."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024 / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
