@@ -85,6 +85,9 @@ def rows(trials: Sequence[FrozenTrial]) -> tuple[list[str], list[list[str]]]:
             if k not in names:
                 names.append(k)
     head = ["#", "state", "outcome", *names, "capacity", "tok/s", "headroom", "time", "feasible"]
+    workers = {worker_label(t) for t in trials} - {""}
+    if len(workers) > 1:  # several workers share the study: say which ran each trial
+        head.insert(3, "worker")
     body = []
     for t in trials:
         a = t.user_attrs
@@ -110,7 +113,17 @@ def rows(trials: Sequence[FrozenTrial]) -> tuple[list[str], list[list[str]]]:
                 verdict,
             ]
         )
+        if len(workers) > 1:
+            body[-1].insert(3, worker_label(t))
     return head, body
+
+
+def worker_label(t: FrozenTrial) -> str:
+    """host, and GPU group when there is one: `box-a:0,1,2,3`."""
+    w = t.user_attrs.get("worker")
+    if not isinstance(w, dict) or not w.get("host"):
+        return ""
+    return f"{w['host']}:{w['gpus']}" if w.get("gpus") else str(w["host"])
 
 
 def render(name: str, url: str, trials: Sequence[FrozenTrial]) -> str:

@@ -277,3 +277,13 @@ def test_hold_waits_while_others_fill_the_budget_and_gives_up_after_a_trial() ->
     assert co.hold([*done, _trial(3)], 10, grid=True) == ""
     queued = _trial(9, TrialState.WAITING)
     assert co.hold([*done, _trial(3), queued], 10, grid=True) is None
+
+
+def test_status_names_the_worker_of_each_trial_when_several_share_the_study() -> None:
+    from autotune.status_cmd import rows
+
+    a, b = Worker("box-a", 1, 1, "0,1"), Worker("box-b", 2, 2)
+    head, body = rows([_trial(0, worker=a), _trial(1, worker=b), _trial(2)])
+    assert head[3] == "worker" and [r[3] for r in body] == ["box-a:0,1", "box-b", ""]
+    head, _ = rows([_trial(0, worker=a), _trial(1, worker=a)])
+    assert "worker" not in head
