@@ -201,10 +201,6 @@ def _grid_order(search: SearchConfig) -> Callable[[Mapping[str, Scalar]], tuple[
     return key
 
 
-def waiting(study: optuna.Study) -> int:
-    return len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
-
-
 # ------------------------------------------------------------------------------------------------
 # Workers and stale trials
 # ------------------------------------------------------------------------------------------------
