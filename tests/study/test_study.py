@@ -261,3 +261,34 @@ def test_gp_sampler_without_torch_is_a_usage_error() -> None:
     except ImportError:
         with pytest.raises(UsageError, match="torch"):
             make_sampler(SamplerConfig("gp"))
+
+
+def test_stop_asked_during_teardown_records_the_trial_then_stops(
+    study_file: Callable[[str], Path], tmp_path: Path
+) -> None:
+    cfg = _cfg(study_file)
+    study = _open(cfg, tmp_path)
+
+    def run_one(trial: optuna.trial.Trial) -> Result:
+        ok = _runner(cfg)(trial)
+        return dataclasses.replace(ok, fatal="interrupted")
+
+    with pytest.raises(Interrupted):
+        _loop(study, cfg, 5, run_one)
+    trials = study.get_trials()
+    assert len(trials) == 1 and trials[0].state == TrialState.COMPLETE
+
+
+def test_unclean_teardown_stops_the_study(
+    study_file: Callable[[str], Path], tmp_path: Path
+) -> None:
+    cfg = _cfg(study_file)
+    study = _open(cfg, tmp_path)
+
+    def run_one(trial: optuna.trial.Trial) -> Result:
+        ok = _runner(cfg)(trial)
+        return dataclasses.replace(ok, fatal="teardown: GPU 0: 3.00 GiB more in use")
+
+    with pytest.raises(HarnessError, match="GPU 0"):
+        _loop(study, cfg, 5, run_one)
+    assert len(study.get_trials()) == 1

@@ -135,3 +135,28 @@ def test_unwritable_record_is_a_harness_error(tmp_path: Path) -> None:
     blocker.write_text("")
     with pytest.raises(HarnessError, match="cannot write"):
         write_record(record, blocker / "0003")
+
+
+def test_ctrl_c_during_teardown_waits_for_it_and_then_stops_the_run(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    from autotune.trial import INTERRUPT
+
+    class SignalledStop(FakeLauncher):
+        def launch(self, plan: TrialPlan):  # type: ignore[no-untyped-def]
+            run = super().launch(plan)
+            inner = run.stop
+
+            def stop() -> Stop:
+                os.kill(os.getpid(), signal.SIGINT)  # the operator presses Ctrl-C right now
+                return inner()
+
+            run.stop = stop  # type: ignore[method-assign]
+            return run
+
+    launcher = SignalledStop()
+    record, _ = _run(tmp_path, launcher)
+    assert launcher.log[-1] == "stop"  # the teardown ran to its end
+    assert record.state == "complete" and record.outcome == "ok"  # the measurement stands
+    assert record.result().fatal == INTERRUPT  # and the run stops after recording it
