@@ -49,6 +49,8 @@ log = logging.getLogger("autotune.workers")
 MAX_DUPLICATE_SKIPS = 5
 """Asks in a row skipped as duplicates of running trials before the next one runs anyway."""
 SKIPPED_SURPLUS = "not launched: trials running on other workers fill the budget"
+CREATE_ATTEMPTS = 5
+"""Tries at opening the storage while other workers create Optuna's tables at the same time."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -168,9 +170,6 @@ def rdb_storage(url: str, heartbeat: Heartbeat) -> RDBStorage:
                 raise
             time.sleep(0.2 * (attempt + 1))
     raise AssertionError("unreachable")
-
-
-CREATE_ATTEMPTS = 5
 
 
 def drop_twice_queued(study: optuna.Study) -> list[int]:

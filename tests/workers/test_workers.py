@@ -287,3 +287,18 @@ def test_status_names_the_worker_of_each_trial_when_several_share_the_study() ->
     assert head[3] == "worker" and [r[3] for r in body] == ["box-a:0,1", "box-b", ""]
     head, _ = rows([_trial(0, worker=a), _trial(1, worker=a)])
     assert "worker" not in head
+
+
+def test_points_queued_twice_by_workers_starting_together_run_once(tmp_path: Path) -> None:
+    import optuna
+
+    from autotune.workers import drop_twice_queued
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="s")
+    for point in ({"x": 0.86}, {"x": 0.8600000000000001}, {"x": 0.9}, {"x": 0.9}):
+        study.enqueue_trial(point)
+    assert drop_twice_queued(study) == [1, 3]
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.WAITING, TrialState.FAIL] * 2
+    assert trials[1].user_attrs["outcome"] == "skipped"
+    assert drop_twice_queued(study) == []
