@@ -20,7 +20,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune.study import counted
 from autotune.workers import HOST_ENV, same_point
@@ -151,7 +151,7 @@ def _dump(trials: Sequence[FrozenTrial]) -> str:
 def _check_shared_study(folder: Path, url: str) -> list[FrozenTrial]:
     """What every run must leave: the budget exactly, no repeats side by side, every record."""
     trials = _trials(url)
-    assert not [t.number for t in trials if not t.state.is_finished()]
+    assert not [t.number for t in trials if t.state == TrialState.RUNNING]
     assert counted(trials) == N_TRIALS
     launched = [t for t in trials if t.user_attrs.get("outcome") not in ("skipped", "stale")]
     assert len(launched) == N_TRIALS
