@@ -181,3 +181,28 @@ def test_samplers_do_not_repeat_running_trials(cfg: StudyConfig, pg_url: str, ma
             s.tell(t, [float(30_000 + 1_000 * round_ + i), 100.0])
         ran += points
     assert len(ran) == 9
+
+
+def test_capacity_sampler_spreads_three_workers_by_itself(pg_url: str) -> None:
+    """Launches on the simulator's model (`search.oracle`), told as real trials are: the
+    capacity-aware sampler never proposes what another worker is running."""
+    from autotune.search.oracle import bench_for, run_trial
+    from autotune.sim.profiles import load_profile
+
+    bench = bench_for(load_profile("kimi-k2.5-tp8-96g"))
+    cfg = bench.study_config
+    studies = [_open(cfg, pg_url, CapacityAwareSampler(seed=i)) for i in range(3)]
+    workers = [
+        Coordinator(me=Worker(f"w{i}", 1, 1), search=bench.search, heartbeat=HB, limits=Limits())
+        for i in range(3)
+    ]
+    studies[0].enqueue_trial(dict(bench.search.baseline))
+    for round_ in range(3):
+        batch = [(w, s, w.ask(s)) for w, s in zip(workers, studies, strict=True)]
+        assert [w.claim(s, t, 100) for w, s, t in batch] == ["", "", ""]
+        points = [s._storage.get_trial(t._trial_id).params for _, s, t in batch]
+        for p, q in itertools.combinations(points, 2):
+            assert not same_point(p, q), points
+        for i, (w, s, t) in enumerate(batch):
+            w.release(t)
+            run_trial(s, bench, t, seed=10 * round_ + i)
