@@ -94,8 +94,14 @@ def with_worker_args(
             raise UsageError(f"--port {port}: use a TCP port from 1 to 65535")
         server = dataclasses.replace(server, port=port)
     if gpus is not None:
-        env = {**server.env, "CUDA_VISIBLE_DEVICES": parse_gpus(gpus)}
-        server = dataclasses.replace(server, env=env)
+        group = parse_gpus(gpus)
+        needed = gpus_needed(server.flags)
+        if needed > len(group.split(",")):
+            raise UsageError(
+                f"--gpus {group}: the server needs {needed} GPUs (tp × pp in server.flags); "
+                "give a group that large"
+            )
+        server = dataclasses.replace(server, env={**server.env, "CUDA_VISIBLE_DEVICES": group})
     hb = cfg.heartbeat
     if heartbeat_s is not None:
         if heartbeat_s < 1:
@@ -110,6 +116,24 @@ def with_worker_args(
             )
         hb = dataclasses.replace(hb, grace_s=grace_s)
     return dataclasses.replace(cfg, server=server, heartbeat=hb)
+
+
+_TP = ("tp", "tp_size", "tensor_parallel_size")
+_PP = ("pp", "pp_size", "pipeline_parallel_size")
+
+
+def gpus_needed(flags: Sequence[tuple[str, object]]) -> int:
+    """GPUs one server takes: tensor × pipeline parallel size from its fixed flags."""
+    given = {name: value for name, value in flags}
+
+    def size(names: tuple[str, ...]) -> int:
+        for n in names:
+            v = given.get(n)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return v
+        return 1
+
+    return size(_TP) * size(_PP)
 
 
 def machine_id() -> str:

@@ -302,3 +302,14 @@ def test_points_queued_twice_by_workers_starting_together_run_once(tmp_path: Pat
     assert [t.state for t in trials] == [TrialState.WAITING, TrialState.FAIL] * 2
     assert trials[1].user_attrs["outcome"] == "skipped"
     assert drop_twice_queued(study) == []
+
+
+def test_a_gpu_group_must_hold_the_server() -> None:
+    from autotune.workers import gpus_needed
+
+    cfg = _cfg()  # tp = 2
+    assert gpus_needed(cfg.server.flags) == 2
+    assert gpus_needed((("tensor_parallel_size", 4), ("pp_size", 2))) == 8
+    assert gpus_needed(()) == 1
+    with pytest.raises(UsageError, match=r"--gpus 3: the server needs 2 GPUs"):
+        with_worker_args(cfg, gpus="3", port=None, heartbeat_s=None, grace_s=None)
