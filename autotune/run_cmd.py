@@ -23,11 +23,13 @@ from pathlib import Path
 from typing import TextIO
 
 import optuna
+from optuna.exceptions import StorageInternalError
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.config import SAMPLERS, StudyConfig, find_study_file, load_study
 from autotune.errors import HarnessError, UsageError
+from autotune.hostcheck import results_disk_problem
 from autotune.progress import Progress, Tally, finished_line
 from autotune.space import server_argv, settings_for
 from autotune.study import (
@@ -188,9 +190,14 @@ def run(
     study = open_study(cfg, url, sampler, heartbeat=cfg.heartbeat)
     stopped = launcher.stop_orphans()
     note = "; ".join(stopped) or "no server was left running"
-    recovered = recover(
-        study, host=worker.host, machine=worker.machine, stop_orphans=lambda t: note
-    )
+
+    def orphans(t: FrozenTrial) -> str:
+        where = t.user_attrs.get("trial_dir")
+        if where is None or Path(str(where)).parent.parent == folder:
+            return note
+        return "its server, if one is left, is stopped when its own worker starts again"
+
+    recovered = recover(study, host=worker.host, machine=worker.machine, stop_orphans=orphans)
     queued = prepare(study, cfg)
     if queued:
         drop_twice_queued(study)
@@ -226,6 +233,9 @@ def run(
         done = sampler_done(study, trial)
         if done:
             return Result("fail", "skipped", f"not launched: {done}", None, {}, end=done)
+        full = results_disk_problem(folder)
+        if full:
+            return Result("fail", "harness_error", f"not launched: {full}", None, {}, fatal=full)
         port = cfg.server.port or free_port(cfg.server.host)
         argv = server_argv(
             cfg.server, settings, backend=cfg.server.backend, extra=launcher.extra_args()
@@ -264,7 +274,7 @@ def run(
             on_told=on_told,
             coordinator=coordinator,
         )
-    except SQLAlchemyError as exc:
+    except (SQLAlchemyError, StorageInternalError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise HarnessError(f"the study storage {redact(url)} failed: {first}") from exc
     except Interrupted as exc:
