@@ -9,6 +9,7 @@ backend. Each problem is a `ConfigError` or `UsageError` naming the value and th
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -131,3 +132,23 @@ def machine_ram_gb(meminfo: Path = Path("/proc/meminfo")) -> float | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+MIN_RESULTS_FREE_BYTES = 256 * 2**20
+"""Room a trial needs under the results folder (its server log, record and storage rows)."""
+
+
+def results_disk_problem(folder: Path, min_free: int = MIN_RESULTS_FREE_BYTES) -> str:
+    """Why the disk under `folder` cannot take another trial ("" when it can): checked before
+    each launch, so a full disk stops the run cleanly instead of breaking a trial half-way."""
+    try:
+        st = os.statvfs(folder)
+    except OSError as exc:
+        return f"the results folder {folder} cannot be read: {exc.strerror or exc}"
+    free = st.f_bavail * st.f_frsize
+    if free >= min_free:
+        return ""
+    return (
+        f"the results disk is full: {free / 2**20:.0f} MiB free under {folder}, a trial needs "
+        f"{min_free / 2**20:.0f} MiB; free some space and run the same command to resume"
+    )

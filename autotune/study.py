@@ -44,8 +44,9 @@ if TYPE_CHECKING:
     from autotune.workers import Coordinator
 
 STUDY_DB = "study.db"
-NOT_COUNTED = frozenset({"interrupted", "stale", "skipped"})
-"""Outcomes of trials autotune cut short (their points run again) or never launched."""
+NOT_COUNTED = frozenset({"interrupted", "stale", "skipped", "harness_error"})
+"""Outcomes of trials autotune cut short or the machine failed (their points run again) or
+that were never launched."""
 
 log = logging.getLogger("autotune.study")
 
@@ -531,7 +532,8 @@ def _tell_unless_finished(
 
 
 def tell(study: optuna.Study, trial: optuna.trial.Trial, result: Result, cfg: StudyConfig) -> None:
-    """Store one trial's result; an interrupted point is enqueued again for the next run."""
+    """Store one trial's result; the point of a trial that was interrupted or failed for the
+    machine's sake (a harness error) is enqueued again, so the study loses no point."""
     trial.set_user_attr("outcome", result.outcome)
     trial.set_user_attr("reason", result.reason)
     for key, value in result.attrs.items():
@@ -543,5 +545,6 @@ def tell(study: optuna.Study, trial: optuna.trial.Trial, result: Result, cfg: St
         study.tell(trial, objective_values(m, cfg.objectives))
         return
     study.tell(trial, state=TrialState.FAIL)
-    if result.state == "interrupted" and trial.params:
+    machine = result.outcome == "harness_error"  # the machine failed, not the parameters
+    if (result.state == "interrupted" or machine) and trial.params:
         study.enqueue_trial(dict(trial.params))

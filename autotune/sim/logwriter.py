@@ -8,6 +8,7 @@ strings are copied from reference §4 (0.5.9): GPU sizes are GiB printed with `:
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import sys
 import threading
@@ -39,7 +40,9 @@ class LogWriter:
         return self.clock().strftime("%Y-%m-%d %H:%M:%S")
 
     def _emit(self, stream: TextIO, text: str) -> None:
-        with self._lock:
+        # SGLang logs through Python's logging, which drops a line it cannot write (a full
+        # disk) and carries on serving; so does the simulator.
+        with self._lock, contextlib.suppress(OSError):
             stream.write(text if text.endswith("\n") else text + "\n")
             stream.flush()
 

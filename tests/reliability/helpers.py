@@ -204,6 +204,9 @@ class World:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+            for stream in (p.stdout, p.stderr):
+                if stream is not None:
+                    stream.close()
         assert not dead, f"foreign processes were killed: {dead}"
         assert not left, f"processes left behind: {left}"
 

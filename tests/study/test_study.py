@@ -193,7 +193,9 @@ def test_repeated_harness_failures_stop_the_run(
             10,
             _runner(cfg, {0: "harness_error", 1: "harness_error", 2: "harness_error"}),
         )
-    assert len(study.get_trials()) == 3
+    *failed, queued = study.get_trials()
+    assert [t.state for t in failed] == [TrialState.FAIL] * 3
+    assert queued.state == TrialState.WAITING  # the point is queued again for the next run
 
 
 def _dead_worker() -> dict[str, object]:

@@ -1,0 +1,226 @@
+"""Fault matrix, machine rows: what is in the way is foreign (a port, GPU memory), autotune is
+killed mid-trial, the storage is unwritable or locked, the results disk fills up."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.sim.gpustate import read_gpu_state, write_holder
+from tests.reliability.helpers import World, one_line
+
+pytestmark = pytest.mark.e2e
+GiB = 1 << 30
+
+
+def _launch_failures(world: World, expected: str) -> None:
+    """Three trials fail before launch for the same foreign reason, then the run stops (exit 1)."""
+    done = world.run()
+    assert done.rc == 1, done.out + done.err
+    line = one_line(done.err)
+    assert "3 trials in a row failed for reasons outside the parameters" in line, line
+    assert expected in line, line
+    trials = world.trials()
+    launched = [t for t in trials if t.state != TrialState.WAITING]
+    assert len(launched) == 3
+    for t in launched:
+        assert (t.state, t.user_attrs["outcome"]) == (TrialState.FAIL, "harness_error")
+        assert expected in t.user_attrs["reason"]
+    assert world.problems() == []
+    assert not (world.study_dir / "trials/0000/server.log").exists()  # nothing was launched
+
+
+def test_port_taken_by_a_foreign_process(world: World) -> None:
+    listener = world.stranger(
+        [sys.executable, "-c", "import socket, time\ns = socket.socket()\n"
+         "s.bind(('127.0.0.1', 0)); s.listen()\nprint(s.getsockname()[1], flush=True)\n"
+         "time.sleep(600)"],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    assert listener.stdout is not None
+    port = int(listener.stdout.readline())
+    world.study(server=f"port = {port}", n_trials=3)
+    _launch_failures(world, f"port {port} on 127.0.0.1 is in use by another process")
+
+
+def test_gpus_busy_with_a_foreign_holder(world: World) -> None:
+    stranger = world.foreign_sleep()
+    write_holder(world.gpu_dir, stranger.pid, {0: 4 * GiB}, {i: 96 * GiB for i in range(8)})
+    world.study(n_trials=3)
+    _launch_failures(world, f"pid {stranger.pid} holds 4.00 GiB")
+
+
+def test_gpus_busy_with_a_foreign_simulator(world: World) -> None:
+    """A whole server someone else started on the same (simulated) GPUs."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    foreign = world.stranger(
+        [sys.executable, "-m", "autotune.sim", "--model-path", "moonshotai/Kimi-K2.5", "--tp", "8",
+         "--sim-time-scale", "30000", "--sim-gpu-dir", str(world.gpu_dir), "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not any(g.used_bytes for g in read_gpu_state(world.gpu_dir)):
+        assert time.monotonic() < deadline and foreign.poll() is None
+        time.sleep(0.1)
+    world.study(n_trials=3)
+    _launch_failures(world, f"pid {foreign.pid} holds")
+
+
+def test_sigkill_mid_trial_then_resume(world: World) -> None:
+    world.foreign_sleep()
+    world.study(duration=30, n_trials=2)
+    proc = world.start(*world.run_args())
+    log = world.study_dir / "trials/0000/server.log"
+    deadline = time.monotonic() + 60
+    while "fired up and ready" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline and proc.poll() is None, "trial 0 never became ready"
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert world.leftovers(), f"the killed run leaves its server behind: {log.read_text()}"
+    world.study(duration=0.5, n_trials=2)
+    done = world.run()
+    assert done.rc == 0, done.err
+    assert "recovered trials [0]" in done.out and "stopped" in done.out
+    trials = world.trials()
+    assert (trials[0].state, trials[0].user_attrs["outcome"]) == (TrialState.FAIL, "stale")
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(complete) == 2
+    again = [t for t in trials[1:] if _point(t).get("mem_fraction_static") == 0.88]
+    assert again and again[0].state in (TrialState.COMPLETE, TrialState.WAITING)  # queued again
+    assert world.problems() == []
+
+
+def _point(t: FrozenTrial) -> dict[str, object]:
+    """A trial's parameters; for a queued trial the ones it was queued with."""
+    return dict(t.params or t.system_attrs.get("fixed_params", {}))
+
+
+def test_storage_unwritable(world: World) -> None:
+    world.study()
+    done = world.run("--storage", f"sqlite:///{world.folder}/no/such/dir/study.db")
+    assert done.rc == 2
+    line = one_line(done.err)
+    assert "--storage" in line and "cannot open it" in line, line
+
+
+def test_storage_locked_by_another_process(world: World) -> None:
+    world.study()
+    assert world.run().rc == 0
+    holder = sqlite3.connect(world.study_dir / "study.db", timeout=1)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        world.study(n_trials=2)
+        done = world.run(timeout=180)
+    finally:
+        holder.rollback()
+        holder.close()
+    assert done.rc in (1, 2), done.out + done.err
+    line = one_line(done.err)
+    assert "database is locked" in line, line
+    assert world.problems() == []
+
+
+def test_results_folder_in_use_by_a_running_autotune(world: World) -> None:
+    world.study(duration=30)
+    first = world.start(*world.run_args())
+    log = world.study_dir / "trials/0000/server.log"
+    deadline = time.monotonic() + 60
+    while not log.exists():
+        assert time.monotonic() < deadline and first.poll() is None
+        time.sleep(0.1)
+    second = world.run()
+    first.send_signal(signal.SIGINT)
+    first.communicate(timeout=60)
+    assert second.rc == 2
+    assert "is in use by a running autotune" in one_line(second.err)
+
+
+@pytest.fixture
+def small_disk(world: World) -> Iterator[Path]:
+    """The results folder on a 300 MiB tmpfs of its own (needs root; skipped otherwise)."""
+    world.results.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=300m", "tmpfs", str(world.results)],
+        capture_output=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield world.results
+    finally:
+        subprocess.run(["umount", "-l", str(world.results)], check=False)
+
+
+def _fill(folder: Path, leave_mib: int = 0) -> Path:
+    """Write to `folder` until the disk is full, or has only `leave_mib` MiB left."""
+    ballast = folder / "ballast"
+    chunk = b"\0" * (1 << 20)
+    with open(ballast, "wb") as f:
+        try:
+            while os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize > (leave_mib + 1) << 20:
+                f.write(chunk)
+                f.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+    return ballast
+
+
+def _resumes_after_space_is_freed(world: World, ballast: Path, n_trials: int) -> None:
+    ballast.unlink()
+    done = world.run()
+    assert done.rc == 0, done.out + done.err
+    trials = world.trials()
+    states = [(t.number, t.state.name, t.user_attrs.get("outcome")) for t in trials]
+    assert sum(t.state == TrialState.COMPLETE for t in trials) == n_trials, (states, done.out)
+    assert not any(t.state == TrialState.RUNNING for t in trials)
+    assert world.problems() == []
+
+
+def test_results_disk_full_before_a_launch(world: World, small_disk: Path) -> None:
+    world.foreign_sleep()
+    world.study(n_trials=1)
+    assert world.run().rc == 0
+    ballast = _fill(small_disk, leave_mib=100)
+    world.study(n_trials=2)
+    done = world.run()
+    assert done.rc == 1, done.out + done.err
+    line = one_line(done.err)
+    assert "the results disk is full" in line and "MiB free" in line, line
+    trials = world.trials()
+    [refused] = [t for t in trials if t.state == TrialState.FAIL]
+    assert (refused.state, refused.user_attrs["outcome"]) == (TrialState.FAIL, "harness_error")
+    assert not (world.study_dir / f"trials/{refused.number:04d}").exists()  # never launched
+    assert trials[-1].state == TrialState.WAITING  # its point is queued again
+    _resumes_after_space_is_freed(world, ballast, n_trials=2)
+
+
+def test_results_disk_fills_up_mid_trial(world: World, small_disk: Path) -> None:
+    world.foreign_sleep()
+    world.study(duration=3, n_trials=2)
+    proc = world.start(*world.run_args())
+    log = world.study_dir / "trials/0000/server.log"
+    deadline = time.monotonic() + 60
+    while "fired up and ready" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline and proc.poll() is None, "trial 0 never became ready"
+        time.sleep(0.1)
+    ballast = _fill(small_disk)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out + err
+    line = one_line(err)
+    assert "No space left on device" in line or "disk is full" in line, line
+    assert not world.leftovers()
+    _resumes_after_space_is_freed(world, ballast, n_trials=2)
