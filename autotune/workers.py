@@ -21,6 +21,7 @@ module adds what ask/tell leaves to autotune:
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 import os
 import random
@@ -174,6 +175,18 @@ def describe(w: Worker | None) -> str:
 # ------------------------------------------------------------------------------------------------
 
 
+def driver_url(url: str) -> str:
+    """A PostgreSQL URL with the driver that is installed: SQLAlchemy 2.1 reads a bare
+    `postgresql://` as psycopg 3, while psycopg2 is the common install (`postgres://` too)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("postgresql", "postgres"):
+        return url
+    for module in ("psycopg", "psycopg2"):
+        if importlib.util.find_spec(module) is not None:
+            return f"postgresql+{module}://{rest}"
+    return url  # opening it names the missing driver
+
+
 def rdb_storage(url: str, heartbeat: Heartbeat) -> RDBStorage:
     """Optuna's RDB storage with heartbeats on; connections are checked before use, since a
     worker may sit idle for an hour while its server runs."""
@@ -183,7 +196,7 @@ def rdb_storage(url: str, heartbeat: Heartbeat) -> RDBStorage:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ExperimentalWarning)
                 return RDBStorage(
-                    url,
+                    driver_url(url),
                     engine_kwargs=dict(engine_kwargs),
                     heartbeat_interval=heartbeat.interval_s,
                     grace_period=heartbeat.grace_s,
