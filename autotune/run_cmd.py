@@ -44,6 +44,7 @@ from autotune.study import (
     prepare,
     recover,
     redact,
+    redact_text,
     run_loop,
 )
 from autotune.trial import Launcher, TrialPlan, run_trial, write_record
@@ -276,6 +277,7 @@ def run(
         )
     except (SQLAlchemyError, StorageInternalError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = redact_text(first, url)
         raise HarnessError(f"the study storage {redact(url)} failed: {first}") from exc
     except Interrupted as exc:
         progress.close()

@@ -70,6 +70,13 @@ def redact(url: str) -> str:
     return f"{scheme}://{user}:***@{host}" if ":" in creds else url
 
 
+def redact_text(text: str, url: str) -> str:
+    """`text` (an error message about `url`) with the URL's password replaced by ***."""
+    creds = url.partition("://")[2].rpartition("@")[0]
+    password = creds.partition(":")[2]
+    return text.replace(password, "***") if password else text
+
+
 def make_sampler(cfg: SamplerConfig) -> BaseSampler:
     """An Optuna sampler by name; `grid` is a seeded random sampler behind an enqueued grid."""
     factory = SAMPLER_FACTORIES.get(cfg.name)
@@ -140,6 +147,7 @@ def open_study(
         )
     except (ImportError, ValueError, SQLAlchemyError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = redact_text(first, storage_url)
         raise UsageError(f"--storage {redact(storage_url)}: cannot open it ({first})") from exc
     stored = study.user_attrs.get("objectives")
     if stored is None:
@@ -156,6 +164,10 @@ def load_existing(name: str, storage_url: str) -> optuna.Study:
     """Open a study read-only-style (for `status`); a clear error when it does not exist."""
     try:
         return optuna.load_study(study_name=name, storage=storage_url)
+    except (ImportError, ValueError, SQLAlchemyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = redact_text(first, storage_url)
+        raise UsageError(f"--storage {redact(storage_url)}: cannot open it ({first})") from exc
     except KeyError as exc:
         raise UsageError(
             f"no study {name!r} in {redact(storage_url)}; run `autotune run --study {name}` first"

@@ -439,9 +439,21 @@ class LiveLauncher:
         return self._extra
 
     def stop_orphans(self) -> list[str]:
+        from autotune import pidfile
         from autotune.teardown import stop_orphans
 
-        return stop_orphans(self.run_dir, grace_s=self.limits.stop_grace_s)
+        logs = [Path(record.log_path) for _, record in pidfile.records(self.run_dir)]
+        lines = stop_orphans(self.run_dir, grace_s=self.limits.stop_grace_s)
+        for log in logs:
+            self.scrub(log)
+        return lines
+
+    def scrub(self, log: Path) -> None:
+        """Mask the API key in a stopped server's log (SGLang prints it with its arguments)."""
+        from autotune.scrub import scrub_file
+
+        if self._api_key:
+            scrub_file(log, self._api_key)
 
     def launch(self, plan: TrialPlan) -> ServerRun:
         from autotune.server import LaunchSpec, Server
@@ -526,6 +538,7 @@ class _LiveRun:
 
     def stop(self) -> Stop:
         t = self.server.stop()
+        self.launcher.scrub(self.server.spec.log_path)
         return Stop(clean=t.clean, reason="; ".join(t.problems), seconds=t.seconds)
 
 

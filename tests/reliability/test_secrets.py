@@ -1,0 +1,150 @@
+"""Secrets and exposure: loopback by default, the API key written nowhere, storage passwords
+redacted in every output, log text escaped in the HTML report."""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from optuna.trial import TrialState
+
+from tests.reliability.helpers import Done, World, one_line
+
+pytestmark = pytest.mark.e2e
+
+KEY_ENV = "REL_API_KEY"
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[World, str, list[Done]]]:
+    """One study run with an API key, then every reading command; (world, key, their outputs)."""
+    world = World(tmp_path_factory.mktemp("keyed"))
+    key = "sk-rel-" + secrets.token_hex(12)
+    env = {KEY_ENV: key}
+    world.study(workload=f'api_key_env = "{KEY_ENV}"', duration=1.0)
+    outputs = [world.run(env=env)]
+    common = ["--config", str(world.folder / "rel.toml"), "--results-dir", str(world.results)]
+    for command in (
+        ["status", *common],
+        ["report", *common],
+        ["export", *common, "--format", "flags", "--trial", "0"],
+        ["export", *common, "--format", "json", "--trial", "0"],
+        ["export", *common, "--format", "systemd", "--trial", "0"],
+    ):
+        outputs.append(world.autotune(*command, env=env))
+    try:
+        yield world, key, outputs
+    finally:
+        world.finish()
+
+
+def test_servers_bind_to_loopback_by_default(keyed: tuple[World, str, list[Done]]) -> None:
+    world, _, _ = keyed
+    log = (world.study_dir / "trials/0000/server.log").read_text()
+    assert "Uvicorn running on http://127.0.0.1:" in log
+    assert "--host 127.0.0.1 --port" in " ".join(world.trials()[0].user_attrs["record"]["argv"])
+
+
+def test_api_key_reaches_server_and_client(keyed: tuple[World, str, list[Done]]) -> None:
+    world, _, outputs = keyed
+    assert outputs[0].rc == 0, outputs[0].err
+    trial = world.trials()[0]
+    assert (trial.state, trial.user_attrs["outcome"]) == (TrialState.COMPLETE, "ok")
+    overall = trial.user_attrs["record"]["workload"]["overall"]
+    assert overall["completed"] > 0 and overall["failed"] == 0  # the server demands the key
+    log = (world.study_dir / "trials/0000/server.log").read_text()
+    assert "Authorization" not in log and "api_key=" in log  # the server was given one
+
+
+def test_api_key_is_written_nowhere(keyed: tuple[World, str, list[Done]]) -> None:
+    world, key, outputs = keyed
+    assert all(d.rc == 0 for d in outputs), [d.err for d in outputs]
+    files = [p for p in world.folder.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".html" for p in files) and any(p.suffix == ".db" for p in files)
+    holding = [str(p) for p in files if key.encode() in p.read_bytes()]
+    assert holding == [], f"the API key is written in {holding}"
+    printed = [d for d in outputs if key in d.out + d.err]
+    assert printed == [], "the API key was printed"
+
+
+# ------------------------------------------------------------------------------------------------
+# Storage URLs with passwords
+# ------------------------------------------------------------------------------------------------
+
+PASSWORD = "pw-" + uuid.uuid4().hex
+
+
+@pytest.mark.parametrize("command", ["run", "status", "report", "export"])
+def test_unreachable_storage_url_is_redacted(world: World, command: str) -> None:
+    world.study()
+    url = f"postgresql+psycopg2://autotune:{PASSWORD}@127.0.0.1:1/nowhere"
+    args = ["--config", str(world.folder / "rel.toml"), "--results-dir", str(world.results)]
+    done = world.autotune(command, *args, "--storage", url)
+    assert done.rc in (1, 2)
+    line = one_line(done.err)
+    assert PASSWORD not in done.out + done.err
+    assert "autotune:***@127.0.0.1:1" in line, line
+
+
+@pytest.fixture
+def pg_database() -> Iterator[str]:
+    """A fresh PostgreSQL database on 127.0.0.1:5432 (trust auth, so any password is taken)."""
+    psycopg2 = pytest.importorskip("psycopg2")
+    try:
+        conn = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres",
+                                connect_timeout=3)  # fmt: skip
+    except psycopg2.Error as exc:
+        pytest.skip(f"no PostgreSQL on 127.0.0.1:5432: {exc}")
+    conn.autocommit = True
+    name = f"autotune_rel_{uuid.uuid4().hex[:12]}"
+    with conn.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield name
+    finally:
+        with conn.cursor() as cur:
+            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.close()
+
+
+def test_storage_password_is_redacted_in_every_output(world: World, pg_database: str) -> None:
+    url = f"postgresql+psycopg2://postgres:{PASSWORD}@127.0.0.1:5432/{pg_database}"
+    world.study()
+    args = ["--config", str(world.folder / "rel.toml"), "--results-dir", str(world.results)]
+    outputs = [
+        world.autotune(*world.run_args("--storage", url)),
+        world.autotune("status", *args, "--storage", url),
+        world.autotune("report", *args, "--storage", url),
+        world.autotune("export", *args, "--storage", url, "--trial", "0"),
+    ]
+    assert all(d.rc == 0 for d in outputs), [d.err for d in outputs]
+    assert "postgres:***@127.0.0.1:5432" in outputs[0].out
+    assert all(PASSWORD not in d.out + d.err for d in outputs)
+    files = [p for p in world.folder.rglob("*") if p.is_file()]
+    assert [str(p) for p in files if PASSWORD.encode() in p.read_bytes()] == []
+
+
+# ------------------------------------------------------------------------------------------------
+# Log text in the HTML report
+# ------------------------------------------------------------------------------------------------
+
+INJECTED = "<script>alert('rel')</script>"
+
+
+def test_html_report_escapes_log_text(world: World) -> None:
+    """The server rejects a flag value and echoes it in its log; that line becomes the trial's
+    evidence and reason, and the report shows it as text."""
+    world.study(flags=f'kv-cache-dtype = "{INJECTED}"')
+    done = world.run()
+    assert done.rc == 0, done.err
+    trial = world.trials()[0]
+    assert INJECTED in (world.study_dir / "trials/0000/server.log").read_text()
+    assert INJECTED in trial.user_attrs["reason"]
+    args = ["--config", str(world.folder / "rel.toml"), "--results-dir", str(world.results)]
+    report = world.autotune("report", *args)
+    assert report.rc == 0, report.err
+    pages = [p.read_text() for p in world.study_dir.rglob("*.html")]
+    assert pages and all(INJECTED not in page for page in pages)
+    assert any("&lt;script&gt;alert(" in page for page in pages)
