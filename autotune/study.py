@@ -162,8 +162,10 @@ def open_study(
 
 def load_existing(name: str, storage_url: str) -> optuna.Study:
     """Open a study read-only-style (for `status`); a clear error when it does not exist."""
+    from autotune.workers import driver_url
+
     try:
-        return optuna.load_study(study_name=name, storage=storage_url)
+        return optuna.load_study(study_name=name, storage=driver_url(storage_url))
     except (ImportError, ValueError, SQLAlchemyError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         first = redact_text(first, storage_url)
