@@ -34,7 +34,7 @@ from datetime import datetime
 from pathlib import Path
 
 import optuna
-from optuna.exceptions import ExperimentalWarning
+from optuna.exceptions import ExperimentalWarning, StorageInternalError
 from optuna.samplers import RandomSampler
 from optuna.storages import RDBStorage
 from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled
@@ -253,7 +253,7 @@ class Beat:
     def _record(self) -> None:
         try:
             self._storage.record_heartbeat(self._trial_id)
-        except SQLAlchemyError as exc:  # the next beat may get through; the grace is long
+        except (SQLAlchemyError, StorageInternalError) as exc:  # the next beat may get through
             self.errors += 1
             log.warning("heartbeat of trial id %d not recorded: %s", self._trial_id, exc)
 
