@@ -180,7 +180,8 @@ def test_three_workers_share_a_study(no_leftovers: Path, pg_url: str) -> None:
     folder = no_leftovers
     _write_study(folder, duration=0.5)
     ports = [_free_port() for _ in GROUPS]
-    procs = [_start(folder, pg_url, g, p) for g, p in zip(GROUPS, ports, strict=True)]
+    url = pg_url.replace("postgresql+psycopg2://", "postgresql://")  # as a user writes it
+    procs = [_start(folder, url, g, p) for g, p in zip(GROUPS, ports, strict=True)]
     codes = _finish(procs, timeout_s=150)
     assert codes == [0, 0, 0], _output(folder)
     trials = _check_shared_study(folder, pg_url)
@@ -192,7 +193,7 @@ def test_three_workers_share_a_study(no_leftovers: Path, pg_url: str) -> None:
     for g in GROUPS:
         assert (folder / "results" / "w" / f"gpus-{g.replace(',', '-')}" / "sim-gpu").is_dir()
     status = subprocess.run(
-        [sys.executable, "-m", "autotune", "status", "--study", "w", "--storage", pg_url],
+        [sys.executable, "-m", "autotune", "status", "--study", "w", "--storage", url],
         capture_output=True,
         text=True,
         timeout=60,
@@ -205,7 +206,7 @@ def test_three_workers_share_a_study(no_leftovers: Path, pg_url: str) -> None:
     for command in (["report"], ["export", "--format", "flags"]):
         done = subprocess.run(
             [sys.executable, "-m", "autotune", *command, "--config", str(folder / "w.toml"),
-             "--results-dir", str(folder / "results"), "--storage", pg_url],
+             "--results-dir", str(folder / "results"), "--storage", url],
             capture_output=True, text=True, timeout=120, cwd=folder,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
