@@ -10,13 +10,24 @@ backend. Each problem is a `ConfigError` or `UsageError` naming the value and th
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from autotune.config import HICACHE, Choices, Fixed, FloatRange, IntRange, StudyConfig
+from autotune.config import (
+    HICACHE,
+    Choices,
+    Fixed,
+    FloatRange,
+    IntRange,
+    Scalar,
+    StudyConfig,
+    param_name,
+)
 from autotune.errors import ConfigError, UsageError
+from autotune.space import Settings
 
 MODEL_FLAGS = ("model_path", "speculative_draft_model_path", "tokenizer_path")
 TP_FLAGS = ("tp", "tp_size", "tensor_parallel_size")
@@ -35,6 +46,7 @@ def check_host(
     if not sim:
         _check_sglang(cfg.server.command, sglang_present or _sglang_importable)
         _check_model_paths(cfg)
+    _check_flags(cfg)
     ram = (host_ram_gb or (lambda: _ram_gb(cfg)))()
     _check_hicache(cfg, ram, "the simulator profile's" if sim else "this machine's")
 
@@ -49,6 +61,36 @@ def _check_sglang(command: tuple[str, ...], present: Callable[[tuple[str, ...]],
             f"`{' '.join(command)}`); install it (pip install 'sglang[all]'), point "
             "server.command at the Python that has it, or rehearse with --backend sim"
         )
+
+
+def _check_flags(cfg: StudyConfig) -> None:
+    """The server's own parser (SGLang's when importable here, the simulator's copy of it)
+    on the fixed flags and every searched value (each choice, each end of a range, the others
+    at their first value): a flag it does not know or a value it rejects fails every launch
+    that uses it."""
+    from autotune.flagcheck import check_argv
+    from autotune.space import server_argv, tuned_flags
+
+    first: dict[str, Scalar] = {}
+    values: list[tuple[str, Scalar]] = []
+    for p in cfg.search.params:
+        if isinstance(p, Fixed):
+            first[p.name] = p.value
+        elif isinstance(p, Choices):
+            first[p.name] = p.values[0]
+            values += [(p.name, v) for v in p.values[1:]]
+        elif isinstance(p, IntRange | FloatRange):
+            first[p.name] = p.low
+            values.append((p.name, p.high))
+    for point in [first, *({**first, name: v} for name, v in values)]:
+        settings = Settings(params=point, flags=tuned_flags(point, cfg.search))
+        argv = server_argv(cfg.server, settings, backend=cfg.server.backend)
+        problems = check_argv(argv, backend=cfg.server.backend)
+        if problems:
+            flag = re.search(r"(--[a-z0-9][a-z0-9-]*)", problems[0])
+            name = param_name(flag.group(1)[2:]) if flag else ""
+            where = f"search.{name}" if name in cfg.search.names() else f"server.flags.{name}"
+            raise ConfigError(where if name else "server.flags", f"{problems[0]}; fix the flag")
 
 
 def _sglang_importable(command: tuple[str, ...]) -> bool:

@@ -16,6 +16,7 @@ they are called. What a trial's ending means is decided here, once:
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import threading
@@ -386,7 +387,7 @@ HEADROOM_POLL_S = 0.2
 
 def live_launcher(cfg: StudyConfig, study_dir: Path) -> LiveLauncher:
     """Servers for real: SGLang with NVML, or the simulator with its GPU-state folder."""
-    from autotune.gpu import NvmlProbe, SimProbe
+    from autotune.gpu import NvmlProbe, SimProbe, visible_devices
     from autotune.loadgen import WorkloadSpec
 
     workload = cfg.workload
@@ -402,6 +403,7 @@ def live_launcher(cfg: StudyConfig, study_dir: Path) -> LiveLauncher:
         probe=probe,
         extra=("--sim-gpu-dir", str(gpu_dir)) if sim else (),
         version=None if sim else _installed_sglang(),
+        devices=visible_devices({**os.environ, **cfg.server.env}),
     )
 
 
@@ -426,8 +428,10 @@ class LiveLauncher:
         probe: GpuProbe,
         extra: tuple[str, ...],
         version: str | None,
+        devices: tuple[int, ...] | None = None,
     ) -> None:
         self.workload = workload
+        self.devices = devices
         self.limits = limits
         self.run_dir = run_dir
         self.probe = probe
@@ -442,11 +446,28 @@ class LiveLauncher:
         from autotune import pidfile
         from autotune.teardown import stop_orphans
 
-        logs = [Path(record.log_path) for _, record in pidfile.records(self.run_dir)]
+        records = [record for _, record in pidfile.records(self.run_dir)]
         lines = stop_orphans(self.run_dir, grace_s=self.limits.stop_grace_s)
-        for log in logs:
-            self.scrub(log)
+        for record in records:
+            self.scrub(Path(record.log_path))
+        if records:
+            self._wait_gpus_free()
         return lines
+
+    def _wait_gpus_free(self) -> None:
+        """After stopping orphans, give their GPU memory the release time a trial's teardown
+        gets (a driver frees a killed process's memory with a lag); if it stays held, the first
+        launch's check names the holder."""
+        from autotune.gpu import foreign_holders
+
+        deadline = time.monotonic() + self.limits.release_s
+        while time.monotonic() < deadline:
+            try:
+                if not foreign_holders(self.probe.snapshot(), (), self.devices):
+                    return
+            except (HarnessError, OSError):
+                return
+            time.sleep(HEADROOM_POLL_S)
 
     def scrub(self, log: Path) -> None:
         """Mask the API key in a stopped server's log (SGLang prints it with its arguments)."""

@@ -79,9 +79,12 @@ def test_gpus_busy_with_a_foreign_simulator(world: World) -> None:
     _launch_failures(world, f"pid {foreign.pid} holds")
 
 
-def test_sigkill_mid_trial_then_resume(world: World) -> None:
+@pytest.mark.parametrize("flags", ["", 'sim-fault = "hold-gpu=1"'], ids=["plain", "slow-release"])
+def test_sigkill_mid_trial_then_resume(world: World, flags: str) -> None:
+    """The orphan is stopped on resume; with slow-release its GPU memory lingers after it dies
+    (as a driver's can), and the resume waits for it instead of refusing the next launch."""
     world.foreign_sleep()
-    world.study(duration=30, n_trials=2)
+    world.study(duration=30, n_trials=2, flags=flags)
     proc = world.start(*world.run_args())
     log = world.study_dir / "trials/0000/server.log"
     deadline = time.monotonic() + 60
@@ -91,11 +94,12 @@ def test_sigkill_mid_trial_then_resume(world: World) -> None:
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=30)
     assert world.leftovers(), f"the killed run leaves its server behind: {log.read_text()}"
-    world.study(duration=0.5, n_trials=2)
+    world.study(duration=0.5, n_trials=2, flags=flags)
     done = world.run()
     assert done.rc == 0, done.err
     assert "recovered trials [0]" in done.out and "stopped" in done.out
     trials = world.trials()
+    assert not [t.number for t in trials if t.user_attrs.get("outcome") == "harness_error"]
     assert (trials[0].state, trials[0].user_attrs["outcome"]) == (TrialState.FAIL, "stale")
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     assert len(complete) == 2

@@ -134,9 +134,15 @@ INJECTED = "<script>alert('rel')</script>"
 
 
 def test_html_report_escapes_log_text(world: World) -> None:
-    """The server rejects a flag value and echoes it in its log; that line becomes the trial's
-    evidence and reason, and the report shows it as text."""
-    world.study(flags=f'kv-cache-dtype = "{INJECTED}"')
+    """The server prints a line of markup and dies during startup; its last log lines become
+    the trial's evidence and reason, and the report must show them as text. (The server's
+    Python picks up a `sitecustomize` from PYTHONPATH, set in `[server.env]`.)"""
+    site = world.folder / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        f"import os\nprint({f'weights corrupt: {INJECTED}'!r}, flush=True)\nos._exit(3)\n"
+    )
+    world.study(flags=f'\n[server.env]\nPYTHONPATH = "{site}"')
     done = world.run()
     assert done.rc == 0, done.err
     trial = world.trials()[0]
