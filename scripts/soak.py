@@ -123,8 +123,9 @@ EXPECTED: Mapping[str, frozenset[str]] = {
 
 def draw_fault(seed: int, number: int) -> str:
     rng = random.Random(f"fault-{seed}-{number}")
-    kinds, weights = zip(*FAULTS, strict=True)
-    return rng.choices(kinds, weights=weights)[0]
+    kinds = [kind for kind, _ in FAULTS]
+    weights = [weight for _, weight in FAULTS]
+    return str(rng.choices(kinds, weights=weights)[0])
 
 
 # ------------------------------------------------------------------------------------------------
