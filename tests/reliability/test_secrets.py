@@ -47,6 +47,15 @@ def test_servers_bind_to_loopback_by_default(keyed: tuple[World, str, list[Done]
     assert "--host 127.0.0.1 --port" in " ".join(world.trials()[0].user_attrs["record"]["argv"])
 
 
+def test_servers_bind_where_configured_otherwise(world: World) -> None:
+    world.study(server='host = "0.0.0.0"')
+    done = world.run()
+    assert done.rc == 0, done.err
+    assert world.trials()[0].user_attrs["outcome"] == "ok"
+    log = (world.study_dir / "trials/0000/server.log").read_text()
+    assert "Uvicorn running on http://0.0.0.0:" in log
+
+
 def test_api_key_reaches_server_and_client(keyed: tuple[World, str, list[Done]]) -> None:
     world, _, outputs = keyed
     assert outputs[0].rc == 0, outputs[0].err
