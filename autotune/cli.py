@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import cast
 
+import autotune
 from autotune import __version__
 from autotune.errors import AutotuneError
 
@@ -34,7 +35,7 @@ def _registrars() -> list[Registrar]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="autotune", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = _Parser(prog="autotune", description=autotune.__doc__)
     parser.add_argument("--version", action="version", version=f"autotune {__version__}")
     sub = cast(
         "argparse._SubParsersAction[argparse.ArgumentParser]",

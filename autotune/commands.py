@@ -1,61 +1,32 @@
-"""The list of subcommands; each entry adds one subparser with `handler` set to its function."""
+"""The subcommands: each module listed has `register(sub)`, adding its subparser and handler.
+
+Modules are imported only when the parser is built, so the CLI's start-up pays for what it lists.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections.abc import Callable
 
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
-REGISTRARS: list[Registrar] = []
+MODULES = (
+    "autotune.run_cmd",
+    "autotune.status_cmd",
+    "autotune.ledger_cmd",
+    "autotune.report_cmd",
+    "autotune.explain",
+    "autotune.export",
+    "autotune.confirm",
+)
 
 
-def _run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from autotune.run_cmd import register
+def _registrar(module: str) -> Registrar:
+    def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+        importlib.import_module(module).register(sub)
 
-    register(sub)
-
-
-def _status(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from autotune.status_cmd import register
-
-    register(sub)
+    return register
 
 
-REGISTRARS += [_run, _status]
-
-
-def _ledger(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from autotune.ledger_cmd import register
-
-    register(sub)
-
-
-REGISTRARS.append(_ledger)
-
-
-def _report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from autotune.report_cmd import register
-
-    register(sub)
-
-
-def _explain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from autotune.explain import register
-
-    register(sub)
-
-
-def _export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from autotune.export import register
-
-    register(sub)
-
-
-def _confirm(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from autotune.confirm import register
-
-    register(sub)
-
-
-REGISTRARS += [_report, _explain, _export, _confirm]
+REGISTRARS: list[Registrar] = [_registrar(name) for name in MODULES]
