@@ -7,14 +7,10 @@ carries the module's folder in its command line, and none may be left when the m
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -25,92 +21,9 @@ import pytest
 from autotune.cli import main
 from autotune.config import load_study
 from autotune.space import params_from_flags
+from tests import simstudy
 
 pytestmark = pytest.mark.e2e
-
-STUDY = """
-[server]
-backend = "sim"
-sim_profile = "kimi-k2.5-tp8-96g"
-sim_time_scale = 3000
-
-[server.flags]
-model-path = "moonshotai/Kimi-K2.5"
-tp = 8
-trust-remote-code = true
-speculative-algorithm = "EAGLE3"
-speculative-draft-model-path = "lightseekorg/kimi-k2.5-eagle3"
-speculative-num-steps = 3
-speculative-eagle-topk = 1
-speculative-num-draft-tokens = 4
-
-[server.limits]
-startup_s = 60
-stall_s = 30
-workload_s = 60
-stop_grace_s = 10
-release_s = 10
-
-[search]
-mem_fraction_static = { low = 0.88, high = 0.94, step = 0.03 }
-max_running_requests = 48
-hicache_size = 48
-
-[baseline]
-mem_fraction_static = 0.88
-
-[workload]
-input_len = { dist = "uniform", min = 200, max = 600 }
-output_len = 16
-request_timeout_s = 30
-drain_timeout_s = 5
-
-[[workload.phases]]
-kind = "steady"
-concurrency = 8
-duration_s = 1.0
-
-[[workload.phases]]
-kind = "stress"
-rounds = 1
-requests = 2
-input_len = 8192
-output_len = 4
-
-[constraints]
-min_headroom_gib = 0.5
-
-[budget]
-n_trials = 3
-
-[sampler]
-name = "grid"
-"""
-
-
-def _ours(tag: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
-        except OSError:
-            continue
-        if tag in cmdline and state != "Z":
-            pids.append(int(entry.name))
-    return pids
-
-
-def _kill(pids: list[int]) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            pgid = os.getpgid(pid)
-            if pgid != os.getpgrp():
-                os.killpg(pgid, signal.SIGKILL)
-            else:
-                os.kill(pid, signal.SIGKILL)
 
 
 class Done(NamedTuple):
@@ -132,29 +45,18 @@ def cli(folder: Path, capsys: pytest.CaptureFixture[str], *args: str) -> Done:
 
 
 def autotune(folder: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "autotune", *args, "--config", str(folder / "e2e.toml"),
-           "--results-dir", str(folder / "results")]  # fmt: skip
-    return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, cwd=folder, start_new_session=True
-    )
+    return simstudy.run(folder / "e2e.toml", *args, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The study folder after `autotune run`; `report` ran while trial 0 ran and at the end."""
     folder = tmp_path_factory.mktemp("review")
-    (folder / "e2e.toml").write_text(STUDY)
-    cmd = [sys.executable, "-m", "autotune", "run", "--config", str(folder / "e2e.toml"),
-           "--results-dir", str(folder / "results")]  # fmt: skip
-    run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           cwd=folder, start_new_session=True)  # fmt: skip
+    config = folder / "e2e.toml"
+    config.write_text(simstudy.sim_study(time_scale=3000))
+    run = simstudy.start(config, "run")
     try:
-        log = folder / "results/e2e/trials/0000/server.log"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and run.poll() is None:
-            if log.is_file() and "fired up and ready" in log.read_text(errors="replace"):
-                break
-            time.sleep(0.1)
+        simstudy.wait_ready(folder / "results/e2e/trials/0000/server.log", run)
         during = autotune(folder, "report")
         (folder / "during.txt").write_text(f"{during.returncode}\n{during.stdout}{during.stderr}")
         out, _ = run.communicate(timeout=240)
@@ -166,9 +68,7 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         if run.poll() is None:
             run.kill()
             run.communicate(timeout=30)
-        left = _ours(str(folder))
-        _kill(left)
-        assert not left, f"processes left behind: {left}"
+        simstudy.assert_none_left(folder)
 
 
 def _trial_json(folder: Path, number: int) -> dict[str, object]:

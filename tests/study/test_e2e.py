@@ -1,126 +1,32 @@
 """`autotune run` end to end through the simulator: real processes, real HTTP on 127.0.0.1.
 
 Every process these tests start carries the test's temporary folder in its command line (the
-study file path or the simulator's GPU-state folder), so the `no_leftovers` fixture can find any
-survivor, kill it and fail the test.
+study file path or the simulator's GPU-state folder), so the `no_leftovers` fixture
+(tests/conftest.py) can find any survivor, kill it and fail the test.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
 import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
+from tests import simstudy
+from tests.simstudy import sim_study, wait_ready
+
 pytestmark = pytest.mark.e2e
-
-STUDY = """
-[server]
-backend = "sim"
-sim_profile = "kimi-k2.5-tp8-96g"
-
-[server.flags]
-model-path = "moonshotai/Kimi-K2.5"
-tp = 8
-trust-remote-code = true
-speculative-algorithm = "EAGLE3"
-speculative-draft-model-path = "lightseekorg/kimi-k2.5-eagle3"
-speculative-num-steps = 3
-speculative-eagle-topk = 1
-speculative-num-draft-tokens = 4
-
-[server.limits]
-startup_s = 60
-stall_s = 30
-workload_s = 60
-stop_grace_s = 10
-release_s = 10
-
-[search]
-mem_fraction_static = { low = 0.88, high = 0.94, step = STEP }
-max_running_requests = 48
-hicache_size = 48
-
-[baseline]
-mem_fraction_static = 0.88
-
-[workload]
-input_len = { dist = "uniform", min = 200, max = 600 }
-output_len = 16
-request_timeout_s = 30
-drain_timeout_s = 5
-
-[[workload.phases]]
-kind = "steady"
-concurrency = 8
-duration_s = DURATION
-
-[[workload.phases]]
-kind = "stress"
-rounds = 1
-requests = 2
-input_len = 8192
-output_len = 4
-
-[budget]
-n_trials = 3
-
-[sampler]
-name = "grid"
-"""
-
-
-def _ours(tag: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
-        except OSError:
-            continue
-        if tag in cmdline and state != "Z":
-            pids.append(int(entry.name))
-    return pids
-
-
-@pytest.fixture
-def no_leftovers(tmp_path: Path) -> Iterator[Path]:
-    """The test's folder; at the end no process mentioning it may be alive."""
-    yield tmp_path
-    left = _ours(str(tmp_path))
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            pgid = os.getpgid(pid)
-            if pgid != os.getpgrp():
-                os.killpg(pgid, signal.SIGKILL)
-            else:
-                os.kill(pid, signal.SIGKILL)
-    assert not left, f"processes left behind: {left}"
 
 
 def _study(folder: Path, duration: float = 1.0, step: float = 0.03) -> Path:
     """The study file; `step` 0.03 gives the points 0.88, 0.91, 0.94 and 0.06 gives 0.88, 0.94."""
     path = folder / "e2e.toml"
-    path.write_text(STUDY.replace("DURATION", str(duration)).replace("STEP", str(step)))
+    path.write_text(sim_study(step=step, duration=duration, headroom_gib=None))
     return path
-
-
-def _cmd(folder: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable, "-m", "autotune", "run", "--config", str(folder / "e2e.toml"),
-        "--results-dir", str(folder / "results"), *extra,
-    ]  # fmt: skip
 
 
 def _trials(folder: Path) -> list[optuna.trial.FrozenTrial]:
@@ -131,25 +37,14 @@ def _trials(folder: Path) -> list[optuna.trial.FrozenTrial]:
 def _wait_for_running_trial(folder: Path, proc: subprocess.Popen[str], number: int) -> None:
     """Until trial `number`'s server is serving (its log says it is ready)."""
     log = folder / "results" / "e2e" / "trials" / f"{number:04d}" / "server.log"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        if log.is_file() and "fired up and ready" in log.read_text(errors="replace"):
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"trial {number} never became ready (autotune rc {proc.poll()})")
+    if not wait_ready(log, proc):
+        raise AssertionError(f"trial {number} never became ready (autotune rc {proc.poll()})")
 
 
 def test_study_runs_to_the_end(no_leftovers: Path) -> None:
     folder = no_leftovers
     _study(folder)
-    done = subprocess.run(
-        _cmd(folder),
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=folder,
-        start_new_session=True,
-    )
+    done = simstudy.run(folder / "e2e.toml", "run")
     assert done.returncode == 0, done.stdout + done.stderr
     trials = _trials(folder)
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 3
@@ -172,14 +67,7 @@ def test_study_runs_to_the_end(no_leftovers: Path) -> None:
 def test_sigkill_mid_trial_then_resume(no_leftovers: Path) -> None:
     folder = no_leftovers
     _study(folder, duration=20.0, step=0.06)
-    proc = subprocess.Popen(
-        _cmd(folder),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=folder,
-        start_new_session=True,
-    )
+    proc = simstudy.start(folder / "e2e.toml", "run")
     try:
         _wait_for_running_trial(folder, proc, 0)
         proc.kill()
@@ -187,16 +75,9 @@ def test_sigkill_mid_trial_then_resume(no_leftovers: Path) -> None:
         proc.wait(timeout=30)
         assert proc.stdout is not None
         proc.stdout.close()
-    assert _ours(str(folder)), "the killed run should have left its server behind"
+    assert simstudy.leftovers(folder), "the killed run should have left its server behind"
     _study(folder, duration=1.0, step=0.06)
-    done = subprocess.run(
-        _cmd(folder),
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=folder,
-        start_new_session=True,
-    )
+    done = simstudy.run(folder / "e2e.toml", "run")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "recovered trials [0]" in done.stdout
     trials = _trials(folder)
@@ -210,14 +91,7 @@ def test_sigkill_mid_trial_then_resume(no_leftovers: Path) -> None:
 def test_ctrl_c_stops_the_server_and_exits_130(no_leftovers: Path) -> None:
     folder = no_leftovers
     _study(folder, duration=20.0, step=0.06)
-    proc = subprocess.Popen(
-        _cmd(folder),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=folder,
-        start_new_session=True,
-    )
+    proc = simstudy.start(folder / "e2e.toml", "run")
     try:
         _wait_for_running_trial(folder, proc, 0)
         proc.send_signal(signal.SIGINT)
@@ -228,7 +102,7 @@ def test_ctrl_c_stops_the_server_and_exits_130(no_leftovers: Path) -> None:
             proc.wait()
     assert proc.returncode == 130, out
     assert "interrupted" in out
-    assert not _ours(str(folder))
+    assert not simstudy.leftovers(folder)
     trial = _trials(folder)[0]
     assert trial.state == TrialState.FAIL and trial.user_attrs["outcome"] == "interrupted"
     assert (

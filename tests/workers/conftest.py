@@ -1,5 +1,5 @@
-"""Fixtures for the workers' tests: a fresh PostgreSQL database per test, and a check that no
-process a test started outlives it.
+"""Fixtures for the workers' tests: a fresh PostgreSQL database per test (`no_leftovers`, the
+check that no process a test started outlives it, is in tests/conftest.py).
 
 Tests marked `postgres` need the server on 127.0.0.1:5432 (trust auth; `.ci/run` starts it).
 When it cannot be reached they fail with the reason; deselect them with `-m "not postgres"`.
@@ -7,12 +7,9 @@ When it cannot be reached they fail with the reason; deselect them with `-m "not
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -54,34 +51,3 @@ def pg_url() -> Iterator[str]:
     finally:
         cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.close()  # type: ignore[attr-defined]
-
-
-def ours(tag: str) -> list[int]:
-    """Live processes whose command line mentions `tag` (the test's folder)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
-        except OSError:
-            continue
-        if tag in cmdline and state != "Z":
-            pids.append(int(entry.name))
-    return pids
-
-
-@pytest.fixture
-def no_leftovers(tmp_path: Path) -> Iterator[Path]:
-    """The test's folder; at the end no process mentioning it may be alive."""
-    yield tmp_path
-    left = ours(str(tmp_path))
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            pgid = os.getpgid(pid)
-            if pgid != os.getpgrp():
-                os.killpg(pgid, signal.SIGKILL)
-            else:
-                os.kill(pid, signal.SIGKILL)
-    assert not left, f"processes left behind: {left}"

@@ -24,7 +24,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.study import counted
 from autotune.workers import HOST_ENV, same_point
-from tests.workers.conftest import ours
+from tests.simstudy import leftovers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -237,7 +237,7 @@ def test_killed_worker_trial_is_failed_by_the_others(no_leftovers: Path, pg_url:
             raise AssertionError("the third worker never had a server serving\n" + _output(folder))
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=30)
-        assert ours(str(victim_dir.parent)), "the killed worker should have left its server"
+        assert leftovers(victim_dir.parent), "the killed worker should have left its server"
     finally:
         codes = _finish(procs, timeout_s=150)
     assert codes[:2] == [0, 0], _output(folder)
@@ -253,7 +253,7 @@ def test_killed_worker_trial_is_failed_by_the_others(no_leftovers: Path, pg_url:
     rerun = [t for t in rerun if t.user_attrs.get("outcome") not in ("stale", "skipped")]
     assert rerun and rerun[0].user_attrs["worker"]["host"] != "box-c"  # its point was not lost
     # the orphaned server is its own host's to stop: the worker's next start does it
-    assert ours(str(victim_dir.parent))
+    assert leftovers(victim_dir.parent)
     again = subprocess.run(
         _cmd(folder, pg_url, "--gpus", GROUPS[2], "--port", str(ports[2])),
         capture_output=True,
@@ -265,5 +265,5 @@ def test_killed_worker_trial_is_failed_by_the_others(no_leftovers: Path, pg_url:
     )
     assert again.returncode == 0, again.stdout + again.stderr
     assert "stopped orphaned servers" in again.stdout
-    assert not ours(str(folder))
+    assert not leftovers(folder)
     assert counted(_trials(pg_url)) == N_TRIALS

@@ -1,0 +1,153 @@
+"""What the end-to-end tests share: a simulator study file, `autotune` as a real process, and the
+check that no process a test started outlives it.
+
+Every process an end-to-end test starts carries the test's folder in its command line (the study
+file path or the simulator's GPU-state folder), so `leftovers(folder)` finds any survivor; it is
+`autotune.audit.leftovers`, which also counts the members of a survivor's process group or
+session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from autotune import audit
+
+
+def sim_study(
+    *,
+    low: float = 0.88,
+    step: float = 0.03,
+    duration: float = 1.0,
+    time_scale: float | None = None,
+    headroom_gib: float | None = 0.5,
+    sampler: str | None = "grid",
+) -> str:
+    """A study of three trials on the simulated Kimi-K2.5 (tp 8, EAGLE3 draft), searching
+    mem_fraction_static from `low` to 0.94 by `step`: a steady phase of `duration` seconds, then
+    one stress round of 8K-token prompts."""
+    scale = "" if time_scale is None else f"sim_time_scale = {time_scale}\n"
+    constraints = (
+        "" if headroom_gib is None else f"[constraints]\nmin_headroom_gib = {headroom_gib}\n\n"
+    )
+    tail = "" if sampler is None else f'\n[sampler]\nname = "{sampler}"\n'
+    return f"""
+[server]
+backend = "sim"
+sim_profile = "kimi-k2.5-tp8-96g"
+{scale}
+[server.flags]
+model-path = "moonshotai/Kimi-K2.5"
+tp = 8
+trust-remote-code = true
+speculative-algorithm = "EAGLE3"
+speculative-draft-model-path = "lightseekorg/kimi-k2.5-eagle3"
+speculative-num-steps = 3
+speculative-eagle-topk = 1
+speculative-num-draft-tokens = 4
+
+[server.limits]
+startup_s = 60
+stall_s = 30
+workload_s = 60
+stop_grace_s = 10
+release_s = 10
+
+[search]
+mem_fraction_static = {{ low = {low}, high = 0.94, step = {step} }}
+max_running_requests = 48
+hicache_size = 48
+
+[baseline]
+mem_fraction_static = 0.88
+
+[workload]
+input_len = {{ dist = "uniform", min = 200, max = 600 }}
+output_len = 16
+request_timeout_s = 30
+drain_timeout_s = 5
+
+[[workload.phases]]
+kind = "steady"
+concurrency = 8
+duration_s = {duration}
+
+[[workload.phases]]
+kind = "stress"
+rounds = 1
+requests = 2
+input_len = 8192
+output_len = 4
+
+{constraints}[budget]
+n_trials = 3
+{tail}"""
+
+
+def command(config: Path, *args: str) -> list[str]:
+    """`autotune ARGS` on the study file `config`, its results in `results` beside it."""
+    return [sys.executable, "-m", "autotune", *args, "--config", str(config),
+            "--results-dir", str(config.parent / "results")]  # fmt: skip
+
+
+def run(config: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """`autotune ARGS` to its end, in its own session in the study file's folder."""
+    return subprocess.run(
+        command(config, *args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=config.parent,
+        start_new_session=True,
+    )
+
+
+def start(config: Path, *args: str) -> subprocess.Popen[str]:
+    """`autotune ARGS` in the background, its own session, stderr folded into stdout."""
+    return subprocess.Popen(
+        command(config, *args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=config.parent,
+        start_new_session=True,
+    )
+
+
+def wait_ready(log: Path, proc: subprocess.Popen[str], timeout_s: float = 60) -> bool:
+    """Until the server log `log` says it is ready (True), `proc` ends or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        if log.is_file() and "fired up and ready" in log.read_text(errors="replace"):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def leftovers(folder: Path) -> list[int]:
+    """Live processes that mention `folder`, with their process groups and sessions."""
+    return [p.pid for p in audit.leftovers(str(folder))]
+
+
+def kill(pids: list[int]) -> None:
+    """SIGKILL each process's group (the process alone when it shares this one's group)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            pgid = os.getpgid(pid)
+            if pgid != os.getpgrp():
+                os.killpg(pgid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+
+
+def assert_none_left(folder: Path) -> None:
+    """Kill whatever still mentions `folder` and fail if there was anything."""
+    left = leftovers(folder)
+    kill(left)
+    assert not left, f"processes left behind: {left}"
