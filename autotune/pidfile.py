@@ -3,7 +3,8 @@
 One JSON file per running server, `<run_dir>/server-<pid>.pid.json`, written right after the
 launch and removed once the teardown confirmed every process gone. It holds the pid, process
 group and session, the start time from /proc and the boot id (so a reused pid is never taken for
-ours), the port, the log path and the argv with secrets masked. The API key never reaches it.
+ours), the port, the log path and the argv with secrets masked (`autotune.scrub.masked_argv`).
+The API key never reaches it.
 """
 
 from __future__ import annotations
@@ -11,15 +12,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from autotune import procs
 
 SUFFIX = ".pid.json"
-MASK = "***"
-_SECRET_FLAGS = ("--api-key", "--admin-api-key")
 
 
 @dataclass(frozen=True)
@@ -47,30 +45,6 @@ class PidRecord:
         data = json.loads(text)
         data["argv"] = tuple(data["argv"])
         return cls(**data)
-
-
-def masked_argv(argv: Sequence[str], secrets: Collection[str] = ()) -> tuple[str, ...]:
-    """`argv` with the values of key flags and every occurrence of a secret replaced by ***."""
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append(MASK)
-            hide_next = False
-            continue
-        flag, eq, _ = arg.partition("=")
-        if flag in _SECRET_FLAGS:
-            if eq:
-                out.append(f"{flag}={MASK}")
-            else:
-                out.append(arg)
-                hide_next = True
-            continue
-        for secret in secrets:
-            if secret:
-                arg = arg.replace(secret, MASK)
-        out.append(arg)
-    return tuple(out)
 
 
 def path_for(run_dir: Path, pid: int) -> Path:

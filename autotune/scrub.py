@@ -1,17 +1,45 @@
-"""Taking a secret back out of a file autotune keeps.
+"""Masking a secret in what autotune keeps: a command line and a server log.
 
-SGLang prints its arguments at startup (`server_args=ServerArgs(..., api_key='...')`), so a
-server log written straight to disk holds the API key. Once the server is gone, autotune rewrites
-its log with every occurrence masked; the log is read line by line (a key never spans a line),
-and a file without the key is left untouched.
+A server's argv reaches its pidfile and the report, so the values of the key flags and every
+given secret are masked in it first (`masked_argv`). SGLang also prints its arguments at startup
+(`server_args=ServerArgs(..., api_key='...')`), so a server log written straight to disk holds
+the API key. Once the server is gone, autotune rewrites its log with every occurrence masked
+(`scrub_file`); the log is read line by line (a key never spans a line), and a file without the
+key is left untouched.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
-MASK = b"***"
+MASK = "***"
+SECRET_FLAGS = ("--api-key", "--admin-api-key")
+
+
+def masked_argv(argv: Iterable[str], secrets: Collection[str] = ()) -> tuple[str, ...]:
+    """`argv` with the values of key flags and every occurrence of a secret replaced by ***."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(MASK)
+            hide_next = False
+            continue
+        flag, eq, _ = arg.partition("=")
+        if flag in SECRET_FLAGS:
+            if eq:
+                out.append(f"{flag}={MASK}")
+            else:
+                out.append(arg)
+                hide_next = True
+            continue
+        for secret in secrets:
+            if secret:
+                arg = arg.replace(secret, MASK)
+        out.append(arg)
+    return tuple(out)
 
 
 def scrub_file(path: Path, secret: str) -> int:
@@ -26,10 +54,11 @@ def scrub_file(path: Path, secret: str) -> int:
         return 0
     if not found:
         return 0
+    mask = MASK.encode()
     tmp = path.with_name(path.name + ".scrub")
     with open(path, "rb") as src, open(tmp, "wb") as dst:
         for line in src:
-            dst.write(line.replace(needle, MASK))
+            dst.write(line.replace(needle, mask))
         dst.flush()
         os.fsync(dst.fileno())
     tmp.replace(path)

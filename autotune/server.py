@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune import pidfile, preflight, procs
+from autotune import pidfile, preflight, procs, scrub
 from autotune.errors import HarnessError, UsageError
 from autotune.gpu import GpuMemory, GpuProbe, MiB, unreleased, visible_devices
 from autotune.health import HealthWatch, probe_ready, server_info
@@ -228,7 +228,7 @@ class Server:
             host=spec.host,
             port=spec.port,
             log_path=str(spec.log_path),
-            argv=pidfile.masked_argv(command, [spec.api_key] if spec.api_key else []),
+            argv=scrub.masked_argv(command, [spec.api_key] if spec.api_key else []),
             launched_at=time.time(),
         )
         try:

@@ -29,21 +29,3 @@ def scrub(text: str, secrets: Iterable[str] = ()) -> str:
         text = pattern.sub(lambda m: m.group(1) + MASK + (m.group(3) if m.lastindex == 3 else ""),
                            text)  # fmt: skip
     return text
-
-
-def scrub_argv(argv: Iterable[str]) -> tuple[str, ...]:
-    """A command line with the value after `--api-key` masked."""
-    out: list[str] = []
-    hide = False
-    for a in argv:
-        if hide:
-            out.append(MASK)
-            hide = False
-        elif a == "--api-key":
-            out.append(a)
-            hide = True
-        elif a.startswith("--api-key="):
-            out.append("--api-key=" + MASK)
-        else:
-            out.append(a)
-    return tuple(out)

@@ -19,7 +19,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Scalar
 from autotune.ledger import Ledger
-from autotune.report.redact import scrub, scrub_argv
+from autotune.report.redact import scrub
+from autotune.scrub import masked_argv
 
 FRACTION = "mem_fraction_static"
 REQUESTS = "max_running_requests"
@@ -148,7 +149,7 @@ def view(t: FrozenTrial) -> TrialView:
         median_tpot_ms=_num(_mapping(overall.get("tpot_ms")).get("p50")),
         reason=scrub(str(a.get("reason", rec.get("reason", "")) or "")),
         log_path=str(log_path) if isinstance(log_path, str) and log_path else None,
-        argv=scrub_argv(str(x) for x in rec.get("argv", ()) or ()),
+        argv=masked_argv(str(x) for x in rec.get("argv", ()) or ()),
         sglang_version=str(version) if version else None,
         host=str(host) if host else None,
         seconds=_num(phases.get("total")),

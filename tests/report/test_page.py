@@ -11,8 +11,9 @@ from optuna.trial import TrialState
 
 from autotune.config import StudyConfig
 from autotune.report.page import figures, summary, write_report
-from autotune.report.redact import scrub, scrub_argv
+from autotune.report.redact import scrub
 from autotune.report.review import build_review
+from autotune.scrub import masked_argv
 from tests.report.fakes import trial
 
 KEY = "sk-live-4242424242"
@@ -109,5 +110,5 @@ def test_scrub(text: str, hidden: str) -> None:
 def test_scrub_keeps_variable_references_and_masks_literal_secrets() -> None:
     assert scrub('--api-key "${KEY_VAR}"') == '--api-key "${KEY_VAR}"'
     assert scrub("the key is abcdef123", ["abcdef123"]) == "the key is ***"
-    assert scrub_argv(["x", "--api-key", KEY, "--api-key=" + KEY]) == (
+    assert masked_argv(["x", "--api-key", KEY, "--api-key=" + KEY]) == (
         "x", "--api-key", "***", "--api-key=***")  # fmt: skip

@@ -23,6 +23,7 @@ from autotune.gpu import (
 from autotune.logparse import Event, parse_line
 from autotune.logtail import LogTail
 from autotune.phase import Phase, PhaseClock, PhaseLimits, next_phase
+from autotune.scrub import masked_argv
 from autotune.teardown import stop_orphans
 
 
@@ -92,7 +93,7 @@ def test_sim_probe_reads_the_simulator_state(tmp_path: Path) -> None:
     ],
 )
 def test_masked_argv(argv: list[str], expected: tuple[str, ...]) -> None:
-    assert pidfile.masked_argv(argv, ["k1"]) == expected
+    assert masked_argv(argv, ["k1"]) == expected
 
 
 def test_pidfile_round_trip_and_unreadable_files_are_skipped(tmp_path: Path) -> None:
