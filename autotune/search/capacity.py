@@ -126,11 +126,8 @@ class CapacityAwareSampler(BaseSampler):
         return proposal
 
     def _record(self, study: optuna.Study, trial: FrozenTrial, p: Proposal) -> None:
+        record_rule(study, trial, p.rule, p.why, p.done)
         storage = study._storage
-        storage.set_trial_user_attr(trial._trial_id, RULE_ATTR, p.rule)
-        storage.set_trial_user_attr(trial._trial_id, WHY_ATTR, p.why)
-        if p.done:
-            storage.set_trial_user_attr(trial._trial_id, DONE_ATTR, p.done)
         fc = p.forecast
         if fc is not None:
             numbers: dict[str, float | str | None] = {
@@ -154,3 +151,15 @@ def search_done(trials: Sequence[FrozenTrial]) -> str | None:
             done = t.user_attrs.get(DONE_ATTR)
             return str(done) if done else None
     return None
+
+
+def record_rule(
+    study: optuna.Study, trial: FrozenTrial, rule: str, why: str, done: str | None = None
+) -> None:
+    """The rule that chose `trial`'s point and why (and, when `done` says so, that the search
+    has finished) as the trial's user attributes."""
+    storage = study._storage
+    storage.set_trial_user_attr(trial._trial_id, RULE_ATTR, rule)
+    storage.set_trial_user_attr(trial._trial_id, WHY_ATTR, why)
+    if done:
+        storage.set_trial_user_attr(trial._trial_id, DONE_ATTR, done)

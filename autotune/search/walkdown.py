@@ -18,7 +18,7 @@ from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial
 
-from autotune.search.capacity import DONE_ATTR, RULE_ATTR, WHY_ATTR
+from autotune.search.capacity import record_rule
 from autotune.search.points import FRACTION, Point, Scalar
 from autotune.search.records import candidate_values, learnt_space, pending_params, point_of
 
@@ -48,11 +48,7 @@ class WalkDownSampler(BaseSampler):
         ]
         pending = pending_params(study.get_trials(deepcopy=False), trial.number)
         params, rule, why = walk(axes, finished, pending)
-        storage = study._storage
-        storage.set_trial_user_attr(trial._trial_id, RULE_ATTR, rule)
-        storage.set_trial_user_attr(trial._trial_id, WHY_ATTR, why)
-        if rule == "confirm":
-            storage.set_trial_user_attr(trial._trial_id, DONE_ATTR, why)
+        record_rule(study, trial, rule, why, done=why if rule == "confirm" else None)
         return {k: v for k, v in params.items() if k in search_space}
 
     def sample_independent(
