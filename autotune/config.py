@@ -58,6 +58,8 @@ class Limits:
     workload_s: float = 3600.0
     stop_grace_s: float = 30.0
     release_s: float = 120.0
+    foreign_wait_s: float = 0.0
+    """How long to wait for GPU memory held by processes autotune did not start; 0 refuses."""
 
 
 @dataclass(frozen=True)
@@ -292,7 +294,7 @@ def _server(t: _Table) -> ServerConfig:
                 + ("workload.api_key_env" if reserved == "api_key" else f"server.{reserved}"),
             )
     lt = t.table("limits")
-    lt.only("startup_s", "stall_s", "workload_s", "stop_grace_s", "release_s")
+    lt.only("startup_s", "stall_s", "workload_s", "stop_grace_s", "release_s", "foreign_wait_s")
     d = Limits()
     limits = Limits(
         startup_s=lt.positive("startup_s", default=d.startup_s),
@@ -300,6 +302,7 @@ def _server(t: _Table) -> ServerConfig:
         workload_s=lt.positive("workload_s", default=d.workload_s),
         stop_grace_s=lt.positive("stop_grace_s", default=d.stop_grace_s),
         release_s=lt.positive("release_s", default=d.release_s),
+        foreign_wait_s=_non_negative(lt, "foreign_wait_s", default=d.foreign_wait_s),
     )
     return ServerConfig(
         backend=backend,
@@ -313,6 +316,13 @@ def _server(t: _Table) -> ServerConfig:
         sim_seed=t.integer("sim_seed", default=0, low=0),
         limits=limits,
     )
+
+
+def _non_negative(t: _Table, k: str, *, default: float) -> float:
+    v = t.number(k, default=default)
+    if v < 0:
+        raise ConfigError(t.key(k), f"must be ≥ 0 (0 refuses a launch at once); got {v}")
+    return float(v)
 
 
 def _sim_profile(t: _Table) -> str:

@@ -492,6 +492,8 @@ class LiveLauncher:
             stall_s=self.limits.stall_s,
             stop_grace_s=self.limits.stop_grace_s,
             release_s=self.limits.release_s,
+            foreign_gpu="wait" if self.limits.foreign_wait_s > 0 else "refuse",
+            foreign_wait_s=self.limits.foreign_wait_s,
         )
         return _LiveRun(Server.launch(spec, self.probe), self)
 

@@ -40,6 +40,7 @@ stall_s = 1.5
 workload_s = 30
 stop_grace_s = 1.5
 release_s = {release_s}
+{limits}
 
 [search]
 mem_fraction_static = {{ low = 0.85, high = 0.97, step = 0.01 }}
@@ -123,7 +124,7 @@ class World:
     def study(self, **values: object) -> Path:
         """Write the study file from STUDY with `values` for its fields."""
         fields: dict[str, object] = dict(
-            server="", flags="", search="", workload="", phases="", tail="",
+            server="", flags="", search="", workload="", phases="", tail="", limits="",
             baseline=0.88, duration=0.5, n_trials=1, release_s=3,
         )  # fmt: skip
         fields.update(values)

@@ -61,6 +61,25 @@ def test_gpus_busy_with_a_foreign_holder(world: World) -> None:
     _launch_failures(world, f"pid {stranger.pid} holds 4.00 GiB")
 
 
+def test_gpus_busy_for_a_while_are_waited_for_when_configured(world: World) -> None:
+    """With `foreign_wait_s`, a launch waits for a foreign holder to let go instead of refusing."""
+    stranger = world.foreign_sleep()
+    holder = write_holder(
+        world.gpu_dir, stranger.pid, {0: 4 * GiB}, {i: 96 * GiB for i in range(8)}
+    )
+    world.study(limits="foreign_wait_s = 60")
+    run = world.start(*world.run_args())
+    time.sleep(2.0)
+    assert run.poll() is None, "the run must wait while the foreign memory is held"
+    assert not (world.study_dir / "trials/0000/server.log").exists()
+    holder.unlink()  # the stranger gives its GPU memory back and keeps running
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 0, out + err
+    (trial,) = [t for t in world.trials() if t.state != TrialState.WAITING]
+    assert (trial.state, trial.user_attrs["outcome"]) == (TrialState.COMPLETE, "ok")
+    assert world.problems() == []
+
+
 def test_gpus_busy_with_a_foreign_simulator(world: World) -> None:
     """A whole server someone else started on the same (simulated) GPUs."""
     with socket.socket() as s:

@@ -67,6 +67,11 @@ _NO_SEARCH = VALID[: VALID.index("[search]")] + VALID[VALID.index("[workload]") 
 # (study text, dotted key expected at the start of the message, a word of the fix)
 BAD: list[tuple[str, str, str]] = [
     (VALID + "\n[extra]\nx = 1\n", "extra", "unknown key"),
+    (
+        _replace("[search]\n", "[server.limits]\nforeign_wait_s = -5\n\n[search]\n"),
+        "server.limits.foreign_wait_s",
+        "≥ 0",
+    ),
     (_replace("[budget]\n", "[budget]\nntrials = 3\n"), "budget.ntrials", "n_trials"),
     (_replace('backend = "sim"', 'backend = "docker"'), "server.backend", "sim, sglang"),
     (_replace('backend = "sim"', "backend = 3"), "server.backend", "string"),
