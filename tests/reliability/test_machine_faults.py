@@ -158,7 +158,8 @@ def test_storage_locked_by_another_process(world: World) -> None:
 
 
 def test_results_folder_in_use_by_a_running_autotune(world: World) -> None:
-    world.study(duration=30)
+    # Several long trials: the first run still holds the folder however its first trial ends.
+    world.study(duration=30, n_trials=5)
     first = world.start(*world.run_args())
     log = world.study_dir / "trials/0000/server.log"
     deadline = time.monotonic() + 60
