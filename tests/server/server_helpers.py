@@ -26,15 +26,21 @@ def free_port() -> int:
         return port
 
 
+def make_spec(tmp_path: Path, **values: Any) -> LaunchSpec:
+    """A spec logging to and keeping pidfiles under `tmp_path`, on a free port; `values` win."""
+    base: dict[str, Any] = dict(
+        log_path=tmp_path / "server.log",
+        run_dir=tmp_path / "run",
+        port=free_port(),
+    )
+    return LaunchSpec(**{**base, **values})
+
+
 def fake_spec(tmp_path: Path, *modes: str, **overrides: Any) -> LaunchSpec:
     argv = [sys.executable, str(FAKE)]
     for mode in modes:
         argv += ["--mode", mode]
     values: dict[str, Any] = dict(
-        argv=tuple(argv),
-        log_path=tmp_path / "server.log",
-        run_dir=tmp_path / "run",
-        port=free_port(),
         env={"PYTHONUNBUFFERED": "1"},
         phase_limits=PhaseLimits(),
         startup_s=60.0,
@@ -47,8 +53,7 @@ def fake_spec(tmp_path: Path, *modes: str, **overrides: Any) -> LaunchSpec:
         stop_grace_s=5.0,
         release_s=5.0,
     )
-    values.update(overrides)
-    return LaunchSpec(**values)
+    return make_spec(tmp_path, **{"argv": tuple(argv), **values, **overrides})
 
 
 def sleeper() -> subprocess.Popen[bytes]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from server_helpers import Guard, free_port, pid_alive, sleeper, wait_death
+from server_helpers import Guard, make_spec, pid_alive, sleeper, wait_death
 
 from autotune import pidfile
 from autotune.errors import HarnessError
@@ -35,10 +35,6 @@ def sim_spec(tmp_path: Path, *flags: str, **overrides: Any) -> LaunchSpec:
         *flags,
     )  # fmt: skip
     values: dict[str, Any] = dict(
-        argv=argv,
-        log_path=tmp_path / "server.log",
-        run_dir=tmp_path / "run",
-        port=free_port(),
         startup_s=120.0,
         stall_s=20.0,
         ready_check_s=10.0,
@@ -49,8 +45,7 @@ def sim_spec(tmp_path: Path, *flags: str, **overrides: Any) -> LaunchSpec:
         stop_grace_s=10.0,
         release_s=10.0,
     )
-    values.update(overrides)
-    return LaunchSpec(**values)
+    return make_spec(tmp_path, **{"argv": argv, **values, **overrides})
 
 
 def gpu_dir(spec: LaunchSpec) -> Path:
