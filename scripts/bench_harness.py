@@ -1,6 +1,6 @@
 """Harness overhead per trial: the time a study spends outside the server's own waits.
 
-Runs a small grid study (in a temporary folder) through `autotune.run_cmd.run` with the launcher
+Runs a small grid study (in a temporary folder) through `autotune.cli.run.run` with the launcher
 wrapped so the time spent waiting on the server — startup (`wait_ready`), the workload (`drive`)
 and teardown (`stop`) — is measured; everything else (ask, parameters → flags, launching the
 process, records, tell, progress) is harness overhead. Goal: ≤ 0.5 s per trial.
@@ -21,10 +21,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from autotune.config import load_study
-from autotune.run_cmd import PACKAGE_CONFIGS, run
-from autotune.study import default_storage_url
-from autotune.trial import Launcher, Load, ServerRun, Startup, Stop, TrialPlan
+from autotune.cli.run import PACKAGE_CONFIGS, run
+from autotune.config.studyfile import load_study
+from autotune.study.storage import default_storage_url
+from autotune.trial.run import Launcher, Load, ServerRun, Startup, Stop, TrialPlan
 
 T = TypeVar("T")
 
@@ -114,7 +114,7 @@ def main() -> int:
         folder = Path(tmp) / "bench"
         folder.mkdir()
         if args.backend == "sim":
-            from autotune.trial import live_launcher
+            from autotune.trial.run import live_launcher
 
             inner: Launcher = live_launcher(cfg, folder)
         else:

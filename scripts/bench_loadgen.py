@@ -1,6 +1,6 @@
 """How much load the workload driver can generate, measured against a minimal fast local server.
 
-Starts `python -m autotune.loadgen.fakeserver` (raw asyncio, no model work) in a subprocess,
+Starts `python -m autotune.testing.fakeserver` (raw asyncio, no model work) in a subprocess,
 pins this process (the client) to one core and the server to another when there are two, and
 runs `run_workload` through four cases: tiny non-streamed requests (requests/s), long streams of
 one-token chunks (chunks/s), 128K-token prompts (requests/s and upload MB/s), and streams of
@@ -44,7 +44,7 @@ def _cpu_seconds(pid: int) -> float:
 
 def _start_server(args: tuple[str, ...], core: int | None) -> tuple[subprocess.Popen[str], int]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "autotune.loadgen.fakeserver", "--port", "0", *args],
+        [sys.executable, "-m", "autotune.testing.fakeserver", "--port", "0", *args],
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,

@@ -1,7 +1,7 @@
 """How many launches each sampler needs to reach the memory edge, on the simulator's pure model.
 
 Whole studies run in-process (no servers): every shipped simulator profile × seeds × samplers.
-Each launch is simulated by `autotune.search.oracle` (startup sizes with the launch's jitter, a
+Each launch is simulated by `autotune.testing.oracle` (startup sizes with the launch's jitter, a
 stress phase of full-chunk forwards) and told to an in-memory Optuna study exactly as a real trial
 would be. The target is the best stable capacity of the space, found by evaluating every grid
 point on the model; a study reaches it at the first launch that is stable (by the model), was
@@ -30,13 +30,13 @@ from dataclasses import dataclass, replace
 
 import optuna
 
-from autotune.config import SamplerConfig
+from autotune.config.space import settings_for
+from autotune.config.studyfile import SamplerConfig
 from autotune.errors import UsageError
 from autotune.search.capacity import DONE_ATTR
-from autotune.search.oracle import Bench, Launch, bench_for, best_stable, run_trial
 from autotune.sim.profiles import list_profiles, load_profile
-from autotune.space import settings_for
-from autotune.study import SAMPLER_FACTORIES, make_sampler
+from autotune.study.storage import SAMPLER_FACTORIES, make_sampler
+from autotune.testing.oracle import Bench, Launch, bench_for, best_stable, run_trial
 
 DEFAULT_SAMPLERS = ("capacity", "tpe", "random", "gp", "walkdown")
 

@@ -22,10 +22,10 @@ import threading
 import time
 from pathlib import Path
 
-from autotune.gpu import GpuProbe, SimProbe
-from autotune.ledger_cmd import read_log
-from autotune.outcome import Outcome
-from autotune.server import LaunchSpec, Server
+from autotune.cli.ledger import read_log
+from autotune.logparse.outcome import Outcome
+from autotune.server.gpu import GpuProbe, SimProbe
+from autotune.server.lifecycle import LaunchSpec, Server
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE = ROOT / "tests" / "server" / "fake_server.py"

@@ -10,7 +10,8 @@ is spent (a killed run, or a run that stopped itself after repeated machine fail
 re-running the same command resumes a study. A foreign `sleep` runs alongside the whole time.
 
 At the end it prints: orphans (live processes that mention the soak folder), lost trials
-(`autotune.audit.problems`: trials left RUNNING, missing or disagreeing records), consistency
+(`autotune.testing.audit.problems`: trials left RUNNING, missing or disagreeing records),
+consistency
 (every injected fault ended in an outcome that fault can cause; the GPUs are all released; the
 budget is met), outcome counts and wall time. Exit code 0 when all of it holds.
 """
@@ -35,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune import audit  # noqa: E402
+from autotune.testing import audit  # noqa: E402
 
 NAME = "soak"
 STUDY = """
@@ -134,12 +135,12 @@ def draw_fault(seed: int, number: int) -> str:
 
 
 def child(folder: Path, seed: int) -> int:
-    from autotune.config import load_study
+    from autotune.cli.run import _stop_signals, run, study_lock
+    from autotune.config.studyfile import load_study
     from autotune.errors import AutotuneError
-    from autotune.hostcheck import check_host
-    from autotune.run_cmd import _stop_signals, run, study_lock
-    from autotune.study import default_storage_url
-    from autotune.trial import Launcher, ServerRun, TrialPlan, live_launcher
+    from autotune.server.hostcheck import check_host
+    from autotune.study.storage import default_storage_url
+    from autotune.trial.run import Launcher, ServerRun, TrialPlan, live_launcher
 
     class FaultLauncher:
         """The live launcher, with `--sim-fault KIND` added to each launch drawn for it."""
@@ -234,7 +235,7 @@ def check(folder: Path, trials_wanted: int, seed: int) -> dict[str, object]:
     import optuna
 
     from autotune.sim.gpustate import read_gpu_state
-    from autotune.study import counted, default_storage_url
+    from autotune.study.storage import counted, default_storage_url
 
     study_dir = folder / "results" / NAME
     trials = optuna.load_study(study_name=NAME, storage=default_storage_url(study_dir)).get_trials()

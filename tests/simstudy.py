@@ -3,7 +3,7 @@ check that no process a test started outlives it.
 
 Every process an end-to-end test starts carries the test's folder in its command line (the study
 file path or the simulator's GPU-state folder), so `leftovers(folder)` finds any survivor; it is
-`autotune.audit.leftovers`, which also counts the members of a survivor's process group or
+`autotune.testing.audit.leftovers`, which also counts the members of a survivor's process group or
 session.
 """
 
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from autotune import audit
+from autotune.testing import audit
 
 
 def sim_study(

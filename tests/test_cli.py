@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autotune import __version__
-from autotune.cli import main
+from autotune.cli.main import main
 
 
 def test_version_prints_package_version(capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,17 +7,7 @@ Public API (see the modules for details):
   `RequestRecord`, `summarize` (pure metrics over records).
 """
 
-from autotune.loadgen.driver import (
-    Died,
-    PhaseResult,
-    ServerFacts,
-    Target,
-    WorkloadResult,
-    run_workload,
-    stress_plan,
-)
-from autotune.loadgen.metrics import RequestRecord, Slo, Stats, Summary, summarize
-from autotune.loadgen.spec import (
+from autotune.config.workload import (
     Api,
     LengthDist,
     Poisson,
@@ -28,6 +18,16 @@ from autotune.loadgen.spec import (
     WorkloadSpec,
     workload_from_dict,
 )
+from autotune.loadgen.driver import (
+    Died,
+    PhaseResult,
+    ServerFacts,
+    Target,
+    WorkloadResult,
+    run_workload,
+    stress_plan,
+)
+from autotune.loadgen.metrics import RequestRecord, Slo, Stats, Summary, summarize
 
 __all__ = [
     "Api",

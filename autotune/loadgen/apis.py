@@ -19,8 +19,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from autotune.config.workload import Api
 from autotune.loadgen.shapes import RequestPlan, TokenPool
-from autotune.loadgen.spec import Api
 
 _decode = json.JSONDecoder().decode
 PATHS = {

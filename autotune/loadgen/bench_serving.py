@@ -17,10 +17,10 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from autotune.config.workload import Api, LengthDist, Poisson, Steady, WorkloadSpec
 from autotune.errors import ConfigError, HarnessError
 from autotune.loadgen.driver import Target
 from autotune.loadgen.metrics import Stats, Summary
-from autotune.loadgen.spec import Api, LengthDist, Poisson, Steady, WorkloadSpec
 
 BACKENDS = {Api.GENERATE: "sglang", Api.COMPLETIONS: "sglang-oai", Api.CHAT: "sglang-oai-chat"}
 

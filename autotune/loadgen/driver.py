@@ -21,12 +21,12 @@ from concurrent.futures import Executor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from autotune.config.workload import Api, Phase, Poisson, Steady, Stress, Warmup, WorkloadSpec
 from autotune.loadgen import phases as ph
 from autotune.loadgen.apis import RequestOptions
 from autotune.loadgen.client import Client, HttpError
 from autotune.loadgen.metrics import RequestRecord, Slo, Summary, summarize
 from autotune.loadgen.shapes import Shaper, TokenPool
-from autotune.loadgen.spec import Api, Phase, Poisson, Steady, Stress, Warmup, WorkloadSpec
 
 POLL_S = 0.15
 MIN_POLL_GAP_S = 0.02  # pokes cannot make the watcher poll faster than this

@@ -16,7 +16,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from autotune.loadgen.spec import DatasetRow, LengthDist, Sessions
+from autotune.config.workload import DatasetRow, LengthDist, Sessions
 
 POOL_SIZE = 1 << 17
 TOKEN_LOW, TOKEN_HIGH = 1000, 30000  # ordinary vocabulary ids in any large tokenizer

@@ -55,7 +55,7 @@ class CapacityAwareSampler(BaseSampler):
         margin_sd: float = 2.0,
         probe_p: float = 0.25,
     ) -> None:
-        from autotune.memory_model import phi
+        from autotune.memory.model import phi
 
         self._fallback = RandomSampler(seed=seed)
         self._min_headroom = min_headroom_gib

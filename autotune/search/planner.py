@@ -27,7 +27,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from autotune.memory_model import Forecast, MemoryModel, Setting, fit
+from autotune.memory.model import Forecast, MemoryModel, Setting, fit
 from autotune.search.points import (
     CHUNK,
     FRACTION,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from autotune.memory_model import RUNTIME_FAILURES, STARTUP_FAILURES, Observation, Setting
+from autotune.memory.model import RUNTIME_FAILURES, STARTUP_FAILURES, Observation, Setting
 
 Scalar = bool | int | float | str
 FRACTION = "mem_fraction_static"

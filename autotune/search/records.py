@@ -1,6 +1,6 @@
 """Reading what trials recorded into the planner's terms, and the search space into candidates.
 
-A trial's record is what `autotune.trial` stores as user attributes: `outcome`, `reason`,
+A trial's record is what `autotune.trial.run` stores as user attributes: `outcome`, `reason`,
 `headroom_gib`, `throughput_tok_s` and the whole `record` (params, ledger, outcome, the stress
 peak when measured). Constraints are Optuna's (`trial.constraints`, ≤ 0 satisfied). Nothing here
 knows about the simulator.
@@ -22,8 +22,8 @@ from optuna.distributions import (
 from optuna.search_space import intersection_search_space
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.ledger import Ledger
-from autotune.memory_model import RUNTIME_FAILURES, STARTUP_FAILURES, Observation
+from autotune.logparse.ledger import Ledger
+from autotune.memory.model import RUNTIME_FAILURES, STARTUP_FAILURES, Observation
 from autotune.search.points import FRACTION, Point, Scalar, setting_of
 
 CONTINUOUS_FRACTION_STEP = 0.005

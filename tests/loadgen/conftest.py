@@ -44,12 +44,12 @@ def _gone(pgid: int) -> bool:
 
 @pytest.fixture
 def fake_server() -> Iterator[Callable[..., FakeServer]]:
-    """Starts `python -m autotune.loadgen.fakeserver ARGS` on a free port; cleans up after."""
+    """Starts `python -m autotune.testing.fakeserver ARGS` on a free port; cleans up after."""
     started: list[subprocess.Popen[str]] = []
 
     def start(*args: str) -> FakeServer:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "autotune.loadgen.fakeserver", "--port", "0", *args],
+            [sys.executable, "-m", "autotune.testing.fakeserver", "--port", "0", *args],
             stdout=subprocess.PIPE,
             text=True,
             start_new_session=True,

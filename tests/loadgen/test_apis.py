@@ -7,9 +7,9 @@ import random
 
 import pytest
 
+from autotune.config.workload import Api, LengthDist
 from autotune.loadgen.apis import RequestOptions, ResponseReader, build_body
 from autotune.loadgen.shapes import Shaper, TokenPool
-from autotune.loadgen.spec import Api, LengthDist
 
 
 def sse(obj: object) -> bytes:

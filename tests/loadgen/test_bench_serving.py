@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from autotune.config.workload import Poisson, Steady
 from autotune.errors import ConfigError
 from autotune.loadgen import Target, workload_from_dict
 from autotune.loadgen.bench_serving import bench_serving_argv, summary_from_bench_serving
-from autotune.loadgen.spec import Poisson, Steady
 
 ROW = {
     "backend": "sglang",

@@ -6,8 +6,8 @@ import json
 import random
 import statistics
 
+from autotune.config.workload import DatasetRow, LengthDist, Sessions
 from autotune.loadgen.shapes import Shaper, TokenPool, sample_length
-from autotune.loadgen.spec import DatasetRow, LengthDist, Sessions
 
 
 def test_distributions_stay_in_bounds_and_center() -> None:

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from autotune.config.workload import Stress
 from autotune.loadgen import Target, run_workload, stress_plan, workload_from_dict
-from autotune.loadgen.spec import Stress
 
 if TYPE_CHECKING:
     from tests.loadgen.conftest import SimServer

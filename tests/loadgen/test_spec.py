@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.errors import ConfigError
-from autotune.loadgen.spec import (
+from autotune.config.workload import (
     Api,
     LengthDist,
     Poisson,
@@ -17,6 +16,7 @@ from autotune.loadgen.spec import (
     Warmup,
     workload_from_dict,
 )
+from autotune.errors import ConfigError
 
 FULL = {
     "api": "chat",

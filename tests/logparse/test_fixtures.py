@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from autotune.ledger import build_ledger
-from autotune.logparse import parse_text
-from autotune.outcome import Outcome, classify
+from autotune.logparse.ledger import build_ledger
+from autotune.logparse.lines import parse_text
+from autotune.logparse.outcome import Outcome, classify
 
 LOGS = Path(__file__).parent.parent / "fixtures" / "logs"
 

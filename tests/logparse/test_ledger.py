@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from autotune.ledger import Ledger, build_ledger, cross_check, ledger_from_server_info
-from autotune.logparse import parse_text
+from autotune.logparse.ledger import Ledger, build_ledger, cross_check, ledger_from_server_info
+from autotune.logparse.lines import parse_text
 
 SERVER_INFO = {
     "model_path": "/models/Kimi-K2.5",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cli import main
+from autotune.cli.main import main
 
 LOGS = Path(__file__).parent.parent / "fixtures" / "logs"
 REQUIRED = (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.logparse import Batch, Event, Kind, parse_line, rank_order, split_prefix
+from autotune.logparse.lines import Batch, Event, Kind, parse_line, rank_order, split_prefix
 
 TP0 = "[2026-02-24 12:00:00 TP0] "
 MAIN = "[2026-02-24 12:00:00] "

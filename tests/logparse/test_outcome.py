@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from autotune.logparse import Event, parse_text
-from autotune.outcome import Outcome, RunFacts, classify
+from autotune.logparse.lines import Event, parse_text
+from autotune.logparse.outcome import Outcome, RunFacts, classify
 
 READY = "[2026-02-24 12:00:00] The server is fired up and ready to roll!\n"
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0\n"

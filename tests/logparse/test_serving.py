@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autotune.logparse import parse_text
-from autotune.serving import summarize
+from autotune.logparse.lines import parse_text
+from autotune.logparse.serving import summarize
 
 LOGS = Path(__file__).parent.parent / "fixtures" / "logs"
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune import audit
+from autotune.testing import audit
 
 NAME = "rel"
 STUDY = """

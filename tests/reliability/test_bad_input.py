@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cli import main
-from autotune.hostcheck import machine_ram_gb
+from autotune.cli.main import main
+from autotune.server.hostcheck import machine_ram_gb
 from tests.reliability.helpers import World, one_line
 
 BAD_VALUES = [

@@ -8,10 +8,10 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from autotune import audit
-from autotune.hostcheck import machine_ram_gb, results_disk_problem
-from autotune.scrub import scrub_file
-from autotune.study import redact, redact_text
+from autotune.masking import scrub_file
+from autotune.server.hostcheck import machine_ram_gb, results_disk_problem
+from autotune.study.storage import redact, redact_text
+from autotune.testing import audit
 
 
 def test_scrub_masks_every_occurrence_and_leaves_clean_files_alone(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config import StudyConfig, parse_study
+from autotune.config.studyfile import StudyConfig, parse_study
 
 STUDY = """
 [server]

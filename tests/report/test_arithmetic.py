@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.ledger import Ledger
-from autotune.report.arithmetic import arithmetic, cell_from_fit
+from autotune.logparse.ledger import Ledger
+from autotune.memory.arithmetic import arithmetic, cell_from_fit
 from tests.report.fakes import CELL, P, ledger, tokens
 
 

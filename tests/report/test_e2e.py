@@ -18,9 +18,9 @@ from typing import NamedTuple
 import optuna
 import pytest
 
-from autotune.cli import main
-from autotune.config import load_study
-from autotune.space import params_from_flags
+from autotune.cli.main import main
+from autotune.config.space import params_from_flags
+from autotune.config.studyfile import load_study
 from tests import simstudy
 
 pytestmark = pytest.mark.e2e

@@ -7,11 +7,11 @@ import shlex
 
 import pytest
 
-from autotune.config import StudyConfig
+from autotune.config.studyfile import StudyConfig
 from autotune.errors import UsageError
-from autotune.explain import explain
-from autotune.export import build_export, render, round_trip
-from autotune.report.review import Review, build_review
+from autotune.review.explain import explain
+from autotune.review.export import build_export, render, round_trip
+from autotune.review.source import Review, build_review
 from tests.report.fakes import trial, walk
 
 KEY = "sk-very-secret-0123"

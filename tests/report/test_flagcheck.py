@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from autotune.flagcheck import check_argv, sglang_parser
+from autotune.server.flagcheck import check_argv, sglang_parser
 
 
 def _parser_0523() -> argparse.ArgumentParser:

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
-from autotune.config import StudyConfig
-from autotune.report.page import figures, summary, write_report
-from autotune.report.redact import scrub
-from autotune.report.review import build_review
-from autotune.scrub import masked_argv
+from autotune.config.studyfile import StudyConfig
+from autotune.masking import masked_argv
+from autotune.review.page import figures, summary, write_report
+from autotune.review.redact import scrub
+from autotune.review.source import build_review
 from tests.report.fakes import trial
 
 KEY = "sk-live-4242424242"

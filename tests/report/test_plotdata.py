@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from optuna.trial import TrialState
 
-import autotune.memory_model
-from autotune.report import plotdata as pd
-from autotune.report.trials import views
+import autotune.memory.model
+from autotune.review import plotdata as pd
+from autotune.review.trials import views
 from tests.report.fakes import CELL, P, trial, walk
 
 
@@ -67,7 +67,7 @@ def test_capacity_falls_back_to_least_squares(monkeypatch: pytest.MonkeyPatch) -
     def broken(obs: object) -> object:
         raise ValueError("no model")
 
-    monkeypatch.setattr(autotune.memory_model, "fit", broken)
+    monkeypatch.setattr(autotune.memory.model, "fit", broken)
     d = pd.capacity(views(walk()))
     assert d.line_source.startswith("least-squares line over")
     assert d.line_y[0] < d.line_y[-1]

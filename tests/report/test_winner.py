@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from autotune.errors import UsageError
-from autotune.report.trials import views
-from autotune.winner import Margin, choose, parse_margin, parse_tolerance
+from autotune.review.trials import views
+from autotune.review.winner import Margin, choose, parse_margin, parse_tolerance
 from tests.report.fakes import P, trial, walk
 
 

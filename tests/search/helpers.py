@@ -6,11 +6,11 @@ from collections.abc import Mapping
 
 import optuna
 
-from autotune.ledger import Ledger
-from autotune.memory_model import Observation
-from autotune.search.oracle import Bench, Launch, bench_for, launch, run_trial
+from autotune.logparse.ledger import Ledger
+from autotune.memory.model import Observation
 from autotune.search.points import Point, Scalar, setting_of
 from autotune.sim.profiles import load_profile
+from autotune.testing.oracle import Bench, Launch, bench_for, launch, run_trial
 
 KIMI = bench_for(load_profile("kimi-k2.5-tp8-96g"))
 QWEN = bench_for(load_profile("qwen3-32b-h200"))

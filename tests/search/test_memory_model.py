@@ -1,7 +1,7 @@
 """The memory model recovers a box's arithmetic from a few ledgers, never reading the profile.
 
 Ledgers come from the simulator's pure model at the log's two-decimal precision (what
-`autotune.ledger` reads from a real log); the fit sees only those and the launch settings.
+`autotune.logparse.ledger` reads from a real log); the fit sees only those and the launch settings.
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import dataclasses
 
 import pytest
 
-from autotune.ledger import Ledger
-from autotune.memory_model import Estimate, Observation, Setting, fit
-from autotune.search.oracle import Bench, bench_for, ledger_of, server_settings
+from autotune.logparse.ledger import Ledger
+from autotune.memory.model import Estimate, Observation, Setting, fit
 from autotune.sim.model import StartupPlan, plan_startup
 from autotune.sim.profiles import load_profile
+from autotune.testing.oracle import Bench, bench_for, ledger_of, server_settings
 
 KIMI = bench_for(load_profile("kimi-k2.5-tp8-96g"))
 LLAMA = bench_for(load_profile("llama-3.1-70b-tp8-h100"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from autotune.memory_model import Setting
+from autotune.memory.model import Setting
 from autotune.search.planner import Goal, plan
 from autotune.search.points import FRACTION, Point
 from tests.search.helpers import AXES, DEEPSEEK, KIMI, QWEN, point

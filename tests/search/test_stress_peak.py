@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from autotune.config import Limits
-from autotune.gpu import GpuMemory
-from autotune.trial import Load, Startup, Stop, TrialPlan, _FreeMemoryWatch, run_trial
+from autotune.config.studyfile import Limits
+from autotune.server.gpu import GpuMemory
+from autotune.trial.run import Load, Startup, Stop, TrialPlan, _FreeMemoryWatch, run_trial
 
 GiB = 1 << 30
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune import procs
-from autotune.phase import PhaseLimits
-from autotune.server import Death, LaunchSpec, Server
+from autotune.logparse.phase import PhaseLimits
+from autotune.server import procs
+from autotune.server.lifecycle import Death, LaunchSpec, Server
 
 FAKE = Path(__file__).with_name("fake_server.py")
 

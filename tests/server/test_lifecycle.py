@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from server_helpers import Guard, fake_spec, pid_alive, sleeper, wait_death
 
-from autotune import pidfile
 from autotune.errors import HarnessError, UsageError
-from autotune.outcome import Outcome
-from autotune.phase import Phase, PhaseLimits
-from autotune.server import Server
-from autotune.teardown import stop_orphans
+from autotune.logparse.outcome import Outcome
+from autotune.logparse.phase import Phase, PhaseLimits
+from autotune.server import pidfile
+from autotune.server.lifecycle import Server
+from autotune.server.teardown import stop_orphans
 
 
 def test_ready_then_clean_stop_spares_a_foreign_process(tmp_path: Path, guard: Guard) -> None:

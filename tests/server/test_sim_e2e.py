@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 from server_helpers import Guard, make_spec, pid_alive, sleeper, wait_death
 
-from autotune import pidfile
 from autotune.errors import HarnessError
-from autotune.gpu import GiB, SimProbe
-from autotune.outcome import Outcome
-from autotune.phase import Phase, PhaseLimits
-from autotune.server import LaunchSpec, Server
+from autotune.logparse.outcome import Outcome
+from autotune.logparse.phase import Phase, PhaseLimits
+from autotune.server import pidfile
+from autotune.server.gpu import GiB, SimProbe
+from autotune.server.lifecycle import LaunchSpec, Server
 
 pytestmark = pytest.mark.e2e
 
@@ -244,7 +244,7 @@ def test_foreign_gpu_memory_refuses_or_waits(tmp_path: Path, guard: Guard) -> No
 def test_api_key_never_written_and_a_restarted_autotune_stops_its_orphan(
     tmp_path: Path, guard: Guard
 ) -> None:
-    from autotune.teardown import stop_orphans
+    from autotune.server.teardown import stop_orphans
 
     key = "sk-test-0123456789"
     spec = sim_spec(tmp_path, "--api-key", key, api_key=key)

@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 from server_helpers import Guard, pid_alive, sleeper
 
-from autotune import pidfile, procs
-from autotune.gpu import (
+from autotune.logparse.lines import Event, parse_line
+from autotune.logparse.phase import Phase, PhaseClock, PhaseLimits, next_phase
+from autotune.masking import masked_argv
+from autotune.server import pidfile, procs
+from autotune.server.gpu import (
     GiB,
     GpuMemory,
     SimProbe,
@@ -20,11 +23,8 @@ from autotune.gpu import (
     unreleased,
     visible_devices,
 )
-from autotune.logparse import Event, parse_line
-from autotune.logtail import LogTail
-from autotune.phase import Phase, PhaseClock, PhaseLimits, next_phase
-from autotune.scrub import masked_argv
-from autotune.teardown import stop_orphans
+from autotune.server.logtail import LogTail
+from autotune.server.teardown import stop_orphans
 
 
 def gpu(index: int, used: int, **pids: int) -> GpuMemory:
@@ -260,7 +260,7 @@ class _FakeNvml:
 
 
 def test_nvml_probe_maps_devices_and_processes(monkeypatch: pytest.MonkeyPatch) -> None:
-    from autotune.gpu import NvmlProbe
+    from autotune.server.gpu import NvmlProbe
 
     fake = _FakeNvml()
     monkeypatch.setitem(sys.modules, "pynvml", fake)
@@ -276,7 +276,7 @@ def test_nvml_probe_maps_devices_and_processes(monkeypatch: pytest.MonkeyPatch) 
 
 def test_nvml_probe_without_a_driver_is_a_harness_error(monkeypatch: pytest.MonkeyPatch) -> None:
     from autotune.errors import HarnessError
-    from autotune.gpu import NvmlProbe
+    from autotune.server.gpu import NvmlProbe
 
     monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml(fail_init=True))
     with pytest.raises(HarnessError, match="NVML could not start"):
@@ -284,7 +284,7 @@ def test_nvml_probe_without_a_driver_is_a_harness_error(monkeypatch: pytest.Monk
 
 
 def test_server_info_key_fields_are_masked() -> None:
-    from autotune.health import masked
+    from autotune.server.health import masked
 
     info = {"api_key": "k", "admin_api_key": None, "internal_states": [{"api_key": "k", "x": 1}]}
     assert masked(info) == {

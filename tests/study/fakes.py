@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from autotune.errors import HarnessError
-from autotune.trial import Load, Startup, Stop, TrialPlan
+from autotune.trial.run import Load, Startup, Stop, TrialPlan
 
 Behaviour = Callable[[TrialPlan], "Script"]
 

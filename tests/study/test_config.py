@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cli import main
-from autotune.config import Choices, Fixed, FloatRange, IntRange, load_study
+from autotune.cli.main import main
+from autotune.config.studyfile import Choices, Fixed, FloatRange, IntRange, load_study
 from autotune.errors import ConfigError
 from tests.study.conftest import VALID
 

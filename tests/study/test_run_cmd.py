@@ -11,10 +11,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.config import load_study
-from autotune.run_cmd import run
-from autotune.status_cmd import render
-from autotune.study import Worker, default_storage_url
+from autotune.cli.run import run
+from autotune.cli.status import render
+from autotune.config.studyfile import load_study
+from autotune.study.storage import Worker, default_storage_url
 from tests.study.conftest import VALID
 from tests.study.fakes import FakeLauncher
 
@@ -109,7 +109,7 @@ def test_status_command(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from autotune.cli import main
+    from autotune.cli.main import main
 
     _run(study_file, tmp_path, GRID.replace("n_trials = 20", "n_trials = 2"))
     monkeypatch.chdir(tmp_path)
@@ -123,7 +123,7 @@ def test_status_command(
 def test_sampler_done_ends_the_study_without_a_launch(
     study_file: Callable[[str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import autotune.run_cmd
+    import autotune.cli.run
 
     calls = {"n": 0}
 
@@ -131,7 +131,7 @@ def test_sampler_done_ends_the_study_without_a_launch(
         calls["n"] += 1
         return "search done: nothing left" if calls["n"] == 3 else ""
 
-    monkeypatch.setattr(autotune.run_cmd, "sampler_done", done)
+    monkeypatch.setattr(autotune.cli.run, "sampler_done", done)
     code, out, launcher = _run(study_file, tmp_path, VALID.replace("n_trials = 5", "n_trials = 9"))
     assert code == 0 and len(launcher.plans) == 2
     assert "finished (search done: nothing left): 2 trials" in out
@@ -143,8 +143,8 @@ def test_sampler_done_ends_the_study_without_a_launch(
 
 
 def test_one_run_per_results_folder(tmp_path: Path) -> None:
+    from autotune.cli.run import study_lock
     from autotune.errors import UsageError
-    from autotune.run_cmd import study_lock
 
     with (
         study_lock(tmp_path),

@@ -8,14 +8,14 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.config import load_study
-from autotune.space import (
+from autotune.config.space import (
     grid,
     params_from_flags,
     server_argv,
     settings_for,
     tuned_flags,
 )
+from autotune.config.studyfile import load_study
 from tests.study.conftest import VALID
 
 
@@ -106,6 +106,6 @@ def test_grid_needs_steps(study_file: Callable[[str], Path]) -> None:
 
 @pytest.mark.parametrize(("value", "text"), [(0.9, "0.9"), (1.0, "1"), (48, "48"), ("x", "x")])
 def test_render(value: float | int | str, text: str) -> None:
-    from autotune.space import render
+    from autotune.config.space import render
 
     assert render(value) == text

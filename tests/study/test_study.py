@@ -14,9 +14,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.config import Constraints, StudyConfig, load_study
+from autotune.config.studyfile import Constraints, StudyConfig, load_study
 from autotune.errors import HarnessError
-from autotune.study import (
+from autotune.study.storage import (
     Interrupted,
     Measured,
     Result,
@@ -78,7 +78,7 @@ def _open(cfg: StudyConfig, tmp_path: Path) -> optuna.Study:
 def _runner(
     cfg: StudyConfig, outcomes: dict[int, str] | None = None
 ) -> Callable[[optuna.trial.Trial], Result]:
-    from autotune.space import settings_for
+    from autotune.config.space import settings_for
 
     def run_one(trial: optuna.trial.Trial) -> Result:
         outcome = (outcomes or {}).get(trial.number, "ok")
@@ -215,7 +215,7 @@ def test_stale_running_trial_is_failed_and_requeued(
     study = _open(cfg, tmp_path)
     prepare(study, cfg)
     trial = study.ask()
-    from autotune.space import settings_for
+    from autotune.config.space import settings_for
 
     settings_for(trial, cfg.search)
     trial.set_user_attr("worker", _dead_worker())
@@ -255,7 +255,7 @@ def test_objectives_must_match_on_resume(study_file: Callable[[str], Path], tmp_
 
 
 def test_gp_sampler_without_torch_is_a_usage_error() -> None:
-    from autotune.config import SamplerConfig
+    from autotune.config.studyfile import SamplerConfig
     from autotune.errors import UsageError
 
     try:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config import Limits
-from autotune.trial import Load, Startup, Stop, TrialPlan, run_trial, write_record
+from autotune.config.studyfile import Limits
+from autotune.trial.run import Load, Startup, Stop, TrialPlan, run_trial, write_record
 from tests.study.fakes import FakeLauncher, Script, kimi_like
 
 
@@ -141,7 +141,7 @@ def test_ctrl_c_during_teardown_waits_for_it_and_then_stops_the_run(tmp_path: Pa
     import os
     import signal
 
-    from autotune.trial import INTERRUPT
+    from autotune.trial.run import INTERRUPT
 
     class SignalledStop(FakeLauncher):
         def launch(self, plan: TrialPlan):  # type: ignore[no-untyped-def]

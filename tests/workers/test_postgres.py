@@ -13,10 +13,10 @@ import sqlalchemy
 from optuna.samplers import BaseSampler, RandomSampler, TPESampler
 from optuna.trial import TrialState
 
-from autotune.config import Heartbeat, Limits, StudyConfig, load_study
+from autotune.config.studyfile import Heartbeat, Limits, StudyConfig, load_study
 from autotune.search import CapacityAwareSampler
-from autotune.study import Measured, Result, Worker, open_study, prepare, run_loop
-from autotune.workers import SKIPPED_SURPLUS, Coordinator, same_point
+from autotune.study.storage import Measured, Result, Worker, open_study, prepare, run_loop
+from autotune.study.workers import SKIPPED_SURPLUS, Coordinator, same_point
 
 pytestmark = pytest.mark.postgres
 
@@ -186,8 +186,8 @@ def test_samplers_do_not_repeat_running_trials(cfg: StudyConfig, pg_url: str, ma
 def test_capacity_sampler_spreads_three_workers_by_itself(pg_url: str) -> None:
     """Launches on the simulator's model (`search.oracle`), told as real trials are: the
     capacity-aware sampler never proposes what another worker is running."""
-    from autotune.search.oracle import bench_for, run_trial
     from autotune.sim.profiles import load_profile
+    from autotune.testing.oracle import bench_for, run_trial
 
     bench = bench_for(load_profile("kimi-k2.5-tp8-96g"))
     cfg = bench.study_config

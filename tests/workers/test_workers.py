@@ -13,10 +13,10 @@ import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config import Heartbeat, Limits, SearchConfig, StudyConfig, parse_study
+from autotune.config.studyfile import Heartbeat, Limits, SearchConfig, StudyConfig, parse_study
 from autotune.errors import ConfigError, UsageError
-from autotune.study import Worker
-from autotune.workers import (
+from autotune.study.storage import Worker
+from autotune.study.workers import (
     HOST_ENV,
     Coordinator,
     current_worker,
@@ -280,7 +280,7 @@ def test_hold_waits_while_others_fill_the_budget_and_gives_up_after_a_trial() ->
 
 
 def test_status_names_the_worker_of_each_trial_when_several_share_the_study() -> None:
-    from autotune.status_cmd import rows
+    from autotune.cli.status import rows
 
     a, b = Worker("box-a", 1, 1, "0,1"), Worker("box-b", 2, 2)
     head, body = rows([_trial(0, worker=a), _trial(1, worker=b), _trial(2)])
@@ -292,7 +292,7 @@ def test_status_names_the_worker_of_each_trial_when_several_share_the_study() ->
 def test_points_queued_twice_by_workers_starting_together_run_once(tmp_path: Path) -> None:
     import optuna
 
-    from autotune.workers import drop_twice_queued
+    from autotune.study.workers import drop_twice_queued
 
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="s")
     for point in ({"x": 0.86}, {"x": 0.8600000000000001}, {"x": 0.9}, {"x": 0.9}):
@@ -305,7 +305,7 @@ def test_points_queued_twice_by_workers_starting_together_run_once(tmp_path: Pat
 
 
 def test_a_gpu_group_must_hold_the_server() -> None:
-    from autotune.workers import gpus_needed
+    from autotune.study.workers import gpus_needed
 
     cfg = _cfg()  # tp = 2
     assert gpus_needed(cfg.server.flags) == 2
@@ -318,7 +318,7 @@ def test_a_gpu_group_must_hold_the_server() -> None:
 def test_driver_url_picks_the_installed_postgresql_driver() -> None:
     import importlib.util
 
-    from autotune.workers import driver_url
+    from autotune.study.workers import driver_url
 
     driver = "psycopg" if importlib.util.find_spec("psycopg") else "psycopg2"
     assert driver_url("postgresql://u:p@db:5432/x") == f"postgresql+{driver}://u:p@db:5432/x"

@@ -22,8 +22,8 @@ import optuna
 import pytest
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.study import counted
-from autotune.workers import HOST_ENV, same_point
+from autotune.study.storage import counted
+from autotune.study.workers import HOST_ENV, same_point
 from tests.simstudy import leftovers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]

@@ -1,0 +1,67 @@
+"""`autotune report`: results/NAME/report.html, PNGs in results/NAME/report/, and a summary.
+
+Reads the study's storage only, so it works while `autotune run` is still adding trials.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from autotune.config.studyfile import StudyConfig
+from autotune.errors import UsageError
+from autotune.review.source import Review, add_review_args
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "report",
+        help="write results/NAME/report.html and PNGs, and print a summary",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    add_review_args(p)
+    p.add_argument(
+        "--out", type=Path, metavar="DIR", help="folder for the report (default results/NAME)"
+    )
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from autotune.review.explain import explain
+    from autotune.review.page import summary, write_report
+    from autotune.review.source import open_source, review_of
+
+    source = open_source(args)
+    review = review_of(source, args)
+    w = review.winner
+    text = explain(review, review.trial(w.trial)) if w is not None else ""
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    warnings = _flag_problems(source.cfg, review)
+    out_dir = args.out or source.folder
+    try:
+        written = write_report(
+            review, out_dir, explanation=text, generated_at=now, warnings=warnings
+        )
+    except OSError as exc:
+        raise UsageError(f"--out {out_dir}: cannot write the report there: {exc.strerror}") from exc
+    sys.stdout.write(review.scrub(summary(review, written)))
+    for problem in warnings:
+        sys.stderr.write(f"autotune: warning: {problem}\n")
+    return 0
+
+
+def _flag_problems(cfg: StudyConfig | None, review: Review) -> list[str]:
+    """The exported command checked with the server's own parser (when it is importable)."""
+    if cfg is None or review.winner is None:
+        return []
+    from autotune.review.export import launch_argv
+    from autotune.server.flagcheck import check_argv
+
+    backend = cfg.server.backend
+    try:
+        argv = launch_argv(cfg, review.winner.params, backend=backend)
+    except KeyError:  # the study file's search space changed since the trials ran
+        return []
+    return check_argv(argv, backend=backend)

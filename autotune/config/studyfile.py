@@ -1,0 +1,700 @@
+"""The study file (`configs/NAME.toml`): strict loading into a frozen `StudyConfig`.
+
+Validation happens once, here, at the edge: every unknown key, wrong type or out-of-range value
+raises `ConfigError` naming the dotted key and the fix, so the rest of autotune works on values
+that are known to be sane. The `[workload]` table belongs to the workload driver and is validated
+by `autotune.loadgen.workload_from_dict`.
+
+Search parameters and fixed flags are named after SGLang's flags without the leading dashes;
+`mem_fraction_static` and `mem-fraction-static` mean the same flag `--mem-fraction-static`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, TypeAlias
+
+from autotune.errors import ConfigError, UsageError
+
+Scalar: TypeAlias = bool | int | float | str
+FlagValue: TypeAlias = Scalar | tuple[Scalar, ...]
+Backend: TypeAlias = Literal["sim", "sglang"]
+
+BACKENDS: tuple[Backend, ...] = ("sim", "sglang")
+SAMPLERS = ("capacity", "walkdown", "grid", "tpe", "random", "gp", "nsga2")
+OBJECTIVES = ("capacity", "throughput")
+DEFAULT_SIM_PROFILE = "kimi-k2.5-tp8-96g"
+HICACHE = "hicache_size"
+_FLAG_NAME = re.compile(r"^[a-z][a-z0-9]*([_-][a-z0-9]+)*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def param_name(key: str) -> str:
+    """The canonical name of a flag key: `mem-fraction-static` → `mem_fraction_static`."""
+    return key.replace("-", "_")
+
+
+def flag_of(name: str) -> str:
+    """The SGLang command-line flag for a parameter name."""
+    return "--" + name.replace("_", "-")
+
+
+# ------------------------------------------------------------------------------------------------
+# The frozen configuration
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Time limits for one trial's server, in seconds (all > 0)."""
+
+    startup_s: float = 1800.0
+    stall_s: float = 600.0
+    workload_s: float = 3600.0
+    stop_grace_s: float = 30.0
+    release_s: float = 120.0
+    foreign_wait_s: float = 0.0
+    """How long to wait for GPU memory held by processes autotune did not start; 0 refuses."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How to launch the server under test."""
+
+    backend: Backend
+    command: tuple[str, ...]
+    flags: tuple[tuple[str, FlagValue], ...]
+    env: Mapping[str, str]
+    host: str
+    port: int
+    sim_profile: str
+    sim_time_scale: float | None
+    sim_seed: int
+    limits: Limits
+
+
+@dataclass(frozen=True)
+class FloatRange:
+    name: str
+    low: float
+    high: float
+    step: float | None = None
+    log: bool = False
+
+
+@dataclass(frozen=True)
+class IntRange:
+    name: str
+    low: int
+    high: int
+    step: int = 1
+    log: bool = False
+
+
+@dataclass(frozen=True)
+class Choices:
+    name: str
+    values: tuple[Scalar, ...]
+
+
+@dataclass(frozen=True)
+class Fixed:
+    name: str
+    value: Scalar
+
+
+Param: TypeAlias = FloatRange | IntRange | Choices | Fixed
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """The search space, in the order the study file lists it, and the operator's baseline."""
+
+    params: tuple[Param, ...]
+    baseline: Mapping[str, Scalar]
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params)
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """Feasibility limits; each becomes one `trial.set_constraint` (≤ 0 means satisfied)."""
+
+    no_oom: bool = True
+    max_error_rate: float = 0.01
+    min_headroom_gib: float = 0.0
+    max_p99_ttft_ms: float | None = None
+    max_p99_itl_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class Budget:
+    n_trials: int = 20
+    timeout_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """How workers sharing a study tell they are alive: a heartbeat every `interval_s`; a
+    RUNNING trial whose heartbeat is older than `grace_s` is failed by the other workers."""
+
+    interval_s: int = 30
+    grace_s: int = 300
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    name: str = "capacity"
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """One study file, validated."""
+
+    name: str
+    path: Path
+    description: str
+    server: ServerConfig
+    search: SearchConfig
+    workload: object
+    objectives: tuple[str, ...]
+    constraints: Constraints
+    budget: Budget
+    sampler: SamplerConfig
+    storage: str | None
+    heartbeat: Heartbeat = Heartbeat()
+
+
+# ------------------------------------------------------------------------------------------------
+# Loading
+# ------------------------------------------------------------------------------------------------
+
+
+def check_study_name(study: str) -> str:
+    """A study name doubles as a folder name: letters, digits, '-', '_' and inner dots only."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", study) or ".." in study:
+        raise UsageError(f"--study {study!r}: use letters, digits, '-', '_' and '.' only")
+    return study
+
+
+def find_study_file(study: str, search_dirs: Sequence[Path]) -> Path:
+    """`configs/STUDY.toml` in the first of `search_dirs` that has it."""
+    check_study_name(study)
+    for directory in search_dirs:
+        candidate = directory / f"{study}.toml"
+        if candidate.is_file():
+            return candidate
+    where = ", ".join(str(d) for d in search_dirs)
+    raise UsageError(f"--study {study}: no {study}.toml in {where}; pass --config PATH")
+
+
+def load_study(path: Path, name: str | None = None) -> StudyConfig:
+    """Read and validate a study file; `name` defaults to the file's stem."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read study file {path}: {exc.strerror}") from exc
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: not valid TOML ({exc}); fix the syntax") from exc
+    return parse_study(raw, name=check_study_name(name or path.stem), path=path)
+
+
+def parse_study(raw: Mapping[str, object], *, name: str, path: Path) -> StudyConfig:
+    """Validate an already parsed study file."""
+    top = _Table(raw, "")
+    top.only(
+        "description",
+        "server",
+        "search",
+        "baseline",
+        "workload",
+        "objectives",
+        "constraints",
+        "budget",
+        "sampler",
+        "storage",
+    )
+    description = top.string("description", default="")
+    server = _server(top.table("server", required=True))
+    search = _search(top.table("search", required=True), top.table("baseline"), server)
+    workload = _workload(raw.get("workload"), path.parent)
+    objectives = _objectives(top.table("objectives"))
+    constraints = _constraints(top.table("constraints"))
+    budget = _budget(top.table("budget"))
+    sampler = _sampler(top.table("sampler"))
+    storage_table = top.table("storage")
+    storage_table.only("url", "heartbeat_s", "grace_s")
+    storage = storage_table.string("url", default="") or None
+    heartbeat = _heartbeat(storage_table)
+    return StudyConfig(
+        name=name,
+        path=path,
+        description=description,
+        server=server,
+        search=search,
+        workload=workload,
+        objectives=objectives,
+        constraints=constraints,
+        budget=budget,
+        sampler=sampler,
+        storage=storage,
+        heartbeat=heartbeat,
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Sections
+# ------------------------------------------------------------------------------------------------
+
+
+def _server(t: _Table) -> ServerConfig:
+    t.only(
+        "backend",
+        "command",
+        "flags",
+        "env",
+        "host",
+        "port",
+        "sim_profile",
+        "sim_time_scale",
+        "sim_seed",
+        "limits",
+    )
+    backend: Backend = (
+        "sim" if t.choice("backend", BACKENDS, default="sglang") == "sim" else "sglang"
+    )
+    command = tuple(t.string_list("command", default=["python", "-m", "sglang.launch_server"]))
+    if not command or not all(command):
+        raise ConfigError(t.key("command"), "must be a non-empty list of non-empty strings")
+    flags = _fixed_flags(t.table("flags"))
+    env_table = t.table("env")
+    env: dict[str, str] = {}
+    for key in env_table.keys():  # noqa: SIM118
+        if not _ENV_NAME.match(key):
+            raise ConfigError(env_table.key(key), "is not a valid environment variable name")
+        env[key] = env_table.string(key, required=True)
+    host = t.string("host", default="127.0.0.1")
+    if not host or any(c.isspace() for c in host):
+        raise ConfigError(t.key("host"), f"{host!r} is not a host name; use e.g. 127.0.0.1")
+    port = t.integer("port", default=0, low=0, high=65535)
+    for reserved in ("host", "port", "api_key"):
+        if any(name == reserved for name, _ in flags):
+            raise ConfigError(
+                t.key(f"flags.{reserved}"),
+                "is set by autotune; use "
+                + ("workload.api_key_env" if reserved == "api_key" else f"server.{reserved}"),
+            )
+    lt = t.table("limits")
+    lt.only("startup_s", "stall_s", "workload_s", "stop_grace_s", "release_s", "foreign_wait_s")
+    d = Limits()
+    limits = Limits(
+        startup_s=lt.positive("startup_s", default=d.startup_s),
+        stall_s=lt.positive("stall_s", default=d.stall_s),
+        workload_s=lt.positive("workload_s", default=d.workload_s),
+        stop_grace_s=lt.positive("stop_grace_s", default=d.stop_grace_s),
+        release_s=lt.positive("release_s", default=d.release_s),
+        foreign_wait_s=_non_negative(lt, "foreign_wait_s", default=d.foreign_wait_s),
+    )
+    return ServerConfig(
+        backend=backend,
+        command=command,
+        flags=flags,
+        env=env,
+        host=host,
+        port=port,
+        sim_profile=_sim_profile(t),
+        sim_time_scale=t.positive("sim_time_scale") if "sim_time_scale" in t else None,
+        sim_seed=t.integer("sim_seed", default=0, low=0),
+        limits=limits,
+    )
+
+
+def _non_negative(t: _Table, k: str, *, default: float) -> float:
+    v = t.number(k, default=default)
+    if v < 0:
+        raise ConfigError(t.key(k), f"must be ≥ 0 (0 refuses a launch at once); got {v}")
+    return float(v)
+
+
+def _sim_profile(t: _Table) -> str:
+    """The simulator profile, checked now so that a rehearsal does not fail at every launch."""
+    name = t.string("sim_profile", default=DEFAULT_SIM_PROFILE)
+    try:
+        from autotune.sim.profiles import ProfileError, load_profile
+    except ImportError:  # a build without the simulator
+        return name
+    try:
+        load_profile(name)
+    except ProfileError as exc:
+        raise ConfigError(t.key("sim_profile"), str(exc)) from None
+    return name
+
+
+def _fixed_flags(t: _Table) -> tuple[tuple[str, FlagValue], ...]:
+    out: list[tuple[str, FlagValue]] = []
+    seen: dict[str, str] = {}
+    for key in t.keys():  # noqa: SIM118
+        name = _checked_name(t, key, seen)
+        value = t.raw(key)
+        if isinstance(value, list):
+            if not all(isinstance(v, bool | int | float | str) for v in value):
+                raise ConfigError(t.key(key), "a list flag holds only strings or numbers")
+            out.append((name, tuple(_finite(t.key(key), v) for v in value)))
+        elif isinstance(value, bool | int | float | str):
+            out.append((name, _finite(t.key(key), value)))
+        else:
+            raise ConfigError(
+                t.key(key), "must be a string, number, boolean (a bare flag) or list of those"
+            )
+    return tuple(out)
+
+
+def _search(t: _Table, bt: _Table, server: ServerConfig) -> SearchConfig:
+    params: list[Param] = []
+    seen: dict[str, str] = {}
+    for key in t.keys():  # noqa: SIM118
+        name = _checked_name(t, key, seen)
+        params.append(_param(t, key, name))
+    if not any(not isinstance(p, Fixed) for p in params):
+        raise ConfigError(t.key("") or "search", "needs at least one parameter to search")
+    fixed_names = {name for name, _ in server.flags}
+    for p in params:
+        if p.name in fixed_names:
+            raise ConfigError(
+                f"server.flags.{p.name}",
+                f"is also in search.{p.name}; keep it in one place",
+            )
+    if any(p.name == HICACHE for p in params):
+        for owned in ("enable_hierarchical_cache", "enable_hicache"):
+            if owned in fixed_names:
+                raise ConfigError(
+                    f"server.flags.{owned}",
+                    "is set from search.hicache_size (0 = off); remove it from server.flags",
+                )
+    by_name = {p.name: p for p in params}
+    baseline: dict[str, Scalar] = {}
+    for key in bt.keys():  # noqa: SIM118
+        name = param_name(key)
+        if name not in by_name:
+            raise ConfigError(
+                bt.key(key), f"is not a search parameter; known: {', '.join(by_name)}"
+            )
+        value = bt.raw(key)
+        if not isinstance(value, bool | int | float | str):
+            raise ConfigError(bt.key(key), "must be a single value")
+        baseline[name] = _in_space(bt.key(key), by_name[name], value)
+    return SearchConfig(params=tuple(params), baseline=baseline)
+
+
+def _param(t: _Table, key: str, name: str) -> Param:
+    dotted = t.key(key)
+    value = t.raw(key)
+    if isinstance(value, bool | int | float | str):
+        fixed = Fixed(name, _finite(dotted, value))
+        _check_known(dotted, name, [fixed.value])
+        return fixed
+    if not isinstance(value, dict):
+        raise ConfigError(dotted, "must be a value, {low, high[, step, log]} or {choices = [...]}")
+    pt = _Table(value, dotted)
+    if "choices" in value:
+        pt.only("choices")
+        choices = pt.raw("choices")
+        if not isinstance(choices, list) or not choices:
+            raise ConfigError(pt.key("choices"), "must be a non-empty list")
+        if not all(isinstance(c, bool | int | float | str) for c in choices):
+            raise ConfigError(pt.key("choices"), "holds only strings, numbers or booleans")
+        values = tuple(_finite(pt.key("choices"), c) for c in choices)
+        if len(set(values)) != len(values):
+            raise ConfigError(pt.key("choices"), "has duplicate values; list each once")
+        _check_known(dotted, name, values)
+        return Choices(name, values)
+    pt.only("low", "high", "step", "log")
+    low, high = pt.number("low", required=True), pt.number("high", required=True)
+    step = pt.number("step") if "step" in value else None
+    log = pt.boolean("log", default=False)
+    if not low < high:
+        raise ConfigError(f"{dotted}.high", f"must be greater than low ({low}); got {high}")
+    if step is not None and step <= 0:
+        raise ConfigError(f"{dotted}.step", f"must be > 0; got {step}")
+    if log and low <= 0:
+        raise ConfigError(f"{dotted}.low", "must be > 0 with log = true")
+    if log and step is not None:
+        raise ConfigError(f"{dotted}.log", "cannot be combined with step; drop one")
+    if step is not None and not _on_grid(high - low, step):
+        raise ConfigError(f"{dotted}.step", f"({step}) must divide high - low ({high - low:g})")
+    integral = name in _INTEGER_PARAMS or all(
+        isinstance(v, int) for v in (low, high, step if step is not None else 1)
+    )
+    if name in _FLOAT_PARAMS:
+        integral = False
+    param = (
+        IntRange(name, int(low), int(high), int(step or 1), log)
+        if integral
+        else FloatRange(name, float(low), float(high), step, log)
+    )
+    if integral and not all(float(v).is_integer() for v in (low, high, step or 1)):
+        raise ConfigError(dotted, f"{flag_of(name)} takes whole numbers; use integer low/high/step")
+    _check_known(dotted, name, [low, high])
+    return param
+
+
+_INTEGER_PARAMS = {"max_running_requests", "chunked_prefill_size", "max_prefill_tokens"}
+_FLOAT_PARAMS = {"mem_fraction_static", "hicache_ratio", "schedule_conservativeness"}
+
+
+def _check_known(dotted: str, name: str, values: Sequence[Scalar]) -> None:
+    """Range checks for the parameters whose meaning autotune knows."""
+    for v in values:
+        if name == "mem_fraction_static":
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < 1:
+                raise ConfigError(dotted, f"is a fraction of free GPU memory in (0, 1); got {v!r}")
+        elif name in ("max_running_requests", "chunked_prefill_size", "max_prefill_tokens"):
+            ok = isinstance(v, int) and not isinstance(v, bool) and v >= 1
+            if name == "chunked_prefill_size" and v == -1:
+                ok = True
+            if not ok:
+                raise ConfigError(dotted, f"is a whole number ≥ 1; got {v!r}")
+        elif name == HICACHE and (isinstance(v, bool) or not isinstance(v, int | float) or v < 0):
+            raise ConfigError(dotted, f"is host GB per rank, ≥ 0 (0 = off); got {v!r}")
+
+
+def _in_space(dotted: str, p: Param, value: Scalar) -> Scalar:
+    ok: bool
+    if isinstance(p, Fixed):
+        ok = value == p.value
+    elif isinstance(p, Choices):
+        ok = value in p.values
+    elif isinstance(value, bool) or not isinstance(value, int | float):
+        ok = False
+    elif isinstance(p, IntRange):
+        ok = (
+            float(value).is_integer()
+            and p.low <= value <= p.high
+            and (int(value) - p.low) % p.step == 0
+        )
+        value = int(value)
+    else:
+        ok = p.low <= value <= p.high and (p.step is None or _on_grid(value - p.low, p.step))
+        value = float(value)
+    if not ok:
+        raise ConfigError(
+            dotted, f"{value!r} is outside search.{p.name}; widen the space or fix it"
+        )
+    return value
+
+
+def _on_grid(span: float, step: float) -> bool:
+    k = span / step
+    return abs(k - round(k)) < 1e-6
+
+
+def _workload(raw: object, base_dir: Path) -> object:
+    if raw is None:
+        raise ConfigError("workload", "is missing; add a [workload] table with [[workload.phases]]")
+    if not isinstance(raw, dict):
+        raise ConfigError("workload", "must be a table")
+    try:
+        from autotune.config.workload import workload_from_dict
+    except ImportError:
+        return dict(raw)
+    return workload_from_dict(raw, "workload", base_dir=base_dir)
+
+
+def _objectives(t: _Table) -> tuple[str, ...]:
+    t.only("maximize")
+    names = t.string_list("maximize", default=list(OBJECTIVES))
+    if not names:
+        raise ConfigError(t.key("maximize"), f"needs at least one of {', '.join(OBJECTIVES)}")
+    for n in names:
+        if n not in OBJECTIVES:
+            raise ConfigError(t.key("maximize"), f"{n!r} is unknown; use {', '.join(OBJECTIVES)}")
+    if len(set(names)) != len(names):
+        raise ConfigError(t.key("maximize"), "lists an objective twice")
+    return tuple(names)
+
+
+def _constraints(t: _Table) -> Constraints:
+    t.only("no_oom", "max_error_rate", "min_headroom_gib", "max_p99_ttft_ms", "max_p99_itl_ms")
+    d = Constraints()
+    rate = t.number("max_error_rate", default=d.max_error_rate)
+    if not 0 <= rate < 1:
+        raise ConfigError(t.key("max_error_rate"), f"is a fraction in [0, 1); got {rate}")
+    headroom = t.number("min_headroom_gib", default=d.min_headroom_gib)
+    if headroom < 0:
+        raise ConfigError(t.key("min_headroom_gib"), f"must be ≥ 0 GiB; got {headroom}")
+    return Constraints(
+        no_oom=t.boolean("no_oom", default=True),
+        max_error_rate=float(rate),
+        min_headroom_gib=float(headroom),
+        max_p99_ttft_ms=t.positive("max_p99_ttft_ms") if "max_p99_ttft_ms" in t else None,
+        max_p99_itl_ms=t.positive("max_p99_itl_ms") if "max_p99_itl_ms" in t else None,
+    )
+
+
+def _budget(t: _Table) -> Budget:
+    t.only("n_trials", "timeout_s")
+    return Budget(
+        n_trials=t.integer("n_trials", default=Budget.n_trials, low=1),
+        timeout_s=t.positive("timeout_s") if "timeout_s" in t else None,
+    )
+
+
+def _heartbeat(t: _Table) -> Heartbeat:
+    d = Heartbeat()
+    interval = t.integer("heartbeat_s", default=d.interval_s, low=1)
+    grace = t.integer("grace_s", default=max(d.grace_s, 2 * interval), low=1)
+    if grace < 2 * interval:
+        raise ConfigError(
+            t.key("grace_s"),
+            f"must be at least twice storage.heartbeat_s ({2 * interval}); got {grace}",
+        )
+    return Heartbeat(interval_s=interval, grace_s=grace)
+
+
+def _sampler(t: _Table) -> SamplerConfig:
+    t.only("name", "seed")
+    return SamplerConfig(
+        name=t.choice("name", SAMPLERS, default="capacity"),
+        seed=t.integer("seed", default=0, low=0),
+    )
+
+
+def _checked_name(t: _Table, key: str, seen: dict[str, str]) -> str:
+    if not _FLAG_NAME.match(key):
+        raise ConfigError(t.key(key), "is not an SGLang flag name (e.g. mem_fraction_static)")
+    name = param_name(key)
+    if name in seen:
+        raise ConfigError(t.key(key), f"is the same flag as {t.key(seen[name])}; keep one")
+    seen[name] = key
+    return name
+
+
+def _finite(dotted: str, v: Scalar) -> Scalar:
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ConfigError(dotted, f"must be a finite number; got {v}")
+    return v
+
+
+# ------------------------------------------------------------------------------------------------
+# A typed view of one TOML table that knows its dotted path
+# ------------------------------------------------------------------------------------------------
+
+
+class _Table:
+    def __init__(self, data: Mapping[str, object], prefix: str) -> None:
+        self._data = data
+        self._prefix = prefix
+
+    def key(self, k: str) -> str:
+        if not k:
+            return self._prefix
+        return f"{self._prefix}.{k}" if self._prefix else k
+
+    def keys(self) -> list[str]:
+        return list(self._data)
+
+    def __contains__(self, k: str) -> bool:
+        return k in self._data
+
+    def raw(self, k: str) -> object:
+        return self._data.get(k)
+
+    def only(self, *allowed: str) -> None:
+        for k in self._data:
+            if k not in allowed:
+                close = [a for a in allowed if a.replace("_", "") == k.replace("_", "").lower()]
+                hint = f"did you mean {close[0]}?" if close else f"known keys: {', '.join(allowed)}"
+                raise ConfigError(self.key(k), f"unknown key; {hint}")
+
+    def table(self, k: str, *, required: bool = False) -> _Table:
+        v = self._data.get(k)
+        if v is None:
+            if required:
+                raise ConfigError(self.key(k), f"is missing; add a [{self.key(k)}] table")
+            return _Table({}, self.key(k))
+        if not isinstance(v, dict):
+            raise ConfigError(self.key(k), f"must be a table ([{self.key(k)}]), not {_kind(v)}")
+        return _Table(v, self.key(k))
+
+    def string(self, k: str, *, default: str = "", required: bool = False) -> str:
+        v = self._data.get(k)
+        if v is None:
+            if required:
+                raise ConfigError(self.key(k), "is missing")
+            return default
+        if not isinstance(v, str):
+            raise ConfigError(self.key(k), f"must be a string, not {_kind(v)}")
+        return v
+
+    def string_list(self, k: str, *, default: list[str]) -> list[str]:
+        v = self._data.get(k)
+        if v is None:
+            return list(default)
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise ConfigError(self.key(k), f"must be a list of strings, not {_kind(v)}")
+        return [str(x) for x in v]
+
+    def choice(self, k: str, allowed: Sequence[str], *, default: str) -> str:
+        v = self.string(k, default=default)
+        if v not in allowed:
+            raise ConfigError(self.key(k), f"{v!r} is not one of {', '.join(allowed)}")
+        return v
+
+    def boolean(self, k: str, *, default: bool) -> bool:
+        v = self._data.get(k, default)
+        if not isinstance(v, bool):
+            raise ConfigError(self.key(k), f"must be true or false, not {_kind(v)}")
+        return v
+
+    def number(self, k: str, *, default: float = 0.0, required: bool = False) -> float:
+        v = self._data.get(k)
+        if v is None:
+            if required:
+                raise ConfigError(self.key(k), "is missing")
+            return default
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ConfigError(self.key(k), f"must be a number, not {_kind(v)}")
+        if not math.isfinite(v):
+            raise ConfigError(self.key(k), f"must be a finite number; got {v}")
+        return v
+
+    def positive(self, k: str, *, default: float = 1.0) -> float:
+        v = self.number(k, default=default)
+        if v <= 0:
+            raise ConfigError(self.key(k), f"must be > 0; got {v}")
+        return float(v)
+
+    def integer(
+        self, k: str, *, default: int, low: int | None = None, high: int | None = None
+    ) -> int:
+        v = self._data.get(k, default)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ConfigError(self.key(k), f"must be a whole number, not {_kind(v)}")
+        if low is not None and v < low:
+            raise ConfigError(self.key(k), f"must be ≥ {low}; got {v}")
+        if high is not None and v > high:
+            raise ConfigError(self.key(k), f"must be ≤ {high}; got {v}")
+        return v
+
+
+def _kind(v: object) -> str:
+    if isinstance(v, bool):
+        return f"a boolean ({str(v).lower()})"
+    if isinstance(v, int | float):
+        return f"a number ({v})"
+    if isinstance(v, str):
+        return f"a string ({v!r})"
+    if isinstance(v, list):
+        return "a list"
+    if isinstance(v, dict):
+        return "a table"
+    return type(v).__name__

@@ -1,0 +1,175 @@
+"""How a server run ended, and the log lines that prove it.
+
+The exit code is never evidence: SGLang SIGKILLs its own process tree on a clean stop as well as
+on a crash (reference §4.5, §7.3). The outcome comes from the log, plus the few facts only the
+harness knows (it stopped the server, a phase ran out of time, the log stalled, the process is
+gone). Precedence: a failure line beats everything; the line's position relative to "fired up"
+decides startup vs runtime; without a failure line the harness's facts decide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from autotune.logparse.lines import FAILURE_KINDS, Event, Kind
+
+
+class Outcome(StrEnum):
+    READY = "ready"
+    STARTUP_OOM = "startup_oom"
+    STARTUP_ERROR = "startup_error"
+    RUNTIME_OOM = "runtime_oom"
+    CRASH = "crash"
+    HANG = "hang"
+    TIMEOUT = "timeout"
+    STOPPED = "stopped"
+    UNKNOWN = "unknown"
+
+    @property
+    def is_oom(self) -> bool:
+        return self in (Outcome.STARTUP_OOM, Outcome.RUNTIME_OOM)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """An outcome, a short cause (`no_kv_room`, `torch_oom`, `phase_timeout:weight_load`, …)
+    and the log lines that show it, the deciding line first (empty only when the log shows
+    nothing, e.g. a timeout)."""
+
+    outcome: Outcome
+    cause: str = ""
+    evidence: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        return {"outcome": str(self.outcome), "cause": self.cause, "evidence": list(self.evidence)}
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the harness knows besides the log. `stop_line` is the number of log lines written when
+    autotune began stopping the server; failure lines after it are the stop's own noise."""
+
+    exited: bool = False
+    stopped_by_us: bool = False
+    stop_line: int | None = None
+    timed_out: str = ""  # phase that ran past its limit, "" if none
+    stalled: str = ""  # phase in which the log stopped moving, "" if none
+    unhealthy: str = ""  # why the live checks judged a ready server dead, "" if not
+    lost: str = ""  # which server process vanished while the main process lives, "" if none
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+_OOM_KINDS = frozenset(
+    {Kind.TORCH_OOM, Kind.CUDA_ERROR_OOM, Kind.PREFILL_OOM, Kind.DECODE_OOM, Kind.NCCL_ERROR}
+)
+_STARTUP_MEMORY_KINDS = frozenset({Kind.NO_KV_ROOM, Kind.POOL_TOO_SMALL, Kind.HOST_MEMORY})
+# The most specific cause wins when several failure lines appear (a traceback ends in an
+# `…Error:` line after the `Scheduler hit an exception` line that announced it).
+_PRIORITY = (
+    Kind.NO_KV_ROOM,
+    Kind.POOL_TOO_SMALL,
+    Kind.HOST_MEMORY,
+    Kind.GRAPH_CAPTURE_FAILED,
+    Kind.TORCH_OOM,
+    Kind.CUDA_ERROR_OOM,
+    Kind.PREFILL_OOM,
+    Kind.DECODE_OOM,
+    Kind.NCCL_ERROR,
+    Kind.WATCHDOG_TIMEOUT,
+    Kind.HICACHE_TOO_SMALL,
+    Kind.WARMUP_FAILED,
+    Kind.RANK_DEAD,
+    Kind.ERROR,
+    Kind.SCHEDULER_EXCEPTION,
+    Kind.SIGQUIT,
+)
+_RANK = {kind: i for i, kind in enumerate(_PRIORITY)}
+_MAX_EVIDENCE = 8
+
+
+def _is_memory(event: Event, failures: Sequence[Event]) -> bool:
+    if event.kind in _OOM_KINDS or event.kind in _STARTUP_MEMORY_KINDS:
+        return True
+    if event.kind is Kind.GRAPH_CAPTURE_FAILED:
+        return "out of memory" in event.text or any(e.kind in _OOM_KINDS for e in failures)
+    return False
+
+
+def _host_oom_killed(deciding: Event, events: Sequence[Event]) -> bool:
+    """A rank SIGKILLed (exit code -9) after the scheduler summary line, i.e. while the ranks
+    pin their host cache: the kernel's OOM killer (reference §3, §4.5), a host-memory failure."""
+    if deciding.kind is not Kind.RANK_DEAD:
+        return False
+    summary = next((e for e in events if e.kind is Kind.SCHEDULER_SUMMARY), None)
+    killed = any(e.kind is Kind.EXIT_CODE and e.values.get("code") == -9 for e in events)
+    return killed and summary is not None and summary.line_no < deciding.line_no
+
+
+def _evidence(deciding: Event, failures: Sequence[Event]) -> tuple[str, ...]:
+    """The deciding line first, then the other failure lines in log order."""
+    others = sorted((e for e in failures if e is not deciding), key=lambda e: e.line_no)
+    return tuple(e.text.strip() for e in [deciding, *others][:_MAX_EVIDENCE])
+
+
+def classify(events: Sequence[Event], facts: RunFacts | None = None) -> Verdict:
+    """The outcome of a run from its log events (`logparse`) and the harness's facts.
+
+    With no facts (a log file read after the fact) the log alone decides: a ready log without a
+    failure is `ready`, or `stopped` if it shows SIGTERM; a log that neither became ready nor
+    failed is `unknown`.
+    """
+    facts = facts or RunFacts()
+    ready = next((e for e in events if e.kind is Kind.READY), None)
+    failures = [
+        e
+        for e in events
+        if e.kind in FAILURE_KINDS
+        and (facts.stop_line is None or e.line_no <= facts.stop_line or e.kind in _OOM_KINDS)
+    ]
+    # A bare `…Error:` line can be a handled request error; it proves a failure only next to a
+    # stronger line or a process that is gone.
+    if not facts.exited and all(e.kind is Kind.ERROR for e in failures):
+        failures = []
+    if failures:
+        deciding = min(failures, key=lambda e: (_RANK.get(e.kind, len(_RANK)), e.line_no))
+        evidence = _evidence(deciding, failures)
+        if deciding.kind is Kind.WATCHDOG_TIMEOUT:
+            return Verdict(Outcome.HANG, "watchdog_timeout", evidence)
+        after_ready = ready is not None and deciding.line_no > ready.line_no
+        if not after_ready and _host_oom_killed(deciding, events):
+            return Verdict(Outcome.STARTUP_OOM, "host_oom_killer", evidence)
+        memory = _is_memory(deciding, failures)
+        if after_ready:
+            outcome = Outcome.RUNTIME_OOM if memory else Outcome.CRASH
+        else:
+            outcome = Outcome.STARTUP_OOM if memory else Outcome.STARTUP_ERROR
+        return Verdict(outcome, str(deciding.kind), evidence)
+    return _without_failure_lines(events, ready, facts)
+
+
+def _without_failure_lines(
+    events: Sequence[Event], ready: Event | None, facts: RunFacts
+) -> Verdict:
+    ready_text = (ready.text.strip(),) if ready else ()
+    if facts.timed_out:
+        return Verdict(Outcome.TIMEOUT, f"phase_timeout:{facts.timed_out}", facts.notes)
+    if facts.stalled:
+        return Verdict(Outcome.HANG, f"stall:{facts.stalled}", facts.notes)
+    if facts.lost:
+        return Verdict(Outcome.CRASH, "process_lost", (facts.lost, *ready_text, *facts.notes))
+    if facts.unhealthy:
+        return Verdict(Outcome.HANG, "unhealthy", (facts.unhealthy, *ready_text, *facts.notes))
+    if facts.stopped_by_us:
+        return Verdict(Outcome.STOPPED, "stopped", ready_text)
+    if facts.exited:
+        cause = "exited_after_ready" if ready else "exited_during_startup"
+        outcome = Outcome.CRASH if ready else Outcome.STARTUP_ERROR
+        return Verdict(outcome, cause, ready_text + facts.notes)
+    sigterm = next((e for e in events if e.kind is Kind.SIGTERM_RECEIVED), None)
+    if sigterm is not None:
+        return Verdict(Outcome.STOPPED, "sigterm", (sigterm.text.strip(),))
+    if ready is not None:
+        return Verdict(Outcome.READY, "ready", ready_text)
+    return Verdict(Outcome.UNKNOWN, "no_ready_line")

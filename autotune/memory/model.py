@@ -1,0 +1,642 @@
+"""The memory model: SGLang's own arithmetic, fitted to the ledgers of the launches seen so far.
+
+Nothing here reads a simulator profile or a GPU; it learns from what trials recorded (reference
+§1, with the names of `autotune.logparse.ledger.Ledger`):
+
+* The KV pool is `N(f) = ⌊(f·P − W)·2^30 / cell⌋`, linear in `mem_fraction_static` f. With two
+  launches at different f the slope and offset come straight from their token counts; with one,
+  the slope is `P·2^30 / cell` and the cell (bytes per token) is read from the KV line.
+* Everything allocated after the pool (request table, workspaces, CUDA graphs, draft weights,
+  draft graphs) is the *overhead* O. It does not depend on f; it grows with the request slots
+  (max_running_requests) through the request table (slots × context × 4 B) and the captured
+  CUDA-graph batch sizes. Static free memory after startup is `A − KV(N)·(1 + draft) − O(r)`.
+* Under load a transient peak comes on top (prefill activations, decode batches). It is measured
+  in the stress phase (GPU peak minus static use) and fitted against max_running_requests and the
+  prefill chunk. A runtime OOM says the peak exceeded the static free memory of that launch.
+* A setting is stable when `static free − stress peak ≥ required headroom`; every figure carries
+  a standard deviation, so the OOM edge comes with its uncertainty.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autotune.logparse.ledger import Ledger
+
+GiB = float(1 << 30)
+STARTUP_FAILURES = frozenset({"startup_oom", "startup_error"})
+RUNTIME_FAILURES = frozenset({"runtime_oom", "crash"})
+LOG_ROUNDING_GIB = 0.005
+"""SGLang prints GiB with two decimals."""
+MAX_GRAPH_BATCH = 512
+PEAK_TOKENS_PER_REQUEST = 8.0
+"""Prior: one decode sequence weighs at most this many prefill tokens in a forward's peak."""
+_HOST_FREE = re.compile(r"only have ([0-9.]+) GB free")
+
+
+def phi(z: float) -> float:
+    """The standard normal CDF."""
+    return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A value with its standard deviation."""
+
+    mean: float
+    sd: float
+
+    def __str__(self) -> str:
+        return f"{self.mean:.2f} ± {self.sd:.2f}"
+
+    def plus(self, other: Estimate) -> Estimate:
+        return Estimate(self.mean + other.mean, math.hypot(self.sd, other.sd))
+
+    def minus(self, other: Estimate) -> Estimate:
+        return Estimate(self.mean - other.mean, math.hypot(self.sd, other.sd))
+
+    def p_at_least(self, threshold: float) -> float:
+        """Probability that the true value is ≥ threshold."""
+        if self.sd <= 0:
+            return 1.0 if self.mean >= threshold else 0.0
+        return phi((self.mean - threshold) / self.sd)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """The memory-relevant settings of one launch; None = the server's default."""
+
+    mem_fraction: float
+    max_running_requests: int | None = None
+    chunked_prefill_size: int | None = None
+    hicache_gb: float = 0.0
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one finished launch recorded."""
+
+    setting: Setting
+    ledger: Ledger
+    outcome: str  # ok | startup_oom | startup_error | runtime_oom | crash | ...
+    stress_peak_gib: float | None = None
+    headroom_gib: float | None = None
+    feasible: bool = False
+    reason: str = ""
+
+    @property
+    def tokens(self) -> int | None:
+        return self.ledger.max_total_num_tokens
+
+    @property
+    def started(self) -> bool:
+        return self.outcome not in STARTUP_FAILURES and self.static_free_gib is not None
+
+    @property
+    def static_free_gib(self) -> float | None:
+        """Free GPU memory once startup allocated everything (the last figure the log shows)."""
+        led = self.ledger
+        if led.available_gpu_mem_gib is not None:
+            return led.available_gpu_mem_gib
+        return led.avail_after_graphs_gib
+
+    @property
+    def slots(self) -> int | None:
+        """Request slots: the requested max_running_requests, else what the server reported."""
+        return self.setting.max_running_requests or self.ledger.max_running_requests
+
+    @property
+    def chunk(self) -> int | None:
+        return self.setting.chunked_prefill_size or self.ledger.chunked_prefill_size
+
+    @property
+    def measured_peak_gib(self) -> float | None:
+        """The stress peak: recorded, or static free minus the least free seen under load."""
+        if self.stress_peak_gib is not None:
+            return self.stress_peak_gib
+        free = self.static_free_gib
+        if self.outcome == "ok" and free is not None and self.headroom_gib is not None:
+            return max(free - self.headroom_gib, 0.0)
+        return None
+
+    @property
+    def host_free_gb(self) -> float | None:
+        """Host RAM SGLang said it had, from a failed host-cache allocation."""
+        m = _HOST_FREE.search(self.reason)
+        return float(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """The model's view of one candidate before launching it."""
+
+    setting: Setting
+    tokens: Estimate | None
+    static_free: Estimate | None
+    stress_peak: Estimate | None
+    blocked: str | None = None
+    """Why the model says it cannot start (no room for KV, host RAM), or None."""
+    peak_floor: float | None = None
+    """A lower bound on the stress peak from a runtime OOM, used while no peak was measured."""
+
+    @property
+    def headroom(self) -> Estimate | None:
+        if self.static_free is None or self.stress_peak is None:
+            return None
+        return self.static_free.minus(self.stress_peak)
+
+    def p_start(self) -> float:
+        if self.blocked is not None:
+            return 0.0
+        return self.static_free.p_at_least(0.0) if self.static_free is not None else 0.5
+
+    def p_stable(self, min_headroom_gib: float) -> float:
+        """Probability that it starts and keeps `min_headroom_gib` free through the stress peak."""
+        head = self.headroom
+        if self.blocked is not None:
+            return 0.0
+        if head is None:
+            # nothing measured: a coin toss, unless an OOM already showed it cannot hold
+            free, floor = self.static_free, self.peak_floor
+            if free is not None and floor is not None and free.mean < floor + min_headroom_gib:
+                return 0.0
+            return 0.5 * self.p_start()
+        return min(head.p_at_least(min_headroom_gib), self.p_start())
+
+    def describe(self) -> str:
+        """One line: 'predicted 201,900 tokens, headroom 3.1 GiB, stress peak 2.4 ± 0.2 GiB'."""
+        if self.blocked is not None:
+            return f"cannot start: {self.blocked}"
+        parts = []
+        if self.tokens is not None:
+            parts.append(f"predicted {round(self.tokens.mean):,} tokens")
+        if self.static_free is not None:
+            parts.append(f"static free {self.static_free} GiB")
+        if self.stress_peak is not None:
+            parts.append(f"stress peak {self.stress_peak} GiB")
+        head = self.headroom
+        if head is not None:
+            parts.append(f"headroom {head} GiB")
+        return ", ".join(parts) if parts else "no prediction yet"
+
+
+@dataclass(frozen=True)
+class Line:
+    """y = intercept + slope·x with the residual sd and the x values it was fitted on."""
+
+    intercept: float
+    slope: float
+    sd: float
+    slope_sd: float
+    xs: tuple[float, ...]
+
+    def at(self, x: float) -> Estimate:
+        nearest = min(self.xs, key=lambda v: abs(v - x)) if self.xs else x
+        extra = self.slope_sd * abs(x - nearest)
+        return Estimate(self.intercept + self.slope * x, math.hypot(self.sd, extra))
+
+
+def fit_line(
+    xs: Sequence[float],
+    ys: Sequence[float],
+    *,
+    prior_slope: float,
+    prior_slope_sd: float,
+    floor_sd: float,
+) -> Line:
+    """Least squares when x varies, else the mean with a prior slope through it."""
+    distinct = sorted(set(xs))
+    if len(distinct) >= 2:
+        a = np.vstack([np.ones(len(xs)), np.asarray(xs, dtype=float)]).T
+        coef, *_ = np.linalg.lstsq(a, np.asarray(ys, dtype=float), rcond=None)
+        resid = np.asarray(ys) - a @ coef
+        dof = max(len(xs) - 2, 1)
+        sd = max(float(math.sqrt(float(resid @ resid) / dof)), floor_sd)
+        return Line(float(coef[0]), float(coef[1]), sd, sd / max(np.ptp(xs), 1e-9), tuple(xs))
+    mean = float(np.mean(ys))
+    spread = float(np.std(ys, ddof=1)) if len(ys) >= 2 else 0.0
+    x0 = distinct[0]
+    return Line(
+        mean - prior_slope * x0, prior_slope, max(spread, floor_sd), prior_slope_sd, tuple(xs)
+    )
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """SGLang's sizes fitted to observations; `forecast` predicts any candidate."""
+
+    p_gib: Estimate | None = None
+    weights_gib: float | None = None
+    avail_after_weights: Estimate | None = None
+    cell_bytes: float | None = None
+    tokens_slope: float | None = None
+    """Tokens per unit of mem_fraction_static (P·2^30/cell)."""
+    tokens_offset: float | None = None
+    tokens_sd: float = 0.0
+    draft_ratio: float = 0.0
+    """Draft KV bytes per target KV byte (same token count)."""
+    slot_gib: float = 0.0
+    """Request-table GiB per request slot."""
+    graph: Line | None = None
+    """CUDA-graph GiB (target + draft) against the largest captured batch."""
+    other_overhead: Estimate | None = None
+    """Workspaces, draft weights and the like: overhead that depends on nothing searched."""
+    peak: PeakModel | None = None
+    peak_floors: tuple[tuple[Setting, float], ...] = ()
+    """Runtime OOMs: (setting, static free) — that setting's peak exceeded that free memory."""
+    host_bytes_per_token: float | None = None
+    host_free_gb: float | None = None
+    ranks: int = 1
+    observations: int = 0
+    probe_offset: Estimate = Estimate(0.0, 0.0)
+    """How much less free memory the GPU probe shows than the log at the same moment; the
+    headroom constraint is judged on the probe."""
+
+    # ---- predictions -----------------------------------------------------------------------
+
+    def tokens(self, fraction: float) -> Estimate | None:
+        if self.tokens_slope is None or self.tokens_offset is None:
+            return None
+        n = math.floor(self.tokens_slope * fraction - self.tokens_offset)
+        return Estimate(float(n), self.tokens_sd)
+
+    def overhead(self, slots: int | None) -> Estimate | None:
+        if self.graph is None or self.other_overhead is None or slots is None:
+            return None
+        batch = float(min(slots, MAX_GRAPH_BATCH))
+        return self.other_overhead.plus(self.graph.at(batch)).plus(
+            Estimate(self.slot_gib * slots, 0.0)
+        )
+
+    def graph_gib(self, slots: int) -> Estimate | None:
+        """CUDA-graph memory (target + draft) with `slots` request slots."""
+        return self.graph.at(float(min(slots, MAX_GRAPH_BATCH))) if self.graph else None
+
+    def static_free(self, s: Setting, slots: int | None) -> Estimate | None:
+        """Free GPU memory once startup is done, as the GPU probe will see it."""
+        n = self.tokens(s.mem_fraction)
+        o = self.overhead(slots)
+        a = self.avail_after_weights
+        if n is None or o is None or a is None or self.cell_bytes is None:
+            return None
+        kv_cell = self.cell_bytes * (1.0 + self.draft_ratio)
+        kv = Estimate((n.mean + 1) * kv_cell / GiB, n.sd * kv_cell / GiB)
+        return a.minus(kv).minus(o).minus(self.probe_offset)
+
+    def stress_peak(self, s: Setting, slots: int | None, chunk: int | None) -> Estimate | None:
+        """The fitted peak, raised to what an OOM showed; None while no peak was measured."""
+        if self.peak is None:
+            return None
+        est = self.peak.at(slots, chunk)
+        floor = self.peak_floor(s, slots, chunk)
+        if floor is not None and est.mean < floor + 0.05:
+            est = Estimate(floor + 0.05, max(est.sd, 0.05 * floor, 0.05))
+        return est
+
+    def peak_floor(self, s: Setting, slots: int | None, chunk: int | None) -> float | None:
+        """The peak is known to exceed this: a launch needing no more memory OOMed above it."""
+        floors = [free for other, free in self.peak_floors if _dominates(s, slots, chunk, other)]
+        return max(floors, default=None)
+
+    def oom_edge(self, fc: Forecast, min_headroom_gib: float) -> Estimate | None:
+        """The mem_fraction_static at which the stress headroom falls to `min_headroom_gib`, for
+        the other settings of `fc`: free memory shrinks by P·(1 + draft) GiB per unit of f."""
+        head = fc.headroom
+        if head is None or self.p_gib is None:
+            return None
+        per_unit = self.p_gib.mean * (1.0 + self.draft_ratio)
+        f = fc.setting.mem_fraction + (head.mean - min_headroom_gib) / per_unit
+        return Estimate(f, head.sd / per_unit)
+
+    def forecast(
+        self, s: Setting, *, default_slots: int | None, default_chunk: int | None
+    ) -> Forecast:
+        slots = s.max_running_requests or default_slots
+        chunk = s.chunked_prefill_size or default_chunk
+        tokens = self.tokens(s.mem_fraction)
+        blocked = self._blocked(s, tokens)
+        return Forecast(
+            setting=s,
+            tokens=tokens,
+            static_free=self.static_free(s, slots),
+            stress_peak=self.stress_peak(s, slots, chunk),
+            blocked=blocked,
+            peak_floor=self.peak_floor(s, slots, chunk),
+        )
+
+    def _blocked(self, s: Setting, tokens: Estimate | None) -> str | None:
+        if tokens is not None and tokens.mean <= 0:
+            return (
+                f"no room for KV: mem_fraction_static {s.mem_fraction:g} × P "
+                f"{self.p_gib.mean if self.p_gib else 0:.2f} GiB is below the weights"
+            )
+        if s.hicache_gb > 0:
+            per_token = self.host_bytes_per_token or self.cell_bytes
+            if per_token and tokens is not None:
+                host_tokens = s.hicache_gb * 1e9 / per_token
+                if host_tokens <= tokens.mean:
+                    return (
+                        f"host cache {s.hicache_gb:g} GB holds {host_tokens:,.0f} tokens, "
+                        f"not more than the GPU pool's {tokens.mean:,.0f}"
+                    )
+            if self.host_free_gb is not None and s.hicache_gb * self.ranks > self.host_free_gb:
+                return (
+                    f"host RAM: {self.ranks} × {s.hicache_gb:g} GB > {self.host_free_gb:g} GB free"
+                )
+        return None
+
+    def describe(self) -> str:
+        """What the model has learnt, in one line."""
+        parts = []
+        if self.p_gib is not None:
+            parts.append(f"P {self.p_gib.mean:.2f} GiB")
+        if self.weights_gib is not None:
+            parts.append(f"weights {self.weights_gib:.2f} GiB")
+        if self.cell_bytes is not None:
+            parts.append(f"{self.cell_bytes:,.0f} B/token")
+        if self.graph is not None:
+            x = self.graph.xs[0]
+            parts.append(f"graphs {self.graph.at(x).mean:.2f} GiB at {x:.0f} requests")
+        if self.peak is not None:
+            parts.append(f"stress peak {self.peak.describe()}")
+        return ", ".join(parts) + f" (from {self.observations} launches)"
+
+
+def _dominates(s: Setting, slots: int | None, chunk: int | None, other: Setting) -> bool:
+    """True when s needs at least as much transient memory as `other`."""
+    if (slots or 0) < (other.max_running_requests or 0):
+        return False
+    return not (
+        chunk is not None
+        and other.chunked_prefill_size is not None
+        and chunk < other.chunked_prefill_size
+    )
+
+
+@dataclass(frozen=True)
+class PeakModel:
+    """Stress peak GiB = base + per_request·slots + per_chunk_token·chunk, with an sd."""
+
+    base: float
+    per_request: float
+    per_request_sd: float
+    per_chunk_token: float
+    per_chunk_token_sd: float
+    sd: float
+    slots_seen: tuple[int, ...]
+    chunks_seen: tuple[int, ...]
+
+    def at(self, slots: int | None, chunk: int | None) -> Estimate:
+        r = slots if slots is not None else (self.slots_seen[0] if self.slots_seen else 0)
+        c = chunk if chunk is not None else (self.chunks_seen[0] if self.chunks_seen else 0)
+        mean = self.base + self.per_request * r + self.per_chunk_token * c
+        dr = min((abs(r - x) for x in self.slots_seen), default=0)
+        dc = min((abs(c - x) for x in self.chunks_seen), default=0)
+        sd = math.sqrt(
+            self.sd**2 + (self.per_request_sd * dr) ** 2 + (self.per_chunk_token_sd * dc) ** 2
+        )
+        return Estimate(max(mean, 0.0), sd)
+
+    def describe(self) -> str:
+        r = self.slots_seen[0] if self.slots_seen else None
+        c = self.chunks_seen[0] if self.chunks_seen else None
+        return f"{self.at(r, c)} GiB"
+
+
+# ---------------------------------------------------------------------------------------------
+# Fitting
+
+
+def fit(observations: Iterable[Observation]) -> MemoryModel:
+    """Fit every part the observations allow; parts without data stay None."""
+    obs = list(observations)
+    with_tokens = [o for o in obs if o.tokens and o.ledger.kv_gib]
+    p = _mean_estimate(o.ledger.p_gib for o in obs)
+    cell = _cell_bytes(with_tokens)
+    slope, offset, tokens_sd = _tokens_line(with_tokens, p, cell)
+    if (
+        slope is not None
+        and p is not None
+        and _distinct(o.setting.mem_fraction for o in with_tokens) >= 2
+    ):
+        cell = p.mean * GiB / slope
+    started = [o for o in obs if o.started and o.tokens and o.ledger.kv_gib is not None]
+    slot_gib = _slot_gib(obs)
+    graph, other = _overhead(started, cell, slot_gib)
+    return MemoryModel(
+        p_gib=p,
+        weights_gib=_mean([o.ledger.weights_gib for o in obs]),
+        avail_after_weights=_mean_estimate(o.ledger.avail_after_weights_gib for o in obs),
+        cell_bytes=cell,
+        tokens_slope=slope,
+        tokens_offset=offset,
+        tokens_sd=tokens_sd,
+        draft_ratio=_draft_ratio(with_tokens),
+        slot_gib=slot_gib,
+        graph=graph,
+        other_overhead=other,
+        peak=_peak_model(obs),
+        peak_floors=tuple(
+            (o.setting, o.static_free_gib)
+            for o in obs
+            if o.outcome in RUNTIME_FAILURES and o.static_free_gib is not None
+        ),
+        host_bytes_per_token=_host_bytes_per_token(obs),
+        host_free_gb=min((f for o in obs if (f := o.host_free_gb) is not None), default=None),
+        ranks=max((o.ledger.ranks or 1 for o in obs), default=1),
+        observations=len(obs),
+        probe_offset=_probe_offset(obs),
+    )
+
+
+def _probe_offset(obs: Sequence[Observation]) -> Estimate:
+    """Log's static free − (probe's least free + probe's peak rise), where both were measured."""
+    rows = [
+        free - o.stress_peak_gib - o.headroom_gib
+        for o in obs
+        if o.outcome == "ok"
+        and (free := o.static_free_gib) is not None
+        and o.stress_peak_gib is not None
+        and o.headroom_gib is not None
+    ]
+    if not rows:
+        return Estimate(0.0, 0.0)
+    spread = float(np.std(rows, ddof=1)) if len(rows) >= 2 else 0.0
+    return Estimate(float(np.mean(rows)), max(spread, LOG_ROUNDING_GIB))
+
+
+def _distinct(values: Iterable[object]) -> int:
+    return len(set(values))
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return float(np.mean(present)) if present else None
+
+
+def _mean_estimate(values: Iterable[float | None]) -> Estimate | None:
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    spread = float(np.std(present, ddof=1)) if len(present) >= 2 else 0.0
+    return Estimate(float(np.mean(present)), max(spread, LOG_ROUNDING_GIB))
+
+
+def _cell_bytes(obs: Sequence[Observation]) -> float | None:
+    """Bytes per token from the KV line: kv_gib = (N + page)·cell / 2^30 (largest pool first)."""
+    if not obs:
+        return None
+    o = max(obs, key=lambda x: x.ledger.kv_gib or 0.0)
+    assert o.tokens and o.ledger.kv_gib
+    return o.ledger.kv_gib * GiB / (o.tokens + 1)
+
+
+def _tokens_line(
+    obs: Sequence[Observation], p: Estimate | None, cell: float | None
+) -> tuple[float | None, float | None, float]:
+    """N(f) = slope·f − offset, fitted on (f, N) pairs, or through one pair with slope P/cell."""
+    if not obs:
+        return None, None, 0.0
+    fs = [o.setting.mem_fraction for o in obs]
+    ns = [float(o.tokens or 0) for o in obs]
+    if len(set(fs)) >= 2:
+        a = np.vstack([np.asarray(fs), -np.ones(len(fs))]).T
+        coef, *_ = np.linalg.lstsq(a, np.asarray(ns), rcond=None)
+        resid = np.asarray(ns) - a @ coef
+        sd = float(math.sqrt(float(resid @ resid) / max(len(fs) - 2, 1)))
+        return float(coef[0]), float(coef[1]), max(sd, 1.0)
+    if p is None or cell is None:
+        return None, None, 0.0
+    slope = p.mean * GiB / cell
+    offset = float(np.mean([slope * f - n for f, n in zip(fs, ns, strict=True)]))
+    # the cell read from a two-decimal KV line is good to ~0.005 GiB over the whole pool
+    rel = LOG_ROUNDING_GIB / max(o.ledger.kv_gib or 1.0 for o in obs)
+    return slope, offset, max(rel * slope * 0.05, 1.0)
+
+
+def _draft_ratio(obs: Sequence[Observation]) -> float:
+    ratios = [
+        (o.ledger.draft_kv_gib or 0.0) / o.ledger.kv_gib
+        for o in obs
+        if o.ledger.kv_gib and o.ledger.draft_kv_gib is not None
+    ]
+    return float(np.median(ratios)) if ratios else 0.0
+
+
+def _slot_gib(obs: Sequence[Observation]) -> float:
+    """Request-table GiB per slot: measured when the table is big enough to read, else
+    SGLang's formula slots × (context + 4 + draft tokens) × 4 B."""
+    measured = [
+        o.ledger.req_to_token_gib / o.slots
+        for o in obs
+        if o.ledger.req_to_token_gib and o.ledger.req_to_token_gib >= 0.2 and o.slots
+    ]
+    if measured:
+        return float(np.median(measured))
+    contexts = [o.ledger.context_len for o in obs if o.ledger.context_len]
+    return (max(contexts) + 8) * 4 / GiB if contexts else 0.0
+
+
+def _overhead(
+    obs: Sequence[Observation], cell: float | None, slot_gib: float
+) -> tuple[Line | None, Estimate | None]:
+    """Graph memory against the captured batch, and the rest of the post-pool overhead."""
+    if not obs or cell is None:
+        return None, None
+    xs, graphs, others = [], [], []
+    for o in obs:
+        led = o.ledger
+        free = o.static_free_gib
+        slots = o.slots
+        if free is None or slots is None or led.avail_after_weights_gib is None:
+            continue
+        kv = (led.kv_gib or 0.0) + (led.draft_kv_gib or 0.0)
+        overhead = led.avail_after_weights_gib - free - kv
+        graph = (led.graph_gib or 0.0) + (led.draft_graph_gib or 0.0)
+        xs.append(float(min(slots, MAX_GRAPH_BATCH)))
+        graphs.append(graph)
+        others.append(overhead - graph - slot_gib * slots)
+    if not xs:
+        return None, None
+    x0 = xs[0]
+    prior = 0.5 * graphs[0] / max(x0, 1.0)
+    line = fit_line(
+        xs, graphs, prior_slope=prior, prior_slope_sd=prior, floor_sd=2 * LOG_ROUNDING_GIB
+    )
+    other = Estimate(
+        float(np.mean(others)),
+        max(float(np.std(others, ddof=1)) if len(others) >= 2 else 0.0, 3 * LOG_ROUNDING_GIB),
+    )
+    return line, other
+
+
+def _peak_model(obs: Sequence[Observation]) -> PeakModel | None:
+    rows = [
+        (float(o.slots or 0), float(o.chunk or 0), peak)
+        for o in obs
+        if (peak := o.measured_peak_gib) is not None
+    ]
+    if not rows:
+        return None
+    rs = [r for r, _, _ in rows]
+    cs = [c for _, c, _ in rows]
+    ys = np.asarray([y for _, _, y in rows])
+    mean_y = float(np.mean(ys))
+    c_ref = max(cs) or 8192.0
+    # priors: a decode sequence weighs ≤ PEAK_TOKENS_PER_REQUEST prefill tokens; the peak is
+    # proportional to the chunk
+    r_sd = mean_y * PEAK_TOKENS_PER_REQUEST / c_ref
+    c_prior = 0.0 if c_ref <= 0 else mean_y / c_ref
+    fit_r = len(set(rs)) >= 2
+    fit_c = len(set(cs)) >= 2
+    while True:
+        cols = [np.ones(len(rows))]
+        if fit_r:
+            cols.append(np.asarray(rs))
+        if fit_c:
+            cols.append(np.asarray(cs))
+        a = np.vstack(cols).T
+        coef, *_ = np.linalg.lstsq(a, ys, rcond=None)
+        # a peak that shrinks with more requests or a bigger chunk is noise: drop that term
+        if fit_r and coef[1] < 0:
+            fit_r = False
+        elif fit_c and coef[-1] < 0:
+            fit_c = False
+        else:
+            break
+    resid = ys - a @ coef
+    k = a.shape[1]
+    # the peak of a stress phase is the largest of its forwards' peaks: it varies launch to
+    # launch by a few percent even where nothing else changes
+    floor = 0.04 * mean_y + 0.02 if len(rows) >= 2 else 0.05 * mean_y + 0.05
+    sd = float(math.sqrt(float(resid @ resid) / (len(rows) - k))) if len(rows) > k else 0.0
+    sd = max(sd, floor)
+    per_r = float(coef[1]) if fit_r else 0.0
+    per_c = float(coef[-1]) if fit_c else c_prior
+    base = float(coef[0])
+    if not fit_c:
+        base -= per_c * cs[0]
+    return PeakModel(
+        base=base,
+        per_request=per_r,
+        per_request_sd=0.0 if fit_r else r_sd,
+        per_chunk_token=per_c,
+        per_chunk_token_sd=0.0 if fit_c else 0.3 * c_prior,
+        sd=sd,
+        slots_seen=tuple(sorted({int(r) for r in rs})),
+        chunks_seen=tuple(sorted({int(c) for c in cs})),
+    )
+
+
+def _host_bytes_per_token(obs: Sequence[Observation]) -> float | None:
+    rows = [
+        o.ledger.host_cache_gb * 1e9 / o.ledger.host_cache_tokens
+        for o in obs
+        if o.ledger.host_cache_gb and o.ledger.host_cache_tokens
+    ]
+    return float(np.median(rows)) if rows else None

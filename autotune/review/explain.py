@@ -1,0 +1,314 @@
+"""`autotune explain`: one trial's memory arithmetic in words and numbers.
+
+For the operator's 0.88 it reads "KV pool = 21.71 − 94.05 × (1 − 0.88) = 10.42 GiB → 159,277
+tokens at 70,272 B/token; headroom 11.29 GiB = request table + draft + CUDA graphs + other +
+free; stress peak …", then what other fractions would give and what limits this one. The text is
+built by pure functions from a `Review`, so the report embeds the same words.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+from collections.abc import Sequence
+
+from autotune.errors import UsageError
+from autotune.memory.arithmetic import Arithmetic, AtFraction
+from autotune.review.plotdata import trial_arithmetic
+from autotune.review.source import Review, add_review_args, open_source, review_of
+from autotune.review.trials import FRACTION, TrialView
+
+NEIGHBOURS = 3
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "explain",
+        help="the memory arithmetic of one trial (default: the exported winner), in words",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    add_review_args(p)
+    p.add_argument("--trial", type=int, metavar="N", help="trial number (default: the winner)")
+    p.add_argument(
+        "--fraction",
+        type=float,
+        action="append",
+        metavar="F",
+        help="also say what this mem_fraction_static would give (repeatable)",
+    )
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    review = review_of(open_source(args), args)
+    number = args.trial
+    if number is None:
+        if review.winner is None:
+            raise UsageError(
+                f"study {review.name} has no feasible trial to explain yet; pass --trial N"
+            )
+        number = review.winner.trial
+    for f in args.fraction or ():
+        if not 0.0 < f < 1.0:
+            raise UsageError(f"--fraction {f:g}: must be between 0 and 1")
+    text = explain(review, review.trial(number), extra=args.fraction or ())
+    sys.stdout.write(review.scrub(text))
+    return 0
+
+
+def explain(review: Review, t: TrialView, *, extra: Sequence[float] = ()) -> str:
+    """The whole explanation of trial `t` (pure)."""
+    lines = [_heading(review, t)]
+    a = trial_arithmetic(t, review.cell_bytes)
+    if a is None:
+        lines.append(_no_arithmetic(t))
+        return "\n".join(lines) + "\n"
+    lines += _pool(a, t)
+    lines += _headroom(a, t, review.min_headroom_gib)
+    basis = _started_neighbour(review, t) if t.outcome in ("startup_oom", "startup_error") else None
+    if basis is not None:
+        b = trial_arithmetic(basis, review.cell_bytes)
+        if b is not None:
+            a = b
+            lines.append(
+                f"This trial did not finish starting, so predictions below start from trial "
+                f"{basis.number} ({FRACTION}={basis.fraction:g}), the nearest that did"
+            )
+    borrowed = _borrowed_peak(review, t) if a.stress_peak_gib is None else None
+    if borrowed is not None:
+        peak, numbers = borrowed
+        a = dataclasses.replace(a, stress_peak_gib=peak)
+        lines.append(
+            f"Predictions below use the stress peak measured by trials "
+            f"{', '.join(f'#{n}' for n in numbers)} with the same other settings: {peak:.2f} GiB"
+        )
+    lines += _other_fractions(a, review, t, extra)
+    lines += _limits(a, review, t)
+    return "\n".join(lines) + "\n"
+
+
+def _started_neighbour(review: Review, t: TrialView) -> TrialView | None:
+    started = [
+        x
+        for x in review.trials
+        if x.fraction is not None
+        and x.static_free_gib is not None
+        and x.outcome not in ("startup_oom", "startup_error")
+        and x.kind != "running"
+        and _same_except_fraction(x, t)
+    ]
+    if not started or t.fraction is None:
+        return None
+    f = t.fraction
+    return min(started, key=lambda x: (abs((x.fraction or 0.0) - f), x.number))
+
+
+def _borrowed_peak(review: Review, t: TrialView) -> tuple[float, list[int]] | None:
+    """The median stress peak of the trials that differ from `t` only in the fraction (the
+    peak does not depend on it: the pool is allocated up front)."""
+    found = [
+        (x.stress_peak_gib, x.number)
+        for x in review.trials
+        if x.stress_peak_gib is not None and x.number != t.number and _same_except_fraction(x, t)
+    ]
+    if not found:
+        return None
+    return statistics.median(p for p, _ in found), sorted(n for _, n in found)
+
+
+def _heading(review: Review, t: TrialView) -> str:
+    params = ", ".join(f"{k}={_v(v)}" for k, v in t.params.items())
+    verdict = {
+        "feasible": "feasible",
+        "infeasible": f"infeasible ({', '.join(t.violated)})",
+        "oom": "out of memory",
+        "failed": "failed",
+        "running": "still running",
+    }[t.kind]
+    text = f"trial {t.number} ({params}): {t.outcome or t.state}, {verdict}"
+    w = review.winner
+    if w is not None and w.trial == t.number:
+        if w.predicted:
+            f = w.params.get(FRACTION)
+            text += (
+                f"\nthe exported setting is this trial backed off to {FRACTION}={f} "
+                f"(never run; its figures are predicted), {review.confirmed_label()}"
+            )
+        else:
+            text += f"\nthis is the exported setting, {review.confirmed_label()}"
+    if t.reason:
+        text += f"\n  {t.reason}"
+    return text
+
+
+def _no_arithmetic(t: TrialView) -> str:
+    if t.fraction is None:
+        return f"  the trial has no {FRACTION}, so there is no pool arithmetic to show"
+    return (
+        "  its log does not show P (free memory before weights) and what the weights left, "
+        "so the pool arithmetic cannot be shown" + (f"; see {t.log_path}" if t.log_path else "")
+    )
+
+
+def _pool(a: Arithmetic, t: TrialView) -> list[str]:
+    led = t.ledger
+    f = a.fraction
+    cell = f"{a.cell_bytes:,.0f} B/token" + ("" if a.cell_exact else " (from the KV line)")
+    out = [
+        f"P, the free memory per GPU before the weights load (min over "
+        f"{led.ranks or '?'} GPUs) = {a.p_gib:.2f} GiB; mem_fraction_static is a fraction of P.",
+    ]
+    if a.weights_gib is not None:
+        out.append(
+            f"The weights took {a.weights_gib:.2f} GiB and left A = "
+            f"{a.avail_after_weights_gib:.2f} GiB."
+        )
+    out.append(
+        f"KV pool = A − P × (1 − f) = {a.avail_after_weights_gib:.2f} − {a.p_gib:.2f} × "
+        f"(1 − {f:g}) = {a.kv_budget_gib:.2f} GiB → {a.tokens_from_formula:,} tokens at {cell}"
+    )
+    if a.tokens is not None:
+        logged = f"{a.kv_logged_gib:.2f} GiB" if a.kv_logged_gib is not None else "?"
+        out.append(
+            f"  the log says {a.tokens:,} tokens, KV {logged} (P and A are printed with two "
+            "decimals; the pool has one padding page)"
+        )
+    return out
+
+
+def _headroom(a: Arithmetic, t: TrialView, min_headroom: float | None) -> list[str]:
+    h = a.headroom
+    if h is None:
+        return [
+            f"Reserve P × (1 − f) = {a.reserve_gib:.2f} GiB; the server did not get far enough "
+            "to show where it went."
+        ]
+    started = t.outcome not in ("startup_oom", "startup_error")
+    parts = [f"request table {h.request_table:.2f}"]
+    if h.draft:
+        parts.append(
+            f"draft {h.draft:.2f} (weights {h.draft_weights:.2f}, KV {h.draft_kv:.2f}, "
+            f"graphs {h.draft_graphs:.2f})"
+        )
+    free = f"free {h.free:.2f}" if started else f"{h.free:.2f} free at the last log line"
+    parts += [f"CUDA graphs {h.graphs:.2f}", f"other {h.other:.2f}", free]
+    if started:
+        out = [f"Headroom P × (1 − f) = {h.reserve:.2f} GiB = " + " + ".join(parts)]
+    else:
+        out = [
+            f"Headroom P × (1 − f) = {h.reserve:.2f} GiB was too small to start: "
+            + " + ".join(parts)
+        ]
+    if h.other:
+        out.append("  'other' is what the log lines leave unexplained: workspaces, NCCL, cuBLAS")
+    peak = a.stress_peak_gib
+    if peak is not None:
+        left = h.free - peak
+        need = f" (required ≥ {min_headroom:.2f})" if min_headroom is not None else ""
+        out.append(
+            f"Stress peak {peak:.2f} GiB measured under the stress phase → {left:.2f} GiB "
+            f"left at the worst moment{need}"
+        )
+    elif t.outcome == "runtime_oom":
+        out.append(
+            f"Under load the transient peak exceeded the {h.free:.2f} GiB free: CUDA out of "
+            "memory inside the forward pass"
+        )
+    else:
+        out.append("Stress peak: not measured (the workload did not run or record it)")
+    return out
+
+
+def _other_fractions(
+    a: Arithmetic, review: Review, t: TrialView, extra: Sequence[float]
+) -> list[str]:
+    step = review.fraction_step
+    centre = t.fraction if t.fraction is not None else a.fraction
+    fs = {round(centre + i * step, 6) for i in range(-NEIGHBOURS, NEIGHBOURS + 1)}
+    fs |= {round(x, 6) for x in extra}
+    fs = {f for f in fs if 0.0 < f < 1.0}
+    ran = {
+        round(x.fraction, 6): x
+        for x in review.trials
+        if x.fraction is not None and _same_except_fraction(x, t)
+    }
+    rows = [
+        "Other fractions (same P, A, bytes per token and post-pool allocations):",
+        f"  {'f':>6} {'KV GiB':>7} {'tokens':>9} {'reserve':>8} {'free':>6} {'at peak':>8}  ran",
+    ]
+    for f in sorted(fs):
+        at = a.at(f)
+        free = f"{at.static_free_gib:6.2f}" if at.static_free_gib is not None else f"{'?':>6}"
+        peak = f"{at.free_at_peak_gib:8.2f}" if at.free_at_peak_gib is not None else f"{'?':>8}"
+        x = ran.get(round(f, 6))
+        seen = f"#{x.number} {x.outcome or x.state}" if x is not None else _predicted(at)
+        mark = "*" if abs(f - centre) < 1e-9 else " "
+        rows.append(
+            f" {mark}{f:6.3g} {at.kv_gib:7.2f} {at.tokens:9,} {at.reserve_gib:8.2f} "
+            f"{free} {peak}  {seen}"
+        )
+    return rows
+
+
+def _limits(a: Arithmetic, review: Review, t: TrialView) -> list[str]:
+    need = review.min_headroom_gib or 0.0
+    out = ["What limits it:"]
+    highest = a.highest_fraction(need, review.fraction_step)
+    if highest is not None:
+        out.append(
+            f"  the reserve must hold the request table, the draft, CUDA graphs and the stress "
+            f"peak with {need:.2f} GiB to spare; by these figures the highest "
+            f"mem_fraction_static that does is {highest:g}"
+        )
+    above = sorted(
+        (x for x in review.trials
+         if x.fraction is not None and (t.fraction or a.fraction) < x.fraction
+         and _same_except_fraction(x, t)
+         and not x.feasible and x.kind != "running"),
+        key=lambda x: x.fraction or 0.0,
+    )  # fmt: skip
+    if above:
+        x = above[0]
+        out.append(
+            f"  the next fraction up that ran, {x.fraction:g} (trial {x.number}), was "
+            f"{x.kind}: {_why(x)}"
+        )
+    r = t.requests
+    h = a.headroom
+    if r is not None and h is not None:
+        out.append(
+            f"  max_running_requests={r} does not size the KV pool; it sizes the request table "
+            f"({h.request_table:.2f} GiB) and the CUDA-graph batches ({h.graphs:.2f} GiB)"
+        )
+    return out
+
+
+def _predicted(at: AtFraction) -> str:
+    if at.tokens <= 0:
+        return "predicted: no room for KV"
+    if at.static_free_gib is not None and at.static_free_gib < 0:
+        return "predicted: OOM at startup"
+    if at.free_at_peak_gib is not None and at.free_at_peak_gib < 0:
+        return "predicted: OOM under stress"
+    return ""
+
+
+def _why(x: TrialView) -> str:
+    if x.reason:
+        return x.reason
+    broke = f"broke {', '.join(x.violated)}" if x.violated else x.outcome
+    if x.headroom_gib is not None:
+        broke += f" ({x.headroom_gib:.2f} GiB left at the stress peak)"
+    return broke
+
+
+def _same_except_fraction(x: TrialView, t: TrialView) -> bool:
+    a = {k: v for k, v in x.params.items() if k != FRACTION}
+    b = {k: v for k, v in t.params.items() if k != FRACTION}
+    return a == b
+
+
+def _v(v: object) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)

@@ -1,0 +1,381 @@
+"""Plot data: small NamedTuples extracted from trial views, one per figure (pure).
+
+The renderers (`autotune.review.html`, `autotune.review.png`) only draw what is here, so tests
+assert on these values rather than on pixels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from autotune.memory.arithmetic import Arithmetic, arithmetic, cell_from_fit
+from autotune.review.trials import TrialView
+
+MODEL_POINTS = 41
+
+
+class Point(NamedTuple):
+    number: int
+    x: float
+    y: float
+    kind: str
+    label: str
+
+
+class ParetoData(NamedTuple):
+    """Capacity (x) against throughput (y); the front joins the non-dominated feasible trials."""
+
+    points: tuple[Point, ...]
+    front: tuple[int, ...]
+    winner: int | None
+    chosen: int | None
+    confirmed: bool | None
+    winner_label: str = "exported"
+
+
+class FeasibilityData(NamedTuple):
+    """mem_fraction_static (x) × max_running_requests (y), one point per trial, by outcome."""
+
+    points: tuple[Point, ...]
+    outcomes: tuple[str, ...]
+    """Outcome of each point, in the same order (the kind says how it is drawn)."""
+
+
+class CapacityData(NamedTuple):
+    """KV capacity against mem_fraction_static, the fitted line and the OOM edge."""
+
+    points: tuple[Point, ...]
+    line_x: tuple[float, ...]
+    line_y: tuple[float, ...]
+    line_source: str
+    """Which fit drew the line: the memory model, or a least-squares line over the ledgers."""
+    oom_edge: float | None
+    """The lowest fraction that ran out of memory."""
+    stable_edge: float | None
+    """The highest fraction that was feasible."""
+
+
+class Step(NamedTuple):
+    label: str
+    value: float
+    measure: str  # absolute | relative | total
+
+
+class WaterfallData(NamedTuple):
+    """Where one GPU's memory went in one trial, from P down to the free memory at the peak."""
+
+    number: int
+    title: str
+    steps: tuple[Step, ...]
+    reserve_gib: float | None
+    """`P·(1 − f)`: the headroom SGLang leaves outside the static budget."""
+    min_headroom_gib: float | None
+    stress_peak_gib: float | None
+    free_at_peak_gib: float | None
+
+
+class LoadPoint(NamedTuple):
+    number: int
+    requests: float
+    throughput: float | None
+    p99_ttft_ms: float | None
+    p99_itl_ms: float | None
+    kind: str
+
+
+class LoadData(NamedTuple):
+    """Throughput and latency against max_running_requests (trials that served the workload)."""
+
+    points: tuple[LoadPoint, ...]
+    note: str = ""
+    """Said under the title when the axis has a single value."""
+
+
+class HistoryData(NamedTuple):
+    """Capacity per trial in the order they ran, and the best feasible capacity so far."""
+
+    points: tuple[Point, ...]
+    best_x: tuple[float, ...]
+    best_y: tuple[float, ...]
+
+
+class Row(NamedTuple):
+    number: int
+    state: str
+    outcome: str
+    kind: str
+    params: str
+    capacity: str
+    throughput: str
+    headroom: str
+    peak: str
+    p99_ttft: str
+    p99_itl: str
+    seconds: str
+    reason: str
+    log_path: str | None
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def pareto(
+    trials: Sequence[TrialView],
+    *,
+    winner: int | None = None,
+    chosen: int | None = None,
+    confirmed: bool | None = None,
+    predicted: bool = False,
+) -> ParetoData:
+    points = tuple(
+        Point(t.number, float(t.capacity_tokens or 0), float(t.throughput_tok_s or 0.0), t.kind,
+              t.label())
+        for t in trials
+        if t.kind != "running" and (t.capacity_tokens is not None or t.kind == "feasible")
+    )  # fmt: skip
+    feasible = [p for p in points if p.kind == "feasible"]
+    front = [
+        p
+        for p in feasible
+        if not any((q.x >= p.x and q.y >= p.y) and (q.x > p.x or q.y > p.y) for q in feasible)
+    ]
+    front.sort(key=lambda p: p.x)
+    label = "chosen; exported backed off (predicted)" if predicted else "exported"
+    if not confirmed:
+        label += " (UNCONFIRMED)" if confirmed is None else " (FAILED confirmation)"
+    return ParetoData(points, tuple(p.number for p in front), winner, chosen, confirmed, label)
+
+
+def feasibility(trials: Sequence[TrialView]) -> FeasibilityData:
+    kept = [t for t in trials if t.fraction is not None]
+    points = tuple(
+        Point(t.number, float(t.fraction or 0.0), float(t.requests or 0), t.kind, t.label())
+        for t in kept
+    )
+    return FeasibilityData(points, tuple(t.outcome or t.state for t in kept))
+
+
+def capacity(trials: Sequence[TrialView]) -> CapacityData:
+    kept = [t for t in trials if t.fraction is not None and t.capacity_tokens]
+    points = tuple(
+        Point(t.number, float(t.fraction or 0.0), float(t.capacity_tokens or 0), t.kind,
+              t.label())
+        for t in kept
+    )  # fmt: skip
+    xs = [p.x for p in points]
+    line_x: tuple[float, ...] = ()
+    line_y: tuple[float, ...] = ()
+    source = "no line: capacities at fewer than two fractions"
+    fractions = [t.fraction for t in trials if t.fraction is not None]
+    if fractions:
+        lo, hi = min(fractions), max(fractions)
+        pad = max((hi - lo) * 0.05, 0.005)
+        grid = np.linspace(lo - pad, hi + pad, MODEL_POINTS)
+        fitted = _model_tokens(trials, grid)
+        if fitted is not None:
+            line_y, source = fitted
+            line_x = tuple(float(x) for x in grid)
+        elif len(set(xs)) >= 2:
+            slope, icpt = np.polyfit(xs, [p.y for p in points], 1)
+            line_x = tuple(float(x) for x in grid)
+            line_y = tuple(float(max(icpt + slope * x, 0.0)) for x in grid)
+            source = f"least-squares line over {len(points)} ledgers"
+    ooms = [t.fraction for t in trials if t.kind == "oom" and t.fraction is not None]
+    stable = [t.fraction for t in trials if t.feasible and t.fraction is not None]
+    return CapacityData(
+        points,
+        line_x,
+        line_y,
+        source,
+        min(ooms) if ooms else None,
+        max(stable) if stable else None,
+    )
+
+
+def _model_tokens(
+    trials: Sequence[TrialView], grid: np.ndarray
+) -> tuple[tuple[float, ...], str] | None:
+    """The memory model's N(f), when `autotune.memory.model` can fit one from these trials."""
+    try:
+        from autotune.memory.model import Observation, Setting, fit
+
+        obs = []
+        for t in trials:
+            if t.fraction is None or t.kind == "running":
+                continue
+            hicache = t.params.get("hicache_size")
+            chunk = t.params.get("chunked_prefill_size")
+            setting = Setting(
+                mem_fraction=float(t.fraction),
+                max_running_requests=t.requests,
+                chunked_prefill_size=int(chunk) if isinstance(chunk, int) else None,
+                hicache_gb=float(hicache) if isinstance(hicache, int | float) else 0.0,
+            )
+            obs.append(
+                Observation(
+                    setting=setting,
+                    ledger=t.ledger,
+                    outcome=t.outcome,
+                    stress_peak_gib=t.stress_peak_gib,
+                    headroom_gib=t.headroom_gib,
+                    feasible=t.feasible,
+                    reason=t.reason,
+                )
+            )
+        model = fit(obs)
+        ys = []
+        for x in grid:
+            est = model.tokens(float(x))
+            if est is None:
+                return None
+            ys.append(max(est.mean, 0.0))
+    except (ImportError, AttributeError, TypeError, ValueError, ArithmeticError):
+        return None
+    return tuple(
+        ys
+    ), f"memory model (autotune.memory.model) fitted to {model.observations} launches"
+
+
+def waterfall(
+    t: TrialView, *, cell_bytes: float | None = None, min_headroom_gib: float | None = None
+) -> WaterfallData:
+    """The memory ledger of one trial, per GPU (SGLang takes the tightest GPU's figures)."""
+    led = t.ledger
+    steps: list[Step] = []
+    a = arithmetic(led, t.fraction, cell_bytes=cell_bytes) if t.fraction is not None else None
+    if led.p_gib is not None:
+        steps.append(Step("P (free before weights)", led.p_gib, "absolute"))
+    parts = [
+        ("weights", led.weights_gib),
+        ("KV pool", led.kv_gib),
+        ("draft (weights, KV, graphs)", _draft(t)),
+        ("request table", led.req_to_token_gib),
+        ("CUDA graphs", led.graph_gib),
+    ]
+    used = 0.0
+    for label, value in parts:
+        if value is not None:
+            steps.append(Step(label, -value, "relative"))
+            used += value
+    free = t.static_free_gib
+    peak = t.stress_peak_gib
+    at_peak: float | None = None
+    if free is not None and led.p_gib is not None:
+        other = led.p_gib - used - free
+        if abs(other) >= 0.005:
+            steps.append(Step("other (workspaces)", -other, "relative"))
+        steps.append(Step("free after startup", free, "total"))
+        if peak is not None:
+            at_peak = free - peak
+            steps.append(Step("stress peak", -peak, "relative"))
+            steps.append(Step("free at the stress peak", at_peak, "total"))
+    title = f"trial {t.label()}: {t.outcome or t.state}"
+    return WaterfallData(
+        t.number,
+        title,
+        tuple(steps),
+        a.reserve_gib if a is not None else None,
+        min_headroom_gib,
+        peak,
+        at_peak,
+    )
+
+
+def _draft(t: TrialView) -> float | None:
+    led = t.ledger
+    parts = [led.draft_weights_gib, led.draft_kv_gib, led.draft_graph_gib]
+    if all(p is None for p in parts):
+        return None
+    return sum(p or 0.0 for p in parts)
+
+
+def load(trials: Sequence[TrialView]) -> LoadData:
+    points = tuple(
+        LoadPoint(t.number, float(t.requests or 0), t.throughput_tok_s, t.p99_ttft_ms,
+                  t.p99_itl_ms, t.kind)
+        for t in trials
+        if t.outcome == "ok" and t.requests is not None
+    )  # fmt: skip
+    values = {p.requests for p in points}
+    note = ""
+    if len(values) == 1:
+        note = (
+            f"max_running_requests was {next(iter(values)):g} in every trial; "
+            "the spread comes from the other parameters"
+        )
+    return LoadData(points, note)
+
+
+def history(trials: Sequence[TrialView]) -> HistoryData:
+    ordered = sorted(trials, key=lambda t: t.number)
+    points = tuple(
+        Point(t.number, float(t.number), float(t.capacity_tokens or 0), t.kind, t.label())
+        for t in ordered
+        if t.capacity_tokens is not None
+    )
+    best_x: list[float] = []
+    best_y: list[float] = []
+    best: float | None = None
+    for t in ordered:
+        if t.feasible and t.capacity_tokens is not None:
+            best = max(best or 0.0, float(t.capacity_tokens))
+        if best is not None:
+            best_x.append(float(t.number))
+            best_y.append(best)
+    return HistoryData(points, tuple(best_x), tuple(best_y))
+
+
+def table(trials: Sequence[TrialView]) -> tuple[Row, ...]:
+    return tuple(_row(t) for t in sorted(trials, key=lambda t: t.number))
+
+
+def _row(t: TrialView) -> Row:
+    return Row(
+        number=t.number,
+        state=t.state,
+        outcome=t.outcome,
+        kind=t.kind,
+        params=", ".join(f"{k}={_scalar(v)}" for k, v in t.params.items()),
+        capacity=f"{t.capacity_tokens:,}" if t.capacity_tokens is not None else "",
+        throughput=f"{t.throughput_tok_s:,.0f}" if t.throughput_tok_s is not None else "",
+        headroom=_gib(t.headroom_gib),
+        peak=_gib(t.stress_peak_gib),
+        p99_ttft=f"{t.p99_ttft_ms:,.0f}" if t.p99_ttft_ms is not None else "",
+        p99_itl=f"{t.p99_itl_ms:,.0f}" if t.p99_itl_ms is not None else "",
+        seconds=f"{t.seconds:.0f}" if t.seconds is not None else "",
+        reason=t.reason,
+        log_path=t.log_path,
+    )
+
+
+def study_cell_bytes(trials: Sequence[TrialView]) -> float | None:
+    """Bytes per token fitted across the trials' pools (None with fewer than two fractions)."""
+    pts = [
+        (float(t.fraction), int(t.capacity_tokens), float(t.ledger.p_gib))
+        for t in trials
+        if t.fraction is not None and t.capacity_tokens and t.ledger.p_gib is not None
+        and t.ledger.max_total_num_tokens
+    ]  # fmt: skip
+    return cell_from_fit(pts)
+
+
+def trial_arithmetic(t: TrialView, cell_bytes: float | None) -> Arithmetic | None:
+    if t.fraction is None:
+        return None
+    return arithmetic(t.ledger, t.fraction, stress_peak_gib=t.stress_peak_gib,
+                      cell_bytes=cell_bytes)  # fmt: skip
+
+
+def by_number(trials: Sequence[TrialView]) -> Mapping[int, TrialView]:
+    return {t.number: t for t in trials}
+
+
+def _gib(v: float | None) -> str:
+    return f"{v:.2f}" if v is not None else ""
+
+
+def _scalar(v: object) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)

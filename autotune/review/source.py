@@ -1,0 +1,279 @@
+"""What every review command starts from: the study found and read, the winner chosen.
+
+`open_source` finds the study from the command line the way `status` does (the results folder's
+`study.db`, or --storage), reading the study file too when there is one (`export` and `confirm`
+need it for the launch command; `report` and `explain` use it for the fraction's step and the
+headroom constraint and do without). `build_review` is pure: trials in, a `Review` out.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.config.studyfile import FloatRange, StudyConfig
+from autotune.errors import UsageError
+from autotune.review.plotdata import study_cell_bytes
+from autotune.review.redact import scrub
+from autotune.review.trials import FRACTION, TrialView, views
+from autotune.review.winner import (
+    DEFAULT_STEP,
+    DEFAULT_TOLERANCE,
+    Margin,
+    Winner,
+    choose,
+    parse_margin,
+    parse_tolerance,
+)
+
+CONFIRMATION = "confirmation"
+"""Study user attribute `autotune confirm` writes: the last soak of an exported setting."""
+CONFIRMATIONS = "confirmations"
+"""Study user attribute: the recent soaks, oldest first."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """A study opened for review."""
+
+    name: str
+    url: str
+    study: optuna.Study
+    cfg: StudyConfig | None
+    folder: Path
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """The last confirmation soak, as recorded on the study."""
+
+    params: Mapping[str, object]
+    passed: bool
+    outcome: str
+    reason: str
+    at: str
+    record: Mapping[str, object]
+
+    @staticmethod
+    def from_attr(value: object) -> Confirmation | None:
+        if not isinstance(value, Mapping) or not isinstance(value.get("params"), Mapping):
+            return None
+        return Confirmation(
+            params=dict(value["params"]),
+            passed=bool(value.get("passed")),
+            outcome=str(value.get("outcome", "")),
+            reason=str(value.get("reason", "")),
+            at=str(value.get("at", "")),
+            record=dict(value),
+        )
+
+    def covers(self, params: Mapping[str, object]) -> bool:
+        """True when this soak ran exactly `params`."""
+        if set(self.params) != set(params):
+            return False
+        for k, v in params.items():
+            c = self.params[k]
+            if isinstance(v, int | float) and isinstance(c, int | float):
+                if abs(float(v) - float(c)) > 1e-9:
+                    return False
+            elif v != c:
+                return False
+        return True
+
+
+@dataclass(frozen=True)
+class Review:
+    """A study as the morning review sees it."""
+
+    name: str
+    storage: str
+    trials: tuple[TrialView, ...]
+    winner: Winner | None
+    confirmations: tuple[Confirmation, ...]
+    """Recorded soaks, oldest first."""
+    fraction_step: float
+    min_headroom_gib: float | None
+    cell_bytes: float | None
+    running: int
+    queued: int
+    secrets: tuple[str, ...] = ()
+    """Literal secrets (the API key the workload reads) to mask in every output."""
+
+    def scrub(self, text: str) -> str:
+        return scrub(text, self.secrets)
+
+    @property
+    def confirmation(self) -> Confirmation | None:
+        """The latest soak of the exported setting."""
+        if self.winner is None:
+            return None
+        return self.confirmation_of(self.winner.params)
+
+    def confirmation_of(self, params: Mapping[str, object]) -> Confirmation | None:
+        for c in reversed(self.confirmations):
+            if c.covers(params):
+                return c
+        return None
+
+    @property
+    def confirmed(self) -> bool | None:
+        """True/False when the exported setting was soaked and passed/failed; None if not."""
+        c = self.confirmation
+        return c.passed if c is not None else None
+
+    def confirmed_label(self, params: Mapping[str, object] | None = None) -> str:
+        """How the exported setting (or `params`) fared in a soak, in words."""
+        c = self.confirmation if params is None else self.confirmation_of(params)
+        if c is None:
+            return f"UNCONFIRMED (run `autotune confirm --study {self.name}`)"
+        if c.passed:
+            return f"CONFIRMED by a soak ({c.at})"
+        return f"FAILED its confirmation soak: {c.reason or c.outcome}"
+
+    def trial(self, number: int) -> TrialView:
+        for t in self.trials:
+            if t.number == number:
+                return t
+        numbers = [t.number for t in self.trials]
+        span = f"{min(numbers)}..{max(numbers)}" if numbers else "none"
+        raise UsageError(f"--trial {number}: study {self.name} has no such trial (trials {span})")
+
+
+def add_review_args(p: argparse.ArgumentParser) -> None:
+    from autotune.cli.run import add_study_args
+
+    add_study_args(p)
+    p.add_argument(
+        "--tolerance",
+        default=str(DEFAULT_TOLERANCE),
+        metavar="FRACTION",
+        help="winner: throughput within this fraction of the best feasible (default 0.05)",
+    )
+    p.add_argument(
+        "--margin",
+        default="1step",
+        metavar="MARGIN",
+        help="winner: back off by N steps of mem_fraction_static (1step, the default) "
+        "or until N GiB stay free at the stress peak (2GiB)",
+    )
+
+
+def open_source(args: argparse.Namespace, *, need_config: bool = False) -> Source:
+    """The study named on the command line, with its study file when one is found."""
+    from autotune.cli.run import resolve_config, storage_url, study_dir
+    from autotune.study.storage import STUDY_DB, default_storage_url, load_existing
+
+    if not args.study and args.config is None:
+        raise UsageError("name a study: --study NAME (configs/NAME.toml) or --config PATH")
+    cfg: StudyConfig | None = None
+    try:
+        cfg = resolve_config(args)
+    except UsageError:
+        if need_config or args.config is not None:
+            raise
+    name = cfg.name if cfg is not None else str(args.study)
+    folder = Path(args.results_dir) / name
+    if cfg is not None:
+        folder = study_dir(cfg, args.results_dir)
+        url = storage_url(args, cfg, folder)
+    else:
+        url = str(args.storage or default_storage_url(folder))
+    if url == default_storage_url(folder) and not (folder / STUDY_DB).is_file():
+        raise UsageError(f"study {name} has no results in {folder}; run `autotune run --study "
+                         f"{name}` first or pass --results-dir")  # fmt: skip
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return Source(name, url, load_existing(name, url), cfg, folder)
+
+
+def build_review(
+    name: str,
+    storage: str,
+    trials: Sequence[FrozenTrial],
+    *,
+    cfg: StudyConfig | None,
+    study_attrs: Mapping[str, object],
+    tolerance: float = DEFAULT_TOLERANCE,
+    margin: Margin | None = None,
+) -> Review:
+    """Read the trials and choose the winner (pure)."""
+    seen = views(trials)
+    step = fraction_step(cfg)
+    cell = study_cell_bytes(seen)
+    return Review(
+        name=name,
+        storage=storage,
+        trials=tuple(seen),
+        winner=choose(
+            seen, fraction_step=step, tolerance=tolerance, margin=margin, cell_bytes=cell
+        ),
+        confirmations=_confirmations(study_attrs),
+        fraction_step=step,
+        min_headroom_gib=_min_headroom(cfg, trials),
+        cell_bytes=cell,
+        running=sum(1 for t in trials if t.state == TrialState.RUNNING),
+        queued=sum(1 for t in trials if t.state == TrialState.WAITING),
+        secrets=secrets_of(cfg),
+    )
+
+
+def review_of(source: Source, args: argparse.Namespace) -> Review:
+    """The review of an opened study with the command line's winner rule."""
+    from autotune.study.storage import redact
+
+    trials = source.study.get_trials(deepcopy=False)
+    if not any(t.state != TrialState.WAITING for t in trials):
+        raise UsageError(
+            f"study {source.name} has no trials yet; run `autotune run --study {source.name}`"
+        )
+    return build_review(
+        source.name,
+        redact(source.url),
+        trials,
+        cfg=source.cfg,
+        study_attrs=source.study.user_attrs,
+        tolerance=parse_tolerance(str(getattr(args, "tolerance", DEFAULT_TOLERANCE))),
+        margin=parse_margin(str(getattr(args, "margin", "1step"))),
+    )
+
+
+def _confirmations(attrs: Mapping[str, object]) -> tuple[Confirmation, ...]:
+    history = attrs.get(CONFIRMATIONS)
+    items = list(history) if isinstance(history, list) else []
+    latest = attrs.get(CONFIRMATION)
+    if latest is not None and latest not in items:
+        items.append(latest)
+    return tuple(c for c in map(Confirmation.from_attr, items) if c is not None)
+
+
+def secrets_of(cfg: StudyConfig | None) -> tuple[str, ...]:
+    """The API key the study's workload reads from the environment, when it is set here."""
+    import os
+
+    name = getattr(cfg.workload, "api_key_env", None) if cfg is not None else None
+    value = os.environ.get(str(name)) if name else None
+    return (value,) if value else ()
+
+
+def fraction_step(cfg: StudyConfig | None) -> float:
+    """The step of mem_fraction_static in the search space (0.01 when it has none)."""
+    if cfg is not None:
+        for p in cfg.search.params:
+            if p.name == FRACTION and isinstance(p, FloatRange) and p.step:
+                return p.step
+    return DEFAULT_STEP
+
+
+def _min_headroom(cfg: StudyConfig | None, trials: Sequence[FrozenTrial]) -> float | None:
+    if cfg is not None:
+        return cfg.constraints.min_headroom_gib or None
+    for t in trials:  # the constraint stores required − measured
+        c = t.constraints.get("headroom_gib")
+        h = t.user_attrs.get("headroom_gib")
+        if c is not None and isinstance(h, int | float):
+            return round(c + h, 6) or None
+    return None

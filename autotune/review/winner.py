@@ -1,0 +1,250 @@
+"""The winner: the setting to export, chosen from the trials and backed off by a safety margin.
+
+The rule, in order:
+
+1. Among feasible trials, find the best throughput T.
+2. Keep the feasible trials whose throughput is at least `(1 − tolerance)·T` (the default 5 %
+   treats throughput as a tie-breaker, not a rival: more KV capacity is what the operator asked
+   for) and take the one with the highest capacity (ties: higher throughput, then lower number).
+3. Back its `mem_fraction_static` off by the margin. Either a number of fraction steps (default:
+   one step below the highest stable value), or a headroom in GiB: the smallest whole number of
+   steps after which the free memory at the measured stress peak, predicted with SGLang's
+   arithmetic (each step moves `P·step` GiB from the KV pool to free memory), is at least that
+   many GiB.
+
+The backed-off point is usually a trial that ran (a walk or a grid ran the step below); then its
+measured figures are exported. Otherwise the figures are predicted from the chosen trial's
+ledger and say so. Pure: trials in, a `Winner` out.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from autotune.config.studyfile import Scalar
+from autotune.errors import UsageError
+from autotune.memory.arithmetic import Arithmetic, arithmetic
+from autotune.review.trials import FRACTION, TrialView
+
+DEFAULT_TOLERANCE = 0.05
+DEFAULT_STEP = 0.01
+_MARGIN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(steps?|gib|gb|g)?\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Margin:
+    """How far below the highest stable setting to export: `steps` of the fraction, or enough
+    steps to leave `headroom_gib` free at the stress peak."""
+
+    steps: int = 1
+    headroom_gib: float | None = None
+
+    def describe(self) -> str:
+        if self.headroom_gib is not None:
+            return f"{self.headroom_gib:g} GiB free at the stress peak"
+        if self.steps == 0:
+            return "none"
+        return f"{self.steps} step{'s' if self.steps != 1 else ''} of {FRACTION}"
+
+    def to_dict(self) -> dict[str, object]:
+        return {"steps": self.steps, "headroom_gib": self.headroom_gib}
+
+
+def parse_margin(text: str) -> Margin:
+    """`1step`, `2 steps`, `0` (no margin), `1.5GiB` (free at the stress peak)."""
+    m = _MARGIN.match(text)
+    if not m:
+        raise UsageError(f"--margin {text!r}: use a number of steps (e.g. 1step) or GiB (2GiB)")
+    value, unit = float(m.group(1)), (m.group(2) or "steps").lower()
+    if unit.startswith("step"):
+        if not value.is_integer():
+            raise UsageError(f"--margin {text!r}: steps must be a whole number, e.g. 1step")
+        return Margin(steps=int(value))
+    return Margin(steps=0, headroom_gib=value)
+
+
+def parse_tolerance(text: str) -> float:
+    """`0.05` or `5%`: how far below the best feasible throughput a winner may be."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError as exc:
+        raise UsageError(f"--tolerance {text!r}: use a fraction (0.05) or a percentage") from exc
+    if not 0.0 <= value < 1.0:
+        raise UsageError(f"--tolerance {text!r}: must be between 0 and 1 (or 0% and 100%)")
+    return value
+
+
+@dataclass(frozen=True)
+class Winner:
+    """The exported setting and where it came from."""
+
+    chosen: TrialView
+    """The highest-capacity feasible trial within the throughput tolerance."""
+    params: Mapping[str, Scalar]
+    """What to export: `chosen`'s parameters with the fraction backed off."""
+    source: TrialView | None
+    """The trial that ran exactly `params`, when one did."""
+    margin: Margin
+    steps_back: int
+    tolerance: float
+    best_throughput_tok_s: float
+    capacity_tokens: int | None
+    throughput_tok_s: float | None
+    headroom_gib: float | None
+    predicted: bool
+    """True when the figures are predicted, not measured (no trial ran `params`)."""
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def trial(self) -> int:
+        """The trial whose figures are exported (the backed-off one when it ran)."""
+        return self.source.number if self.source is not None else self.chosen.number
+
+    def describe(self) -> str:
+        """One line: what was chosen and why."""
+        f0, f1 = self.chosen.fraction, self.params.get(FRACTION)
+        cap = f"{self.capacity_tokens:,} tokens" if self.capacity_tokens is not None else "?"
+        how = "predicted" if self.predicted else f"measured in trial {self.trial}"
+        back = (
+            f", backed off from {f0:g} to {f1} ({self.margin.describe()})"
+            if self.steps_back
+            else ""
+        )
+        return (
+            f"trial {self.chosen.number} has the most capacity within "
+            f"{self.tolerance:.0%} of the best throughput{back}: {cap} ({how})"
+        )
+
+
+def choose(
+    trials: Sequence[TrialView],
+    *,
+    fraction_step: float = DEFAULT_STEP,
+    tolerance: float = DEFAULT_TOLERANCE,
+    margin: Margin | None = None,
+    cell_bytes: float | None = None,
+) -> Winner | None:
+    """The winner among `trials`, or None while no trial is feasible; `cell_bytes` (bytes per
+    token fitted across the study) sharpens predictions for a point that never ran."""
+    margin = margin or Margin()
+    feasible = [t for t in trials if t.feasible]
+    if not feasible:
+        return None
+    best_tp = max(t.throughput_tok_s or 0.0 for t in feasible)
+    close = [t for t in feasible if (t.throughput_tok_s or 0.0) >= (1 - tolerance) * best_tp]
+    chosen = max(
+        close, key=lambda t: (t.capacity_tokens or 0, t.throughput_tok_s or 0.0, -t.number)
+    )
+    notes: list[str] = []
+    steps = _steps_back(chosen, margin, fraction_step, notes, cell_bytes)
+    params = dict(chosen.params)
+    f0 = chosen.fraction
+    if f0 is not None and steps:
+        params[FRACTION] = _snap(f0 - steps * fraction_step, fraction_step)
+    elif f0 is None:
+        steps = 0
+        notes.append(f"the trials have no {FRACTION}; exported as run, without a margin")
+    source = chosen if steps == 0 else _same_params(trials, params)
+    if source is not None and not source.feasible:
+        notes.append(
+            f"trial {source.number} ran these settings and was {source.kind} "
+            f"({source.outcome}); consider a larger margin"
+        )
+    if source is not None:
+        return Winner(
+            chosen=chosen,
+            params=params,
+            source=source,
+            margin=margin,
+            steps_back=steps,
+            tolerance=tolerance,
+            best_throughput_tok_s=best_tp,
+            capacity_tokens=source.capacity_tokens,
+            throughput_tok_s=source.throughput_tok_s,
+            headroom_gib=source.headroom_gib,
+            predicted=False,
+            notes=tuple(notes),
+        )
+    tokens, headroom = _predict(chosen, float(params[FRACTION]), cell_bytes)
+    notes.append(f"no trial ran {FRACTION}={params[FRACTION]}; its figures are predicted")
+    return Winner(
+        chosen=chosen,
+        params=params,
+        source=None,
+        margin=margin,
+        steps_back=steps,
+        tolerance=tolerance,
+        best_throughput_tok_s=best_tp,
+        capacity_tokens=tokens,
+        throughput_tok_s=chosen.throughput_tok_s,
+        headroom_gib=headroom,
+        predicted=True,
+        notes=tuple(notes),
+    )
+
+
+def _steps_back(
+    chosen: TrialView, margin: Margin, step: float, notes: list[str], cell: float | None
+) -> int:
+    if margin.headroom_gib is None:
+        return margin.steps
+    a = _arith(chosen, cell)
+    free = chosen.headroom_gib
+    if a is None or free is None:
+        notes.append("no ledger to size a GiB margin from; backed off one step instead")
+        return 1
+    missing = margin.headroom_gib - free
+    if missing <= 0:
+        return 0
+    per_step = a.p_gib * step * (1.0 + a.draft_ratio)
+    return math.ceil(missing / per_step - 1e-9)
+
+
+def _predict(
+    chosen: TrialView, fraction: float, cell: float | None
+) -> tuple[int | None, float | None]:
+    a = _arith(chosen, cell)
+    if a is None:
+        return None, None
+    at = a.at(fraction)
+    return at.tokens, at.free_at_peak_gib
+
+
+def _arith(t: TrialView, cell: float | None) -> Arithmetic | None:
+    if t.fraction is None:
+        return None
+    peak = t.stress_peak_gib
+    if peak is None and t.headroom_gib is not None and t.static_free_gib is not None:
+        peak = t.static_free_gib - t.headroom_gib
+    return arithmetic(t.ledger, t.fraction, stress_peak_gib=peak, cell_bytes=cell)
+
+
+def _same_params(trials: Sequence[TrialView], params: Mapping[str, Scalar]) -> TrialView | None:
+    """The latest finished trial that ran exactly `params` (floats compared to 1e-9)."""
+    found = None
+    for t in trials:
+        if t.kind != "running" and _same(t.params, params):
+            found = t if found is None or t.feasible or not found.feasible else found
+    return found
+
+
+def _same(a: Mapping[str, Scalar], b: Mapping[str, Scalar]) -> bool:
+    if set(a) != set(b):
+        return False
+    for k, va in a.items():
+        vb = b[k]
+        if isinstance(va, float | int) and isinstance(vb, float | int):
+            if isinstance(va, bool) != isinstance(vb, bool) or abs(float(va) - float(vb)) > 1e-9:
+                return False
+        elif va != vb:
+            return False
+    return True
+
+
+def _snap(value: float, step: float) -> float:
+    digits = max(0, -math.floor(math.log10(step)) + 2) if step > 0 else 6
+    return round(value, digits)

@@ -1,0 +1,490 @@
+"""One server under test, from launch to verified teardown; the same code for SGLang and the sim.
+
+`Server.launch(spec)` checks that the port is free, that no server autotune started earlier is
+still running, and that no other process holds memory on the GPUs it will use; then it starts
+the command in its own session (so its whole tree can be signalled as one group), with stdout and
+stderr going straight into the trial's server.log, and writes a pidfile. From then on the handle
+follows the log file as it grows:
+
+* `wait_ready()` tracks the startup phase, enforces each phase's time limit and the stall
+  watchdog, and confirms readiness as SGLang's "fired up" line plus a successful
+  `/health_generate`. Trial outcomes (OOM, crash, hang, timeout) come back as values.
+* `check_alive()` is cheap and never blocks on the network: process, log and a background
+  `/health` watch together. A failing `/health` alone is not death while the log still shows
+  batches; it becomes death only when batches stop too, or when a server process vanished.
+* `stop()` sends SIGTERM, waits a grace period, SIGKILLs the process group and any descendant that
+  left it, verifies that none survives (`autotune.server.teardown`), then waits until the GPU probe
+  shows memory back at the pre-launch baseline and the port is free. The exit code is never
+  used as evidence (reference §4.5, §7.3: SGLang SIGKILLs itself even on a clean stop).
+
+Every signal goes to a process identified by pid and start time, never by name; a process
+autotune did not start is never touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune import masking as scrub
+from autotune.errors import HarnessError, UsageError
+from autotune.logparse.ledger import Ledger, build_ledger, cross_check, ledger_from_server_info
+from autotune.logparse.lines import Batch, Event
+from autotune.logparse.outcome import Outcome, RunFacts, Verdict, classify
+from autotune.logparse.phase import Phase, PhaseLimits
+from autotune.logparse.serving import ServingSummary, summarize
+from autotune.server import pidfile, preflight, procs
+from autotune.server.gpu import GpuMemory, GpuProbe, MiB, unreleased, visible_devices
+from autotune.server.health import HealthWatch, probe_ready, server_info
+from autotune.server.logwatch import LogWatch
+from autotune.server.teardown import Teardown, port_is_free, terminate, wait_gone
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], None]
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """How to launch and judge one server. `argv` is the full command without `--host`/`--port`
+    (added from `host`/`port`); `env` is added to (or, with `inherit_env=False`, replaces) the
+    environment. `api_key` authenticates autotune's own HTTP checks and is masked wherever
+    autotune writes the command line; it is not added to `argv`."""
+
+    argv: tuple[str, ...]
+    log_path: Path
+    run_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 30000
+    env: Mapping[str, str] = field(default_factory=dict)
+    inherit_env: bool = True
+    api_key: str | None = None
+    phase_limits: PhaseLimits = field(default_factory=PhaseLimits)
+    startup_s: float = 7200.0
+    stall_s: float = 600.0
+    ready_check_s: float = 120.0
+    health_timeout_s: float = 30.0
+    poll_s: float = 0.05
+    exit_wait_s: float = 10.0
+    health_interval_s: float = 5.0
+    unhealthy_s: float = 60.0
+    stop_grace_s: float = 30.0
+    release_s: float = 120.0
+    gpu_indices: tuple[int, ...] | None = None
+    foreign_gpu: str = "refuse"
+    foreign_wait_s: float = 600.0
+    gpu_tolerance_bytes: int = 256 * MiB
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def command(self) -> tuple[str, ...]:
+        if any(a.split("=", 1)[0] in ("--host", "--port") for a in self.argv):
+            raise UsageError("the server command must not set --host or --port; autotune sets them")
+        return (*self.argv, "--host", self.host, "--port", str(self.port))
+
+    def environment(self) -> dict[str, str]:
+        base = dict(os.environ) if self.inherit_env else {}
+        base.update(self.env)
+        return base
+
+    def devices(self) -> tuple[int, ...] | None:
+        if self.gpu_indices is not None:
+            return self.gpu_indices
+        return visible_devices(self.environment())
+
+
+@dataclass(frozen=True)
+class StartupReport:
+    """How the start ended; `ledger` is the log's, filled in from /server_info where it was
+    silent, and `mismatches` names fields on which the two disagree."""
+
+    outcome: Outcome
+    cause: str
+    evidence: tuple[str, ...]
+    ledger: Ledger
+    phase: Phase
+    phase_seconds: Mapping[str, float]
+    seconds: float
+    ready_line_at: float | None = None
+    ready_at: float | None = None
+    server_info: Mapping[str, Any] = field(default_factory=dict)
+    mismatches: tuple[str, ...] = ()
+
+    @property
+    def ready(self) -> bool:
+        return self.outcome is Outcome.READY
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "outcome": str(self.outcome),
+            "cause": self.cause,
+            "evidence": list(self.evidence),
+            "ledger": self.ledger.to_dict(),
+            "phase": str(self.phase),
+            "phase_seconds": dict(self.phase_seconds),
+            "seconds": round(self.seconds, 3),
+            "mismatches": list(self.mismatches),
+        }
+
+
+@dataclass(frozen=True)
+class Death:
+    """Why a server that was up is no longer serving."""
+
+    outcome: Outcome
+    cause: str
+    evidence: tuple[str, ...]
+
+    def describe(self) -> str:
+        last = self.evidence[0] if self.evidence else ""
+        return f"{self.outcome} ({self.cause})" + (f": {last}" if last else "")
+
+
+# ---------------------------------------------------------------------------------------------
+# The handle
+# ---------------------------------------------------------------------------------------------
+
+
+class Server:
+    """A launched server. Create with `Server.launch`; always end with `stop()`."""
+
+    def __init__(
+        self,
+        spec: LaunchSpec,
+        process: subprocess.Popen[bytes],
+        record: pidfile.PidRecord,
+        record_path: Path,
+        probe: GpuProbe | None,
+        baseline: list[GpuMemory],
+        clock: Clock,
+        sleep: Sleep,
+    ) -> None:
+        self.spec = spec
+        self.process = process
+        self.record = record
+        self._record_path = record_path
+        self._probe = probe
+        self._baseline = baseline
+        self._clock = clock
+        self._sleep = sleep
+        self.launched_at = clock()
+        self.log = LogWatch(spec.log_path, clock)
+        self._startup: StartupReport | None = None
+        self._watch: HealthWatch | None = None
+        self._members: list[procs.ProcInfo] = []
+        self._members_checked = 0.0
+        self._death: Death | None = None
+        self._teardown: Teardown | None = None
+
+    # -- launch ---------------------------------------------------------------------------
+
+    @classmethod
+    def launch(
+        cls,
+        spec: LaunchSpec,
+        probe: GpuProbe | None = None,
+        *,
+        clock: Clock = time.monotonic,
+        sleep: Sleep = time.sleep,
+    ) -> Server:
+        """Start the server; raises HarnessError when the machine is not ready for it."""
+        command = spec.command()
+        preflight.check_no_server_running(spec.run_dir)
+        preflight.check_port(spec.host, spec.port)
+        baseline: list[GpuMemory] = []
+        if probe is not None:
+            baseline = preflight.gpu_baseline(
+                probe, spec.devices(), spec.foreign_gpu, spec.foreign_wait_s, clock, sleep
+            )
+        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(spec.log_path, "wb") as log:
+            try:
+                process = subprocess.Popen(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=spec.environment(),
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            except OSError as exc:
+                raise HarnessError(f"could not start {command[0]!r}: {exc}") from exc
+        info = procs.read_proc(process.pid)
+        record = pidfile.PidRecord(
+            pid=process.pid,
+            pgid=info.pgid if info else process.pid,
+            sid=info.sid if info else process.pid,
+            start_ticks=info.start_ticks if info else 0,
+            boot_id=procs.boot_id(),
+            host=spec.host,
+            port=spec.port,
+            log_path=str(spec.log_path),
+            argv=scrub.masked_argv(command, [spec.api_key] if spec.api_key else []),
+            launched_at=time.time(),
+        )
+        try:
+            path = pidfile.write(spec.run_dir, record)
+        except OSError as exc:
+            procs.signal_group(record.pgid, record.start_ticks, signal.SIGKILL)
+            process.wait()
+            raise HarnessError(f"could not write the pidfile in {spec.run_dir}: {exc}") from exc
+        return cls(spec, process, record, path, probe, baseline, clock, sleep)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def base_url(self) -> str:
+        return self.spec.base_url
+
+    @property
+    def phase(self) -> Phase:
+        return self.log.phase
+
+    @property
+    def events(self) -> tuple[Event, ...]:
+        return tuple(self.log.events)
+
+    @property
+    def batches(self) -> Sequence[Batch]:
+        """Prefill/Decode lines so far (the serving time series), oldest first."""
+        return self.log.batches
+
+    @property
+    def ready_line_at(self) -> float | None:
+        return self.log.ready_line_at
+
+    def ledger(self) -> Ledger:
+        return build_ledger(self.log.events)
+
+    def serving(self) -> ServingSummary:
+        """The batch lines logged so far, summed up (peaks, CUDA-graph share, retractions)."""
+        return summarize(self.log.batches, self.log.events)
+
+    def _exited(self) -> bool:
+        return self.process.poll() is not None
+
+    def _verdict(self, facts: RunFacts) -> Verdict:
+        return classify(self.log.events, facts)
+
+    # -- startup ----------------------------------------------------------------------------
+
+    def wait_ready(self) -> StartupReport:
+        """Follow the startup to its end: ready, or the outcome that stopped it. Never raises
+        for what the server did; the caller still calls `stop()` in every case."""
+        if self._startup is not None:
+            return self._startup
+        spec = self.spec
+        while True:
+            self.log.pump()
+            now = self._clock()
+            exited = self._exited()
+            if self.log.failure_at is not None:
+                if exited or now - self.log.failure_at >= spec.exit_wait_s:
+                    return self._finish_startup(RunFacts(exited=exited))
+            elif exited:
+                self.log.pump(final=True)
+                return self._finish_startup(RunFacts(exited=True, notes=self.log.last_lines()))
+            elif self.ready_line_at is not None:
+                answer = probe_ready(self.base_url, spec.api_key, spec.health_timeout_s)
+                if answer.ok:
+                    return self._finish_startup(RunFacts(), ready=True)
+                if self._clock() - self.ready_line_at >= spec.ready_check_s:
+                    note = f"readiness check after the ready line: {answer.detail}"
+                    return self._finish_startup(RunFacts(timed_out="ready_check", notes=(note,)))
+            else:
+                timeout = self._timeout(now)
+                if timeout:
+                    return self._finish_startup(RunFacts(timed_out=timeout))
+                if now - self.log.last_growth >= spec.stall_s:
+                    note = f"no log output for {now - self.log.last_growth:.0f} s in {self.phase}"
+                    return self._finish_startup(RunFacts(stalled=str(self.phase), notes=(note,)))
+            self._sleep(spec.poll_s)
+
+    def _timeout(self, now: float) -> str:
+        if now - self.launched_at >= self.spec.startup_s:
+            return "startup"
+        limit = self.spec.phase_limits.limit(self.phase)
+        if limit is not None and self.log.phases.in_phase(now) >= limit:
+            return str(self.phase)
+        return ""
+
+    def _finish_startup(self, facts: RunFacts, ready: bool = False) -> StartupReport:
+        now = self._clock()
+        verdict = self._verdict(facts)
+        ledger = self.ledger()
+        info: dict[str, Any] = {}
+        mismatches: tuple[str, ...] = ()
+        if ready:
+            info = server_info(self.base_url, self.spec.api_key)
+            if info:
+                from_server = ledger_from_server_info(info)
+                mismatches = cross_check(ledger, from_server)
+                ledger = ledger.merged(from_server)
+            main = procs.read_proc(self.pid)
+            self._members = [m for m in (main, *procs.descendants(self.pid)) if m and not m.gone]
+            self._watch = HealthWatch(
+                self.base_url,
+                self.spec.api_key,
+                self.spec.health_interval_s,
+                self.spec.health_timeout_s,
+                self._clock,
+            )
+            self._watch.start()
+        self._startup = StartupReport(
+            outcome=verdict.outcome,
+            cause=verdict.cause,
+            evidence=verdict.evidence,
+            ledger=ledger,
+            phase=self.phase,
+            phase_seconds=self.log.phases.totals(now),
+            seconds=now - self.launched_at,
+            ready_line_at=self.ready_line_at,
+            ready_at=now if ready else None,
+            server_info=info,
+            mismatches=mismatches,
+        )
+        return self._startup
+
+    # -- liveness ---------------------------------------------------------------------------
+
+    def check_alive(self) -> Death | None:
+        """None while the server serves; otherwise why not. Cheap: reads new log lines, polls
+        the process, and reads the health watch's last state (no network call here)."""
+        if self._death is not None:
+            return self._death
+        self.log.pump()
+        now = self._clock()
+        facts: RunFacts | None = None
+        if self._exited():
+            self.log.pump(final=True)
+            facts = RunFacts(exited=True, notes=self.log.last_lines())
+        elif self.log.failure_at is not None:
+            facts = RunFacts()
+        else:
+            facts = self._unhealthy(now)
+        if facts is None:
+            return None
+        verdict = self._verdict(facts)
+        if verdict.outcome in (Outcome.READY, Outcome.UNKNOWN):
+            return None
+        self._death = Death(verdict.outcome, verdict.cause, verdict.evidence)
+        return self._death
+
+    def dead_reason(self) -> str | None:
+        """`check_alive()` as the workload driver's `is_dead` wants it."""
+        death = self.check_alive()
+        return death.describe() if death else None
+
+    def _unhealthy(self, now: float) -> RunFacts | None:
+        """Death by the live checks: generation failing (health route and one-token generate)
+        while no batch line appears, or failing while a server process has vanished."""
+        if self._watch is None:
+            return None
+        state = self._watch.state()
+        if state.failing_since is None:
+            return None
+        if now - self._members_checked >= 1.0 and self._members:
+            self._members_checked = now
+            gone = [m.pid for m in self._members if not procs.is_alive(m.pid, m.start_ticks)]
+            if gone:
+                return RunFacts(lost=f"server process {gone[0]} is gone ({state.last_detail})")
+        failing = now - state.failing_since
+        batches_since = (
+            self.log.last_batch_at is not None and self.log.last_batch_at >= state.failing_since
+        )
+        if failing >= self.spec.unhealthy_s and not batches_since:
+            reason = f"generation failing for {failing:.0f} s ({state.last_detail}), no batches"
+            return RunFacts(unhealthy=reason)
+        return None
+
+    # -- teardown ---------------------------------------------------------------------------
+
+    def stop(self) -> Teardown:
+        """Stop the server and verify it is gone and its GPU memory and port are released.
+        Idempotent; never raises for what the server did (see `Teardown.raise_if_unclean`)."""
+        if self._teardown is not None:
+            return self._teardown
+        started = self._clock()
+        self.log.pump()
+        stop_line = self.log.lines
+        was_running = not self._exited()
+        if self._watch is not None:
+            self._watch.stop()
+        known = {p.pid: p for p in self._members}
+        known.update({p.pid: p for p in procs.descendants(self.pid)})
+        signals = terminate(
+            self.record, known, self.spec.stop_grace_s, self._clock, self._sleep, self.process
+        )
+        survivors = wait_gone(self.record, known, self._clock, self._sleep)
+        self._reap()
+        gpu_problems, port_free = self._wait_released(started)
+        self.log.pump(final=True)
+        self.log.close()
+        verdict = self._final_verdict(was_running, stop_line)
+        clean = not survivors and not gpu_problems and port_free
+        if not survivors:
+            pidfile.remove(self._record_path)
+        self._teardown = Teardown(
+            clean=clean,
+            seconds=self._clock() - started,
+            signals=signals,
+            survivors=tuple(survivors),
+            gpu_problems=tuple(gpu_problems),
+            port_free=port_free,
+            outcome=verdict.outcome,
+            cause=verdict.cause,
+            evidence=verdict.evidence,
+        )
+        return self._teardown
+
+    def _final_verdict(self, was_running: bool, stop_line: int) -> Verdict:
+        """How the run ended: an earlier judgement stands (a failed start, a death seen while
+        serving); otherwise the whole log, with lines after our stop treated as its noise."""
+        if self._startup is not None and not self._startup.ready:
+            return Verdict(self._startup.outcome, self._startup.cause, self._startup.evidence)
+        if self._death is not None:
+            return Verdict(self._death.outcome, self._death.cause, self._death.evidence)
+        facts = RunFacts(
+            exited=True, stopped_by_us=was_running, stop_line=stop_line if was_running else None
+        )
+        return self._verdict(facts)
+
+    def _reap(self) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=1.0)
+
+    def _wait_released(self, started: float) -> tuple[list[str], bool]:
+        deadline = started + self.spec.stop_grace_s + self.spec.release_s
+        ours = {self.pid, *(p.pid for p in self._members)}
+        while True:
+            problems = []
+            if self._probe is not None:
+                problems = unreleased(
+                    self._baseline,
+                    self._probe.snapshot(),
+                    ours,
+                    self.spec.devices(),
+                    self.spec.gpu_tolerance_bytes,
+                )
+            port_free = port_is_free(self.spec.host, self.spec.port)
+            if (not problems and port_free) or self._clock() >= deadline:
+                return problems, port_free
+            self._sleep(0.05)
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,73 @@
+"""The live view of one server's log: what it said so far, which phase it is in, when it moved.
+
+`LogWatch.pump()` reads what the server wrote since the last call (`LogTail`), parses it
+(`logparse`), feeds the startup phases (`PhaseClock`) and notes the moments the lifecycle
+decides on: the last byte of growth (stall watchdog), the last batch line (a live server), the
+"fired up" line and the first failure line. Time comes from the injected clock.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+from autotune.logparse.lines import FAILURE_KINDS, Batch, Event, Kind, parse_line
+from autotune.logparse.phase import Phase, PhaseClock
+from autotune.server.logtail import LogTail
+
+MAX_BATCHES = 200_000
+"""Batch lines kept (a week of serving at the default decode log interval is far fewer)."""
+
+
+class LogWatch:
+    def __init__(self, path: Path, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._tail = LogTail(path)
+        now = clock()
+        self.phases = PhaseClock(now)
+        self.events: list[Event] = []
+        self.batches: deque[Batch] = deque(maxlen=MAX_BATCHES)
+        self.lines = 0
+        self.last_growth = now
+        self.last_batch_at: float | None = None
+        self.ready_line_at: float | None = None
+        self.failure_at: float | None = None
+        self._recent: deque[str] = deque(maxlen=5)
+
+    @property
+    def phase(self) -> Phase:
+        return self.phases.phase
+
+    def pump(self, final: bool = False) -> None:
+        """Take in what was written since the last call; `final` also takes a last line that
+        has no newline (the writer is gone)."""
+        before = self._tail.offset
+        lines = self._tail.flush() if final else self._tail.read()
+        now = self._clock()
+        if self._tail.offset != before:
+            self.last_growth = now
+        self._recent.extend(line for line in lines[-5:] if line.strip())
+        for line in lines:
+            self.lines += 1
+            item = parse_line(line, self.lines)
+            if item is None:
+                continue
+            if isinstance(item, Batch):
+                self.batches.append(item)
+                self.last_batch_at = now
+                continue
+            self.events.append(item)
+            self.phases.feed(item, now)
+            if item.kind is Kind.READY and self.ready_line_at is None:
+                self.ready_line_at = now
+            strong = item.kind in FAILURE_KINDS and item.kind is not Kind.ERROR
+            if strong and self.failure_at is None:
+                self.failure_at = now
+
+    def last_lines(self) -> tuple[str, ...]:
+        """The last few non-empty lines: the only evidence when a process died silently."""
+        return tuple(line.strip() for line in self._recent)
+
+    def close(self) -> None:
+        self._tail.close()

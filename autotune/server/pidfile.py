@@ -1,0 +1,80 @@
+"""Pidfiles: what autotune records about each server it runs, so a restarted autotune can find it.
+
+One JSON file per running server, `<run_dir>/server-<pid>.pid.json`, written right after the
+launch and removed once the teardown confirmed every process gone. It holds the pid, process
+group and session, the start time from /proc and the boot id (so a reused pid is never taken for
+ours), the port, the log path and the argv with secrets masked (`autotune.masking.masked_argv`).
+The API key never reaches it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from autotune.server import procs
+
+SUFFIX = ".pid.json"
+
+
+@dataclass(frozen=True)
+class PidRecord:
+    pid: int
+    pgid: int
+    sid: int
+    start_ticks: int
+    boot_id: str
+    host: str
+    port: int
+    log_path: str
+    argv: tuple[str, ...]
+    launched_at: float
+
+    def alive(self) -> bool:
+        """The recorded process still runs (same boot, same start time)."""
+        return self.boot_id == procs.boot_id() and procs.is_alive(self.pid, self.start_ticks)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> PidRecord:
+        data = json.loads(text)
+        data["argv"] = tuple(data["argv"])
+        return cls(**data)
+
+
+def path_for(run_dir: Path, pid: int) -> Path:
+    return Path(run_dir) / f"server-{pid}{SUFFIX}"
+
+
+def write(run_dir: Path, record: PidRecord) -> Path:
+    """Write atomically (temp file + rename) so a crash never leaves half a record."""
+    path = path_for(run_dir, record.pid)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".pid-", dir=path.parent)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(record.to_json())
+    os.replace(tmp, path)
+    return path
+
+
+def remove(path: Path) -> None:
+    path.unlink(missing_ok=True)
+
+
+def records(run_dir: Path) -> list[tuple[Path, PidRecord]]:
+    """Every readable pidfile under `run_dir` (unreadable ones are skipped, never acted on)."""
+    out: list[tuple[Path, PidRecord]] = []
+    directory = Path(run_dir)
+    if not directory.is_dir():
+        return out
+    for path in sorted(directory.glob(f"*{SUFFIX}")):
+        try:
+            out.append((path, PidRecord.from_json(path.read_text())))
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+    return out
