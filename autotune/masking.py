@@ -63,3 +63,20 @@ def scrub_file(path: Path, secret: str) -> int:
         os.fsync(dst.fileno())
     tmp.replace(path)
     return found
+
+
+def redact(url: str) -> str:
+    """A storage URL fit for output: the password replaced by ***."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    creds, _, host = rest.rpartition("@")
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}" if ":" in creds else url
+
+
+def redact_text(text: str, url: str) -> str:
+    """`text` (an error message about `url`) with the URL's password replaced by ***."""
+    creds = url.partition("://")[2].rpartition("@")[0]
+    password = creds.partition(":")[2]
+    return text.replace(password, "***") if password else text

@@ -21,8 +21,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from autotune.cli.run import PACKAGE_CONFIGS, run
+from autotune.cli.common import PACKAGE_CONFIGS
 from autotune.config.studyfile import load_study
+from autotune.study.runner import run
 from autotune.study.storage import default_storage_url
 from autotune.trial.run import Launcher, Load, ServerRun, Startup, Stop, TrialPlan
 

@@ -35,7 +35,7 @@ from autotune.config.studyfile import SamplerConfig
 from autotune.errors import UsageError
 from autotune.search.capacity import DONE_ATTR
 from autotune.sim.profiles import list_profiles, load_profile
-from autotune.study.storage import SAMPLER_FACTORIES, make_sampler
+from autotune.study.samplers import SAMPLER_FACTORIES, make_sampler
 from autotune.testing.oracle import Bench, Launch, bench_for, best_stable, run_trial
 
 DEFAULT_SAMPLERS = ("capacity", "tpe", "random", "gp", "walkdown")

@@ -22,8 +22,8 @@ import threading
 import time
 from pathlib import Path
 
-from autotune.cli.ledger import read_log
 from autotune.logparse.outcome import Outcome
+from autotune.review.ledgerview import read_log
 from autotune.server.gpu import GpuProbe, SimProbe
 from autotune.server.lifecycle import LaunchSpec, Server
 

@@ -135,10 +135,11 @@ def draw_fault(seed: int, number: int) -> str:
 
 
 def child(folder: Path, seed: int) -> int:
-    from autotune.cli.run import _stop_signals, run, study_lock
+    from autotune.cli.common import stop_signals
     from autotune.config.studyfile import load_study
     from autotune.errors import AutotuneError
     from autotune.server.hostcheck import check_host
+    from autotune.study.runner import run, study_lock
     from autotune.study.storage import default_storage_url
     from autotune.trial.run import Launcher, ServerRun, TrialPlan, live_launcher
 
@@ -164,7 +165,7 @@ def child(folder: Path, seed: int) -> int:
         check_host(cfg)
         study_dir = folder / "results" / NAME
         study_dir.mkdir(parents=True, exist_ok=True)
-        with study_lock(study_dir), _stop_signals():
+        with study_lock(study_dir), stop_signals():
             launcher = FaultLauncher(live_launcher(cfg, study_dir))
             return run(cfg, study_dir, default_storage_url(study_dir), launcher, sys.stdout)
     except AutotuneError as exc:

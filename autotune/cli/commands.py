@@ -16,9 +16,9 @@ MODULES = (
     "autotune.cli.status",
     "autotune.cli.ledger",
     "autotune.cli.report",
-    "autotune.review.explain",
-    "autotune.review.export",
-    "autotune.review.confirm",
+    "autotune.cli.explain",
+    "autotune.cli.export",
+    "autotune.cli.confirm",
 )
 
 

@@ -10,9 +10,10 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from autotune.cli import common
 from autotune.config.studyfile import StudyConfig
 from autotune.errors import UsageError
-from autotune.review.source import Review, add_review_args
+from autotune.review.source import Review
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -21,7 +22,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="write results/NAME/report.html and PNGs, and print a summary",
         description=__doc__.splitlines()[0] if __doc__ else None,
     )
-    add_review_args(p)
+    common.add_review_args(p)
     p.add_argument(
         "--out", type=Path, metavar="DIR", help="folder for the report (default results/NAME)"
     )
@@ -31,10 +32,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def handle(args: argparse.Namespace) -> int:
     from autotune.review.explain import explain
     from autotune.review.page import summary, write_report
-    from autotune.review.source import open_source, review_of
 
-    source = open_source(args)
-    review = review_of(source, args)
+    source, review = common.review(args)
     w = review.winner
     text = explain(review, review.trial(w.trial)) if w is not None else ""
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")

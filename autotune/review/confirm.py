@@ -11,86 +11,21 @@ passed a soak is labelled UNCONFIRMED everywhere.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
-import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TextIO
 
 from autotune.config.studyfile import StudyConfig
-from autotune.errors import HarnessError, UsageError
-from autotune.review.source import (
-    CONFIRMATION,
-    CONFIRMATIONS,
-    add_review_args,
-    open_source,
-    review_of,
-)
-from autotune.study.storage import constraint_values
+from autotune.errors import HarnessError
+from autotune.review.source import CONFIRMATION, CONFIRMATIONS
+from autotune.study.objectives import constraint_values
 
 DEFAULT_SOAK_FACTOR = 3.0
 MAX_HISTORY = 20
-
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "confirm",
-        help="relaunch the exported command for a longer soak with the stress phase; "
-        "record pass or fail on the study",
-        description=__doc__.splitlines()[0] if __doc__ else None,
-    )
-    add_review_args(p)
-    p.add_argument("--trial", type=int, metavar="N", help="confirm trial N's setting instead")
-    p.add_argument(
-        "--soak-factor",
-        type=float,
-        default=DEFAULT_SOAK_FACTOR,
-        metavar="X",
-        help="steady phases X times longer, stress repeated as often "
-        f"(default {DEFAULT_SOAK_FACTOR:g})",
-    )
-    p.add_argument("--backend", choices=("sim", "sglang"), help="override server.backend")
-    p.set_defaults(handler=handle)
-
-
-def handle(args: argparse.Namespace) -> int:
-    if not 1.0 <= args.soak_factor <= 100.0:
-        raise UsageError(f"--soak-factor {args.soak_factor:g}: must be between 1 and 100")
-    source = open_source(args, need_config=True)
-    cfg = source.cfg
-    assert cfg is not None
-    review = review_of(source, args)
-    from autotune.review.export import build_export
-    from autotune.server.flagcheck import check_argv
-
-    ex = build_export(review, cfg, trial=args.trial)
-    problems = check_argv(ex.argv, backend=ex.backend)
-    if problems:
-        raise UsageError("; ".join(problems))
-    soak_cfg = soak(cfg, args.soak_factor)
-    out = sys.stdout
-    out.write(
-        f"confirming {' '.join(f'{k}={v}' for k, v in ex.params.items())} "
-        f"(trial {ex.trial}) with a {args.soak_factor:g}× soak\n"
-    )
-    out.flush()
-    with _sigterm_as_interrupt():
-        verdict = run_confirmation(
-            soak_cfg, source.folder, dict(ex.params), trial=ex.trial, phase=_phase_printer(out)
-        )
-    if verdict["outcome"] == "interrupted":
-        out.write("confirmation interrupted: the server was stopped; nothing was recorded\n")
-        return 130
-    verdict["soak_factor"] = args.soak_factor
-    record_verdict(source.study, verdict)
-    out.write(describe(verdict))
-    return 0 if verdict["passed"] else 1
 
 
 def soak(cfg: StudyConfig, factor: float) -> StudyConfig:
@@ -129,8 +64,8 @@ def run_confirmation(
     phase: Callable[[str], None] = lambda p: None,
 ) -> dict[str, object]:
     """Launch, soak, tear down; the verdict as a JSON-safe dict."""
-    from autotune.cli.run import free_port
     from autotune.config.space import Settings, server_argv, tuned_flags
+    from autotune.server.preflight import free_port
     from autotune.trial.run import Launcher, TrialPlan, live_launcher, run_trial, write_record
 
     launcher: Launcher = (launcher_factory or live_launcher)(cfg, folder)  # type: ignore[assignment]
@@ -210,30 +145,6 @@ def describe(v: Mapping[str, object]) -> str:
         lines.append(f"  {v['reason']}")
     lines.append(f"  log: {v.get('log_path')}")
     return "\n".join(lines) + "\n"
-
-
-def _phase_printer(out: TextIO) -> Callable[[str], None]:
-    start = time.monotonic()
-
-    def phase(name: str) -> None:
-        out.write(f"  {name} (at {time.monotonic() - start:.0f} s)\n")
-        out.flush()
-
-    return phase
-
-
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM stops the soak like Ctrl-C: the server is torn down before autotune exits."""
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _next_number(folder: Path) -> int:

@@ -8,54 +8,16 @@ built by pure functions from a `Review`, so the report embeds the same words.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import statistics
-import sys
 from collections.abc import Sequence
 
-from autotune.errors import UsageError
 from autotune.memory.arithmetic import Arithmetic, AtFraction
 from autotune.review.plotdata import trial_arithmetic
-from autotune.review.source import Review, add_review_args, open_source, review_of
+from autotune.review.source import Review
 from autotune.review.trials import FRACTION, TrialView
 
 NEIGHBOURS = 3
-
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "explain",
-        help="the memory arithmetic of one trial (default: the exported winner), in words",
-        description=__doc__.splitlines()[0] if __doc__ else None,
-    )
-    add_review_args(p)
-    p.add_argument("--trial", type=int, metavar="N", help="trial number (default: the winner)")
-    p.add_argument(
-        "--fraction",
-        type=float,
-        action="append",
-        metavar="F",
-        help="also say what this mem_fraction_static would give (repeatable)",
-    )
-    p.set_defaults(handler=handle)
-
-
-def handle(args: argparse.Namespace) -> int:
-    review = review_of(open_source(args), args)
-    number = args.trial
-    if number is None:
-        if review.winner is None:
-            raise UsageError(
-                f"study {review.name} has no feasible trial to explain yet; pass --trial N"
-            )
-        number = review.winner.trial
-    for f in args.fraction or ():
-        if not 0.0 < f < 1.0:
-            raise UsageError(f"--fraction {f:g}: must be between 0 and 1")
-    text = explain(review, review.trial(number), extra=args.fraction or ())
-    sys.stdout.write(review.scrub(text))
-    return 0
 
 
 def explain(review: Review, t: TrialView, *, extra: Sequence[float] = ()) -> str:

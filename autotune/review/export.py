@@ -17,10 +17,8 @@ that variable instead.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -33,7 +31,7 @@ from autotune.config.space import (
 )
 from autotune.config.studyfile import Scalar, StudyConfig
 from autotune.errors import UsageError
-from autotune.review.source import Review, add_review_args, open_source, review_of
+from autotune.review.source import Review
 
 FORMATS = ("flags", "shell", "json", "systemd")
 
@@ -71,40 +69,6 @@ class Export:
 
     def key_args(self) -> tuple[str, ...]:
         return ("--api-key", f"${{{self.api_key_env}}}") if self.api_key_env else ()
-
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "export",
-        help="print the winning launch command (flags, shell, json or a systemd drop-in)",
-        description=__doc__.splitlines()[0] if __doc__ else None,
-    )
-    add_review_args(p)
-    p.add_argument("--format", default="shell", metavar="FORMAT", help=", ".join(FORMATS))
-    p.add_argument("--trial", type=int, metavar="N", help="export trial N as it ran (no margin)")
-    p.add_argument("--backend", choices=("sim", "sglang"), help="override server.backend")
-    p.add_argument(
-        "--no-flag-check",
-        action="store_true",
-        help="skip checking the flags against the installed SGLang's parser",
-    )
-    p.set_defaults(handler=handle)
-
-
-def handle(args: argparse.Namespace) -> int:
-    if args.format not in FORMATS:
-        raise UsageError(f"--format {args.format}: unknown; use one of {', '.join(FORMATS)}")
-    source = open_source(args, need_config=True)
-    assert source.cfg is not None
-    review = review_of(source, args)
-    ex = build_export(review, source.cfg, trial=args.trial)
-    if not args.no_flag_check:
-        from autotune.server.flagcheck import check_argv
-
-        for problem in check_argv(ex.argv, backend=ex.backend):
-            sys.stderr.write(f"autotune: warning: {problem}\n")
-    sys.stdout.write(review.scrub(render(ex, args.format)))
-    return 0
 
 
 def build_export(review: Review, cfg: StudyConfig, *, trial: int | None = None) -> Export:

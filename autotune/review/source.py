@@ -8,7 +8,6 @@ headroom constraint and do without). `build_review` is pure: trials in, a `Revie
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.studyfile import FloatRange, StudyConfig
 from autotune.errors import UsageError
+from autotune.masking import redact
 from autotune.review.plotdata import study_cell_bytes
 from autotune.review.redact import scrub
 from autotune.review.trials import FRACTION, TrialView, views
@@ -27,9 +27,8 @@ from autotune.review.winner import (
     Margin,
     Winner,
     choose,
-    parse_margin,
-    parse_tolerance,
 )
+from autotune.study.storage import STUDY_DB, default_storage_url, load_existing
 
 CONFIRMATION = "confirmation"
 """Study user attribute `autotune confirm` writes: the last soak of an exported setting."""
@@ -144,45 +143,8 @@ class Review:
         raise UsageError(f"--trial {number}: study {self.name} has no such trial (trials {span})")
 
 
-def add_review_args(p: argparse.ArgumentParser) -> None:
-    from autotune.cli.run import add_study_args
-
-    add_study_args(p)
-    p.add_argument(
-        "--tolerance",
-        default=str(DEFAULT_TOLERANCE),
-        metavar="FRACTION",
-        help="winner: throughput within this fraction of the best feasible (default 0.05)",
-    )
-    p.add_argument(
-        "--margin",
-        default="1step",
-        metavar="MARGIN",
-        help="winner: back off by N steps of mem_fraction_static (1step, the default) "
-        "or until N GiB stay free at the stress peak (2GiB)",
-    )
-
-
-def open_source(args: argparse.Namespace, *, need_config: bool = False) -> Source:
-    """The study named on the command line, with its study file when one is found."""
-    from autotune.cli.run import resolve_config, storage_url, study_dir
-    from autotune.study.storage import STUDY_DB, default_storage_url, load_existing
-
-    if not args.study and args.config is None:
-        raise UsageError("name a study: --study NAME (configs/NAME.toml) or --config PATH")
-    cfg: StudyConfig | None = None
-    try:
-        cfg = resolve_config(args)
-    except UsageError:
-        if need_config or args.config is not None:
-            raise
-    name = cfg.name if cfg is not None else str(args.study)
-    folder = Path(args.results_dir) / name
-    if cfg is not None:
-        folder = study_dir(cfg, args.results_dir)
-        url = storage_url(args, cfg, folder)
-    else:
-        url = str(args.storage or default_storage_url(folder))
+def open_source(name: str, url: str, folder: Path, cfg: StudyConfig | None) -> Source:
+    """The study `name` in the storage at `url`; a clear error when it has no results yet."""
     if url == default_storage_url(folder) and not (folder / STUDY_DB).is_file():
         raise UsageError(f"study {name} has no results in {folder}; run `autotune run --study "
                          f"{name}` first or pass --results-dir")  # fmt: skip
@@ -221,10 +183,10 @@ def build_review(
     )
 
 
-def review_of(source: Source, args: argparse.Namespace) -> Review:
-    """The review of an opened study with the command line's winner rule."""
-    from autotune.study.storage import redact
-
+def review_of(
+    source: Source, *, tolerance: float = DEFAULT_TOLERANCE, margin: Margin | None = None
+) -> Review:
+    """The review of an opened study with the given winner rule."""
     trials = source.study.get_trials(deepcopy=False)
     if not any(t.state != TrialState.WAITING for t in trials):
         raise UsageError(
@@ -236,8 +198,8 @@ def review_of(source: Source, args: argparse.Namespace) -> Review:
         trials,
         cfg=source.cfg,
         study_attrs=source.study.user_attrs,
-        tolerance=parse_tolerance(str(getattr(args, "tolerance", DEFAULT_TOLERANCE))),
-        margin=parse_margin(str(getattr(args, "margin", "1step"))),
+        tolerance=tolerance,
+        margin=margin,
     )
 
 

@@ -11,6 +11,7 @@ Each failed check is a `HarnessError` whose message names what is in the way and
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Collection
 from pathlib import Path
 
@@ -69,3 +70,10 @@ def gpu_baseline(
                 "Stop them, or set the policy to wait or ignore"
             )
         sleep(min(5.0, max(0.1, deadline - clock())))
+
+
+def free_port(host: str) -> int:
+    """A port the OS says is free now (bind to 0); the server binds it moments later."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])

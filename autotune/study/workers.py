@@ -21,7 +21,6 @@ module adds what ask/tell leaves to autotune:
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import logging
 import os
 import random
@@ -34,12 +33,11 @@ from datetime import datetime
 from pathlib import Path
 
 import optuna
-from optuna.exceptions import ExperimentalWarning, StorageInternalError
+from optuna.exceptions import StorageInternalError
 from optuna.samplers import RandomSampler
-from optuna.storages import RDBStorage
 from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled
 from optuna.trial import FrozenTrial, TrialState
-from sqlalchemy.exc import IntegrityError, ProgrammingError, SQLAlchemyError
+from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.config.studyfile import Heartbeat, Limits, SearchConfig, StudyConfig
 from autotune.errors import UsageError
@@ -173,40 +171,6 @@ def describe(w: Worker | None) -> str:
 # ------------------------------------------------------------------------------------------------
 # Storage and heartbeats
 # ------------------------------------------------------------------------------------------------
-
-
-def driver_url(url: str) -> str:
-    """A PostgreSQL URL with the driver that is installed: SQLAlchemy 2.1 reads a bare
-    `postgresql://` as psycopg 3, while psycopg2 is the common install (`postgres://` too)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme not in ("postgresql", "postgres"):
-        return url
-    for module in ("psycopg", "psycopg2"):
-        if importlib.util.find_spec(module) is not None:
-            return f"postgresql+{module}://{rest}"
-    return url  # opening it names the missing driver
-
-
-def rdb_storage(url: str, heartbeat: Heartbeat) -> RDBStorage:
-    """Optuna's RDB storage with heartbeats on; connections are checked before use, since a
-    worker may sit idle for an hour while its server runs."""
-    engine_kwargs: dict[str, object] = {} if url.startswith("sqlite") else {"pool_pre_ping": True}
-    for attempt in range(CREATE_ATTEMPTS):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", ExperimentalWarning)
-                return RDBStorage(
-                    driver_url(url),
-                    engine_kwargs=dict(engine_kwargs),
-                    heartbeat_interval=heartbeat.interval_s,
-                    grace_period=heartbeat.grace_s,
-                )
-        except (IntegrityError, ProgrammingError):
-            # workers starting together race to create Optuna's tables; the loser retries
-            if attempt == CREATE_ATTEMPTS - 1:
-                raise
-            time.sleep(0.2 * (attempt + 1))
-    raise AssertionError("unreachable")
 
 
 def drop_twice_queued(study: optuna.Study) -> list[int]:

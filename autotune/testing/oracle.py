@@ -47,7 +47,8 @@ from autotune.sim.model import (
     transient_peak_gib,
 )
 from autotune.sim.profiles import Profile
-from autotune.study.storage import Measured, Result, tell
+from autotune.study.loop import tell
+from autotune.trial.record import Measured, Result
 
 STRESS_FORWARDS = 200
 STABLE_P = 0.95
@@ -256,7 +257,7 @@ def _done(
     record: dict[str, object],
     truth: bool,
 ) -> tuple[Launch, Result]:
-    from autotune.study.storage import constraint_values
+    from autotune.study.objectives import constraint_values
 
     record["outcome"] = outcome
     attrs = {

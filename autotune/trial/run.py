@@ -31,7 +31,7 @@ from autotune import __version__
 from autotune.config.space import address_flags
 from autotune.config.studyfile import Limits, Scalar, StudyConfig
 from autotune.errors import HarnessError
-from autotune.study.storage import Measured, Result
+from autotune.trial.record import Measured, Result
 
 if TYPE_CHECKING:
     from autotune.loadgen import WorkloadSpec

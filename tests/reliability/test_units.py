@@ -8,9 +8,8 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from autotune.masking import scrub_file
+from autotune.masking import redact, redact_text, scrub_file
 from autotune.server.hostcheck import machine_ram_gb, results_disk_problem
-from autotune.study.storage import redact, redact_text
 from autotune.testing import audit
 
 

@@ -12,7 +12,7 @@ from autotune.config.space import settings_for
 from autotune.config.studyfile import SamplerConfig
 from autotune.search import CapacityAwareSampler, WalkDownSampler, search_done
 from autotune.search.capacity import DONE_ATTR, RULE_ATTR, WHY_ATTR
-from autotune.study.storage import make_sampler
+from autotune.study.samplers import make_sampler
 from autotune.testing.oracle import Bench, best_stable, run_trial
 from tests.search.helpers import KIMI, QWEN, study_with
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from autotune.cli.progress import Progress, Tally, duration, finished_line, status_line
+from autotune.study.progress import Progress, Tally, duration, finished_line, status_line
 
 
 def test_duration() -> None:

@@ -11,9 +11,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.cli.run import run
-from autotune.cli.status import render
 from autotune.config.studyfile import load_study
+from autotune.review.status import render
+from autotune.study.runner import run
 from autotune.study.storage import Worker, default_storage_url
 from tests.study.conftest import VALID
 from tests.study.fakes import FakeLauncher
@@ -143,8 +143,8 @@ def test_sampler_done_ends_the_study_without_a_launch(
 
 
 def test_one_run_per_results_folder(tmp_path: Path) -> None:
-    from autotune.cli.run import study_lock
     from autotune.errors import UsageError
+    from autotune.study.runner import study_lock
 
     with (
         study_lock(tmp_path),

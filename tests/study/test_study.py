@@ -16,23 +16,19 @@ from optuna.trial import TrialState
 
 from autotune.config.studyfile import Constraints, StudyConfig, load_study
 from autotune.errors import HarnessError
+from autotune.masking import redact
+from autotune.study.loop import Interrupted, prepare, run_loop
+from autotune.study.objectives import constraint_values, feasible
+from autotune.study.samplers import make_sampler
 from autotune.study.storage import (
-    Interrupted,
-    Measured,
-    Result,
     Worker,
-    constraint_values,
     counted,
     default_storage_url,
-    feasible,
-    make_sampler,
     open_study,
-    prepare,
     recover,
-    redact,
-    run_loop,
     stale_trials,
 )
+from autotune.trial.record import Measured, Result
 from tests.study.conftest import VALID
 
 OK = Measured(159277, 980.0, False, False, 0.0, 5.4, 900.0, 25.0)

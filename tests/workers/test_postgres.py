@@ -15,8 +15,10 @@ from optuna.trial import TrialState
 
 from autotune.config.studyfile import Heartbeat, Limits, StudyConfig, load_study
 from autotune.search import CapacityAwareSampler
-from autotune.study.storage import Measured, Result, Worker, open_study, prepare, run_loop
+from autotune.study.loop import prepare, run_loop
+from autotune.study.storage import Worker, open_study
 from autotune.study.workers import SKIPPED_SURPLUS, Coordinator, same_point
+from autotune.trial.record import Measured, Result
 
 pytestmark = pytest.mark.postgres
 

@@ -280,7 +280,7 @@ def test_hold_waits_while_others_fill_the_budget_and_gives_up_after_a_trial() ->
 
 
 def test_status_names_the_worker_of_each_trial_when_several_share_the_study() -> None:
-    from autotune.cli.status import rows
+    from autotune.review.status import rows
 
     a, b = Worker("box-a", 1, 1, "0,1"), Worker("box-b", 2, 2)
     head, body = rows([_trial(0, worker=a), _trial(1, worker=b), _trial(2)])
@@ -318,7 +318,7 @@ def test_a_gpu_group_must_hold_the_server() -> None:
 def test_driver_url_picks_the_installed_postgresql_driver() -> None:
     import importlib.util
 
-    from autotune.study.workers import driver_url
+    from autotune.study.storage import driver_url
 
     driver = "psycopg" if importlib.util.find_spec("psycopg") else "psycopg2"
     assert driver_url("postgresql://u:p@db:5432/x") == f"postgresql+{driver}://u:p@db:5432/x"

@@ -1,0 +1,146 @@
+"""What the subcommands share: the study arguments, locating a study, and stop signals.
+
+Only argparse lives here: every subcommand turns its arguments into values once, with
+these helpers, and hands the values to the subsystem that does the work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from autotune.config.studyfile import SAMPLERS, StudyConfig, find_study_file, load_study
+from autotune.errors import UsageError
+from autotune.review.source import Review, Source, open_source, review_of
+from autotune.review.winner import DEFAULT_TOLERANCE, Margin, parse_margin, parse_tolerance
+from autotune.study.storage import default_storage_url
+
+PACKAGE_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def add_study_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--study", metavar="NAME", help="configs/NAME.toml; also the results folder")
+    p.add_argument(
+        "--config", type=Path, metavar="PATH", help="study file (default configs/NAME.toml)"
+    )
+    p.add_argument(
+        "--storage", metavar="URL", help="Optuna storage URL (default results/NAME/study.db)"
+    )
+    p.add_argument(
+        "--results-dir",
+        type=Path,
+        metavar="DIR",
+        default=Path("results"),
+        help="where the study's folder NAME/ goes (default results)",
+    )
+
+
+def resolve_config(args: argparse.Namespace) -> StudyConfig:
+    """The study file named by --config or --study, with the command line's overrides applied."""
+    if args.config is None and not args.study:
+        raise UsageError("name a study: --study NAME (configs/NAME.toml) or --config PATH")
+    path = args.config or find_study_file(args.study, [Path("configs"), PACKAGE_CONFIGS])
+    cfg = load_study(path, name=args.study or None)
+    backend = getattr(args, "backend", None)
+    if backend:
+        cfg = dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, backend=backend))
+    sampler = getattr(args, "sampler", None)
+    if sampler:
+        if sampler not in SAMPLERS:
+            raise UsageError(f"--sampler {sampler}: unknown; use one of {', '.join(SAMPLERS)}")
+        cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, name=sampler))
+    n_trials = getattr(args, "n_trials", None)
+    if n_trials is not None:
+        if n_trials < 1:
+            raise UsageError(f"--n-trials {n_trials}: must be ≥ 1")
+        cfg = dataclasses.replace(cfg, budget=dataclasses.replace(cfg.budget, n_trials=n_trials))
+    timeout = getattr(args, "timeout", None)
+    if timeout is not None:
+        if not timeout > 0:
+            raise UsageError(f"--timeout {timeout:g}: must be > 0 seconds")
+        cfg = dataclasses.replace(cfg, budget=dataclasses.replace(cfg.budget, timeout_s=timeout))
+    return cfg
+
+
+def study_dir(cfg: StudyConfig, results_dir: Path) -> Path:
+    return results_dir / cfg.name
+
+
+def storage_url(args: argparse.Namespace, cfg: StudyConfig, folder: Path) -> str:
+    return str(args.storage or cfg.storage or default_storage_url(folder))
+
+
+@contextmanager
+def stop_signals() -> Iterator[None]:
+    """Ctrl-C (SIGINT) and `systemctl stop` (SIGTERM) stop the run cleanly: the trial is
+    recorded first. SIGINT is handled even when the shell started us with it ignored (a
+    background job), so `kill -INT` always works."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = {
+        signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+        signal.SIGTERM: signal.signal(signal.SIGTERM, interrupt),
+    }
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def add_review_args(p: argparse.ArgumentParser) -> None:
+    add_study_args(p)
+    p.add_argument(
+        "--tolerance",
+        default=str(DEFAULT_TOLERANCE),
+        metavar="FRACTION",
+        help="winner: throughput within this fraction of the best feasible (default 0.05)",
+    )
+    p.add_argument(
+        "--margin",
+        default="1step",
+        metavar="MARGIN",
+        help="winner: back off by N steps of mem_fraction_static (1step, the default) "
+        "or until N GiB stay free at the stress peak (2GiB)",
+    )
+
+
+def locate(args: argparse.Namespace, *, need_config: bool = False) -> Source:
+    """The study named on the command line, opened for review, with its study file when found."""
+    if not args.study and args.config is None:
+        raise UsageError("name a study: --study NAME (configs/NAME.toml) or --config PATH")
+    cfg: StudyConfig | None = None
+    try:
+        cfg = resolve_config(args)
+    except UsageError:
+        if need_config or args.config is not None:
+            raise
+    name = cfg.name if cfg is not None else str(args.study)
+    folder = Path(args.results_dir) / name
+    if cfg is not None:
+        folder = study_dir(cfg, args.results_dir)
+        url = storage_url(args, cfg, folder)
+    else:
+        url = str(args.storage or default_storage_url(folder))
+    return open_source(name, url, folder, cfg)
+
+
+def winner_rule(args: argparse.Namespace) -> tuple[float, Margin]:
+    """--tolerance and --margin as values."""
+    return (
+        parse_tolerance(str(getattr(args, "tolerance", DEFAULT_TOLERANCE))),
+        parse_margin(str(getattr(args, "margin", "1step"))),
+    )
+
+
+def review(args: argparse.Namespace, *, need_config: bool = False) -> tuple[Source, Review]:
+    """The study named on the command line, read, with the command line's winner rule."""
+    source = locate(args, need_config=need_config)
+    tolerance, margin = winner_rule(args)
+    return source, review_of(source, tolerance=tolerance, margin=margin)

@@ -1,0 +1,82 @@
+"""`autotune confirm`: soak the exported setting once more, longer, and record pass or fail."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+from autotune.cli import common
+from autotune.errors import UsageError
+from autotune.review.confirm import (
+    DEFAULT_SOAK_FACTOR,
+    describe,
+    record_verdict,
+    run_confirmation,
+    soak,
+)
+from autotune.review.export import build_export
+from autotune.server.flagcheck import check_argv
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "confirm",
+        help="relaunch the exported command for a longer soak with the stress phase; "
+        "record pass or fail on the study",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    common.add_review_args(p)
+    p.add_argument("--trial", type=int, metavar="N", help="confirm trial N's setting instead")
+    p.add_argument(
+        "--soak-factor",
+        type=float,
+        default=DEFAULT_SOAK_FACTOR,
+        metavar="X",
+        help="steady phases X times longer, stress repeated as often "
+        f"(default {DEFAULT_SOAK_FACTOR:g})",
+    )
+    p.add_argument("--backend", choices=("sim", "sglang"), help="override server.backend")
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    if not 1.0 <= args.soak_factor <= 100.0:
+        raise UsageError(f"--soak-factor {args.soak_factor:g}: must be between 1 and 100")
+    source, review = common.review(args, need_config=True)
+    cfg = source.cfg
+    assert cfg is not None
+    ex = build_export(review, cfg, trial=args.trial)
+    problems = check_argv(ex.argv, backend=ex.backend)
+    if problems:
+        raise UsageError("; ".join(problems))
+    soak_cfg = soak(cfg, args.soak_factor)
+    out = sys.stdout
+    out.write(
+        f"confirming {' '.join(f'{k}={v}' for k, v in ex.params.items())} "
+        f"(trial {ex.trial}) with a {args.soak_factor:g}× soak\n"
+    )
+    out.flush()
+    with common.stop_signals():
+        verdict = run_confirmation(
+            soak_cfg, source.folder, dict(ex.params), trial=ex.trial, phase=_phase_printer(out)
+        )
+    if verdict["outcome"] == "interrupted":
+        out.write("confirmation interrupted: the server was stopped; nothing was recorded\n")
+        return 130
+    verdict["soak_factor"] = args.soak_factor
+    record_verdict(source.study, verdict)
+    out.write(describe(verdict))
+    return 0 if verdict["passed"] else 1
+
+
+def _phase_printer(out: TextIO) -> Callable[[str], None]:
+    start = time.monotonic()
+
+    def phase(name: str) -> None:
+        out.write(f"  {name} (at {time.monotonic() - start:.0f} s)\n")
+        out.flush()
+
+    return phase

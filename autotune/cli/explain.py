@@ -1,0 +1,45 @@
+"""`autotune explain`: one trial's memory arithmetic in words and numbers."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from autotune.cli import common
+from autotune.errors import UsageError
+from autotune.review.explain import explain
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "explain",
+        help="the memory arithmetic of one trial (default: the exported winner), in words",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    common.add_review_args(p)
+    p.add_argument("--trial", type=int, metavar="N", help="trial number (default: the winner)")
+    p.add_argument(
+        "--fraction",
+        type=float,
+        action="append",
+        metavar="F",
+        help="also say what this mem_fraction_static would give (repeatable)",
+    )
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    _, review = common.review(args)
+    number = args.trial
+    if number is None:
+        if review.winner is None:
+            raise UsageError(
+                f"study {review.name} has no feasible trial to explain yet; pass --trial N"
+            )
+        number = review.winner.trial
+    for f in args.fraction or ():
+        if not 0.0 < f < 1.0:
+            raise UsageError(f"--fraction {f:g}: must be between 0 and 1")
+    text = explain(review, review.trial(number), extra=args.fraction or ())
+    sys.stdout.write(review.scrub(text))
+    return 0

@@ -1,0 +1,43 @@
+"""`autotune export`: the winning launch command, ready to paste."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from autotune.cli import common
+from autotune.errors import UsageError
+from autotune.review.export import FORMATS, build_export, render
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "export",
+        help="print the winning launch command (flags, shell, json or a systemd drop-in)",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    common.add_review_args(p)
+    p.add_argument("--format", default="shell", metavar="FORMAT", help=", ".join(FORMATS))
+    p.add_argument("--trial", type=int, metavar="N", help="export trial N as it ran (no margin)")
+    p.add_argument("--backend", choices=("sim", "sglang"), help="override server.backend")
+    p.add_argument(
+        "--no-flag-check",
+        action="store_true",
+        help="skip checking the flags against the installed SGLang's parser",
+    )
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    if args.format not in FORMATS:
+        raise UsageError(f"--format {args.format}: unknown; use one of {', '.join(FORMATS)}")
+    source, review = common.review(args, need_config=True)
+    assert source.cfg is not None
+    ex = build_export(review, source.cfg, trial=args.trial)
+    if not args.no_flag_check:
+        from autotune.server.flagcheck import check_argv
+
+        for problem in check_argv(ex.argv, backend=ex.backend):
+            sys.stderr.write(f"autotune: warning: {problem}\n")
+    sys.stdout.write(review.scrub(render(ex, args.format)))
+    return 0

@@ -1,0 +1,90 @@
+"""TODO: autotune.review.ledgerview."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import UsageError
+from autotune.logparse.ledger import Ledger, build_ledger
+from autotune.logparse.lines import Kind, ParsedLog, parse_lines
+from autotune.logparse.outcome import Verdict, classify
+from autotune.logparse.serving import ServingSummary, summarize
+
+
+def read_log(path: Path) -> ParsedLog:
+    if not path.exists():
+        raise UsageError(f"{path}: no such file; give the path of an SGLang server log")
+    if not path.is_file():
+        raise UsageError(f"{path}: not a file; give the path of an SGLang server log")
+    try:
+        with open(path, encoding="utf-8", errors="replace", newline="\n") as fh:
+            return parse_lines(fh)
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read it ({exc.strerror})") from exc
+
+
+def summarize_log(log: ParsedLog) -> tuple[Ledger, Verdict, ServingSummary]:
+    return build_ledger(log.events), classify(log.events), summarize(log.batches, log.events)
+
+
+def as_json(ledger: Ledger, verdict: Verdict, serving: ServingSummary, log: ParsedLog) -> str:
+    doc: dict[str, Any] = ledger.to_dict()
+    doc["ready"] = log.first(Kind.READY) is not None
+    doc.update(verdict.to_dict())
+    doc["serving"] = serving.to_dict()
+    doc["lines"] = log.lines
+    return json.dumps(doc)
+
+
+_ROWS = (
+    ("p_gib", "free before weights (P)", "GiB"),
+    ("weights_gib", "weights", "GiB"),
+    ("avail_after_weights_gib", "free after weights", "GiB"),
+    ("max_total_num_tokens", "KV pool", "tokens"),
+    ("kv_gib", "KV pool", "GiB"),
+    ("kv_dtype", "KV dtype", ""),
+    ("req_to_token_gib", "request table (derived)", "GiB"),
+    ("draft_weights_gib", "draft weights", "GiB"),
+    ("draft_kv_gib", "draft KV pool", "GiB"),
+    ("graph_gib", "CUDA graphs", "GiB"),
+    ("draft_graph_gib", "draft CUDA graphs", "GiB"),
+    ("avail_after_graphs_gib", "free after graph capture", "GiB"),
+    ("available_gpu_mem_gib", "free at the summary line", "GiB"),
+    ("host_cache_gb", "host cache per rank", "GB"),
+    ("host_cache_tokens", "host cache", "tokens"),
+    ("max_running_requests", "max running requests", ""),
+    ("chunked_prefill_size", "chunked prefill size", "tokens"),
+    ("max_prefill_tokens", "max prefill tokens", "tokens"),
+    ("context_len", "context length", "tokens"),
+    ("model_type", "model class", ""),
+    ("ranks", "ranks in the log", ""),
+)
+
+
+def as_text(ledger: Ledger, verdict: Verdict, serving: ServingSummary) -> str:
+    lines = [f"outcome: {verdict.outcome}" + (f" ({verdict.cause})" if verdict.cause else "")]
+    for line in verdict.evidence:
+        lines.append(f"  | {line}")
+    lines.append("")
+    values = ledger.to_dict()
+    for key, label, unit in _ROWS:
+        value = values[key]
+        if value is None:
+            shown = "-"
+        elif isinstance(value, float):
+            shown = f"{value:.2f}"
+        else:
+            shown = f"{value:,}" if isinstance(value, int) else str(value)
+        lines.append(f"{label:<28} {shown:>14} {unit}".rstrip())
+    if serving.decode_lines or serving.prefill_lines:
+        lines.append("")
+        lines.append(
+            f"serving: {serving.prefill_lines} prefill and {serving.decode_lines} decode lines;"
+            f" peak running {serving.max_running}, queued {serving.max_queued},"
+            f" token usage {serving.max_token_usage},"
+            f" gen throughput {serving.max_gen_throughput} tok/s;"
+            f" {serving.retractions} requests retracted"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,197 @@
+"""TODO: autotune.study.loop."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.config.space import grid
+from autotune.config.studyfile import (
+    Fixed,
+    Scalar,
+    SearchConfig,
+    StudyConfig,
+)
+from autotune.errors import UsageError
+
+if TYPE_CHECKING:
+    from autotune.study.workers import Coordinator
+from autotune.study.objectives import constraint_values, objective_values
+from autotune.study.storage import Worker, counted
+from autotune.trial.record import Result
+
+log = logging.getLogger(__name__)
+
+
+def prepare(study: optuna.Study, cfg: StudyConfig) -> int:
+    """On a new study enqueue the baseline (and for `grid` every grid point); returns how many."""
+    if study.get_trials(deepcopy=False):
+        return 0
+    queued: list[dict[str, Scalar]] = []
+    searched = _searched_names(cfg.search)
+    baseline = {k: v for k, v in cfg.search.baseline.items() if k in searched}
+    if baseline:
+        queued.append(baseline)
+    if cfg.sampler.name == "grid":
+        points = grid(cfg.search)
+        if points is None:
+            raise UsageError(
+                "--sampler grid needs a step (or choices) on every searched parameter; "
+                "add step = ... or use tpe"
+            )
+        queued += [p for p in sorted(points, key=_grid_order(cfg.search)) if p != baseline]
+    for params in queued:
+        study.enqueue_trial(dict(params))
+    return len(queued)
+
+
+def _searched_names(search: SearchConfig) -> set[str]:
+    return {p.name for p in search.params if not isinstance(p, Fixed)}
+
+
+def _grid_order(search: SearchConfig) -> Callable[[Mapping[str, Scalar]], tuple[str, ...]]:
+    names = [p.name for p in search.params]
+
+    def key(point: Mapping[str, Scalar]) -> tuple[str, ...]:
+        return tuple(f"{point[n]!s:>20}" if n in point else "" for n in names)
+
+    return key
+
+
+class Interrupted(Exception):
+    """The operator stopped the run (Ctrl-C or SIGTERM); the current trial is recorded."""
+
+
+@dataclass(frozen=True)
+class LoopEnd:
+    why: str
+    ran: int
+    counted: int
+
+
+MAX_CONSECUTIVE_FAILURES = 3
+
+
+HARNESS_OUTCOMES = frozenset({"harness_error", "startup_error", "hang", "timeout", "unknown"})
+
+
+def run_loop(
+    study: optuna.Study,
+    cfg: StudyConfig,
+    *,
+    run_one: Callable[[optuna.trial.Trial], Result],
+    n_trials: int,
+    timeout_s: float | None,
+    clock: Callable[[], float],
+    worker: Worker,
+    on_told: Callable[[FrozenTrial], None] = lambda t: None,
+    coordinator: Coordinator | None = None,
+) -> LoopEnd:
+    """Ask, run, tell until `n_trials` trials count, the time is up or the grid is done.
+
+    With a `coordinator` (several workers on one study, `autotune.study.workers`), stale trials of
+    dead workers are failed before each ask, the loop waits while other workers' running trials
+    fill the budget, and a trial that would overrun the budget or repeat a running point is
+    recorded as skipped instead of launched.
+
+    Raises `Interrupted` after recording the current trial when the operator stops the run, and
+    `HarnessError` after several harness failures in a row (the machine, not the parameters).
+    """
+    from autotune.errors import HarnessError
+
+    start = clock()
+    ran = 0
+    failures = 0
+    while True:
+        if coordinator is not None:
+            coordinator.reap(study)
+        trials = study.get_trials(deepcopy=False)
+        done = counted(trials)
+        if done >= n_trials:
+            return LoopEnd("budget", ran, done)
+        if timeout_s is not None and clock() - start >= timeout_s:
+            return LoopEnd("timeout", ran, done)
+        if coordinator is not None:
+            held = coordinator.hold(trials, n_trials, grid=cfg.sampler.name == "grid")
+            if held:  # waited too long for the other workers
+                return LoopEnd(held, ran, done)
+            if held is not None:  # waited one interval: look again
+                continue
+        if cfg.sampler.name == "grid" and not any(t.state == TrialState.WAITING for t in trials):
+            return LoopEnd("grid done", ran, done)
+        trial = coordinator.ask(study) if coordinator is not None else study.ask()
+        skip = ""
+        try:
+            trial.set_user_attr("worker", worker.to_dict())
+            if coordinator is not None:
+                skip = coordinator.claim(study, trial, n_trials)
+            result = Result("fail", "skipped", skip, None, {}) if skip else run_one(trial)
+        except KeyboardInterrupt:
+            result = Result("interrupted", "interrupted", "stopped by the operator", None, {})
+        finally:
+            if coordinator is not None:
+                coordinator.release(trial)
+        if not _tell_unless_finished(study, trial, result, cfg):
+            log.warning(
+                "trial %d was failed by another worker while it ran (its heartbeat was late); "
+                "its record stays in its trial folder",
+                trial.number,
+            )
+        if skip and result.state != "interrupted":
+            continue
+        ran += 1
+        on_told(_frozen(study, trial))
+        if result.state == "interrupted" or result.fatal == "interrupted":
+            raise Interrupted(f"stopped by the operator during trial {trial.number}")
+        if result.fatal:
+            raise HarnessError(f"trial {trial.number}: {result.fatal}; stopping the study")
+        if result.end:
+            return LoopEnd(result.end, ran, counted(study.get_trials(deepcopy=False)))
+        failures = failures + 1 if result.outcome in HARNESS_OUTCOMES else 0
+        if failures >= MAX_CONSECUTIVE_FAILURES:
+            raise HarnessError(
+                f"{failures} trials in a row failed for reasons outside the parameters "
+                f"(last: {result.reason}); see results/{cfg.name}/trials/"
+            )
+
+
+def _frozen(study: optuna.Study, trial: optuna.trial.Trial) -> FrozenTrial:
+    return study._storage.get_trial(trial._trial_id)
+
+
+def _tell_unless_finished(
+    study: optuna.Study, trial: optuna.trial.Trial, result: Result, cfg: StudyConfig
+) -> bool:
+    """`tell`; False when the trial was already finished (another worker judged it stale)."""
+    try:
+        tell(study, trial, result, cfg)
+    except (UpdateFinishedTrialError, ValueError):
+        if not _frozen(study, trial).state.is_finished():
+            raise
+        return False
+    return True
+
+
+def tell(study: optuna.Study, trial: optuna.trial.Trial, result: Result, cfg: StudyConfig) -> None:
+    """Store one trial's result; the point of a trial that was interrupted or failed for the
+    machine's sake (a harness error) is enqueued again, so the study loses no point."""
+    trial.set_user_attr("outcome", result.outcome)
+    trial.set_user_attr("reason", result.reason)
+    for key, value in result.attrs.items():
+        trial.set_user_attr(key, value)
+    if result.state == "complete" and result.measured is not None:
+        m = result.measured
+        for key, value in constraint_values(m, cfg.constraints).items():
+            trial.set_constraint(key, value)
+        study.tell(trial, objective_values(m, cfg.objectives))
+        return
+    study.tell(trial, state=TrialState.FAIL)
+    machine = result.outcome == "harness_error"  # the machine failed, not the parameters
+    if (result.state == "interrupted" or machine) and trial.params:
+        study.enqueue_trial(dict(trial.params))

@@ -1,0 +1,55 @@
+"""TODO: autotune.study.objectives."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.config.studyfile import (
+    Constraints,
+)
+from autotune.trial.record import Measured
+
+
+def objective_values(m: Measured, objectives: Sequence[str]) -> list[float]:
+    table = {"capacity": float(m.capacity_tokens), "throughput": float(m.throughput_tok_s)}
+    return [table[name] for name in objectives]
+
+
+def constraint_values(m: Measured, c: Constraints) -> dict[str, float]:
+    """One value per constraint, Optuna's convention: ≤ 0 satisfied, > 0 violated by that much.
+
+    A trial that crashed before it could measure something violates that constraint too, so
+    samplers learn the edge from crashes.
+    """
+    broken = m.oom or m.crashed
+    out: dict[str, float] = {}
+    if c.no_oom:
+        out["oom"] = 1.0 if m.oom else 0.0
+    out["crash"] = 1.0 if m.crashed and not m.oom else 0.0
+    rate = m.error_rate if m.error_rate is not None else (1.0 if broken else 0.0)
+    out["error_rate"] = rate - c.max_error_rate
+    if c.min_headroom_gib > 0:
+        headroom = m.headroom_gib if m.headroom_gib is not None else (0.0 if broken else None)
+        out["headroom_gib"] = c.min_headroom_gib - headroom if headroom is not None else 0.0
+    if c.max_p99_ttft_ms is not None:
+        out["p99_ttft_ms"] = _over(m.p99_ttft_ms, c.max_p99_ttft_ms, broken)
+    if c.max_p99_itl_ms is not None:
+        out["p99_itl_ms"] = _over(m.p99_itl_ms, c.max_p99_itl_ms, broken)
+    return out
+
+
+def _over(value: float | None, limit: float, broken: bool) -> float:
+    if value is None:
+        return 1.0 if broken else 0.0
+    return (value - limit) / limit
+
+
+def feasible(t: FrozenTrial) -> bool:
+    return t.state == TrialState.COMPLETE and all(v <= 0 for v in t.constraints.values())
+
+
+def best_feasible_capacity(trials: Sequence[FrozenTrial]) -> int | None:
+    caps = [int(t.user_attrs.get("capacity_tokens", 0)) for t in trials if feasible(t)]
+    return max(caps) if caps else None

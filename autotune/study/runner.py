@@ -1,0 +1,245 @@
+"""TODO: autotune.study.runner."""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import os
+import random
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TextIO
+
+import optuna
+from optuna.exceptions import StorageInternalError
+from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy.exc import SQLAlchemyError
+
+from autotune.config.space import server_argv, settings_for
+from autotune.config.studyfile import StudyConfig
+from autotune.errors import HarnessError, UsageError
+from autotune.masking import redact, redact_text
+from autotune.server.hostcheck import results_disk_problem
+from autotune.server.preflight import free_port
+from autotune.study.loop import Interrupted, prepare, run_loop
+from autotune.study.objectives import best_feasible_capacity, feasible
+from autotune.study.progress import Progress, Tally, finished_line
+from autotune.study.samplers import make_sampler
+from autotune.study.storage import counted, open_study, recover
+from autotune.trial.record import Result
+from autotune.trial.run import Launcher, TrialPlan, run_trial, write_record
+
+
+def run(
+    cfg: StudyConfig,
+    folder: Path,
+    url: str,
+    launcher: Launcher,
+    stream: TextIO,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+) -> int:
+    """Run the study to its end; 0 when done, 130 when the operator stopped it."""
+    from autotune.study.workers import (
+        Coordinator,
+        current_worker,
+        drop_twice_queued,
+        gpu_group,
+        worker_seed,
+    )
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    worker = current_worker(gpu_group(cfg.server.env) or gpu_group(os.environ))
+    seed = worker_seed(cfg.sampler.seed, worker)
+    sampler = make_sampler(dataclasses.replace(cfg.sampler, seed=seed))
+    study = open_study(cfg, url, sampler, heartbeat=cfg.heartbeat)
+    stopped = launcher.stop_orphans()
+    note = "; ".join(stopped) or "no server was left running"
+
+    def orphans(t: FrozenTrial) -> str:
+        where = t.user_attrs.get("trial_dir")
+        if where is None or Path(str(where)).parent.parent == folder:
+            return note
+        return "its server, if one is left, is stopped when its own worker starts again"
+
+    recovered = recover(study, host=worker.host, machine=worker.machine, stop_orphans=orphans)
+    queued = prepare(study, cfg)
+    if queued:
+        drop_twice_queued(study)
+    trials = study.get_trials(deepcopy=False)
+    deadline = clock() + cfg.budget.timeout_s if cfg.budget.timeout_s else None
+    tally = Tally(n_trials=cfg.budget.n_trials)
+    for t in trials:
+        if t.state.is_finished():
+            _tally_add(tally, t)
+    progress = Progress(stream, tally, clock=clock, deadline=deadline)
+    progress.message(
+        f"study {cfg.name}: {cfg.server.backend} backend, sampler {cfg.sampler.name}, "
+        f"{counted(trials)}/{cfg.budget.n_trials} trials done, storage {redact(url)}"
+        + (f"; recovered trials {recovered} left running by a killed run" if recovered else "")
+        + (f"; stopped orphaned servers: {'; '.join(stopped)}" if stopped else "")
+        + (f"; {queued} points queued" if queued else "")
+    )
+
+    shown_k = [tally.done + 1]  # "trial k of N" of the trial in progress
+    coordinator = Coordinator(
+        me=worker,
+        search=cfg.search,
+        heartbeat=cfg.heartbeat,
+        limits=cfg.server.limits,
+        clock=clock,
+        notify=progress.message,
+        rng=random.Random(seed),
+        random_after_duplicate=cfg.sampler.name not in ("capacity", "walkdown"),
+    )
+
+    def run_one(trial: optuna.trial.Trial) -> Result:
+        settings = settings_for(trial, cfg.search)
+        done = sampler_done(study, trial)
+        if done:
+            return Result("fail", "skipped", f"not launched: {done}", None, {}, end=done)
+        full = results_disk_problem(folder)
+        if full:
+            return Result("fail", "harness_error", f"not launched: {full}", None, {}, fatal=full)
+        port = cfg.server.port or free_port(cfg.server.host)
+        argv = server_argv(
+            cfg.server, settings, backend=cfg.server.backend, extra=launcher.extra_args()
+        )
+        plan = TrialPlan(
+            number=trial.number,
+            params=settings.params,
+            argv=tuple(argv),
+            env=dict(cfg.server.env),
+            host=cfg.server.host,
+            port=port,
+            trial_dir=trial_dir(folder, trial.number),
+            limits=cfg.server.limits,
+            backend=cfg.server.backend,
+        )
+        trial.set_user_attr("trial_dir", str(plan.trial_dir))
+        shown_k[0] = tally.done + 1
+        progress.trial_started(shown_k[0], trial.number, settings.params)
+        record = run_trial(plan, launcher, clock=clock, phase=progress.phase)
+        write_record(record, plan.trial_dir)
+        return record.result()
+
+    def on_told(t: FrozenTrial) -> None:
+        _tally_add(tally, t)
+        progress.trial_finished(_finished(t, tally, shown_k[0]))
+
+    try:
+        end = run_loop(
+            study,
+            cfg,
+            run_one=run_one,
+            n_trials=cfg.budget.n_trials,
+            timeout_s=cfg.budget.timeout_s,
+            clock=clock,
+            worker=worker,
+            on_told=on_told,
+            coordinator=coordinator,
+        )
+    except (SQLAlchemyError, StorageInternalError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = redact_text(first, url)
+        raise HarnessError(f"the study storage {redact(url)} failed: {first}") from exc
+    except Interrupted as exc:
+        progress.close()
+        stream.write(
+            f"autotune: {exc}; the trial is recorded as interrupted. "
+            f"Run the same command to resume.\n"
+        )
+        return 130
+    finally:
+        progress.close()
+    trials = study.get_trials(deepcopy=False)
+    progress.message(_summary(cfg, end.why, trials))
+    return 0
+
+
+def sampler_done(study: optuna.Study, trial: optuna.trial.Trial) -> str:
+    """Why the sampler, while proposing `trial`, found nothing left worth a launch ("" if not).
+
+    Samplers that can tell (the capacity-aware search) say so in a user attribute of the trial
+    they were asked for; that trial is then recorded as skipped instead of launched.
+    """
+    try:
+        from autotune.search.capacity import DONE_ATTR, CapacityAwareSampler
+    except ImportError:
+        return ""
+    if not isinstance(study.sampler, CapacityAwareSampler):
+        return ""  # the others never say so; spare the storage a read
+    done = study._storage.get_trial(trial._trial_id).user_attrs.get(DONE_ATTR)
+    return f"search done: {done}" if done else ""
+
+
+def _tally_add(tally: Tally, t: FrozenTrial) -> None:
+    record = t.user_attrs.get("record")
+    phases = record.get("phases", {}) if isinstance(record, dict) else {}
+    tally.add(
+        counted=counted([t]) == 1,
+        feasible_capacity=int(t.user_attrs.get("capacity_tokens", 0)) if feasible(t) else None,
+        oom=t.user_attrs.get("outcome", "") in ("startup_oom", "runtime_oom"),
+        phases=phases if isinstance(phases, dict) else {},
+    )
+
+
+def _finished(t: FrozenTrial, tally: Tally, k: int) -> str:
+    a = t.user_attrs
+    record = a.get("record") if isinstance(a.get("record"), dict) else {}
+    assert isinstance(record, dict)
+    total = record.get("phases", {}).get("total", 0.0)
+    return finished_line(
+        k=k,
+        n=tally.n_trials,
+        number=t.number,
+        outcome=str(a.get("outcome", "")),
+        reason=str(a.get("reason", "")),
+        capacity=int(a.get("capacity_tokens", 0) or 0),
+        throughput=float(a.get("throughput_tok_s", 0.0) or 0.0),
+        headroom=a.get("headroom_gib"),
+        feasible=feasible(t) if t.state == TrialState.COMPLETE else None,
+        seconds=float(total or 0.0),
+    )
+
+
+def _summary(cfg: StudyConfig, why: str, trials: list[FrozenTrial]) -> str:
+    best = best_feasible_capacity(trials)
+    ooms = sum(1 for t in trials if t.user_attrs.get("outcome") in ("startup_oom", "runtime_oom"))
+    found = f"best feasible capacity {best:,} tokens" if best is not None else "no feasible trial"
+    return (
+        f"study {cfg.name} finished ({why}): {counted(trials)} trials, {ooms} OOM, {found}. "
+        f"See `autotune status --study {cfg.name}`."
+    )
+
+
+def trial_dir(folder: Path, number: int) -> Path:
+    return folder / "trials" / f"{number:04d}"
+
+
+@contextmanager
+def study_lock(folder: Path) -> Iterator[None]:
+    """One run per results folder: a second one would take the first one's server for an
+    orphan. The lock dies with the process, so a SIGKILLed run never blocks the next."""
+    path = folder / "run" / "autotune.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            raise UsageError(
+                f"{folder} is in use by a running autotune ({holder}); wait for it, stop it, "
+                "or use another --results-dir"
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()}\n")
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -1,0 +1,40 @@
+"""TODO: autotune.trial.record."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a complete trial measured; None where the trial never got that far."""
+
+    capacity_tokens: int
+    throughput_tok_s: float
+    oom: bool
+    crashed: bool
+    error_rate: float | None
+    headroom_gib: float | None
+    p99_ttft_ms: float | None
+    p99_itl_ms: float | None
+
+
+State = str  # "complete" | "fail" | "interrupted"
+
+
+@dataclass(frozen=True)
+class Result:
+    """What one trial tells the study: its state, measurements and JSON-safe attributes."""
+
+    state: State
+    outcome: str
+    reason: str
+    measured: Measured | None
+    attrs: Mapping[str, object]
+    fatal: str = ""
+    """Non-empty when the run must stop after this trial: `interrupted`, or why the machine is
+    no longer fit for the next launch (a server that would not go away)."""
+    end: str = ""
+    """Non-empty when the study has nothing left worth a launch (the sampler says so); the loop
+    records this trial and ends normally."""
