@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeAlias
 
+from autotune.config.workload import WorkloadSpec, workload_from_dict
 from autotune.errors import ConfigError, UsageError
 
 Scalar: TypeAlias = bool | int | float | str
@@ -163,7 +164,7 @@ class StudyConfig:
     description: str
     server: ServerConfig
     search: SearchConfig
-    workload: object
+    workload: WorkloadSpec
     objectives: tuple[str, ...]
     constraints: Constraints
     budget: Budget
@@ -497,15 +498,11 @@ def _on_grid(span: float, step: float) -> bool:
     return abs(k - round(k)) < 1e-6
 
 
-def _workload(raw: object, base_dir: Path) -> object:
+def _workload(raw: object, base_dir: Path) -> WorkloadSpec:
     if raw is None:
         raise ConfigError("workload", "is missing; add a [workload] table with [[workload.phases]]")
     if not isinstance(raw, dict):
         raise ConfigError("workload", "must be a table")
-    try:
-        from autotune.config.workload import workload_from_dict
-    except ImportError:
-        return dict(raw)
     return workload_from_dict(raw, "workload", base_dir=base_dir)
 
 

@@ -18,8 +18,9 @@ import random
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import assert_never
 
 from autotune.config.workload import Api, Phase, Poisson, Steady, Stress, Warmup, WorkloadSpec
 from autotune.loadgen import phases as ph
@@ -283,6 +284,29 @@ def _died(rt: ph.Runtime, reason: str, phase: str) -> Died:
     )
 
 
+@dataclass(frozen=True)
+class _PhaseRun:
+    """What a phase's runner is given: where its records go, how its requests are shaped."""
+
+    spec: WorkloadSpec
+    rt: ph.Runtime
+    facts: ServerFacts
+    index: int
+    out: list[RequestRecord]
+    shaper: Shaper
+    start: float
+    capped: list[int]  # open loop: arrivals that waited for an in-flight slot
+
+
+@dataclass(frozen=True)
+class _Started:
+    """A phase's runner, its hard time limit (seconds from its start) and what it was sized to."""
+
+    coro: Coroutine[object, object, None]
+    limit_s: float
+    plan: dict[str, object] = field(default_factory=dict)
+
+
 async def _phase(
     spec: WorkloadSpec,
     rt: ph.Runtime,
@@ -296,12 +320,22 @@ async def _phase(
     out: list[RequestRecord] = []
     rt.records[phase.name] = out
     rt.cut_by_time_limit = False
-    capped = [0]
     start = rt.clock()
-    plan: dict[str, object] = {}
+    run = _PhaseRun(spec, rt, facts, index, out, _shaper(spec, facts, phase, index), start, [0])
+    started = _start(phase, run)
+    ended_by, died = await _until_end(rt, phase.name, started, out, watch, watcher)
+    duration = rt.clock() - start
+    summary = summarize(out, duration, slo, capped_arrivals=run.capped[0])
+    plan = started.plan
+    result = PhaseResult(phase.name, _kind(phase), rt.rel(start), duration, ended_by, summary, plan)
+    return result, died
+
+
+def _shaper(spec: WorkloadSpec, facts: ServerFacts, phase: Phase, index: int) -> Shaper:
+    """The phase's own lengths, else the workload's; the dataset only when neither is set."""
     base_in = phase.input_len if not isinstance(phase, Stress) else None
     base_out = phase.output_len if not isinstance(phase, Stress) else None
-    shaper = Shaper(
+    return Shaper(
         random.Random(f"{spec.seed}/{index}/shapes"),
         base_in or spec.input_len,
         base_out or spec.output_len,
@@ -309,74 +343,100 @@ async def _phase(
         sessions=spec.sessions,
         max_context=facts.context_len,
     )
-    coro: Coroutine[object, object, None]
-    if isinstance(phase, Warmup):
-        limit = phase.timeout_s
-        coro = ph.closed_loop(
-            rt, out, phase.name, shaper, phase.concurrency, start + limit, phase.requests
-        )
-    elif isinstance(phase, Steady):
-        limit = phase.duration_s + spec.drain_timeout_s
-        coro = ph.closed_loop(
-            rt,
-            out,
-            phase.name,
-            shaper,
-            phase.concurrency,
-            start + phase.duration_s,
-            phase.max_requests,
-        )
-    elif isinstance(phase, Poisson):
-        limit = phase.duration_s + spec.drain_timeout_s
-        arrivals = random.Random(f"{spec.seed}/{index}/arrivals")
-        coro = ph.open_loop(
-            rt,
-            out,
-            phase.name,
-            shaper,
-            arrivals,
-            phase.rate,
-            phase.duration_s,
-            phase.max_in_flight,
-            capped,
-        )
-    else:
-        limit = phase.timeout_s
-        sized = stress_plan(phase, facts)
-        plan = dict(sized)
-        coro = ph.bursts(
-            rt,
-            out,
-            phase.name,
-            shaper,
-            sized["rounds"],
-            sized["requests"],
-            sized["input_len"],
-            sized["output_len"],
-        )
-    task = asyncio.ensure_future(coro)
-    done, _ = await asyncio.wait(
-        {task, watcher}, timeout=limit, return_when=asyncio.FIRST_COMPLETED
+
+
+def _start(phase: Phase, run: _PhaseRun) -> _Started:
+    match phase:
+        case Warmup():
+            return _start_warmup(phase, run)
+        case Steady():
+            return _start_steady(phase, run)
+        case Poisson():
+            return _start_poisson(phase, run)
+        case Stress():
+            return _start_stress(phase, run)
+    assert_never(phase)
+
+
+def _start_warmup(phase: Warmup, run: _PhaseRun) -> _Started:
+    """Closed loop for a few requests; its timeout is the whole limit."""
+    stop_at = run.start + phase.timeout_s
+    coro = ph.closed_loop(
+        run.rt, run.out, phase.name, run.shaper, phase.concurrency, stop_at, phase.requests
     )
-    died: Died | None = None
+    return _Started(coro, phase.timeout_s)
+
+
+def _start_steady(phase: Steady, run: _PhaseRun) -> _Started:
+    """Closed loop sending for `duration_s`, then up to the drain timeout for the last replies."""
+    stop_at = run.start + phase.duration_s
+    coro = ph.closed_loop(
+        run.rt, run.out, phase.name, run.shaper, phase.concurrency, stop_at, phase.max_requests
+    )
+    return _Started(coro, phase.duration_s + run.spec.drain_timeout_s)
+
+
+def _start_poisson(phase: Poisson, run: _PhaseRun) -> _Started:
+    """Open loop with seeded arrivals for `duration_s`, then up to the drain timeout."""
+    arrivals = random.Random(f"{run.spec.seed}/{run.index}/arrivals")
+    coro = ph.open_loop(
+        run.rt,
+        run.out,
+        phase.name,
+        run.shaper,
+        arrivals,
+        phase.rate,
+        phase.duration_s,
+        phase.max_in_flight,
+        run.capped,
+    )
+    return _Started(coro, phase.duration_s + run.spec.drain_timeout_s)
+
+
+def _start_stress(phase: Stress, run: _PhaseRun) -> _Started:
+    """Bursts sized to the server (see `stress_plan`); the plan is reported with the result."""
+    sized = stress_plan(phase, run.facts)
+    coro = ph.bursts(
+        run.rt,
+        run.out,
+        phase.name,
+        run.shaper,
+        sized["rounds"],
+        sized["requests"],
+        sized["input_len"],
+        sized["output_len"],
+    )
+    return _Started(coro, phase.timeout_s, dict(sized))
+
+
+async def _until_end(
+    rt: ph.Runtime,
+    name: str,
+    started: _Started,
+    out: list[RequestRecord],
+    watch: _Watch,
+    watcher: asyncio.Task[str],
+) -> tuple[str, Died | None]:
+    """Run the phase until it completes, the server dies or its limit passes: how it ended."""
+    task = asyncio.ensure_future(started.coro)
+    done, _ = await asyncio.wait(
+        {task, watcher}, timeout=started.limit_s, return_when=asyncio.FIRST_COMPLETED
+    )
     if task in done and any(r.error and r.error.startswith("connection") for r in out):
         await watch.confirm(watcher)  # lost connections: did the server die in this phase?
         done = {task, watcher} if watcher.done() else done
     if task in done and watcher not in done:
-        ended_by = "completed"
         task.result()
+        return "completed", None
+    died: Died | None = None
+    if watcher in done:
+        ended_by = "server_died"
+        died = _died(rt, watcher.result(), name)
+        rt.cancel_reason = f"server died ({died.reason})"
     else:
-        if watcher in done:
-            ended_by = "server_died"
-            died = _died(rt, watcher.result(), phase.name)
-            rt.cancel_reason = f"server died ({died.reason})"
-        else:
-            ended_by = "time_limit"
-            rt.cancel_reason = f"phase {phase.name} reached its {limit:g} s limit"
-            rt.cut_by_time_limit = True
-        task.cancel()
-        await asyncio.wait({task}, timeout=1.0)
-    duration = rt.clock() - start
-    summary = summarize(out, duration, slo, capped_arrivals=capped[0])
-    result = PhaseResult(phase.name, _kind(phase), rt.rel(start), duration, ended_by, summary, plan)
-    return result, died
+        ended_by = "time_limit"
+        rt.cancel_reason = f"phase {name} reached its {started.limit_s:g} s limit"
+        rt.cut_by_time_limit = True
+    task.cancel()
+    await asyncio.wait({task}, timeout=1.0)
+    return ended_by, died

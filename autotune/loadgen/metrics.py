@@ -77,14 +77,13 @@ class Slo:
 
 @dataclass(frozen=True)
 class Stats:
-    """Distribution of one latency, in milliseconds. p90 and max are None only in summaries read
-    from bench_serving's output, which lacks them for some metrics."""
+    """Distribution of one latency, in milliseconds."""
 
     mean: float
     p50: float
-    p90: float | None
+    p90: float
     p99: float
-    max: float | None
+    max: float
     count: int
 
     @staticmethod

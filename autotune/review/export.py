@@ -157,9 +157,7 @@ def round_trip(argv: Sequence[str], cfg: StudyConfig) -> dict[str, Scalar]:
 
 
 def _api_key_env(cfg: StudyConfig) -> str | None:
-    workload = cfg.workload
-    name = getattr(workload, "api_key_env", None)
-    return str(name) if name else None
+    return cfg.workload.api_key_env or None
 
 
 # ------------------------------------------------------------------------------------------------

@@ -387,17 +387,13 @@ HEADROOM_POLL_S = 0.2
 
 def live_launcher(cfg: StudyConfig, study_dir: Path) -> LiveLauncher:
     """Servers for real: SGLang with NVML, or the simulator with its GPU-state folder."""
-    from autotune.loadgen import WorkloadSpec
     from autotune.server.gpu import NvmlProbe, SimProbe, visible_devices
 
-    workload = cfg.workload
-    if not isinstance(workload, WorkloadSpec):
-        raise HarnessError("the workload driver is not available in this build")
     sim = cfg.server.backend == "sim"
     gpu_dir = study_dir / "sim-gpu"
     probe: GpuProbe = SimProbe(gpu_dir) if sim else NvmlProbe()
     return LiveLauncher(
-        workload=workload,
+        workload=cfg.workload,
         limits=cfg.server.limits,
         run_dir=study_dir / "run",
         probe=probe,
