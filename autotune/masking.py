@@ -11,11 +11,37 @@ key is left untouched.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Collection, Iterable
 from pathlib import Path
 
 MASK = "***"
 SECRET_FLAGS = ("--api-key", "--admin-api-key")
+_PATTERNS = (
+    re.compile(r"(api[_-]key\s*[=:]\s*['\"]?)(?![\"']?\$)([^'\",\s)]+)", re.IGNORECASE),
+    re.compile(r"(--api-key[= ]\s*)(?![\"']?\$)(\S+)"),
+    re.compile(r"(Bearer\s+)([A-Za-z0-9._~+/=-]+)", re.IGNORECASE),
+    re.compile(r"(\w+://[^:/@\s]+:)([^@\s]+)(@)"),
+)
+
+
+def mask_secrets(text: str, secrets: Iterable[str], *, shortest: int = 1) -> str:
+    """`text` with every occurrence of each secret (of at least `shortest` characters) masked."""
+    for secret in secrets:
+        if secret and len(secret) >= shortest:
+            text = text.replace(secret, MASK)
+    return text
+
+
+def scrub(text: str, secrets: Iterable[str] = ()) -> str:
+    """`text` with API keys, bearer tokens, URL passwords and the given secrets masked: for
+    text that reaches a report, an explanation or an export (server logs carry SGLang's
+    printed `server_args`, client errors may echo an `Authorization` header)."""
+    text = mask_secrets(text, secrets, shortest=4)
+    for pattern in _PATTERNS:
+        text = pattern.sub(lambda m: m.group(1) + MASK + (m.group(3) if m.lastindex == 3 else ""),
+                           text)  # fmt: skip
+    return text
 
 
 def masked_argv(argv: Iterable[str], secrets: Collection[str] = ()) -> tuple[str, ...]:
@@ -35,10 +61,7 @@ def masked_argv(argv: Iterable[str], secrets: Collection[str] = ()) -> tuple[str
                 out.append(arg)
                 hide_next = True
             continue
-        for secret in secrets:
-            if secret:
-                arg = arg.replace(secret, MASK)
-        out.append(arg)
+        out.append(mask_secrets(arg, secrets))
     return tuple(out)
 
 
@@ -72,11 +95,11 @@ def redact(url: str) -> str:
         return url
     creds, _, host = rest.rpartition("@")
     user = creds.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}" if ":" in creds else url
+    return f"{scheme}://{user}:{MASK}@{host}" if ":" in creds else url
 
 
 def redact_text(text: str, url: str) -> str:
     """`text` (an error message about `url`) with the URL's password replaced by ***."""
     creds = url.partition("://")[2].rpartition("@")[0]
     password = creds.partition(":")[2]
-    return text.replace(password, "***") if password else text
+    return mask_secrets(text, [password])

@@ -17,7 +17,13 @@ from autotune.logparse.lines import FAILURE_KINDS, Event, Kind
 
 
 class Outcome(StrEnum):
+    """How a trial ended: what the server's log and the harness show, plus the endings the
+    harness itself decides (`harness_error`, `interrupted`, `stale`, `skipped`). Every rule that
+    depends on an ending asks the member, so the sets are defined once, here."""
+
     READY = "ready"
+    OK = "ok"
+    """The server survived the whole workload (a trial's ending; the log alone says `ready`)."""
     STARTUP_OOM = "startup_oom"
     STARTUP_ERROR = "startup_error"
     RUNTIME_OOM = "runtime_oom"
@@ -26,10 +32,65 @@ class Outcome(StrEnum):
     TIMEOUT = "timeout"
     STOPPED = "stopped"
     UNKNOWN = "unknown"
+    HARNESS_ERROR = "harness_error"
+    INTERRUPTED = "interrupted"
+    STALE = "stale"
+    SKIPPED = "skipped"
+
+    @classmethod
+    def of(cls, value: object) -> Outcome:
+        """A stored outcome read back; anything unrecognised is `unknown`."""
+        try:
+            return cls(str(value))
+        except ValueError:
+            return cls.UNKNOWN
 
     @property
     def is_oom(self) -> bool:
         return self in (Outcome.STARTUP_OOM, Outcome.RUNTIME_OOM)
+
+    @property
+    def fails_at_startup(self) -> bool:
+        """The parameters kept the server from starting."""
+        return self in (Outcome.STARTUP_OOM, Outcome.STARTUP_ERROR)
+
+    @property
+    def fails_at_runtime(self) -> bool:
+        """The parameters let the server start, then it died serving."""
+        return self in (Outcome.RUNTIME_OOM, Outcome.CRASH)
+
+    @property
+    def is_parameter_result(self) -> bool:
+        """The parameters caused this ending: a finished, infeasible trial to learn from."""
+        return self.fails_at_startup or self.fails_at_runtime
+
+    @property
+    def is_crash(self) -> bool:
+        """A parameter failure that was not an OOM."""
+        return self.is_parameter_result and not self.is_oom
+
+    @property
+    def counted(self) -> bool:
+        """Whether a failed trial with this ending counts toward the budget: endings autotune cut
+        short or the machine failed run their point again, and skipped ones never launched."""
+        return self not in (
+            Outcome.INTERRUPTED,
+            Outcome.STALE,
+            Outcome.SKIPPED,
+            Outcome.HARNESS_ERROR,
+        )
+
+    @property
+    def machine_suspect(self) -> bool:
+        """Endings that, repeated, mean the machine or the study file is broken, not the
+        parameters."""
+        return self in (
+            Outcome.HARNESS_ERROR,
+            Outcome.STARTUP_ERROR,
+            Outcome.HANG,
+            Outcome.TIMEOUT,
+            Outcome.UNKNOWN,
+        )
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from autotune.logparse.ledger import Ledger
+from autotune.logparse.outcome import Outcome
 
 GiB = float(1 << 30)
-STARTUP_FAILURES = frozenset({"startup_oom", "startup_error"})
-RUNTIME_FAILURES = frozenset({"runtime_oom", "crash"})
 LOG_ROUNDING_GIB = 0.005
 """SGLang prints GiB with two decimals."""
 MAX_GRAPH_BATCH = 512
@@ -95,7 +94,7 @@ class Observation:
 
     @property
     def started(self) -> bool:
-        return self.outcome not in STARTUP_FAILURES and self.static_free_gib is not None
+        return not Outcome.of(self.outcome).fails_at_startup and self.static_free_gib is not None
 
     @property
     def static_free_gib(self) -> float | None:
@@ -444,7 +443,7 @@ def fit(observations: Iterable[Observation]) -> MemoryModel:
         peak_floors=tuple(
             (o.setting, o.static_free_gib)
             for o in obs
-            if o.outcome in RUNTIME_FAILURES and o.static_free_gib is not None
+            if Outcome.of(o.outcome).fails_at_runtime and o.static_free_gib is not None
         ),
         host_bytes_per_token=_host_bytes_per_token(obs),
         host_free_gb=min((f for o in obs if (f := o.host_free_gb) is not None), default=None),

@@ -13,9 +13,9 @@ import statistics
 from collections.abc import Sequence
 
 from autotune.memory.arithmetic import Arithmetic, AtFraction
+from autotune.record.view import FRACTION, TrialView
 from autotune.review.plotdata import trial_arithmetic
 from autotune.review.source import Review
-from autotune.review.trials import FRACTION, TrialView
 
 NEIGHBOURS = 3
 

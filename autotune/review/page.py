@@ -11,11 +11,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from autotune.record.view import TrialView
 from autotune.review import html as h
 from autotune.review import plotdata as pd
 from autotune.review import png
 from autotune.review.source import Review
-from autotune.review.trials import TrialView
 
 MAX_LEDGER_PNGS = 200
 

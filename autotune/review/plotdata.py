@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from autotune.memory.arithmetic import Arithmetic, arithmetic, cell_from_fit
-from autotune.review.trials import TrialView
+from autotune.record.view import TrialView
 
 MODEL_POINTS = 41
 

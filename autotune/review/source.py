@@ -17,10 +17,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.studyfile import FloatRange, StudyConfig
 from autotune.errors import UsageError
-from autotune.masking import redact
+from autotune.masking import redact, scrub
+from autotune.record.view import FRACTION, TrialView, view, views
 from autotune.review.plotdata import study_cell_bytes
-from autotune.review.redact import scrub
-from autotune.review.trials import FRACTION, TrialView, views
 from autotune.review.winner import (
     DEFAULT_STEP,
     DEFAULT_TOLERANCE,
@@ -216,7 +215,7 @@ def secrets_of(cfg: StudyConfig | None) -> tuple[str, ...]:
     """The API key the study's workload reads from the environment, when it is set here."""
     import os
 
-    name = getattr(cfg.workload, "api_key_env", None) if cfg is not None else None
+    name = cfg.workload.api_key_env if cfg is not None else None
     value = os.environ.get(str(name)) if name else None
     return (value,) if value else ()
 
@@ -235,7 +234,7 @@ def _min_headroom(cfg: StudyConfig | None, trials: Sequence[FrozenTrial]) -> flo
         return cfg.constraints.min_headroom_gib or None
     for t in trials:  # the constraint stores required − measured
         c = t.constraints.get("headroom_gib")
-        h = t.user_attrs.get("headroom_gib")
-        if c is not None and isinstance(h, int | float):
+        h = view(t).recorded_headroom_gib
+        if c is not None and h is not None:
             return round(c + h, 6) or None
     return None

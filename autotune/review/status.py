@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.record.view import TrialView, view
 from autotune.study.objectives import best_feasible_capacity
 from autotune.study.progress import duration
 from autotune.study.storage import counted
@@ -22,48 +23,44 @@ _STATE = {
 def rows(trials: Sequence[FrozenTrial]) -> tuple[list[str], list[list[str]]]:
     """The table as text cells: one column per parameter, then the figures (pure)."""
     names: list[str] = []
-    for t in trials:
-        for k in list(t.params) + list(t.user_attrs.get("record", {}).get("params", {})):
+    seen = [view(t) for t in trials]
+    for v in seen:
+        for k in v.params:
             if k not in names:
                 names.append(k)
     head = ["#", "state", "outcome", *names, "capacity", "tok/s", "headroom", "time", "feasible"]
-    workers = {worker_label(t) for t in trials} - {""}
+    workers = {worker_label(v) for v in seen} - {""}
     if len(workers) > 1:  # several workers share the study: say which ran each trial
         head.insert(3, "worker")
     body = []
-    for t in trials:
-        a = t.user_attrs
-        record = a.get("record") if isinstance(a.get("record"), dict) else {}
-        assert isinstance(record, dict)
-        params = {**record.get("params", {}), **t.params}
-        headroom = a.get("headroom_gib")
-        total = record.get("phases", {}).get("total")
+    for t, v in zip(trials, seen, strict=True):
+        headroom = v.recorded_headroom_gib
+        total = v.phases.get("total")
         verdict = ""
         if t.state == TrialState.COMPLETE:
-            broken = [k for k, v in t.constraints.items() if v > 0]
-            verdict = "yes" if not broken else "NO: " + ",".join(broken)
+            verdict = "yes" if not v.violated else "NO: " + ",".join(v.violated)
         body.append(
             [
                 str(t.number),
                 _STATE.get(t.state, t.state.name.lower()),
-                str(a.get("outcome", "")),
-                *[_cell(params.get(n)) for n in names],
-                f"{int(a['capacity_tokens']):,}" if "capacity_tokens" in a else "",
-                f"{float(a['throughput_tok_s']):,.0f}" if "throughput_tok_s" in a else "",
-                f"{headroom:.2f}" if isinstance(headroom, int | float) else "",
-                duration(total) if isinstance(total, int | float) else "",
+                v.outcome,
+                *[_cell(v.params.get(n)) for n in names],
+                f"{v.capacity_tokens:,}" if v.capacity_tokens is not None else "",
+                f"{v.throughput_tok_s:,.0f}" if v.throughput_tok_s is not None else "",
+                f"{headroom:.2f}" if headroom is not None else "",
+                duration(total) if total is not None else "",
                 verdict,
             ]
         )
         if len(workers) > 1:
-            body[-1].insert(3, worker_label(t))
+            body[-1].insert(3, worker_label(v))
     return head, body
 
 
-def worker_label(t: FrozenTrial) -> str:
+def worker_label(v: TrialView) -> str:
     """host, and GPU group when there is one: `box-a:0,1,2,3`."""
-    w = t.user_attrs.get("worker")
-    if not isinstance(w, dict) or not w.get("host"):
+    w = v.worker
+    if w is None or not w.get("host"):
         return ""
     return f"{w['host']}:{w['gpus']}" if w.get("gpus") else str(w["host"])
 
@@ -76,7 +73,7 @@ def render(name: str, url: str, trials: Sequence[FrozenTrial]) -> str:
         for r in [head, *body]
     ]
     best = best_feasible_capacity(trials)
-    ooms = sum(1 for t in trials if t.user_attrs.get("outcome") in ("startup_oom", "runtime_oom"))
+    ooms = sum(1 for v in map(view, trials) if v.ending.is_oom)
     summary = (
         f"study {name} ({url}): {counted(trials)} trials finished, {ooms} OOM, best feasible "
         + (f"capacity {best:,} tokens" if best is not None else "capacity: none yet")

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from autotune.config.studyfile import Scalar
 from autotune.errors import UsageError
 from autotune.memory.arithmetic import Arithmetic, arithmetic
-from autotune.review.trials import FRACTION, TrialView
+from autotune.record.view import FRACTION, TrialView
 
 DEFAULT_TOLERANCE = 0.05
 DEFAULT_STEP = 0.01

@@ -22,6 +22,7 @@ from autotune.errors import UsageError
 
 if TYPE_CHECKING:
     from autotune.study.workers import Coordinator
+from autotune.logparse.outcome import Outcome
 from autotune.study.objectives import constraint_values, objective_values
 from autotune.study.storage import Worker, counted
 from autotune.trial.record import Result
@@ -76,9 +77,6 @@ class LoopEnd:
 
 
 MAX_CONSECUTIVE_FAILURES = 3
-
-
-HARNESS_OUTCOMES = frozenset({"harness_error", "startup_error", "hang", "timeout", "unknown"})
 
 
 def run_loop(
@@ -153,7 +151,7 @@ def run_loop(
             raise HarnessError(f"trial {trial.number}: {result.fatal}; stopping the study")
         if result.end:
             return LoopEnd(result.end, ran, counted(study.get_trials(deepcopy=False)))
-        failures = failures + 1 if result.outcome in HARNESS_OUTCOMES else 0
+        failures = failures + 1 if Outcome.of(result.outcome).machine_suspect else 0
         if failures >= MAX_CONSECUTIVE_FAILURES:
             raise HarnessError(
                 f"{failures} trials in a row failed for reasons outside the parameters "

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
 from autotune.config.studyfile import (
     Constraints,
 )
+from autotune.record.view import view
 from autotune.trial.record import Measured
 
 
@@ -47,9 +48,9 @@ def _over(value: float | None, limit: float, broken: bool) -> float:
 
 
 def feasible(t: FrozenTrial) -> bool:
-    return t.state == TrialState.COMPLETE and all(v <= 0 for v in t.constraints.values())
+    return view(t).feasible
 
 
 def best_feasible_capacity(trials: Sequence[FrozenTrial]) -> int | None:
-    caps = [int(t.user_attrs.get("capacity_tokens", 0)) for t in trials if feasible(t)]
+    caps = [v.capacity_tokens or 0 for v in map(view, trials) if v.feasible]
     return max(caps) if caps else None

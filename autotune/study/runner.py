@@ -14,17 +14,18 @@ from typing import TextIO
 
 import optuna
 from optuna.exceptions import StorageInternalError
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.config.space import server_argv, settings_for
 from autotune.config.studyfile import StudyConfig
 from autotune.errors import HarnessError, UsageError
 from autotune.masking import redact, redact_text
+from autotune.record.view import view
 from autotune.server.hostcheck import results_disk_problem
 from autotune.server.preflight import free_port
 from autotune.study.loop import Interrupted, prepare, run_loop
-from autotune.study.objectives import best_feasible_capacity, feasible
+from autotune.study.objectives import best_feasible_capacity
 from autotune.study.progress import Progress, Tally, finished_line
 from autotune.study.samplers import make_sampler
 from autotune.study.storage import counted, open_study, recover
@@ -59,7 +60,7 @@ def run(
     note = "; ".join(stopped) or "no server was left running"
 
     def orphans(t: FrozenTrial) -> str:
-        where = t.user_attrs.get("trial_dir")
+        where = view(t).trial_dir
         if where is None or Path(str(where)).parent.parent == folder:
             return note
         return "its server, if one is left, is stopped when its own worker starts again"
@@ -176,38 +177,34 @@ def sampler_done(study: optuna.Study, trial: optuna.trial.Trial) -> str:
 
 
 def _tally_add(tally: Tally, t: FrozenTrial) -> None:
-    record = t.user_attrs.get("record")
-    phases = record.get("phases", {}) if isinstance(record, dict) else {}
+    v = view(t)
     tally.add(
-        counted=counted([t]) == 1,
-        feasible_capacity=int(t.user_attrs.get("capacity_tokens", 0)) if feasible(t) else None,
-        oom=t.user_attrs.get("outcome", "") in ("startup_oom", "runtime_oom"),
-        phases=phases if isinstance(phases, dict) else {},
+        counted=v.counted,
+        feasible_capacity=(v.capacity_tokens or 0) if v.feasible else None,
+        oom=v.ending.is_oom,
+        phases=dict(v.phases),
     )
 
 
 def _finished(t: FrozenTrial, tally: Tally, k: int) -> str:
-    a = t.user_attrs
-    record = a.get("record") if isinstance(a.get("record"), dict) else {}
-    assert isinstance(record, dict)
-    total = record.get("phases", {}).get("total", 0.0)
+    v = view(t)
     return finished_line(
         k=k,
         n=tally.n_trials,
         number=t.number,
-        outcome=str(a.get("outcome", "")),
-        reason=str(a.get("reason", "")),
-        capacity=int(a.get("capacity_tokens", 0) or 0),
-        throughput=float(a.get("throughput_tok_s", 0.0) or 0.0),
-        headroom=a.get("headroom_gib"),
-        feasible=feasible(t) if t.state == TrialState.COMPLETE else None,
-        seconds=float(total or 0.0),
+        outcome=v.outcome,
+        reason=v.reason,
+        capacity=v.capacity_tokens or 0,
+        throughput=v.throughput_tok_s or 0.0,
+        headroom=v.recorded_headroom_gib,
+        feasible=v.feasible if v.state == "complete" else None,
+        seconds=v.phases.get("total", 0.0),
     )
 
 
 def _summary(cfg: StudyConfig, why: str, trials: list[FrozenTrial]) -> str:
     best = best_feasible_capacity(trials)
-    ooms = sum(1 for t in trials if t.user_attrs.get("outcome") in ("startup_oom", "runtime_oom"))
+    ooms = sum(1 for v in map(view, trials) if v.ending.is_oom)
     found = f"best feasible capacity {best:,} tokens" if best is not None else "no feasible trial"
     return (
         f"study {cfg.name} finished ({why}): {counted(trials)} trials, {ooms} OOM, {found}. "

@@ -36,10 +36,9 @@ from autotune.config.studyfile import (
 )
 from autotune.errors import UsageError
 from autotune.masking import redact, redact_text
-from autotune.study.workers import CREATE_ATTEMPTS
+from autotune.record.view import view
 
 STUDY_DB = "study.db"
-NOT_COUNTED = frozenset({"interrupted", "stale", "skipped", "harness_error"})
 """Outcomes of trials autotune cut short or the machine failed (their points run again) or
 that were never launched."""
 
@@ -191,7 +190,7 @@ def stale_trials(
     for t in trials:
         if t.state != TrialState.RUNNING:
             continue
-        w = Worker.from_dict(t.user_attrs.get("worker"))
+        w = Worker.from_dict(view(t).worker)
         if w is None:
             started = t.datetime_start
             if started is None or (now - started).total_seconds() > NO_WORKER_AFTER_S:
@@ -237,12 +236,7 @@ def fail(study: optuna.Study, number: int, *, outcome: str, reason: str) -> bool
 
 def counted(trials: Sequence[FrozenTrial]) -> int:
     """Trials that use up the budget: finished ones, except points autotune itself cut short."""
-    return sum(
-        1
-        for t in trials
-        if t.state == TrialState.COMPLETE
-        or (t.state == TrialState.FAIL and t.user_attrs.get("outcome") not in NOT_COUNTED)
-    )
+    return sum(1 for t in trials if view(t).counted)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -290,3 +284,6 @@ def rdb_storage(url: str, heartbeat: Heartbeat) -> RDBStorage:
                 raise
             time.sleep(0.2 * (attempt + 1))
     raise AssertionError("unreachable")
+
+
+CREATE_ATTEMPTS = 5

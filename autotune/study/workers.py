@@ -48,7 +48,6 @@ log = logging.getLogger("autotune.study.workers")
 MAX_DUPLICATE_SKIPS = 5
 """Asks in a row skipped as duplicates of running trials before the next one runs anyway."""
 SKIPPED_SURPLUS = "not launched: trials running on other workers fill the budget"
-CREATE_ATTEMPTS = 5
 """Tries at opening the storage while other workers create Optuna's tables at the same time."""
 
 

@@ -35,6 +35,7 @@ from autotune.config.studyfile import (
     ServerConfig,
     StudyConfig,
 )
+from autotune.config.workload import WorkloadSpec
 from autotune.logparse.ledger import Ledger
 from autotune.memory.model import phi
 from autotune.sim.flags import ServerSettings
@@ -84,7 +85,7 @@ class Bench:
             description="",
             server=server,
             search=self.search,
-            workload=None,
+            workload=WorkloadSpec(phases=()),
             objectives=("capacity", "throughput"),
             constraints=self.constraints,
             budget=Budget(),

@@ -31,6 +31,7 @@ from autotune import __version__
 from autotune.config.space import address_flags
 from autotune.config.studyfile import Limits, Scalar, StudyConfig
 from autotune.errors import HarnessError
+from autotune.logparse.outcome import Outcome
 from autotune.trial.record import Measured, Result
 
 if TYPE_CHECKING:
@@ -38,9 +39,7 @@ if TYPE_CHECKING:
     from autotune.server.gpu import GpuProbe
     from autotune.server.lifecycle import Server
 
-PARAMETER_OUTCOMES = frozenset({"startup_oom", "runtime_oom", "startup_error", "crash"})
 """Server endings caused by the trial's parameters: complete trials with violated constraints."""
-OOM_OUTCOMES = frozenset({"startup_oom", "runtime_oom"})
 FATAL_TEARDOWN = "teardown"
 INTERRUPT = "interrupted"
 """`fatal` value of a finished trial during whose teardown the operator asked to stop."""
@@ -168,8 +167,8 @@ class TrialRecord:
         return Measured(
             capacity_tokens=self.capacity_tokens,
             throughput_tok_s=self.throughput_tok_s,
-            oom=self.outcome in OOM_OUTCOMES,
-            crashed=self.outcome in PARAMETER_OUTCOMES - OOM_OUTCOMES,
+            oom=Outcome.of(self.outcome).is_oom,
+            crashed=Outcome.of(self.outcome).is_crash,
             error_rate=self.error_rate,
             headroom_gib=self.headroom_gib,
             p99_ttft_ms=self.p99_ttft_ms,
@@ -256,7 +255,7 @@ def _judge(
     assert startup is not None
     capacity = _int(startup.ledger.get("max_total_num_tokens"))
     if startup.outcome != "ready":
-        state = "complete" if startup.outcome in PARAMETER_OUTCOMES else "fail"
+        state = "complete" if Outcome.of(startup.outcome).is_parameter_result else "fail"
         return replace(
             base,
             state=state,
@@ -272,7 +271,7 @@ def _judge(
     survived = load.outcome in ("ready", "stopped")
     return replace(
         base,
-        state="complete" if survived or load.outcome in PARAMETER_OUTCOMES else "fail",
+        state="complete" if survived or Outcome.of(load.outcome).is_parameter_result else "fail",
         outcome="ok" if survived else load.outcome,
         reason="" if survived else _reason(load.outcome, load.cause, load.evidence),
         capacity_tokens=capacity,

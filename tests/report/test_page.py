@@ -10,9 +10,8 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.config.studyfile import StudyConfig
-from autotune.masking import masked_argv
+from autotune.masking import masked_argv, scrub
 from autotune.review.page import figures, summary, write_report
-from autotune.review.redact import scrub
 from autotune.review.source import build_review
 from tests.report.fakes import trial
 

@@ -6,8 +6,8 @@ import pytest
 from optuna.trial import TrialState
 
 import autotune.memory.model
+from autotune.record.view import views
 from autotune.review import plotdata as pd
-from autotune.review.trials import views
 from tests.report.fakes import CELL, P, trial, walk
 
 

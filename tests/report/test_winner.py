@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.errors import UsageError
-from autotune.review.trials import views
+from autotune.record.view import views
 from autotune.review.winner import Margin, choose, parse_margin, parse_tolerance
 from tests.report.fakes import P, trial, walk
 

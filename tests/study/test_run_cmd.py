@@ -123,7 +123,7 @@ def test_status_command(
 def test_sampler_done_ends_the_study_without_a_launch(
     study_file: Callable[[str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import autotune.cli.run
+    import autotune.study.runner
 
     calls = {"n": 0}
 
@@ -131,7 +131,7 @@ def test_sampler_done_ends_the_study_without_a_launch(
         calls["n"] += 1
         return "search done: nothing left" if calls["n"] == 3 else ""
 
-    monkeypatch.setattr(autotune.cli.run, "sampler_done", done)
+    monkeypatch.setattr(autotune.study.runner, "sampler_done", done)
     code, out, launcher = _run(study_file, tmp_path, VALID.replace("n_trials = 5", "n_trials = 9"))
     assert code == 0 and len(launcher.plans) == 2
     assert "finished (search done: nothing left): 2 trials" in out

@@ -1,10 +1,10 @@
-"""One finished (or running) trial as the review sees it: a flat, immutable `TrialView`.
+"""One stored trial read back: a flat, immutable `TrialView`.
 
 Trials are read from what `autotune.trial.run` stored as user attributes (`outcome`, `reason`,
 `capacity_tokens`, `throughput_tok_s`, `headroom_gib` and the whole `record`: params, ledger,
-workload summary, log path, versions, host) and from Optuna's constraints (≤ 0 satisfied). Every
-figure is None when the trial never got that far, so a study that is still running, or one whose
-records are older, still reads.
+workload summary, log path, versions, host; names in `autotune.record.keys`) and from Optuna's
+constraints (≤ 0 satisfied). Every figure is None when the trial never got that far, so a study
+that is still running, or one whose records are older, still reads.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.studyfile import Scalar
 from autotune.logparse.ledger import Ledger
-from autotune.masking import masked_argv
-from autotune.review.redact import scrub
+from autotune.logparse.outcome import Outcome
+from autotune.masking import masked_argv, scrub
+from autotune.record import keys
 
 FRACTION = "mem_fraction_static"
 REQUESTS = "max_running_requests"
-OOM_OUTCOMES = frozenset({"startup_oom", "runtime_oom"})
 KINDS = ("feasible", "infeasible", "oom", "failed", "running")
 """How a trial is drawn: feasible; complete but a constraint broken; out of memory; failed for a
 reason outside the parameters (hang, harness error, interrupted); not finished yet."""
@@ -67,6 +67,22 @@ class TrialView:
     seconds: float | None = None
     started: datetime | None = None
     evidence: tuple[str, ...] = field(default=())
+    trial_dir: str | None = None
+    worker: Mapping[str, object] | None = None
+    phases: Mapping[str, float] = field(default_factory=dict)
+    """Seconds spent in each phase of the trial (`total` for the whole)."""
+    recorded_headroom_gib: float | None = None
+    """The headroom as stored, also for a trial that did not end `ok` (the status table)."""
+    finished: bool = False
+
+    @property
+    def ending(self) -> Outcome:
+        return Outcome.of(self.outcome)
+
+    @property
+    def counted(self) -> bool:
+        """Whether the trial counts toward the budget (finished, and not cut short)."""
+        return self.state == "complete" or (self.state == "failed" and self.ending.counted)
 
     @property
     def fraction(self) -> float | None:
@@ -107,28 +123,30 @@ class TrialView:
 def view(t: FrozenTrial) -> TrialView:
     """Read one Optuna trial into a `TrialView` (pure)."""
     a = t.user_attrs
-    rec = _mapping(a.get("record"))
-    outcome = str(a.get("outcome", rec.get("outcome", "")) or "")
+    rec = _mapping(a.get(keys.RECORD))
+    outcome = str(a.get(keys.OUTCOME, rec.get("outcome", "")) or "")
     ledger_raw = rec.get("ledger")
     ledger = Ledger.from_dict(ledger_raw) if isinstance(ledger_raw, Mapping) else Ledger()
-    headroom = _num(a.get("headroom_gib", rec.get("headroom_gib")))
+    headroom = _num(a.get(keys.HEADROOM, rec.get("headroom_gib")))
     violated = tuple(sorted(k for k, v in t.constraints.items() if v > 0))
     kind = _kind(t.state, outcome, violated)
-    capacity = _num(a.get("capacity_tokens", rec.get("capacity_tokens")))
-    throughput = _num(a.get("throughput_tok_s", rec.get("throughput_tok_s")))
+    capacity = _num(a.get(keys.CAPACITY, rec.get("capacity_tokens")))
+    throughput = _num(a.get(keys.THROUGHPUT, rec.get("throughput_tok_s")))
     overall = _mapping(_mapping(rec.get("workload")).get("overall"))
     static_free = (
         ledger.available_gpu_mem_gib
         if ledger.available_gpu_mem_gib is not None
         else ledger.avail_after_graphs_gib
     )
-    peak = _num(rec.get("stress_peak_gib", a.get("stress_peak_gib")))
+    peak = _num(rec.get("stress_peak_gib", a.get(keys.STRESS_PEAK)))
     if peak is None and outcome == "ok" and static_free is not None and headroom is not None:
         peak = max(static_free - headroom, 0.0)
     phases = _mapping(rec.get("phases"))
     log_path = rec.get("log_path")
-    if not log_path and isinstance(a.get("trial_dir"), str):  # a trial still running
-        log_path = f"{a['trial_dir']}/server.log"
+    trial_dir = a.get(keys.TRIAL_DIR)
+    if not log_path and isinstance(trial_dir, str):  # a trial still running
+        log_path = f"{trial_dir}/server.log"
+    worker = a.get(keys.WORKER)
     version = rec.get("sglang_version")
     host = rec.get("host")
     return TrialView(
@@ -147,7 +165,7 @@ def view(t: FrozenTrial) -> TrialView:
         p99_ttft_ms=_num(rec.get("p99_ttft_ms")),
         p99_itl_ms=_num(rec.get("p99_itl_ms")),
         median_tpot_ms=_num(_mapping(overall.get("tpot_ms")).get("p50")),
-        reason=scrub(str(a.get("reason", rec.get("reason", "")) or "")),
+        reason=scrub(str(a.get(keys.REASON, rec.get("reason", "")) or "")),
         log_path=str(log_path) if isinstance(log_path, str) and log_path else None,
         argv=masked_argv(str(x) for x in rec.get("argv", ()) or ()),
         sglang_version=str(version) if version else None,
@@ -155,6 +173,11 @@ def view(t: FrozenTrial) -> TrialView:
         seconds=_num(phases.get("total")),
         started=t.datetime_start,
         evidence=tuple(scrub(str(e)) for e in rec.get("evidence", ()) or ()),
+        trial_dir=trial_dir if isinstance(trial_dir, str) else None,
+        worker=worker if isinstance(worker, Mapping) else None,
+        phases={k: float(v) for k, v in phases.items() if _num(v) is not None},
+        recorded_headroom_gib=headroom,
+        finished=t.state.is_finished(),
     )
 
 
@@ -166,7 +189,7 @@ def views(trials: Sequence[FrozenTrial]) -> list[TrialView]:
 def params_of(t: FrozenTrial) -> dict[str, Scalar]:
     """Every parameter the trial ran with: recorded (fixed ones too), then sampled."""
     params: dict[str, Scalar] = {}
-    recorded = _mapping(t.user_attrs.get("record")).get("params")
+    recorded = _mapping(t.user_attrs.get(keys.RECORD)).get("params")
     if isinstance(recorded, Mapping):
         params.update(recorded)
     params.update(t.params)
@@ -176,7 +199,7 @@ def params_of(t: FrozenTrial) -> dict[str, Scalar]:
 def _kind(state: TrialState, outcome: str, violated: Sequence[str]) -> str:
     if state in (TrialState.RUNNING, TrialState.WAITING):
         return "running"
-    if outcome in OOM_OUTCOMES or "oom" in violated:
+    if Outcome.of(outcome).is_oom or "oom" in violated:
         return "oom"
     if state != TrialState.COMPLETE:
         return "failed"

@@ -1,0 +1,18 @@
+"""The names of the user attributes a trial is stored with, defined once for writers and readers."""
+
+from __future__ import annotations
+
+OUTCOME = "outcome"
+REASON = "reason"
+CAPACITY = "capacity_tokens"
+THROUGHPUT = "throughput_tok_s"
+HEADROOM = "headroom_gib"
+STRESS_PEAK = "stress_peak_gib"
+RECORD = "record"
+"""The whole trial record (params, ledger, workload summary, log path, versions, host)."""
+TRIAL_DIR = "trial_dir"
+WORKER = "worker"
+OBJECTIVES = "objectives"
+"""A study attribute: the objectives the study was created with."""
+FIXED_PARAMS = "fixed_params"
+"""Optuna's system attribute for the parameters of an enqueued trial."""
