@@ -19,6 +19,7 @@ from autotune.config.studyfile import (
     StudyConfig,
 )
 from autotune.errors import UsageError
+from autotune.record import internals
 
 if TYPE_CHECKING:
     from autotune.study.workers import Coordinator
@@ -160,7 +161,7 @@ def run_loop(
 
 
 def _frozen(study: optuna.Study, trial: optuna.trial.Trial) -> FrozenTrial:
-    return study._storage.get_trial(trial._trial_id)
+    return internals.fresh(study, trial)
 
 
 def _tell_unless_finished(

@@ -21,6 +21,7 @@ from autotune.config.space import server_argv, settings_for
 from autotune.config.studyfile import StudyConfig
 from autotune.errors import HarnessError, UsageError
 from autotune.masking import redact, redact_text
+from autotune.record import internals
 from autotune.record.view import view
 from autotune.server.hostcheck import results_disk_problem
 from autotune.server.preflight import free_port
@@ -172,7 +173,7 @@ def sampler_done(study: optuna.Study, trial: optuna.trial.Trial) -> str:
         return ""
     if not isinstance(study.sampler, CapacityAwareSampler):
         return ""  # the others never say so; spare the storage a read
-    done = study._storage.get_trial(trial._trial_id).user_attrs.get(DONE_ATTR)
+    done = internals.fresh(study, trial).user_attrs.get(DONE_ATTR)
     return f"search done: {done}" if done else ""
 
 

@@ -36,6 +36,7 @@ from autotune.config.studyfile import (
 )
 from autotune.errors import UsageError
 from autotune.masking import redact, redact_text
+from autotune.record import internals, keys
 from autotune.record.view import view
 
 STUDY_DB = "study.db"
@@ -224,12 +225,8 @@ def recover(
 
 def fail(study: optuna.Study, number: int, *, outcome: str, reason: str) -> bool:
     """Fail a RUNNING trial with its outcome; False when another worker finished it first."""
-    storage = study._storage
-    trial_id = storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
     try:
-        storage.set_trial_user_attr(trial_id, "outcome", outcome)
-        storage.set_trial_user_attr(trial_id, "reason", reason)
-        return storage.set_trial_state_values(trial_id, state=TrialState.FAIL)
+        return internals.fail_by_number(study, number, {keys.OUTCOME: outcome, keys.REASON: reason})
     except UpdateFinishedTrialError:
         return False
 

@@ -35,12 +35,13 @@ from pathlib import Path
 import optuna
 from optuna.exceptions import StorageInternalError
 from optuna.samplers import RandomSampler
-from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.config.studyfile import Heartbeat, Limits, SearchConfig, StudyConfig
 from autotune.errors import UsageError
+from autotune.record import internals
+from autotune.record.internals import BaseHeartbeat
 from autotune.study.storage import NO_WORKER_AFTER_S, Worker, counted, fail
 
 log = logging.getLogger("autotune.study.workers")
@@ -251,7 +252,7 @@ def stale(
             if not w.alive():
                 out.append((t, f"its worker ({describe(w)}) is gone"))
             continue
-        if t._trial_id in late:
+        if internals.trial_id(t) in late:
             out.append((t, f"no heartbeat from its worker ({describe(w)}) for over {grace_s} s"))
         elif w is None and _age_s(t, now) > NO_WORKER_AFTER_S:
             out.append((t, "its worker died before recording itself"))
@@ -270,8 +271,7 @@ def point(t: FrozenTrial) -> dict[str, object]:
     """The parameters a trial runs, or will run once suggested (an enqueued point)."""
     if t.params:
         return dict(t.params)
-    fixed = t.system_attrs.get("fixed_params")
-    return dict(fixed) if isinstance(fixed, dict) else {}
+    return internals.fixed_params(t)
 
 
 def same_point(a: Mapping[str, object], b: Mapping[str, object]) -> bool:
@@ -357,10 +357,7 @@ class Coordinator:
 
     def reap(self, study: optuna.Study) -> list[int]:
         """Fail the trials of dead workers and queue their points again; their numbers."""
-        storage = study._storage
-        late: set[int] = set()
-        if isinstance(storage, BaseHeartbeat) and is_heartbeat_enabled(storage):
-            late = set(storage._get_stale_trial_ids(study._study_id))
+        late = internals.stale_trial_ids(study)
         found = stale(
             study.get_trials(deepcopy=False),
             self.me,
@@ -424,9 +421,9 @@ class Coordinator:
             settings_for(trial, self._search)  # parameters are chosen now (TPE one by one)
         finally:
             study.sampler = sampler
-        storage = study._storage
-        if isinstance(storage, BaseHeartbeat) and is_heartbeat_enabled(storage):
-            beat = Beat(storage, trial._trial_id, self._heartbeat.interval_s)
+        storage = internals.heartbeat_storage(study)
+        if storage is not None:
+            beat = Beat(storage, internals.trial_id(trial), self._heartbeat.interval_s)
             beat.start()
             self._beats[trial.number] = beat
         return trial
@@ -434,9 +431,9 @@ class Coordinator:
     def claim(self, study: optuna.Study, trial: optuna.trial.Trial, n_trials: int) -> str:
         """Empty to run `trial`; otherwise why it is skipped (a popped queued point goes back)."""
         trials = study.get_trials(deepcopy=False)
-        mine = study._storage.get_trial(trial._trial_id)
+        mine = internals.fresh(study, trial)
         if surplus(trials, mine, n_trials):
-            if "fixed_params" in mine.system_attrs and point(mine):
+            if internals.is_enqueued(mine) and point(mine):
                 study.enqueue_trial(point(mine))
             self.skipped.append(trial.number)
             return SKIPPED_SURPLUS
