@@ -7,6 +7,10 @@ trials other workers are running. Each proposal records why as user attributes o
 `search_rule`, `search_why` ("predicted 201,900 tokens, static free 3.10 ± 0.02 GiB, stress
 peak 2.40 ± 0.20 GiB, ...") and, once what is left to learn is smaller than one step,
 `search_done`; the numbers behind it are kept in the system attribute `capacity_aware:forecast`.
+
+`mem_fraction_static` need not be searched: fixed in the study file, it is in every trial's
+record and the model works on the other memory parameters at that fraction. Where the memory
+model has nothing to act on (`fallback.why_random`), parameters are sampled at random.
 """
 
 from __future__ import annotations
@@ -19,12 +23,15 @@ from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial
 
+from autotune.memory.model import phi
+from autotune.search.fallback import RANDOM_RULE, contained, sample_randomly, why_random
 from autotune.search.planner import Goal, Proposal, plan
+from autotune.search.points import MEMORY_PARAMS, Point
 from autotune.search.records import (
     candidate_values,
+    finished_points,
     learnt_space,
     pending_params,
-    point_of,
     required_headroom,
     wants_throughput,
 )
@@ -55,8 +62,6 @@ class CapacityAwareSampler(BaseSampler):
         margin_sd: float = 2.0,
         probe_p: float = 0.25,
     ) -> None:
-        from autotune.memory.model import phi
-
         self._fallback = RandomSampler(seed=seed)
         self._min_headroom = min_headroom_gib
         self._safe_p = phi(margin_sd)
@@ -84,9 +89,15 @@ class CapacityAwareSampler(BaseSampler):
     ) -> dict[str, Any]:
         if not search_space:
             return {}
-        proposal = self.propose(study, trial, search_space)
+        trials = study.get_trials(deepcopy=False)
+        finished = finished_points(trials, trial.number)
+        why = why_random(search_space, trials, trial.number, finished)
+        if why is not None:
+            record_rule(study, trial, RANDOM_RULE, why)
+            return sample_randomly(self._fallback, study, trial, search_space)
+        proposal = self._plan(trials, finished, study, trial, search_space)
         self._record(study, trial, proposal)
-        return {k: v for k, v in proposal.params.items() if k in search_space}
+        return contained(proposal.params, search_space)
 
     def sample_independent(
         self,
@@ -95,12 +106,15 @@ class CapacityAwareSampler(BaseSampler):
         param_name: str,
         param_distribution: BaseDistribution,
     ) -> Any:
-        """Parameters outside the learnt space (the very first trial without a baseline)."""
+        """Parameters outside the learnt space (the very first trial without a baseline): the
+        planner's conservative start for a memory parameter, random for any other."""
         values = candidate_values(param_distribution, param_name)
-        if not values:
-            return self._fallback.sample_independent(study, trial, param_name, param_distribution)
-        proposal = plan({param_name: values}, [], [], Goal())
-        return proposal.params[param_name]
+        if param_name in MEMORY_PARAMS and values:
+            trials = study.get_trials(deepcopy=False)
+            finished = finished_points(trials, trial.number)
+            if why_random({param_name: param_distribution}, trials, trial.number, finished) is None:
+                return plan({param_name: values}, [], [], Goal()).params[param_name]
+        return self._fallback.sample_independent(study, trial, param_name, param_distribution)
 
     def propose(
         self,
@@ -110,8 +124,17 @@ class CapacityAwareSampler(BaseSampler):
     ) -> Proposal:
         """The planner's proposal for `trial`, from everything the study holds now."""
         trials = study.get_trials(deepcopy=False)
+        return self._plan(trials, finished_points(trials, trial.number), study, trial, search_space)
+
+    def _plan(
+        self,
+        trials: Sequence[FrozenTrial],
+        finished: Sequence[Point],
+        study: optuna.Study,
+        trial: FrozenTrial,
+        search_space: dict[str, BaseDistribution],
+    ) -> Proposal:
         axes = {name: candidate_values(d, name) for name, d in search_space.items()}
-        finished = [p for t in trials if t.number != trial.number and (p := point_of(t))]
         headroom = self._min_headroom
         if headroom is None:
             headroom = required_headroom(trials) or 0.0

@@ -27,6 +27,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from autotune.config.studyfile import Scalar
 from autotune.memory.model import Forecast, MemoryModel, Setting, fit
 from autotune.search.points import (
     CHUNK,
@@ -35,7 +36,6 @@ from autotune.search.points import (
     MEMORY_PARAMS,
     REQUESTS,
     Point,
-    Scalar,
     fmt,
     host_failure,
     key,
@@ -47,6 +47,7 @@ from autotune.search.points import (
 )
 
 EXPLORE_FLOOR = 0.9
+"""Exploring for throughput gives up at most this share of the best capacity."""
 MAX_CANDIDATES = 4000
 NEIGHBOURS = 2
 """Past MAX_CANDIDATES settings, axes other than the fraction keep this many values each side of
@@ -55,7 +56,6 @@ RECHECKS = 3
 """A best setting with a thin margin is run until it held this many times (or failed once)."""
 SAME_CAPACITY = 0.002
 """Launches of one fraction differ by launch jitter (a few hundred tokens); this much is a tie."""
-"""Exploring for throughput gives up at most this share of the best capacity."""
 
 
 @dataclass(frozen=True)
@@ -109,22 +109,13 @@ def _without_model(
     if known or pending:
         source = known[-1].params if known else pending[0]
         base.update({k: v for k, v in source.items() if k in axes and k != FRACTION})
-    fractions = sorted(float(v) for v in axes.get(FRACTION, ()))
     taken = {key(p.params, names) for p in known} | {key(p, names) for p in pending}
+    if FRACTION not in axes:
+        return _untried(axes, names, base, taken, nothing_started=bool(known))
+    fractions = sorted(float(v) for v in axes[FRACTION])
     failed = [float(p.params[FRACTION]) for p in known if FRACTION in p.params]
     if fractions and failed:
-        below = [f for f in fractions if f < min(failed)]
-        if not below:
-            return Proposal(
-                base, "confirm", "nothing starts", done="even the lowest mem_fraction_static fails"
-            )
-        pick = below[len(below) // 2]
-        params = {**base, FRACTION: pick}
-        return Proposal(
-            params,
-            "down",
-            f"{FRACTION} {fmt(min(failed))} did not start; halfway down to {fmt(pick)}",
-        )
+        return _halfway_down(base, fractions, min(failed))
     params = dict(base)
     start = params.get(FRACTION)
     if isinstance(start, float | int) and not isinstance(start, bool):
@@ -136,8 +127,58 @@ def _without_model(
     return Proposal(params, "start", "no launch recorded yet: a conservative first setting")
 
 
+def _halfway_down(
+    base: Mapping[str, Scalar], fractions: Sequence[float], lowest: float
+) -> Proposal:
+    """Nothing started: halfway down from the lowest fraction that failed."""
+    below = [f for f in fractions if f < lowest]
+    if not below:
+        return Proposal(
+            dict(base),
+            "confirm",
+            "nothing starts",
+            done="even the lowest mem_fraction_static fails",
+        )
+    pick = below[len(below) // 2]
+    return Proposal(
+        {**base, FRACTION: pick},
+        "down",
+        f"{FRACTION} {fmt(lowest)} did not start; halfway down to {fmt(pick)}",
+    )
+
+
+def _untried(
+    axes: Mapping[str, Sequence[Scalar]],
+    names: Sequence[str],
+    base: dict[str, Scalar],
+    taken: set[tuple[Scalar | None, ...]],
+    *,
+    nothing_started: bool,
+) -> Proposal:
+    """mem_fraction_static is not searched (fixed, or SGLang's own choice) and no launch showed a
+    KV pool yet: the conservative start, then untried combinations, the least memory first."""
+    if key(base, names) not in taken:
+        return Proposal(base, "start", "no launch recorded yet: a conservative first setting")
+    ordered = [sorted(axes[n], key=_order) for n in names]
+    for combo in itertools.product(*ordered):
+        params = dict(zip(names, combo, strict=True))
+        if key(params, names) not in taken:
+            why = "an untried combination, the least memory first"
+            if nothing_started:
+                why = f"nothing started yet at the fixed {FRACTION}; {why}"
+            return Proposal(params, "down", why)
+    if nothing_started:
+        done = "no combination of the searched parameters starts"
+        return Proposal(base, "confirm", "nothing starts", done=done)
+    return Proposal(base, "start", "every combination is taken by another worker: the start again")
+
+
+def _order(v: Scalar) -> tuple[str, Scalar]:
+    return (str(type(v)), v)
+
+
 def _start_value(name: str, values: Sequence[Scalar]) -> Scalar:
-    ordered = sorted(values, key=lambda v: (str(type(v)), v))
+    ordered = sorted(values, key=_order)
     if name == FRACTION:
         return ordered[len(ordered) // 4]
     if name == HICACHE and 0 in ordered:
@@ -373,9 +414,7 @@ class _Planner:
     # ---- text ----------------------------------------------------------------------------
 
     def _proposal(self, params: dict[str, Scalar], fc: Forecast, rule: str, note: str) -> Proposal:
-        f = params.get(FRACTION)
-        rest = ", ".join(f"{k}={fmt(v)}" for k, v in sorted(params.items()) if k != FRACTION)
-        where = f"{FRACTION}={fmt(f)}" + (f" ({rest})" if rest else "")
+        where = self._where(params)
         best = (
             f"best stable so far {self.cap:,} tokens (trial {self.best.number})"
             if self.best
@@ -440,6 +479,8 @@ class _Planner:
             for n in self.names
             if n != FRACTION and (against is None or norm(params.get(n)) != norm(against.get(n)))
         ]
+        if FRACTION not in params:  # fixed, or SGLang's own choice
+            return ", ".join(others) or "the fixed setting"
         head = f"{FRACTION}={fmt(params.get(FRACTION))}"
         return head + (f" ({', '.join(others)})" if others else "")
 

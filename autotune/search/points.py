@@ -11,14 +11,33 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from autotune.memory.model import RUNTIME_FAILURES, STARTUP_FAILURES, Observation, Setting
+from autotune.config.studyfile import HICACHE, Scalar
+from autotune.logparse.outcome import Outcome
+from autotune.memory.model import Observation, Setting
 
-Scalar = bool | int | float | str
+__all__ = [
+    "CHUNK",
+    "FRACTION",
+    "HICACHE",
+    "MEMORY_CONSTRAINTS",
+    "MEMORY_PARAMS",
+    "REQUESTS",
+    "Point",
+    "fmt",
+    "host_failure",
+    "key",
+    "needs_more",
+    "norm",
+    "num",
+    "setting_of",
+    "tokens_of",
+]
+
 FRACTION = "mem_fraction_static"
 REQUESTS = "max_running_requests"
 CHUNK = "chunked_prefill_size"
-HICACHE = "hicache_size"
 MEMORY_PARAMS = (FRACTION, REQUESTS, CHUNK, HICACHE)
+"""The parameters the memory model knows; the searches act on these and sample the rest."""
 MEMORY_CONSTRAINTS = frozenset({"oom", "crash", "headroom_gib"})
 _HOST_TOO_BIG = ("Not enough host memory", "scheduler is dead", "host memory available")
 _HOST_TOO_SMALL = "host memory should be larger than the device memory"
@@ -44,7 +63,7 @@ class Point:
         o = self.observation
         if o is None or o.feasible:
             return False
-        if o.outcome in STARTUP_FAILURES | RUNTIME_FAILURES:
+        if Outcome.of(o.outcome).is_parameter_result:
             return True
         return bool(self.violated & MEMORY_CONSTRAINTS)
 
@@ -96,7 +115,7 @@ def needs_more(s: Setting, other: Setting, *, host: str | None = None) -> bool:
 def host_failure(o: Observation) -> str | None:
     """ "too_big" when the host cache did not fit in RAM, "too_small" when it was not bigger than
     the GPU pool, None for a failure that was not about the host cache."""
-    if o.outcome not in STARTUP_FAILURES or o.setting.hicache_gb <= 0:
+    if not Outcome.of(o.outcome).fails_at_startup or o.setting.hicache_gb <= 0:
         return None
     if _HOST_TOO_SMALL in o.reason:
         return "too_small"

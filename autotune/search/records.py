@@ -22,13 +22,14 @@ from optuna.distributions import (
 from optuna.search_space import intersection_search_space
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.config.studyfile import Scalar
 from autotune.logparse.ledger import Ledger
-from autotune.memory.model import RUNTIME_FAILURES, STARTUP_FAILURES, Observation
-from autotune.search.points import FRACTION, Point, Scalar, setting_of
+from autotune.logparse.outcome import Outcome
+from autotune.memory.model import Observation
+from autotune.search.points import FRACTION, Point, setting_of
 
 CONTINUOUS_FRACTION_STEP = 0.005
 MAX_INT_CANDIDATES = 24
-PARAMETER_OUTCOMES = STARTUP_FAILURES | RUNTIME_FAILURES
 
 
 def _record(t: FrozenTrial) -> Mapping[str, Any]:
@@ -62,7 +63,7 @@ def _float(v: object) -> float | None:
 def point_of(t: FrozenTrial) -> Point | None:
     """A finished trial in the planner's terms; None when it says nothing about memory."""
     outcome = str(t.user_attrs.get("outcome", _record(t).get("outcome", "")))
-    if t.state == TrialState.FAIL and outcome not in PARAMETER_OUTCOMES:
+    if t.state == TrialState.FAIL and not Outcome.of(outcome).is_parameter_result:
         return None
     if t.state not in (TrialState.COMPLETE, TrialState.FAIL):
         return None
@@ -93,6 +94,11 @@ def point_of(t: FrozenTrial) -> Point | None:
         throughput=_float(t.user_attrs.get("throughput_tok_s")) or 0.0,
         violated=frozenset(k for k, v in t.constraints.items() if v > 0),
     )
+
+
+def finished_points(trials: Sequence[FrozenTrial], current: int) -> list[Point]:
+    """The finished trials other than `current` that say something about memory, oldest first."""
+    return [p for t in trials if t.number != current and (p := point_of(t))]
 
 
 def pending_params(trials: Sequence[FrozenTrial], current: int) -> list[dict[str, Scalar]]:
@@ -156,14 +162,27 @@ def candidate_values(dist: BaseDistribution, name: str) -> tuple[Scalar, ...]:
             values = _spread(values, dist.log)
         return tuple(values)
     if isinstance(dist, FloatDistribution):
-        step = dist.step or (CONTINUOUS_FRACTION_STEP if name == FRACTION else None)
-        if step is None:
-            n = MAX_INT_CANDIDATES - 1
-            return tuple(dist.low + (dist.high - dist.low) * i / n for i in range(n + 1))
-        n = math.floor((dist.high - dist.low) / step + 1e-9)
-        digits = max(0, -math.floor(math.log10(step)) + 2)
-        return tuple(round(dist.low + i * step, digits) for i in range(n + 1))
+        return _float_values(dist, name)
     return ()
+
+
+def _float_values(dist: FloatDistribution, name: str) -> tuple[float, ...]:
+    """The step's grid; without a step, MAX_INT_CANDIDATES values spread evenly (evenly in the
+    logarithm for a log range), or CONTINUOUS_FRACTION_STEP for mem_fraction_static."""
+    lo, hi = dist.low, dist.high
+    step = dist.step or (CONTINUOUS_FRACTION_STEP if name == FRACTION else None)
+    if step is None:
+        n = MAX_INT_CANDIDATES - 1
+        if dist.log:
+            ratio = math.log(hi / lo)
+            values = [lo * math.exp(ratio * i / n) for i in range(n + 1)]
+        else:
+            values = [lo + (hi - lo) * i / n for i in range(n + 1)]
+    else:
+        n = math.floor((hi - lo) / step + 1e-9)
+        digits = max(0, -math.floor(math.log10(step)) + 2)
+        values = [round(lo + i * step, digits) for i in range(n + 1)]
+    return tuple(sorted({min(max(v, lo), hi) for v in values}))
 
 
 def _spread(values: list[int], log: bool) -> list[int]:

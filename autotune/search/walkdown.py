@@ -5,12 +5,16 @@ fails (OOM at startup or under load, headroom too small) until one holds; then t
 searched parameters' grid one combination at a time, each walking down from the fraction the
 previous combination settled on. It learns nothing between steps, which is the point of having
 it: the benchmark measures what the memory model saves over it.
+
+With `mem_fraction_static` not searched (fixed in the study file) there is nothing to walk down:
+each combination of the other parameters is launched once. Where the walk has nothing to act on
+(`fallback.why_random`), parameters are sampled at random.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import optuna
@@ -18,14 +22,22 @@ from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial
 
+from autotune.config.studyfile import Scalar
 from autotune.search.capacity import record_rule
-from autotune.search.points import FRACTION, Point, Scalar
-from autotune.search.records import candidate_values, learnt_space, pending_params, point_of
+from autotune.search.fallback import RANDOM_RULE, contained, sample_randomly, why_random
+from autotune.search.points import FRACTION, Point, fmt, num, tokens_of
+from autotune.search.records import candidate_values, finished_points, learnt_space, pending_params
+
+WALK_RULE = "walkdown"
+CONFIRM_RULE = "confirm"
 
 
 class WalkDownSampler(BaseSampler):
     def __init__(self, *, seed: int | None = None) -> None:
         self._fallback = RandomSampler(seed=seed)
+
+    def reseed_rng(self) -> None:
+        self._fallback.reseed_rng()
 
     def infer_relative_search_space(
         self, study: optuna.Study, trial: FrozenTrial
@@ -40,16 +52,16 @@ class WalkDownSampler(BaseSampler):
     ) -> dict[str, Any]:
         if not search_space:
             return {}
+        trials = study.get_trials(deepcopy=False)
+        finished = finished_points(trials, trial.number)
+        random_why = why_random(search_space, trials, trial.number, finished)
+        if random_why is not None:
+            record_rule(study, trial, RANDOM_RULE, random_why)
+            return sample_randomly(self._fallback, study, trial, search_space)
         axes = {n: candidate_values(d, n) for n, d in search_space.items()}
-        finished = [
-            p
-            for t in study.get_trials(deepcopy=False)
-            if t.number != trial.number and (p := point_of(t))
-        ]
-        pending = pending_params(study.get_trials(deepcopy=False), trial.number)
-        params, rule, why = walk(axes, finished, pending)
-        record_rule(study, trial, rule, why, done=why if rule == "confirm" else None)
-        return {k: v for k, v in params.items() if k in search_space}
+        params, rule, why = walk(axes, finished, pending_params(trials, trial.number))
+        record_rule(study, trial, rule, why, done=why if rule == CONFIRM_RULE else None)
+        return contained(params, search_space)
 
     def sample_independent(
         self,
@@ -71,45 +83,101 @@ def walk(
 ) -> tuple[dict[str, Scalar], str, str]:
     """(params, rule, why) for the next launch of the walk; what other workers run now is
     skipped, so several workers walk down side by side."""
-    fractions = sorted(float(v) for v in axes.get(FRACTION, ()))
+    fractions = sorted(num(v) for v in axes.get(FRACTION, ()))
     others = [n for n in sorted(axes) if n != FRACTION]
-    combos = [
-        dict(zip(others, c, strict=True)) for c in itertools.product(*(axes[n] for n in others))
-    ]
-    if finished:
-        first = {n: finished[0].params.get(n) for n in others}
-        combos.sort(key=lambda c: c != first)
     start = fractions[-1] if fractions else None
-    for combo in combos:
-        here = [p for p in finished if all(_same(p.params.get(n), v) for n, v in combo.items())]
-        failed = [float(p.params[FRACTION]) for p in here if not p.feasible]
-        held = [float(p.params[FRACTION]) for p in here if p.feasible]
-        nxt = start if not failed else max((f for f in fractions if f < min(failed)), default=None)
-        running = {float(p[FRACTION]) for p in pending if _at(p, combo) and FRACTION in p}
-        while nxt is not None and any(_same(nxt, f) for f in running):
-            nxt = max((f for f in fractions if f < nxt), default=None)
+    for combo in _combinations(axes, others, finished):
+        here = [p for p in finished if _at(p.params, combo)]
+        if not fractions:
+            if not here and not any(_at(p, combo) for p in pending):
+                return combo, WALK_RULE, f"walk-down: the next combination, {_text(combo)}"
+            continue
+        running = [num(p[FRACTION]) for p in pending if FRACTION in p and _at(p, combo)]
+        nxt = _next_fraction(fractions, start, here, running)
         if nxt is None:
+            held = _settled(here)
+            start = start if held is None else held
             continue
-        if any(_same(nxt, f) for f in held) or (held and max(held) >= nxt):
-            start = max(held)
-            continue
+        failed = [num(p.params.get(FRACTION)) for p in here if not p.feasible]
         why = f"walk-down: {FRACTION}={nxt:g} " + (
             f"(one step below {min(failed):g}, which failed)" if failed else "(top of the range)"
         )
-        return {**combo, FRACTION: nxt}, "walkdown", why
+        return {**combo, FRACTION: nxt}, WALK_RULE, why
+    return _finish(axes, others, fractions, finished)
+
+
+def _combinations(
+    axes: Mapping[str, Sequence[Scalar]], others: Sequence[str], finished: Sequence[Point]
+) -> Iterator[dict[str, Scalar]]:
+    """The grid of the parameters other than the fraction, lazily; the first launch's
+    combination (the baseline, normally) first."""
+    first: dict[str, Scalar] | None = None
+    if finished:
+        first = {n: v for n in others if (v := finished[0].params.get(n)) is not None}
+        if len(first) == len(others) and all(
+            any(_same(first[n], v) for v in axes[n]) for n in others
+        ):
+            yield first
+        else:
+            first = None
+    for values in itertools.product(*(axes[n] for n in others)):
+        combo = dict(zip(others, values, strict=True))
+        if first is None or not _at(combo, first):
+            yield combo
+
+
+def _next_fraction(
+    fractions: Sequence[float], start: float | None, here: Sequence[Point], running: Sequence[float]
+) -> float | None:
+    """The fraction one combination launches next: `start`, or one step below its lowest
+    failure, skipping what other workers run; None once it settled (held there) or ran out."""
+    failed = [num(p.params.get(FRACTION)) for p in here if not p.feasible]
+    nxt = start if not failed else _below(fractions, min(failed))
+    while nxt is not None and any(_same(nxt, f) for f in running):
+        nxt = _below(fractions, nxt)
+    held = _settled(here)
+    if nxt is None or (held is not None and held >= nxt - 1e-9):
+        return None
+    return nxt
+
+
+def _settled(here: Sequence[Point]) -> float | None:
+    """The highest fraction that held for one combination, if any did."""
+    return max((num(p.params.get(FRACTION)) for p in here if p.feasible), default=None)
+
+
+def _below(fractions: Sequence[float], f: float) -> float | None:
+    return max((x for x in fractions if x < f - 1e-9), default=None)
+
+
+def _finish(
+    axes: Mapping[str, Sequence[Scalar]],
+    others: Sequence[str],
+    fractions: Sequence[float],
+    finished: Sequence[Point],
+) -> tuple[dict[str, Scalar], str, str]:
+    """Every combination walked: the best that held (the highest fraction, then the most
+    tokens) again, or, when nothing held, the lowest fraction of the first combination."""
     best = max(
         (p for p in finished if p.feasible),
-        key=lambda p: float(p.params.get(FRACTION, 0)),
+        key=lambda p: (num(p.params.get(FRACTION)), tokens_of(p)),
         default=None,
     )
-    params = (
-        dict(best.params) if best else {**(combos[0] if combos else {}), FRACTION: fractions[0]}
-    )
+    if best is not None:
+        params = dict(best.params)
+    else:
+        params = next(_combinations(axes, others, finished), {})
+        if fractions:
+            params[FRACTION] = fractions[0]
     return (
         {k: v for k, v in params.items() if k in axes},
-        "confirm",
+        CONFIRM_RULE,
         "walk-down finished every combination",
     )
+
+
+def _text(combo: Mapping[str, Scalar]) -> str:
+    return ", ".join(f"{k}={fmt(v)}" for k, v in combo.items()) or "the fixed setting"
 
 
 def _at(params: Mapping[str, Scalar], combo: Mapping[str, Scalar]) -> bool:

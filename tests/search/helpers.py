@@ -6,9 +6,10 @@ from collections.abc import Mapping
 
 import optuna
 
+from autotune.config.studyfile import Scalar
 from autotune.logparse.ledger import Ledger
 from autotune.memory.model import Observation
-from autotune.search.points import Point, Scalar, setting_of
+from autotune.search.points import Point, setting_of
 from autotune.sim.profiles import load_profile
 from autotune.testing.oracle import Bench, Launch, bench_for, launch, run_trial
 
