@@ -21,6 +21,23 @@ from autotune.logparse.ledger import Ledger
 
 GIB = float(1 << 30)
 PAGE = 1
+"""SGLang allocates one page beyond `max_total_num_tokens` (the padding slot), and its KV line
+counts it: `KV size = (N + page) · cell`."""
+
+
+def kv_gib(tokens: float, cell_bytes: float) -> float:
+    """The KV pool's size in GiB for `tokens` usable tokens of `cell_bytes` each."""
+    return (tokens + PAGE) * cell_bytes / GIB if tokens > 0 else 0.0
+
+
+def cell_from_kv(kv_size_gib: float, tokens: int) -> float:
+    """Bytes per token from a KV line's size and its token count."""
+    return kv_size_gib * GIB / (tokens + PAGE)
+
+
+def tokens_for(budget_gib: float, cell_bytes: float) -> int:
+    """Usable tokens a KV budget of `budget_gib` holds."""
+    return max(int(budget_gib * GIB) // round(cell_bytes), 0)
 
 
 @dataclass(frozen=True)
@@ -78,7 +95,7 @@ class Arithmetic:
 
     @property
     def tokens_from_formula(self) -> int:
-        return max(int(self.kv_budget_gib * GIB) // round(self.cell_bytes), 0)
+        return tokens_for(self.kv_budget_gib, self.cell_bytes)
 
     @property
     def free_at_peak_gib(self) -> float | None:
@@ -89,12 +106,12 @@ class Arithmetic:
     def at(self, fraction: float) -> AtFraction:
         """What `fraction` would give, all else equal."""
         budget = self.avail_after_weights_gib - self.p_gib * (1.0 - fraction)
-        tokens = max(int(budget * GIB) // round(self.cell_bytes), 0)
-        kv = (tokens + PAGE) * self.cell_bytes / GIB if tokens > 0 else 0.0
+        tokens = tokens_for(budget, self.cell_bytes)
+        kv = kv_gib(tokens, self.cell_bytes)
         static_free = None
         peak_free = None
         if self.headroom is not None and self.tokens is not None:
-            now_kv = (self.tokens + PAGE) * self.cell_bytes / GIB
+            now_kv = kv_gib(self.tokens, self.cell_bytes)
             static_free = self.headroom.free - (kv - now_kv) * (1.0 + self.draft_ratio)
             if self.stress_peak_gib is not None:
                 peak_free = static_free - self.stress_peak_gib
@@ -178,7 +195,7 @@ def cell_from_fit(points: Sequence[tuple[float, int, float]]) -> float | None:
 
 def _cell_from_kv_line(ledger: Ledger, p: float, a: float, f: float) -> float | None:
     if ledger.max_total_num_tokens and ledger.kv_gib:
-        return ledger.kv_gib * GIB / (ledger.max_total_num_tokens + PAGE)
+        return cell_from_kv(ledger.kv_gib, ledger.max_total_num_tokens)
     return None
 
 

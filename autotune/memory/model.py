@@ -28,8 +28,9 @@ import numpy as np
 
 from autotune.logparse.ledger import Ledger
 from autotune.logparse.outcome import Outcome
+from autotune.memory.arithmetic import GIB, cell_from_kv, kv_gib
 
-GiB = float(1 << 30)
+GiB = GIB
 LOG_ROUNDING_GIB = 0.005
 """SGLang prints GiB with two decimals."""
 MAX_GRAPH_BATCH = 512
@@ -284,7 +285,7 @@ class MemoryModel:
         if n is None or o is None or a is None or self.cell_bytes is None:
             return None
         kv_cell = self.cell_bytes * (1.0 + self.draft_ratio)
-        kv = Estimate((n.mean + 1) * kv_cell / GiB, n.sd * kv_cell / GiB)
+        kv = Estimate(kv_gib(n.mean, kv_cell), n.sd * kv_cell / GiB)
         return a.minus(kv).minus(o).minus(self.probe_offset)
 
     def stress_peak(self, s: Setting, slots: int | None, chunk: int | None) -> Estimate | None:
@@ -487,12 +488,12 @@ def _mean_estimate(values: Iterable[float | None]) -> Estimate | None:
 
 
 def _cell_bytes(obs: Sequence[Observation]) -> float | None:
-    """Bytes per token from the KV line: kv_gib = (N + page)·cell / 2^30 (largest pool first)."""
+    """Bytes per token from the KV line (largest pool first)."""
     if not obs:
         return None
     o = max(obs, key=lambda x: x.ledger.kv_gib or 0.0)
     assert o.tokens and o.ledger.kv_gib
-    return o.ledger.kv_gib * GiB / (o.tokens + 1)
+    return cell_from_kv(o.ledger.kv_gib, o.tokens)
 
 
 def _tokens_line(
