@@ -24,6 +24,7 @@ from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial
 
 from autotune.memory.model import phi
+from autotune.record import internals
 from autotune.search.fallback import RANDOM_RULE, contained, sample_randomly, why_random
 from autotune.search.planner import Goal, Proposal, plan
 from autotune.search.points import MEMORY_PARAMS, Point
@@ -150,7 +151,6 @@ class CapacityAwareSampler(BaseSampler):
 
     def _record(self, study: optuna.Study, trial: FrozenTrial, p: Proposal) -> None:
         record_rule(study, trial, p.rule, p.why, p.done)
-        storage = study._storage
         fc = p.forecast
         if fc is not None:
             numbers: dict[str, float | str | None] = {
@@ -161,7 +161,7 @@ class CapacityAwareSampler(BaseSampler):
                 "stress_peak_sd": fc.stress_peak.sd if fc.stress_peak else None,
                 "model": p.model.describe() if p.model else None,
             }
-            storage.set_trial_system_attr(trial._trial_id, FORECAST_ATTR, numbers)
+            internals.set_system_attr(study, trial, FORECAST_ATTR, numbers)
 
 
 def search_done(trials: Sequence[FrozenTrial]) -> str | None:
@@ -181,8 +181,7 @@ def record_rule(
 ) -> None:
     """The rule that chose `trial`'s point and why (and, when `done` says so, that the search
     has finished) as the trial's user attributes."""
-    storage = study._storage
-    storage.set_trial_user_attr(trial._trial_id, RULE_ATTR, rule)
-    storage.set_trial_user_attr(trial._trial_id, WHY_ATTR, why)
+    internals.set_user_attr(study, trial, RULE_ATTR, rule)
+    internals.set_user_attr(study, trial, WHY_ATTR, why)
     if done:
-        storage.set_trial_user_attr(trial._trial_id, DONE_ATTR, done)
+        internals.set_user_attr(study, trial, DONE_ATTR, done)

@@ -26,6 +26,7 @@ from autotune.config.studyfile import Scalar
 from autotune.logparse.ledger import Ledger
 from autotune.logparse.outcome import Outcome
 from autotune.memory.model import Observation
+from autotune.record import internals, keys
 from autotune.search.points import FRACTION, Point, setting_of
 
 CONTINUOUS_FRACTION_STEP = 0.005
@@ -33,7 +34,7 @@ MAX_INT_CANDIDATES = 24
 
 
 def _record(t: FrozenTrial) -> Mapping[str, Any]:
-    rec = t.user_attrs.get("record")
+    rec = t.user_attrs.get(keys.RECORD)
     return rec if isinstance(rec, Mapping) else {}
 
 
@@ -43,9 +44,7 @@ def trial_params(t: FrozenTrial) -> dict[str, Scalar]:
     recorded = _record(t).get("params")
     if isinstance(recorded, Mapping):
         params.update(recorded)
-    fixed = t.system_attrs.get("fixed_params")
-    if isinstance(fixed, Mapping):
-        params.update(fixed)
+    params.update(internals.fixed_params(t))  # type: ignore[arg-type]
     params.update(t.params)
     return params
 
@@ -62,7 +61,7 @@ def _float(v: object) -> float | None:
 
 def point_of(t: FrozenTrial) -> Point | None:
     """A finished trial in the planner's terms; None when it says nothing about memory."""
-    outcome = str(t.user_attrs.get("outcome", _record(t).get("outcome", "")))
+    outcome = str(t.user_attrs.get(keys.OUTCOME, _record(t).get("outcome", "")))
     if t.state == TrialState.FAIL and not Outcome.of(outcome).is_parameter_result:
         return None
     if t.state not in (TrialState.COMPLETE, TrialState.FAIL):
@@ -74,16 +73,16 @@ def point_of(t: FrozenTrial) -> Point | None:
     rec = _record(t)
     led = rec.get("ledger")
     ledger = Ledger.from_dict(led) if isinstance(led, Mapping) else Ledger()
-    peak = _float(rec.get("stress_peak_gib", t.user_attrs.get("stress_peak_gib")))
+    peak = _float(rec.get("stress_peak_gib", t.user_attrs.get(keys.STRESS_PEAK)))
     reason = " ".join(
-        [str(t.user_attrs.get("reason", "")), *[str(e) for e in rec.get("evidence", ()) or ()]]
+        [str(t.user_attrs.get(keys.REASON, "")), *[str(e) for e in rec.get("evidence", ()) or ()]]
     )
     obs = Observation(
         setting=setting,
         ledger=ledger,
         outcome=outcome,
         stress_peak_gib=peak,
-        headroom_gib=_float(t.user_attrs.get("headroom_gib")),
+        headroom_gib=_float(t.user_attrs.get(keys.HEADROOM)),
         feasible=is_feasible(t),
         reason=reason,
     )
@@ -91,7 +90,7 @@ def point_of(t: FrozenTrial) -> Point | None:
         number=t.number,
         params=params,
         observation=obs,
-        throughput=_float(t.user_attrs.get("throughput_tok_s")) or 0.0,
+        throughput=_float(t.user_attrs.get(keys.THROUGHPUT)) or 0.0,
         violated=frozenset(k for k, v in t.constraints.items() if v > 0),
     )
 
@@ -117,14 +116,14 @@ def required_headroom(trials: Sequence[FrozenTrial]) -> float | None:
     """The study's min_headroom_gib, read back from a constraint: value = required − measured."""
     for t in trials:
         c = t.constraints.get("headroom_gib")
-        h = _float(t.user_attrs.get("headroom_gib"))
+        h = _float(t.user_attrs.get(keys.HEADROOM))
         if c is not None and h is not None:
             return max(round(c + h, 6), 0.0)
     return None
 
 
 def wants_throughput(study: optuna.Study) -> bool:
-    objectives = study.user_attrs.get("objectives")
+    objectives = study.user_attrs.get(keys.OBJECTIVES)
     if isinstance(objectives, list):
         return "throughput" in objectives
     return len(study.directions) > 1

@@ -19,7 +19,7 @@ from autotune.config.studyfile import (
     StudyConfig,
 )
 from autotune.errors import UsageError
-from autotune.record import internals
+from autotune.record import internals, keys
 
 if TYPE_CHECKING:
     from autotune.study.workers import Coordinator
@@ -127,7 +127,7 @@ def run_loop(
         trial = coordinator.ask(study) if coordinator is not None else study.ask()
         skip = ""
         try:
-            trial.set_user_attr("worker", worker.to_dict())
+            trial.set_user_attr(keys.WORKER, worker.to_dict())
             if coordinator is not None:
                 skip = coordinator.claim(study, trial, n_trials)
             result = Result("fail", "skipped", skip, None, {}) if skip else run_one(trial)
@@ -180,8 +180,8 @@ def _tell_unless_finished(
 def tell(study: optuna.Study, trial: optuna.trial.Trial, result: Result, cfg: StudyConfig) -> None:
     """Store one trial's result; the point of a trial that was interrupted or failed for the
     machine's sake (a harness error) is enqueued again, so the study loses no point."""
-    trial.set_user_attr("outcome", result.outcome)
-    trial.set_user_attr("reason", result.reason)
+    trial.set_user_attr(keys.OUTCOME, result.outcome)
+    trial.set_user_attr(keys.REASON, result.reason)
     for key, value in result.attrs.items():
         trial.set_user_attr(key, value)
     if result.state == "complete" and result.measured is not None:

@@ -21,7 +21,7 @@ from autotune.config.space import server_argv, settings_for
 from autotune.config.studyfile import StudyConfig
 from autotune.errors import HarnessError, UsageError
 from autotune.masking import redact, redact_text
-from autotune.record import internals
+from autotune.record import internals, keys
 from autotune.record.view import view
 from autotune.server.hostcheck import results_disk_problem
 from autotune.server.preflight import free_port
@@ -120,7 +120,7 @@ def run(
             limits=cfg.server.limits,
             backend=cfg.server.backend,
         )
-        trial.set_user_attr("trial_dir", str(plan.trial_dir))
+        trial.set_user_attr(keys.TRIAL_DIR, str(plan.trial_dir))
         shown_k[0] = tally.done + 1
         progress.trial_started(shown_k[0], trial.number, settings.params)
         record = run_trial(plan, launcher, clock=clock, phase=progress.phase)

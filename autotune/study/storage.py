@@ -85,9 +85,9 @@ def open_study(
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         first = redact_text(first, storage_url)
         raise UsageError(f"--storage {redact(storage_url)}: cannot open it ({first})") from exc
-    stored = study.user_attrs.get("objectives")
+    stored = study.user_attrs.get(keys.OBJECTIVES)
     if stored is None:
-        study.set_user_attr("objectives", list(cfg.objectives))
+        study.set_user_attr(keys.OBJECTIVES, list(cfg.objectives))
     elif list(stored) != list(cfg.objectives):
         raise UsageError(
             f"study {cfg.name} was created with objectives {stored}; "

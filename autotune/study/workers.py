@@ -40,7 +40,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.config.studyfile import Heartbeat, Limits, SearchConfig, StudyConfig
 from autotune.errors import UsageError
-from autotune.record import internals
+from autotune.record import internals, keys
 from autotune.record.internals import BaseHeartbeat
 from autotune.study.storage import NO_WORKER_AFTER_S, Worker, counted, fail
 
@@ -245,7 +245,7 @@ def stale(
     for t in trials:
         if t.state != TrialState.RUNNING:
             continue
-        w = Worker.from_dict(t.user_attrs.get("worker"))
+        w = Worker.from_dict(t.user_attrs.get(keys.WORKER))
         if w == me:
             continue
         if w is not None and w.same_machine(me.host, me.machine):
@@ -441,7 +441,7 @@ class Coordinator:
         if twin is not None and self._duplicates < MAX_DUPLICATE_SKIPS:
             self._duplicates += 1
             self.skipped.append(trial.number)
-            who = describe(Worker.from_dict(twin.user_attrs.get("worker")))
+            who = describe(Worker.from_dict(twin.user_attrs.get(keys.WORKER)))
             return f"not launched: trial {twin.number} runs the same parameters ({who})"
         self._duplicates = 0
         return ""

@@ -32,6 +32,7 @@ from autotune.config.space import address_flags
 from autotune.config.studyfile import Limits, Scalar, StudyConfig
 from autotune.errors import HarnessError
 from autotune.logparse.outcome import Outcome
+from autotune.record import keys
 from autotune.trial.record import Measured, Result
 
 if TYPE_CHECKING:
@@ -178,10 +179,10 @@ class TrialRecord:
     def result(self) -> Result:
         """The study's view: few flat attributes for tables, the whole record under `record`."""
         attrs: dict[str, object] = {
-            "capacity_tokens": self.capacity_tokens,
-            "throughput_tok_s": self.throughput_tok_s,
-            "headroom_gib": self.headroom_gib,
-            "record": _json_safe(self.to_dict()),
+            keys.CAPACITY: self.capacity_tokens,
+            keys.THROUGHPUT: self.throughput_tok_s,
+            keys.HEADROOM: self.headroom_gib,
+            keys.RECORD: _json_safe(self.to_dict()),
         }
         return Result(self.state, self.outcome, self.reason, self.measured(), attrs, self.fatal)
 
