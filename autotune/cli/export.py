@@ -8,6 +8,7 @@ import sys
 from autotune.cli import common
 from autotune.errors import UsageError
 from autotune.review.export import FORMATS, build_export, render
+from autotune.server.flagcheck import check_argv
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,8 +36,6 @@ def handle(args: argparse.Namespace) -> int:
     assert source.cfg is not None
     ex = build_export(review, source.cfg, trial=args.trial)
     if not args.no_flag_check:
-        from autotune.server.flagcheck import check_argv
-
         for problem in check_argv(ex.argv, backend=ex.backend):
             sys.stderr.write(f"autotune: warning: {problem}\n")
     sys.stdout.write(review.scrub(render(ex, args.format)))

@@ -30,6 +30,7 @@ class _Parser(argparse.ArgumentParser):
 def _registrars() -> list[Registrar]:
     """Subcommand registrars, imported lazily so one broken command cannot break the others."""
     from autotune.cli import commands
+
     return commands.REGISTRARS
 
 

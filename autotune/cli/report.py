@@ -13,7 +13,9 @@ from pathlib import Path
 from autotune.cli import common
 from autotune.config.studyfile import StudyConfig
 from autotune.errors import UsageError
+from autotune.review.export import launch_argv
 from autotune.review.source import Review
+from autotune.server.flagcheck import check_argv
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -30,6 +32,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
+    # the renderers load matplotlib and plotly (about a second): only `report` pays for them
     from autotune.review.explain import explain
     from autotune.review.page import summary, write_report
 
@@ -55,8 +58,6 @@ def _flag_problems(cfg: StudyConfig | None, review: Review) -> list[str]:
     """The exported command checked with the server's own parser (when it is importable)."""
     if cfg is None or review.winner is None:
         return []
-    from autotune.review.export import launch_argv
-    from autotune.server.flagcheck import check_argv
 
     backend = cfg.server.backend
     try:

@@ -14,7 +14,10 @@ import sys
 from autotune.cli.common import add_study_args, resolve_config, stop_signals, storage_url, study_dir
 from autotune.config.studyfile import SAMPLERS
 from autotune.errors import UsageError
+from autotune.server.hostcheck import check_host
 from autotune.study.runner import run, study_lock
+from autotune.study.workers import gpu_group, with_worker_args, worker_folder
+from autotune.trial.run import live_launcher
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -50,7 +53,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from autotune.study.workers import gpu_group, with_worker_args, worker_folder
 
     cfg = with_worker_args(
         resolve_config(args),
@@ -59,7 +61,6 @@ def handle(args: argparse.Namespace) -> int:
         heartbeat_s=args.heartbeat_s,
         grace_s=args.grace_s,
     )
-    from autotune.server.hostcheck import check_host
 
     check_host(cfg)
     study_folder = study_dir(cfg, args.results_dir)
@@ -71,7 +72,6 @@ def handle(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--results-dir {args.results_dir}: cannot create {folder}: {exc}"
         ) from exc
-    from autotune.trial.run import live_launcher
 
     with study_lock(folder):
         launcher = live_launcher(cfg, folder)

@@ -9,6 +9,7 @@ from pathlib import Path
 import optuna
 from sqlalchemy.exc import SQLAlchemyError
 
+from autotune.cli.common import add_study_args, resolve_config, storage_url, study_dir
 from autotune.errors import HarnessError, UsageError
 from autotune.masking import redact
 from autotune.review.status import render
@@ -16,8 +17,6 @@ from autotune.study.storage import STUDY_DB, default_storage_url, load_existing
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from autotune.cli.common import add_study_args
-
     p = sub.add_parser(
         "status",
         help="print a study's trials",
@@ -48,8 +47,6 @@ def _locate(args: argparse.Namespace) -> tuple[str, str]:
         db = Path(args.results_dir) / args.study / STUDY_DB
         if db.is_file():
             return args.study, default_storage_url(db.parent)
-    from autotune.cli.common import resolve_config, storage_url, study_dir
-
     cfg = resolve_config(args)
     folder = study_dir(cfg, args.results_dir)
     url = storage_url(args, cfg, folder)

@@ -21,6 +21,7 @@ from typing import Literal, TypeAlias
 
 from autotune.config.workload import WorkloadSpec, workload_from_dict
 from autotune.errors import ConfigError, UsageError
+from autotune.sim.profiles import ProfileError, load_profile
 
 Scalar: TypeAlias = bool | int | float | str
 FlagValue: TypeAlias = Scalar | tuple[Scalar, ...]
@@ -329,10 +330,6 @@ def _non_negative(t: _Table, k: str, *, default: float) -> float:
 def _sim_profile(t: _Table) -> str:
     """The simulator profile, checked now so that a rehearsal does not fail at every launch."""
     name = t.string("sim_profile", default=DEFAULT_SIM_PROFILE)
-    try:
-        from autotune.sim.profiles import ProfileError, load_profile
-    except ImportError:  # a build without the simulator
-        return name
     try:
         load_profile(name)
     except ProfileError as exc:

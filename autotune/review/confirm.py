@@ -19,9 +19,14 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
+import optuna
+
+from autotune.config.space import Settings, tuned_flags
 from autotune.config.studyfile import StudyConfig
+from autotune.config.workload import Poisson, Steady, Stress
 from autotune.review.source import CONFIRMATION, CONFIRMATIONS
 from autotune.study.objectives import constraint_values
+from autotune.trial.run import Launcher, live_launcher, plan_trial, run_trial, write_record
 
 DEFAULT_SOAK_FACTOR = 3.0
 MAX_HISTORY = 20
@@ -30,7 +35,6 @@ MAX_HISTORY = 20
 def soak(cfg: StudyConfig, factor: float) -> StudyConfig:
     """The study with its workload lengthened: steady and Poisson phases `factor`× longer,
     stress rounds `ceil(factor)`× as many, the workload time limit scaled to match."""
-    from autotune.config.workload import Poisson, Steady, Stress
 
     w = cfg.workload
     phases = []
@@ -61,28 +65,19 @@ def run_confirmation(
     phase: Callable[[str], None] = lambda p: None,
 ) -> dict[str, object]:
     """Launch, soak, tear down; the verdict as a JSON-safe dict."""
-    from autotune.config.space import Settings, server_argv, tuned_flags
-    from autotune.server.preflight import free_port
-    from autotune.trial.run import Launcher, TrialPlan, live_launcher, run_trial, write_record
 
     launcher: Launcher = (launcher_factory or live_launcher)(cfg, folder)  # type: ignore[assignment]
     for note in launcher.stop_orphans():
         sys.stdout.write(f"stopped an orphaned server: {note}\n")
     typed = {k: v for k, v in params.items() if isinstance(v, bool | int | float | str)}
     settings = Settings(params=typed, flags=tuned_flags(typed, cfg.search))
-    argv = server_argv(cfg.server, settings, backend=cfg.server.backend,
-                       extra=launcher.extra_args())  # fmt: skip
     number = _next_number(folder / "confirm")
-    plan = TrialPlan(
+    plan = plan_trial(
+        cfg,
+        settings,
         number=number,
-        params=typed,
-        argv=tuple(argv),
-        env=dict(cfg.server.env),
-        host=cfg.server.host,
-        port=cfg.server.port or free_port(cfg.server.host),
         trial_dir=folder / "confirm" / f"{number:04d}",
-        limits=cfg.server.limits,
-        backend=cfg.server.backend,
+        extra=launcher.extra_args(),
     )
     record = run_trial(plan, launcher, clock=clock, phase=phase)
     write_record(record, plan.trial_dir)
@@ -113,7 +108,6 @@ def run_confirmation(
 
 def record_verdict(study: object, verdict: dict[str, object]) -> None:
     """Store the verdict on the study (the latest, and a short history)."""
-    import optuna
 
     assert isinstance(study, optuna.Study)
     study.set_user_attr(CONFIRMATION, verdict)

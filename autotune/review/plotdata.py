@@ -12,6 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from autotune.memory.arithmetic import Arithmetic, arithmetic, cell_from_fit
+from autotune.memory.model import Observation, Setting, fit
 from autotune.record.view import TrialView
 
 MODEL_POINTS = 41
@@ -200,8 +201,6 @@ def _model_tokens(
 ) -> tuple[tuple[float, ...], str] | None:
     """The memory model's N(f), when `autotune.memory.model` can fit one from these trials."""
     try:
-        from autotune.memory.model import Observation, Setting, fit
-
         obs = []
         for t in trials:
             if t.fraction is None or t.kind == "running":

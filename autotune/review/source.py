@@ -8,6 +8,7 @@ headroom constraint and do without). `build_review` is pure: trials in, a `Revie
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -213,7 +214,6 @@ def _confirmations(attrs: Mapping[str, object]) -> tuple[Confirmation, ...]:
 
 def secrets_of(cfg: StudyConfig | None) -> tuple[str, ...]:
     """The API key the study's workload reads from the environment, when it is set here."""
-    import os
 
     name = cfg.workload.api_key_env if cfg is not None else None
     value = os.environ.get(str(name)) if name else None

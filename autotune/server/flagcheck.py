@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 
+from autotune.sim.flags import build_parser
+
 RENAMED = {
     "--cuda-graph-max-bs": "--cuda-graph-max-bs-decode (SGLang 0.5.14+; the old flag is gone "
     "in 0.5.23)",
@@ -37,7 +39,6 @@ def sglang_parser() -> argparse.ArgumentParser | None:
 
 
 def sim_parser() -> argparse.ArgumentParser | None:
-    from autotune.sim.flags import build_parser
 
     return build_parser()
 

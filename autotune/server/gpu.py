@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from autotune.errors import HarnessError
+from autotune.sim.gpustate import read_gpu_state
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -89,7 +90,6 @@ class SimProbe:
         self.directory = Path(directory)
 
     def snapshot(self) -> list[GpuMemory]:
-        from autotune.sim.gpustate import read_gpu_state
 
         return [
             GpuMemory(g.index, g.total_bytes, g.used_bytes, dict(g.processes))

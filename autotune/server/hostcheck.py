@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from autotune.config.space import Settings
+from autotune.config.space import Settings, server_argv, tuned_flags
 from autotune.config.studyfile import (
     HICACHE,
     Choices,
@@ -28,6 +28,8 @@ from autotune.config.studyfile import (
     param_name,
 )
 from autotune.errors import ConfigError, UsageError
+from autotune.server.flagcheck import check_argv
+from autotune.sim.profiles import ProfileError, load_profile
 
 MODEL_FLAGS = ("model_path", "speculative_draft_model_path", "tokenizer_path")
 TP_FLAGS = ("tp", "tp_size", "tensor_parallel_size")
@@ -68,8 +70,6 @@ def _check_flags(cfg: StudyConfig) -> None:
     on the fixed flags and every searched value (each choice, each end of a range, the others
     at their first value): a flag it does not know or a value it rejects fails every launch
     that uses it."""
-    from autotune.config.space import server_argv, tuned_flags
-    from autotune.server.flagcheck import check_argv
 
     first: dict[str, Scalar] = {}
     values: list[tuple[str, Scalar]] = []
@@ -156,8 +156,6 @@ def _check_hicache(cfg: StudyConfig, ram_gb: float | None, whose: str) -> None:
 
 def _ram_gb(cfg: StudyConfig) -> float | None:
     if cfg.server.backend == "sim":
-        from autotune.sim.profiles import ProfileError, load_profile
-
         try:
             return load_profile(cfg.server.sim_profile).hardware.host_ram_gb
         except (ProfileError, OSError):

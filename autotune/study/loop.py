@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
@@ -18,14 +17,12 @@ from autotune.config.studyfile import (
     SearchConfig,
     StudyConfig,
 )
-from autotune.errors import UsageError
-from autotune.record import internals, keys
-
-if TYPE_CHECKING:
-    from autotune.study.workers import Coordinator
+from autotune.errors import HarnessError, UsageError
 from autotune.logparse.outcome import Outcome
+from autotune.record import internals, keys
 from autotune.study.objectives import constraint_values, objective_values
 from autotune.study.storage import Worker, counted
+from autotune.study.workers import Coordinator
 from autotune.trial.record import Result
 
 log = logging.getLogger(__name__)
@@ -102,7 +99,6 @@ def run_loop(
     Raises `Interrupted` after recording the current trial when the operator stops the run, and
     `HarnessError` after several harness failures in a row (the machine, not the parameters).
     """
-    from autotune.errors import HarnessError
 
     start = clock()
     ran = 0

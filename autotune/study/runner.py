@@ -17,21 +17,28 @@ from optuna.exceptions import StorageInternalError
 from optuna.trial import FrozenTrial
 from sqlalchemy.exc import SQLAlchemyError
 
-from autotune.config.space import server_argv, settings_for
+from autotune.config.space import settings_for
 from autotune.config.studyfile import StudyConfig
 from autotune.errors import HarnessError, UsageError
 from autotune.masking import redact, redact_text
 from autotune.record import internals, keys
 from autotune.record.view import view
+from autotune.search.capacity import DONE_ATTR, CapacityAwareSampler
 from autotune.server.hostcheck import results_disk_problem
-from autotune.server.preflight import free_port
 from autotune.study.loop import Interrupted, prepare, run_loop
 from autotune.study.objectives import best_feasible_capacity
 from autotune.study.progress import Progress, Tally, finished_line
 from autotune.study.samplers import make_sampler
 from autotune.study.storage import counted, open_study, recover
+from autotune.study.workers import (
+    Coordinator,
+    current_worker,
+    drop_twice_queued,
+    gpu_group,
+    worker_seed,
+)
 from autotune.trial.record import Result
-from autotune.trial.run import Launcher, TrialPlan, run_trial, write_record
+from autotune.trial.run import Launcher, plan_trial, run_trial, write_record
 
 
 def run(
@@ -44,13 +51,6 @@ def run(
     clock: Callable[[], float] = time.monotonic,
 ) -> int:
     """Run the study to its end; 0 when done, 130 when the operator stopped it."""
-    from autotune.study.workers import (
-        Coordinator,
-        current_worker,
-        drop_twice_queued,
-        gpu_group,
-        worker_seed,
-    )
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     worker = current_worker(gpu_group(cfg.server.env) or gpu_group(os.environ))
@@ -105,20 +105,12 @@ def run(
         full = results_disk_problem(folder)
         if full:
             return Result("fail", "harness_error", f"not launched: {full}", None, {}, fatal=full)
-        port = cfg.server.port or free_port(cfg.server.host)
-        argv = server_argv(
-            cfg.server, settings, backend=cfg.server.backend, extra=launcher.extra_args()
-        )
-        plan = TrialPlan(
+        plan = plan_trial(
+            cfg,
+            settings,
             number=trial.number,
-            params=settings.params,
-            argv=tuple(argv),
-            env=dict(cfg.server.env),
-            host=cfg.server.host,
-            port=port,
             trial_dir=trial_dir(folder, trial.number),
-            limits=cfg.server.limits,
-            backend=cfg.server.backend,
+            extra=launcher.extra_args(),
         )
         trial.set_user_attr(keys.TRIAL_DIR, str(plan.trial_dir))
         shown_k[0] = tally.done + 1
@@ -167,10 +159,6 @@ def sampler_done(study: optuna.Study, trial: optuna.trial.Trial) -> str:
     Samplers that can tell (the capacity-aware search) say so in a user attribute of the trial
     they were asked for; that trial is then recorded as skipped instead of launched.
     """
-    try:
-        from autotune.search.capacity import DONE_ATTR, CapacityAwareSampler
-    except ImportError:
-        return ""
     if not isinstance(study.sampler, CapacityAwareSampler):
         return ""  # the others never say so; spare the storage a read
     done = internals.fresh(study, trial).user_attrs.get(DONE_ATTR)

@@ -11,6 +11,7 @@ from autotune.config.studyfile import (
     SamplerConfig,
 )
 from autotune.errors import UsageError
+from autotune.search import CapacityAwareSampler, WalkDownSampler
 
 
 def make_sampler(cfg: SamplerConfig) -> BaseSampler:
@@ -33,13 +34,11 @@ def _gp(cfg: SamplerConfig) -> BaseSampler:
 
 
 def _capacity(cfg: SamplerConfig) -> BaseSampler:
-    from autotune.search import CapacityAwareSampler
 
     return CapacityAwareSampler(seed=cfg.seed)
 
 
 def _walkdown(cfg: SamplerConfig) -> BaseSampler:
-    from autotune.search import WalkDownSampler
 
     return WalkDownSampler(seed=cfg.seed)
 

@@ -38,6 +38,7 @@ from optuna.samplers import RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
+from autotune.config.space import settings_for
 from autotune.config.studyfile import Heartbeat, Limits, SearchConfig, StudyConfig
 from autotune.errors import UsageError
 from autotune.record import internals, keys
@@ -407,7 +408,6 @@ class Coordinator:
         Right after a proposal was skipped as a repeat of a running trial, the next one is a
         random point: a sampler that knows nothing of running trials would repeat itself.
         """
-        from autotune.config.space import settings_for
 
         sampler = study.sampler
         if self._duplicates and self._random_after_duplicate:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import optuna
 
-from autotune.config.space import settings_for
+from autotune.config.space import grid, settings_for
 from autotune.config.studyfile import (
     Budget,
     Choices,
@@ -49,6 +49,7 @@ from autotune.sim.model import (
 )
 from autotune.sim.profiles import Profile
 from autotune.study.loop import tell
+from autotune.study.objectives import constraint_values
 from autotune.trial.record import Measured, Result
 
 STRESS_FORWARDS = 200
@@ -206,7 +207,6 @@ def _p_pass(profile: Profile, tokens: int, seqs: int, limit: float) -> float:
 
 def best_stable(bench: Bench) -> int:
     """The most capacity any stable setting of the space holds (exhaustive)."""
-    from autotune.config.space import grid
 
     points = grid(bench.search) or []
     return max((tokens for ok, tokens in (stable(bench, p) for p in points) if ok), default=0)
@@ -258,7 +258,6 @@ def _done(
     record: dict[str, object],
     truth: bool,
 ) -> tuple[Launch, Result]:
-    from autotune.study.objectives import constraint_values
 
     record["outcome"] = outcome
     attrs = {

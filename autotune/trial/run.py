@@ -21,26 +21,28 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
+from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from autotune import __version__
-from autotune.config.space import address_flags
+from autotune.config.space import Settings, address_flags, server_argv
 from autotune.config.studyfile import Limits, Scalar, StudyConfig
 from autotune.errors import HarnessError
+from autotune.loadgen import ServerFacts, Target, WorkloadSpec, run_workload
 from autotune.logparse.outcome import Outcome
+from autotune.masking import scrub_file
 from autotune.record import keys
+from autotune.server import pidfile
+from autotune.server.gpu import GpuProbe, NvmlProbe, SimProbe, foreign_holders, visible_devices
+from autotune.server.lifecycle import LaunchSpec, Server
+from autotune.server.preflight import free_port
+from autotune.server.teardown import stop_orphans
 from autotune.trial.record import Measured, Result
 
-if TYPE_CHECKING:
-    from autotune.loadgen import WorkloadSpec
-    from autotune.server.gpu import GpuProbe
-    from autotune.server.lifecycle import Server
-
-"""Server endings caused by the trial's parameters: complete trials with violated constraints."""
 FATAL_TEARDOWN = "teardown"
 INTERRUPT = "interrupted"
 """`fatal` value of a finished trial during whose teardown the operator asked to stop."""
@@ -63,6 +65,30 @@ class TrialPlan:
     @property
     def log_path(self) -> Path:
         return self.trial_dir / "server.log"
+
+
+def plan_trial(
+    cfg: StudyConfig,
+    settings: Settings,
+    *,
+    number: int,
+    trial_dir: Path,
+    extra: Sequence[str] = (),
+) -> TrialPlan:
+    """The plan for one launch of `settings` under the study `cfg`: the command line (with the
+    launcher's `extra` arguments), the environment, a port (the fixed one, or one free now)."""
+    argv = server_argv(cfg.server, settings, backend=cfg.server.backend, extra=extra)
+    return TrialPlan(
+        number=number,
+        params=settings.params,
+        argv=tuple(argv),
+        env=dict(cfg.server.env),
+        host=cfg.server.host,
+        port=cfg.server.port or free_port(cfg.server.host),
+        trial_dir=trial_dir,
+        limits=cfg.server.limits,
+        backend=cfg.server.backend,
+    )
 
 
 @dataclass(frozen=True)
@@ -387,7 +413,6 @@ HEADROOM_POLL_S = 0.2
 
 def live_launcher(cfg: StudyConfig, study_dir: Path) -> LiveLauncher:
     """Servers for real: SGLang with NVML, or the simulator with its GPU-state folder."""
-    from autotune.server.gpu import NvmlProbe, SimProbe, visible_devices
 
     sim = cfg.server.backend == "sim"
     gpu_dir = study_dir / "sim-gpu"
@@ -404,8 +429,6 @@ def live_launcher(cfg: StudyConfig, study_dir: Path) -> LiveLauncher:
 
 
 def _installed_sglang() -> str | None:
-    from importlib import metadata
-
     try:
         return metadata.version("sglang")
     except metadata.PackageNotFoundError:
@@ -439,8 +462,6 @@ class LiveLauncher:
         return self._extra
 
     def stop_orphans(self) -> list[str]:
-        from autotune.server import pidfile
-        from autotune.server.teardown import stop_orphans
 
         records = [record for _, record in pidfile.records(self.run_dir)]
         lines = stop_orphans(self.run_dir, grace_s=self.limits.stop_grace_s)
@@ -454,7 +475,6 @@ class LiveLauncher:
         """After stopping orphans, give their GPU memory the release time a trial's teardown
         gets (a driver frees a killed process's memory with a lag); if it stays held, the first
         launch's check names the holder."""
-        from autotune.server.gpu import foreign_holders
 
         deadline = time.monotonic() + self.limits.release_s
         while time.monotonic() < deadline:
@@ -467,13 +487,11 @@ class LiveLauncher:
 
     def scrub(self, log: Path) -> None:
         """Mask the API key in a stopped server's log (SGLang prints it with its arguments)."""
-        from autotune.masking import scrub_file
 
         if self._api_key:
             scrub_file(log, self._api_key)
 
     def launch(self, plan: TrialPlan) -> ServerRun:
-        from autotune.server.lifecycle import LaunchSpec, Server
 
         key = ("--api-key", self._api_key) if self._api_key else ()
         spec = LaunchSpec(
@@ -512,7 +530,6 @@ class _LiveRun:
         )
 
     def drive(self, ledger: Mapping[str, object]) -> Load:
-        from autotune.loadgen import ServerFacts, Target, run_workload
 
         facts = ServerFacts(
             max_running_requests=_opt_int(ledger.get("max_running_requests")),
