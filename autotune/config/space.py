@@ -219,3 +219,23 @@ def _typed(p: Param, raw: str) -> Scalar:
         if render(c) == raw:
             return c
     return raw
+
+
+_TP = ("tp", "tp_size", "tensor_parallel_size")
+
+
+_PP = ("pp", "pp_size", "pipeline_parallel_size")
+
+
+def gpus_needed(flags: Sequence[tuple[str, object]]) -> int:
+    """GPUs one server takes: tensor × pipeline parallel size from its fixed flags."""
+    given = {name: value for name, value in flags}
+
+    def size(names: tuple[str, ...]) -> int:
+        for n in names:
+            v = given.get(n)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return v
+        return 1
+
+    return size(_TP) * size(_PP)

@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from autotune.config.space import Settings, server_argv, tuned_flags
+from autotune.config.space import Settings, gpus_needed, server_argv, tuned_flags
 from autotune.config.studyfile import (
     HICACHE,
     Choices,
@@ -32,8 +32,6 @@ from autotune.server.flagcheck import check_argv
 from autotune.sim.profiles import ProfileError, load_profile
 
 MODEL_FLAGS = ("model_path", "speculative_draft_model_path", "tokenizer_path")
-TP_FLAGS = ("tp", "tp_size", "tensor_parallel_size")
-PP_FLAGS = ("pp", "pp_size", "pipeline_parallel_size")
 _FIND_SGLANG = "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"
 
 
@@ -117,10 +115,7 @@ def _check_model_paths(cfg: StudyConfig) -> None:
 
 
 def _ranks(cfg: StudyConfig) -> int:
-    flags = dict(cfg.server.flags)
-    tp = next((flags[k] for k in TP_FLAGS if k in flags), 1)
-    pp = next((flags[k] for k in PP_FLAGS if k in flags), 1)
-    return (tp if isinstance(tp, int) else 1) * (pp if isinstance(pp, int) else 1)
+    return gpus_needed(cfg.server.flags)
 
 
 def _largest_hicache(cfg: StudyConfig) -> float:

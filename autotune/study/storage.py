@@ -12,13 +12,14 @@ only the host that started a trial ever judges it stale or stops its server.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 import os
 import socket
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -185,20 +186,10 @@ after this long was left by a process killed in between (younger ones may be ano
 def stale_trials(
     trials: Sequence[FrozenTrial], host: str, *, machine: str = "", now: datetime | None = None
 ) -> list[FrozenTrial]:
-    """RUNNING trials started on `host` by a process that is gone (or with no worker recorded)."""
-    now = now or datetime.now()
-    out = []
-    for t in trials:
-        if t.state != TrialState.RUNNING:
-            continue
-        w = Worker.from_dict(view(t).worker)
-        if w is None:
-            started = t.datetime_start
-            if started is None or (now - started).total_seconds() > NO_WORKER_AFTER_S:
-                out.append(t)
-        elif w.same_machine(host, machine) and not w.alive():
-            out.append(t)
-    return out
+    """RUNNING trials started on `host` by a process that is gone (or with no worker recorded):
+    `stale` as judged by a run that shares the study with no other worker."""
+    me = dataclasses.replace(Worker.current(), host=host, machine=machine)
+    return [t for t, _ in stale(trials, me, (), grace_s=0, now=now or datetime.now())]
 
 
 def recover(
@@ -284,3 +275,45 @@ def rdb_storage(url: str, heartbeat: Heartbeat) -> RDBStorage:
 
 
 CREATE_ATTEMPTS = 5
+
+
+def describe(w: Worker | None) -> str:
+    if w is None:
+        return "an unknown worker"
+    return f"{w.host} pid {w.pid}, GPUs {w.gpus or 'all'}"
+
+
+def stale(
+    trials: Sequence[FrozenTrial],
+    me: Worker,
+    late: Collection[int],
+    *,
+    grace_s: int,
+    now: datetime,
+) -> list[tuple[FrozenTrial, str]]:
+    """RUNNING trials whose worker is dead, each with why.
+
+    `late` holds the ids of trials whose heartbeat is older than the grace period. A worker on
+    this machine is judged by its process (alive means not stale, whatever its heartbeat); one
+    elsewhere by its heartbeat.
+    """
+    out = []
+    for t in trials:
+        if t.state != TrialState.RUNNING:
+            continue
+        w = Worker.from_dict(t.user_attrs.get(keys.WORKER))
+        if w == me:
+            continue
+        if w is not None and w.same_machine(me.host, me.machine):
+            if not w.alive():
+                out.append((t, f"its worker ({describe(w)}) is gone"))
+            continue
+        if internals.trial_id(t) in late:
+            out.append((t, f"no heartbeat from its worker ({describe(w)}) for over {grace_s} s"))
+        elif w is None and _age_s(t, now) > NO_WORKER_AFTER_S:
+            out.append((t, "its worker died before recording itself"))
+    return out
+
+
+def _age_s(t: FrozenTrial, now: datetime) -> float:
+    return (now - t.datetime_start).total_seconds() if t.datetime_start else 0.0

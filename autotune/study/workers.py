@@ -28,7 +28,7 @@ import threading
 import time
 import warnings
 import zlib
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 
@@ -38,12 +38,12 @@ from optuna.samplers import RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
-from autotune.config.space import settings_for
+from autotune.config.space import gpus_needed, settings_for
 from autotune.config.studyfile import Heartbeat, Limits, SearchConfig, StudyConfig
 from autotune.errors import UsageError
 from autotune.record import internals, keys
 from autotune.record.internals import BaseHeartbeat
-from autotune.study.storage import NO_WORKER_AFTER_S, Worker, counted, fail
+from autotune.study.storage import Worker, counted, describe, fail, stale
 
 log = logging.getLogger("autotune.study.workers")
 
@@ -118,24 +118,6 @@ def with_worker_args(
     return dataclasses.replace(cfg, server=server, heartbeat=hb)
 
 
-_TP = ("tp", "tp_size", "tensor_parallel_size")
-_PP = ("pp", "pp_size", "pipeline_parallel_size")
-
-
-def gpus_needed(flags: Sequence[tuple[str, object]]) -> int:
-    """GPUs one server takes: tensor × pipeline parallel size from its fixed flags."""
-    given = {name: value for name, value in flags}
-
-    def size(names: tuple[str, ...]) -> int:
-        for n in names:
-            v = given.get(n)
-            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-                return v
-        return 1
-
-    return size(_TP) * size(_PP)
-
-
 def machine_id() -> str:
     """Boot id and PID namespace: equal for processes that can see each other's pids."""
     try:
@@ -161,12 +143,6 @@ def worker_seed(seed: int, worker: Worker) -> int:
     so that workers sharing a study do not draw the same points in lockstep (and one worker
     draws the same points again when it restarts)."""
     return (seed + zlib.crc32(f"{worker.host}/{worker.gpus}".encode())) % 2**31
-
-
-def describe(w: Worker | None) -> str:
-    if w is None:
-        return "an unknown worker"
-    return f"{w.host} pid {w.pid}, GPUs {w.gpus or 'all'}"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -226,42 +202,6 @@ class Beat:
 # ------------------------------------------------------------------------------------------------
 # Judging the shared study (pure)
 # ------------------------------------------------------------------------------------------------
-
-
-def stale(
-    trials: Sequence[FrozenTrial],
-    me: Worker,
-    late: Collection[int],
-    *,
-    grace_s: int,
-    now: datetime,
-) -> list[tuple[FrozenTrial, str]]:
-    """RUNNING trials whose worker is dead, each with why.
-
-    `late` holds the ids of trials whose heartbeat is older than the grace period. A worker on
-    this machine is judged by its process (alive means not stale, whatever its heartbeat); one
-    elsewhere by its heartbeat.
-    """
-    out = []
-    for t in trials:
-        if t.state != TrialState.RUNNING:
-            continue
-        w = Worker.from_dict(t.user_attrs.get(keys.WORKER))
-        if w == me:
-            continue
-        if w is not None and w.same_machine(me.host, me.machine):
-            if not w.alive():
-                out.append((t, f"its worker ({describe(w)}) is gone"))
-            continue
-        if internals.trial_id(t) in late:
-            out.append((t, f"no heartbeat from its worker ({describe(w)}) for over {grace_s} s"))
-        elif w is None and _age_s(t, now) > NO_WORKER_AFTER_S:
-            out.append((t, "its worker died before recording itself"))
-    return out
-
-
-def _age_s(t: FrozenTrial, now: datetime) -> float:
-    return (now - t.datetime_start).total_seconds() if t.datetime_start else 0.0
 
 
 def _order(t: FrozenTrial) -> tuple[datetime, int]:

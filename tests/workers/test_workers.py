@@ -15,7 +15,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.studyfile import Heartbeat, Limits, SearchConfig, StudyConfig, parse_study
 from autotune.errors import ConfigError, UsageError
-from autotune.study.storage import Worker
+from autotune.study.storage import Worker, stale
 from autotune.study.workers import (
     HOST_ENV,
     Coordinator,
@@ -26,7 +26,6 @@ from autotune.study.workers import (
     max_wait_s,
     parse_gpus,
     same_point,
-    stale,
     surplus,
     with_worker_args,
     worker_folder,
@@ -305,7 +304,7 @@ def test_points_queued_twice_by_workers_starting_together_run_once(tmp_path: Pat
 
 
 def test_a_gpu_group_must_hold_the_server() -> None:
-    from autotune.study.workers import gpus_needed
+    from autotune.config.space import gpus_needed
 
     cfg = _cfg()  # tp = 2
     assert gpus_needed(cfg.server.flags) == 2
