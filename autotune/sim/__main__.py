@@ -1,4 +1,9 @@
-"""`python -m autotune.sim <SGLang flags> [--sim-*]`: launch one simulated SGLang server."""
+"""`python -m autotune.sim <SGLang flags> [--sim-*]`: launch one simulated SGLang server.
+
+Owns only the process entry: parse the command line, load the profile (a bad one exits 2 like a
+bad flag), run `SimServer`. It is kept apart so the simulator is launched the way SGLang's
+`python -m sglang.launch_server` is: one module, SGLang's flags, one server process.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """Reliability faults injected with `--sim-fault KIND[=ARG]` and what each one changes.
 
+Owns the mapping from the parsed faults to the switches the server reads (`FaultSet`), so the
+tuner's failure handling can be tested against misbehaviour a real SGLang shows only rarely:
+
 hang-weight-load     startup stops after "Load weight begin" and never continues
 health-empty         /health and /health_generate close the connection with no answer
                      while serving works (the operator's anomaly)

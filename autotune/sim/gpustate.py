@@ -1,5 +1,8 @@
 """Simulated GPU memory, readable from outside like a tiny NVML.
 
+It owns the state directory's format, writer and reader, so the tuner's GPU checks can read
+simulated servers' memory (and foreign holders') as they would read nvidia-smi on a real box.
+
 Layout of a state directory (all JSON, every write atomic via a temp file and `os.replace`):
 
     gpus.json           {"gpus": [{"index": 0, "total_bytes": N}, ...]}   the inventory

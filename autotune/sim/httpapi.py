@@ -4,6 +4,10 @@ Handlers submit requests to the Scheduler and wait on each request's event; ever
 one SSE chunk carrying whatever the last step produced (cumulative text for /generate, deltas for
 the OpenAI routes), so the cost per token stays a dict and a write. Access lines are printed in
 uvicorn's format. Routes, payloads and status codes follow reference §5.
+
+It owns `ServerState`, what the HTTP side shares with the server process, so that a client of
+the tuner sees what it would see from SGLang. The `/metrics` text comes from `metrics`, which is
+handed plain values and so does not depend on this module.
 """
 
 from __future__ import annotations
@@ -266,13 +270,41 @@ class _Api:
     async def metrics(self, request: web.Request) -> web.Response:
         if not self.s.settings.enable_metrics:
             raise web.HTTPNotFound()
-        return web.Response(text=render_metrics(self.s), content_type="text/plain")
+        s = self.s
+        text = render_metrics(
+            model_name=s.model_name,
+            max_total_num_tokens=s.plan.max_total_num_tokens or 0,
+            stats=s.scheduler.stats,
+            loaded_back_tokens=s.scheduler.cache.loaded_back_total,
+            backed_up_tokens=s.scheduler.cache.backed_up_total,
+        )
+        return web.Response(text=text, content_type="text/plain")
 
     # ---- generation ---------------------------------------------------------------------------
 
     def _new_request(
         self, ids: list[int], max_new: int | None, ignore_eos: bool, rid: str | None
     ) -> Request:
+        """Admit one prompt (or raise BadRequest) and submit it to the scheduler."""
+        self._admit(ids, max_new)
+        s = self.s
+        self.counter += 1
+        req = Request(
+            rid or uuid.uuid4().hex,
+            ids,
+            max_new if max_new is not None else 1 << 30,
+            ignore_eos=ignore_eos,
+            seed=self.counter,
+        )
+        if not s.first_request_seen:
+            s.first_request_seen = True
+            if s.on_first_request is not None:
+                s.on_first_request()
+        s.scheduler.submit(req)
+        return req
+
+    def _admit(self, ids: list[int], max_new: int | None) -> None:
+        """SGLang's refusals, in its order: context length, input limit, shutdown, full queue."""
         s = self.s
         ctx = s.plan.context_len
         if len(ids) >= ctx:
@@ -299,20 +331,6 @@ class _Api:
         limit_q = s.settings.max_queued_requests
         if limit_q is not None and s.scheduler.queued >= limit_q:
             raise BadRequest("The request queue is full.", 503)
-        self.counter += 1
-        req = Request(
-            rid or uuid.uuid4().hex,
-            ids,
-            max_new if max_new is not None else 1 << 30,
-            ignore_eos=ignore_eos,
-            seed=self.counter,
-        )
-        if not s.first_request_seen:
-            s.first_request_seen = True
-            if s.on_first_request is not None:
-                s.on_first_request()
-        s.scheduler.submit(req)
-        return req
 
     async def _wait(self, req: Request) -> None:
         while not req.finished:
@@ -429,7 +447,7 @@ class _Api:
                         "output_ids": req.output_ids[sent:n],
                         "meta_info": self._meta(req),
                     }
-                    await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                    await resp.write(_sse_data(chunk))
                     sent = n
                 if req.finished:
                     break
@@ -490,110 +508,133 @@ class _Api:
             return _error(str(exc), exc.status)
         return await self._openai_reply(request, body, req, chat=True)
 
-    def _usage(self, req: Request) -> dict[str, Any]:
-        return {
-            "prompt_tokens": len(req.input_ids),
-            "completion_tokens": len(req.output_ids),
-            "total_tokens": len(req.input_ids) + len(req.output_ids),
-            "prompt_tokens_details": {"cached_tokens": req.cached_tokens}
-            if req.cached_tokens
-            else None,
-        }
-
     async def _openai_reply(
         self, request: web.Request, body: dict[str, Any], req: Request, chat: bool
     ) -> web.StreamResponse:
-        cid = req.rid
-        created = int(time.time())
-        model = str(body.get("model") or self.s.model_name)
-        finish = "length"
+        docs = _OpenAiDocs(
+            req.rid, int(time.time()), str(body.get("model") or self.s.model_name), chat
+        )
         if not body.get("stream"):
-            try:
-                await self._wait(req)
-            except asyncio.CancelledError:
-                self.s.scheduler.abort(req)
-                raise
-            text = "".join(req.text_parts)
-            if req.finish_reason == "abort":
-                finish = "abort"
-            choice: dict[str, Any] = {
-                "index": 0,
-                "logprobs": None,
-                "finish_reason": finish,
-                "matched_stop": None,
-            }
-            if chat:
-                choice["message"] = {
-                    "role": "assistant",
-                    "content": text,
-                    "reasoning_content": None,
-                    "tool_calls": None,
-                }
-            else:
-                choice["text"] = text
-            return web.json_response(
-                {
-                    "id": cid,
-                    "object": "chat.completion" if chat else "text_completion",
-                    "created": created,
-                    "model": model,
-                    "choices": [choice],
-                    "usage": self._usage(req),
-                }
-            )
+            return await self._openai_whole(req, docs)
         opts = body.get("stream_options") or {}
         include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
-        obj = "chat.completion.chunk" if chat else "text_completion"
+        return await self._openai_stream(request, req, docs, include_usage)
+
+    async def _openai_whole(self, req: Request, docs: _OpenAiDocs) -> web.Response:
+        """The non-streaming reply: wait for the request to finish, answer one document."""
+        try:
+            await self._wait(req)
+        except asyncio.CancelledError:
+            self.s.scheduler.abort(req)
+            raise
+        return web.json_response(docs.reply(req))
+
+    async def _openai_stream(
+        self, request: web.Request, req: Request, docs: _OpenAiDocs, include_usage: bool
+    ) -> web.StreamResponse:
+        """SSE deltas, one chunk per wake-up, then the finish chunk, usage if asked, [DONE]."""
         resp = await self._sse(request)
-
-        def chunk(delta: str | None, reason: str | None, first: bool = False) -> bytes:
-            c: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason}
-            if chat:
-                d: dict[str, Any] = {}
-                if first:
-                    d["role"] = "assistant"
-                if delta is not None:
-                    d["content"] = delta
-                c["delta"] = d
-            else:
-                c["text"] = delta or ""
-            doc = {
-                "id": cid,
-                "object": obj,
-                "created": created,
-                "model": model,
-                "choices": [c],
-                "usage": None,
-            }
-            return b"data: " + json.dumps(doc).encode() + b"\n\n"
-
         sent = 0
         try:
-            if chat:
-                await resp.write(chunk("", None, first=True))
+            if docs.chat:
+                await resp.write(docs.chunk("", None, first=True))
             while True:
                 await req.event.wait()
                 req.event.clear()
                 n = len(req.text_parts)
                 if n > sent:
-                    await resp.write(chunk("".join(req.text_parts[sent:n]), None))
+                    await resp.write(docs.chunk("".join(req.text_parts[sent:n]), None))
                     sent = n
                 if req.finished:
                     break
             reason = "abort" if req.finish_reason == "abort" else "length"
-            await resp.write(chunk(None if chat else "", reason))
+            await resp.write(docs.chunk(None if docs.chat else "", reason))
             if include_usage:
-                doc = {
-                    "id": cid,
-                    "object": obj,
-                    "created": created,
-                    "model": model,
-                    "choices": [],
-                    "usage": self._usage(req),
-                }
-                await resp.write(b"data: " + json.dumps(doc).encode() + b"\n\n")
+                await resp.write(docs.usage_chunk(req))
             await resp.write(b"data: [DONE]\n\n")
         except (ConnectionResetError, asyncio.CancelledError):
             self.s.scheduler.abort(req)
             raise
         return resp
+
+
+def _sse_data(doc: dict[str, Any]) -> bytes:
+    """One server-sent event carrying `doc` as JSON."""
+    return b"data: " + json.dumps(doc).encode() + b"\n\n"
+
+
+def _usage(req: Request) -> dict[str, Any]:
+    return {
+        "prompt_tokens": len(req.input_ids),
+        "completion_tokens": len(req.output_ids),
+        "total_tokens": len(req.input_ids) + len(req.output_ids),
+        "prompt_tokens_details": {"cached_tokens": req.cached_tokens}
+        if req.cached_tokens
+        else None,
+    }
+
+
+@dataclass(frozen=True)
+class _OpenAiDocs:
+    """The OpenAI documents for one request (`chat` picks the chat shapes over completions')."""
+
+    cid: str
+    created: int
+    model: str
+    chat: bool
+
+    def _envelope(
+        self, obj: str, choices: list[dict[str, Any]], usage: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        return {
+            "id": self.cid,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": usage,
+        }
+
+    def reply(self, req: Request) -> dict[str, Any]:
+        """The whole, non-streamed reply for a finished request."""
+        text = "".join(req.text_parts)
+        finish = "abort" if req.finish_reason == "abort" else "length"
+        choice: dict[str, Any] = {
+            "index": 0,
+            "logprobs": None,
+            "finish_reason": finish,
+            "matched_stop": None,
+        }
+        if self.chat:
+            choice["message"] = {
+                "role": "assistant",
+                "content": text,
+                "reasoning_content": None,
+                "tool_calls": None,
+            }
+        else:
+            choice["text"] = text
+        obj = "chat.completion" if self.chat else "text_completion"
+        return self._envelope(obj, [choice], _usage(req))
+
+    @property
+    def _chunk_object(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+    def chunk(self, delta: str | None, reason: str | None, first: bool = False) -> bytes:
+        """One streamed delta (chat: `delta`, with the role on the first; completions: `text`)."""
+        c: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason}
+        if self.chat:
+            d: dict[str, Any] = {}
+            if first:
+                d["role"] = "assistant"
+            if delta is not None:
+                d["content"] = delta
+            c["delta"] = d
+        else:
+            c["text"] = delta or ""
+        return _sse_data(self._envelope(self._chunk_object, [c], None))
+
+    def usage_chunk(self, req: Request) -> bytes:
+        """The closing chunk with no choices and the usage, for stream_options.include_usage."""
+        return _sse_data(self._envelope(self._chunk_object, [], _usage(req)))

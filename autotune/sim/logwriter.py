@@ -4,6 +4,7 @@ The `fmt_*` functions are pure and return one line (or a block) without the pref
 adds `[YYYY-MM-DD HH:MM:SS]` or `[YYYY-MM-DD HH:MM:SS TPn]` (no TP tag when tp == 1) and writes
 each line with one call, flushed, so a reader tailing the file never sees half a line. Format
 strings are copied from reference §4 (0.5.9): GPU sizes are GiB printed with `:.2f` as "GB".
+All of the simulator's log text lives here so the tuner's log parser meets SGLang's exact lines.
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ are GiB (SGLang's "GB"); host-cache figures are decimal GB as SGLang prints them
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TypedDict
 
 from autotune.sim.flags import ServerSettings
 from autotune.sim.profiles import Attention, Profile
@@ -256,23 +257,65 @@ def plan_startup(
     `foreign_gib[i]` is memory other processes hold on the i-th GPU this server uses; it lowers
     that rank's P (the MIN over ranks is what counts).
     """
-    hw = profile.hardware
     tp = settings.tp_size
     total = gpu_total_gib(profile)
     overhead = profile.hardware.cuda_context_gib + _jitter(profile, seed)
-    p_ranks = tuple(
+    p_ranks = _free_per_rank(total, overhead, tp, foreign_gib)
+    chunk, max_bs = _chunk_and_graph_bs(profile, settings)
+    dtype_name, elem = kv_dtype_for(settings, profile)
+    steps, topk, draft_tokens = _spec_shape(profile, settings)
+    base = StartupPlan(
+        tp=tp,
+        gpu_total_gib=total,
+        p_gib=min(p_ranks),
+        p_per_rank=p_ranks,
+        init_mem_usage_gib=overhead,
+        mem_fraction_static=_mem_fraction(profile, settings, chunk, max_bs),
+        mem_fraction_auto=settings.mem_fraction_static is None,
+        weights_gib=profile.model.weights_gib * profile.model.weights_tp / tp,
+        chunked_prefill_size=chunk,
+        max_prefill_tokens=settings.max_prefill_tokens,
+        cuda_graph_max_bs=max_bs,
+        context_len=settings.context_length or profile.model.context_length,
+        page_size=settings.page_size or 1,
+        kv_dtype=dtype_name,
+        cell_bytes=cell_bytes(profile.attention, tp, elem),
+        spec=settings.spec,
+        spec_steps=steps,
+        spec_topk=topk,
+        spec_draft_tokens=draft_tokens,
+        warnings=_balance_warnings(p_ranks),
+    )
+    return _Planner(profile, settings, base).run()
+
+
+def _free_per_rank(
+    total: float, overhead: float, tp: int, foreign_gib: Sequence[float]
+) -> tuple[float, ...]:
+    """P on each rank: the GPU less the CUDA context and what foreign processes hold there."""
+    return tuple(
         total - overhead - (foreign_gib[i] if i < len(foreign_gib) else 0.0) for i in range(tp)
     )
+
+
+def _balance_warnings(p_ranks: tuple[float, ...]) -> tuple[str, ...]:
+    """SGLang's warning when one rank has under 90% of another's free memory."""
     p = min(p_ranks)
-    warnings: list[str] = []
-    if any(p < 0.9 * local for local in p_ranks):
-        worst = max(p_ranks)
-        warnings.append(
-            "The memory capacity is unbalanced. Some GPUs may be occupied by other processes. "
-            f"min_per_gpu_memory={p}, local_gpu_memory={worst}, "
-            f"local_gpu_memory * 0.9={worst * 0.9}"
-        )
-    chunk_default, max_bs_default = gpu_class_defaults(hw.gpu_memory_mib, tp)
+    if not any(p < 0.9 * local for local in p_ranks):
+        return ()
+    worst = max(p_ranks)
+    return (
+        "The memory capacity is unbalanced. Some GPUs may be occupied by other processes. "
+        f"min_per_gpu_memory={p}, local_gpu_memory={worst}, "
+        f"local_gpu_memory * 0.9={worst * 0.9}",
+    )
+
+
+def _chunk_and_graph_bs(profile: Profile, settings: ServerSettings) -> tuple[int, int]:
+    """(chunked_prefill_size, cuda_graph_max_bs): the flags, else the GPU-class defaults."""
+    chunk_default, max_bs_default = gpu_class_defaults(
+        profile.hardware.gpu_memory_mib, settings.tp_size
+    )
     chunk = (
         settings.chunked_prefill_size
         if settings.chunked_prefill_size is not None
@@ -284,193 +327,253 @@ def plan_startup(
         max_bs = settings.cuda_graph_max_bs
     else:
         max_bs = max_bs_default
-    auto = settings.mem_fraction_static is None
-    f = (
-        auto_mem_fraction(
-            hw.gpu_memory_mib,
-            chunk,
-            settings.max_prefill_tokens,
-            max_bs,
-            tp,
-            settings.pp_size,
-            settings.speculative_algorithm,
-        )
-        if settings.mem_fraction_static is None
-        else settings.mem_fraction_static
+    return chunk, max_bs
+
+
+def _mem_fraction(profile: Profile, settings: ServerSettings, chunk: int, max_bs: int) -> float:
+    """--mem-fraction-static as given, else SGLang's automatic choice."""
+    if settings.mem_fraction_static is not None:
+        return settings.mem_fraction_static
+    return auto_mem_fraction(
+        profile.hardware.gpu_memory_mib,
+        chunk,
+        settings.max_prefill_tokens,
+        max_bs,
+        settings.tp_size,
+        settings.pp_size,
+        settings.speculative_algorithm,
     )
-    ctx = settings.context_length or profile.model.context_length
-    page = settings.page_size or 1
-    dtype_name, elem = kv_dtype_for(settings, profile)
-    cell = cell_bytes(profile.attention, tp, elem)
-    spec = settings.spec
+
+
+def _spec_shape(profile: Profile, settings: ServerSettings) -> tuple[int, int, int]:
+    """(num_steps, eagle_topk, num_draft_tokens) for speculative decoding; zeros without it."""
+    if not settings.spec:
+        return 0, 0, 0
     steps, topk, draft_tokens = SPEC_DEFAULTS
     if profile.draft is not None:
         d = profile.draft
         steps, topk, draft_tokens = d.num_steps, d.topk, d.draft_tokens
-    if spec:
-        steps = settings.speculative_num_steps or steps
-        topk = settings.speculative_eagle_topk or topk
-        if settings.speculative_num_steps or settings.speculative_eagle_topk:
-            draft_tokens = steps * topk + 1
-        draft_tokens = settings.speculative_num_draft_tokens or draft_tokens
-    weights = profile.model.weights_gib * profile.model.weights_tp / tp
-    base = StartupPlan(
-        tp=tp,
-        gpu_total_gib=total,
-        p_gib=p,
-        p_per_rank=p_ranks,
-        init_mem_usage_gib=overhead,
-        mem_fraction_static=f,
-        mem_fraction_auto=auto,
-        weights_gib=weights,
-        chunked_prefill_size=chunk,
-        max_prefill_tokens=settings.max_prefill_tokens,
-        cuda_graph_max_bs=max_bs,
-        context_len=ctx,
-        page_size=page,
-        kv_dtype=dtype_name,
-        cell_bytes=cell,
-        spec=spec,
-        spec_steps=steps if spec else 0,
-        spec_topk=topk if spec else 0,
-        spec_draft_tokens=draft_tokens if spec else 0,
-        warnings=tuple(warnings),
-    )
-    return _Planner(profile, settings, base).run()
+    steps = settings.speculative_num_steps or steps
+    topk = settings.speculative_eagle_topk or topk
+    if settings.speculative_num_steps or settings.speculative_eagle_topk:
+        draft_tokens = steps * topk + 1
+    draft_tokens = settings.speculative_num_draft_tokens or draft_tokens
+    return steps, topk, draft_tokens
+
+
+def _oom(kind: str, stage: str, tried: float, free: float, what: str) -> StartupFailure:
+    return StartupFailure(kind, stage, what, tried_gib=tried, free_gib=max(free, 0.0))
+
+
+class _Sizes(TypedDict, total=False):
+    """The StartupPlan fields the stages compute, as far as startup got.
+
+    mypy checks every key and type against StartupPlan where the plan is built from it.
+    """
+
+    avail_after_weights_gib: float
+    profiled_tokens: int
+    max_total_num_tokens: int
+    max_total_tokens_capped: bool
+    max_num_reqs: int
+    req_to_token_gib: float
+    kv_gib: float
+    k_gib: float | None
+    v_gib: float | None
+    avail_after_pool_gib: float
+    max_running_requests: int
+    max_req_input_len: int
+    workspace_gib: float
+    avail_before_graphs_gib: float
+    capture_bs: tuple[int, ...]
+    graph_gib: float
+    avail_after_graphs_gib: float
+    draft_weights_gib: float
+    draft_cell_bytes: int
+    avail_after_draft_weights_gib: float
+    draft_kv_gib: float
+    draft_k_gib: float | None
+    draft_v_gib: float | None
+    avail_after_draft_pool_gib: float
+    draft_capture_bs: tuple[int, ...]
+    draft_graph_gib: float
+    avail_final_gib: float
+    host_cache_per_token_bytes: int
+    host_cache_tokens: int
+    host_cache_gb: float
+
+
+_Stage = Callable[[], StartupFailure | None]
 
 
 class _Planner:
-    """Walks the startup stages in SGLang's order, stopping at the first failure."""
+    """Walks the startup stages in SGLang's order, stopping at the first failure.
+
+    Each stage records the sizes it computes in `sizes` and returns the failure that stops
+    startup, if any; the plan is built once at the end, so a failed plan keeps exactly the sizes
+    computed before the failure, as SGLang's log shows them. `avail` is the GPU memory still
+    free after the stages so far; `tokens` and `reqs` are the token pool's and the request
+    table's sizes once the pool is sized.
+    """
 
     def __init__(self, profile: Profile, settings: ServerSettings, base: StartupPlan) -> None:
         self.profile = profile
         self.settings = settings
-        self.v: dict[str, object] = dict(base.__dict__)
         self.base = base
-
-    def _done(self, failure: StartupFailure | None = None) -> StartupPlan:
-        self.v["failure"] = failure
-        return StartupPlan(**self.v)  # type: ignore[arg-type]
-
-    def _oom(self, kind: str, stage: str, tried: float, free: float, what: str) -> StartupPlan:
-        return self._done(
-            StartupFailure(kind, stage, what, tried_gib=tried, free_gib=max(free, 0.0))
-        )
+        self.sizes: _Sizes = {}
+        self.avail = 0.0
+        self.tokens = 0
+        self.reqs = 0
 
     def run(self) -> StartupPlan:
-        b = self.base
+        stages: list[_Stage] = [
+            self._check_args,
+            self._load_weights,
+            self._size_pool,
+            self._allocate_pool,
+            self._reserve_workspace,
+            self._capture_graphs,
+            self._draft_model,
+        ]
+        if self.settings.enable_hierarchical_cache:
+            stages.append(self._hicache)
+        failure = None
+        for stage in stages:
+            failure = stage()
+            if failure is not None:
+                break
+        return replace(self.base, **self.sizes, failure=failure)
+
+    def _running_cap(self) -> int | None:
+        """--max-running-requests, else 48 with speculative decoding, else None (automatic)."""
+        if self.settings.max_running_requests is not None:
+            return self.settings.max_running_requests
+        if self.base.spec:
+            return SPEC_DEFAULT_MAX_RUNNING
+        return None
+
+    def _check_args(self) -> StartupFailure | None:
+        """What SGLang refuses before touching the GPU: TP size and context length."""
         s = self.settings
         prof = self.profile
         if s.tp_size > prof.hardware.gpu_count or s.tp_size <= 0:
-            return self._done(
-                StartupFailure(
-                    "bad_tp",
-                    "init",
-                    f"tp_size={s.tp_size} needs {s.tp_size} GPUs but the profile has "
-                    f"{prof.hardware.gpu_count}",
-                )
+            return StartupFailure(
+                "bad_tp",
+                "init",
+                f"tp_size={s.tp_size} needs {s.tp_size} GPUs but the profile has "
+                f"{prof.hardware.gpu_count}",
             )
-        if b.context_len > prof.model.context_length:
-            return self._done(
-                StartupFailure(
-                    "context_too_long",
-                    "init",
-                    f"User-specified context_length ({b.context_len}) is greater than the derived "
-                    f"context_length ({prof.model.context_length}). This may lead to incorrect "
-                    "model outputs or CUDA errors. Note that the derived context_length may "
-                    "differ from max_position_embeddings in the model's config. To allow "
-                    "overriding this maximum, set the env var "
-                    "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1",
-                )
+        if self.base.context_len > prof.model.context_length:
+            return StartupFailure(
+                "context_too_long",
+                "init",
+                f"User-specified context_length ({self.base.context_len}) is greater than the "
+                f"derived context_length ({prof.model.context_length}). This may lead to incorrect "
+                "model outputs or CUDA errors. Note that the derived context_length may "
+                "differ from max_position_embeddings in the model's config. To allow "
+                "overriding this maximum, set the env var "
+                "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1",
             )
+        return None
+
+    def _load_weights(self) -> StartupFailure | None:
+        b = self.base
         if b.weights_gib >= b.p_gib:
-            return self._oom("weights_oom", "weights", min(b.weights_gib, 1.0), b.p_gib, "weights")
-        a = b.p_gib - b.weights_gib
-        self.v["avail_after_weights_gib"] = a
-        rest = a - b.p_gib * (1 - b.mem_fraction_static)
+            return _oom("weights_oom", "weights", min(b.weights_gib, 1.0), b.p_gib, "weights")
+        self.avail = b.p_gib - b.weights_gib
+        self.sizes["avail_after_weights_gib"] = self.avail
+        return None
+
+    def _size_pool(self) -> StartupFailure | None:
+        """Profile the KV pool (tokens, page-rounded) and the request table's row count."""
+        b = self.base
+        cap_tokens = self.settings.max_total_tokens
+        rest = self.avail - b.p_gib * (1 - b.mem_fraction_static)
         profiled = int(rest * GiB) // b.cell_bytes if rest > 0 else 0
-        self.v["profiled_tokens"] = profiled
-        if s.max_running_requests is not None:
-            mrr: int | None = s.max_running_requests
-        elif b.spec:
-            mrr = SPEC_DEFAULT_MAX_RUNNING
-        else:
-            mrr = None
-        r = mrr if mrr is not None else min(max(int(profiled / b.context_len * 512), 2048), 4096)
+        cap = self._running_cap()
+        reqs = cap if cap is not None else min(max(int(profiled / b.context_len * 512), 2048), 4096)
+        self.sizes.update({"profiled_tokens": profiled, "max_num_reqs": reqs})
         n = profiled
-        if s.max_total_tokens is not None:
-            if s.max_total_tokens > profiled:
-                self.v["max_total_tokens_capped"] = False
-            n = min(n, s.max_total_tokens)
-            self.v["max_total_tokens_capped"] = s.max_total_tokens < profiled
+        if cap_tokens is not None:
+            n = min(n, cap_tokens)
+            self.sizes["max_total_tokens_capped"] = cap_tokens < profiled
         n = n // b.page_size * b.page_size
-        self.v["max_num_reqs"] = r
         if n <= 0:
-            return self._done(
-                StartupFailure(
-                    "kv_pool",
-                    "kv",
-                    "Not enough memory. Please try to increase --mem-fraction-static. "
-                    f"Current value: self.server_args.mem_fraction_static={b.mem_fraction_static}",
-                )
+            return StartupFailure(
+                "kv_pool",
+                "kv",
+                "Not enough memory. Please try to increase --mem-fraction-static. "
+                f"Current value: self.server_args.mem_fraction_static={b.mem_fraction_static}",
             )
-        self.v["max_total_num_tokens"] = n
+        self.tokens, self.reqs = n, reqs
+        self.sizes["max_total_num_tokens"] = n
+        return None
+
+    def _allocate_pool(self) -> StartupFailure | None:
+        """Allocate the request table and the KV pool; derive the running and input limits."""
+        b = self.base
+        n, r = self.tokens, self.reqs
         req_gib = r * (b.context_len + 4 + b.spec_draft_tokens) * 4 / GiB
-        self.v["req_to_token_gib"] = req_gib
-        rows = n + b.page_size
-        kv = rows * b.cell_bytes / GiB
-        self.v["kv_gib"] = kv
-        if self.profile.attention.kind == "mha":
-            self.v["k_gib"] = kv / 2
-            self.v["v_gib"] = kv / 2
-        avail = a - req_gib
+        kv = (n + b.page_size) * b.cell_bytes / GiB
+        half = kv / 2 if self.profile.attention.kind == "mha" else None
+        self.sizes.update({"req_to_token_gib": req_gib, "kv_gib": kv, "k_gib": half, "v_gib": half})
+        avail = self.avail - req_gib
         if avail < 0:
-            return self._oom("alloc_oom", "kv", req_gib, a, "req_to_token")
+            return _oom("alloc_oom", "kv", req_gib, self.avail, "req_to_token")
         avail -= kv
         if avail < 0:
-            return self._oom("alloc_oom", "kv", kv, avail + kv, "kv")
-        self.v["avail_after_pool_gib"] = avail
-        max_running = min(n // 2 if mrr is None else mrr, r)
-        self.v["max_running_requests"] = max_running
+            return _oom("alloc_oom", "kv", kv, avail + kv, "kv")
+        self.avail = avail
+        cap = self._running_cap()
+        max_running = min(n // 2 if cap is None else cap, r)
         max_req_len = min(b.context_len - 1, n - 1)
-        self.v["max_req_input_len"] = max_req_len - 5
+        self.sizes.update(
+            {
+                "avail_after_pool_gib": avail,
+                "max_running_requests": max_running,
+                "max_req_input_len": max_req_len - 5,
+            }
+        )
         if max_req_len - 5 <= 0 or max_running <= 0:
-            return self._done(
-                StartupFailure("pool_too_small", "kv", "Memory pool size is too small")
-            )
-        work = prof.cuda_graph.workspace_gib
-        self.v["workspace_gib"] = work
-        if avail < work:
-            return self._oom("alloc_oom", "workspace", work, avail, "workspace")
-        avail -= work
-        self.v["avail_before_graphs_gib"] = avail
-        if not s.disable_cuda_graph:
-            sizes = capture_batch_sizes(b.cuda_graph_max_bs, b.spec, r, s.cuda_graph_bs)
-            self.v["capture_bs"] = sizes
-            graph = graph_memory_gib(prof, sizes, b.spec_draft_tokens if b.spec else 1)
-            self.v["graph_gib"] = graph
-            if graph > avail:
-                return self._oom(
-                    "graph_capture_oom", "graphs", min(graph - avail + 0.25, graph), avail, "graph"
-                )
-            avail -= graph
-        else:
-            self.v["graph_gib"] = 0.0
-        self.v["avail_after_graphs_gib"] = avail
-        if b.spec:
-            failed = self._draft(avail, n)
-            if failed is not None:
-                return failed
-            avail = float(self.v["avail_final_gib"])  # type: ignore[arg-type]
-        else:
-            self.v["avail_final_gib"] = avail
-        if s.enable_hierarchical_cache:
-            failed = self._hicache(n)
-            if failed is not None:
-                return failed
-        return self._done()
+            return StartupFailure("pool_too_small", "kv", "Memory pool size is too small")
+        return None
 
-    def _draft(self, avail: float, n: int) -> StartupPlan | None:
+    def _reserve_workspace(self) -> StartupFailure | None:
+        work = self.profile.cuda_graph.workspace_gib
+        self.sizes["workspace_gib"] = work
+        if self.avail < work:
+            return _oom("alloc_oom", "workspace", work, self.avail, "workspace")
+        self.avail -= work
+        self.sizes["avail_before_graphs_gib"] = self.avail
+        return None
+
+    def _capture_graphs(self) -> StartupFailure | None:
+        """The target model's CUDA graphs (none with --disable-cuda-graph)."""
+        b = self.base
+        s = self.settings
+        if s.disable_cuda_graph:
+            self.sizes.update({"graph_gib": 0.0, "avail_after_graphs_gib": self.avail})
+            return None
+        sizes = capture_batch_sizes(b.cuda_graph_max_bs, b.spec, self.reqs, s.cuda_graph_bs)
+        graph = graph_memory_gib(self.profile, sizes, b.spec_draft_tokens if b.spec else 1)
+        self.sizes.update({"capture_bs": sizes, "graph_gib": graph})
+        if graph > self.avail:
+            tried = min(graph - self.avail + 0.25, graph)
+            return _oom("graph_capture_oom", "graphs", tried, self.avail, "graph")
+        self.avail -= graph
+        self.sizes["avail_after_graphs_gib"] = self.avail
+        return None
+
+    def _draft_model(self) -> StartupFailure | None:
+        """With speculative decoding, the draft model's weights, KV pool and CUDA graphs."""
+        if self.base.spec:
+            failure = self._draft_weights() or self._draft_pool() or self._draft_graphs()
+            if failure is not None:
+                return failure
+        self.sizes["avail_final_gib"] = self.avail
+        return None
+
+    def _draft_weights(self) -> StartupFailure | None:
         draft = self.profile.draft
         b = self.base
         if draft is None:
@@ -479,81 +582,82 @@ class _Planner:
             weights = draft.weights_gib * draft.weights_tp / b.tp
             _, elem = kv_dtype_for(self.settings, self.profile)
             dcell = cell_bytes(draft.attention, b.tp, elem)
-        self.v["draft_weights_gib"] = weights
-        self.v["draft_cell_bytes"] = dcell
-        if weights > avail:
-            return self._oom(
-                "weights_oom", "draft_weights", min(weights, 0.5), avail, "draft weights"
-            )
-        avail -= weights
-        self.v["avail_after_draft_weights_gib"] = avail
-        dkv = (n + b.page_size) * dcell / GiB
-        self.v["draft_kv_gib"] = dkv
-        if draft is not None and draft.attention.kind == "mha":
-            self.v["draft_k_gib"] = dkv / 2
-            self.v["draft_v_gib"] = dkv / 2
-        if dkv > avail:
-            return self._oom("alloc_oom", "draft_kv", dkv, avail, "draft kv")
-        avail -= dkv
-        self.v["avail_after_draft_pool_gib"] = avail
+        self.sizes.update({"draft_weights_gib": weights, "draft_cell_bytes": dcell})
+        if weights > self.avail:
+            tried = min(weights, 0.5)
+            return _oom("weights_oom", "draft_weights", tried, self.avail, "draft weights")
+        self.avail -= weights
+        self.sizes["avail_after_draft_weights_gib"] = self.avail
+        return None
+
+    def _draft_pool(self) -> StartupFailure | None:
+        draft = self.profile.draft
+        dkv = (self.tokens + self.base.page_size) * self.sizes["draft_cell_bytes"] / GiB
+        half = dkv / 2 if draft is not None and draft.attention.kind == "mha" else None
+        self.sizes.update({"draft_kv_gib": dkv, "draft_k_gib": half, "draft_v_gib": half})
+        if dkv > self.avail:
+            return _oom("alloc_oom", "draft_kv", dkv, self.avail, "draft kv")
+        self.avail -= dkv
+        self.sizes["avail_after_draft_pool_gib"] = self.avail
+        return None
+
+    def _draft_graphs(self) -> StartupFailure | None:
+        b = self.base
         sizes: tuple[int, ...] = ()
         dgraph = 0.0
         if not self.settings.disable_cuda_graph:
-            sizes = tuple(self.v["capture_bs"])  # type: ignore[arg-type]
+            sizes = self.sizes["capture_bs"]
             dgraph = draft_graph_memory_gib(self.profile, sizes, b.spec_steps, b.spec_topk)
-        self.v["draft_capture_bs"] = sizes
-        self.v["draft_graph_gib"] = dgraph
-        if dgraph > avail:
-            return self._oom("graph_capture_oom", "draft_graphs", dgraph, avail, "draft graph")
-        avail -= dgraph
-        self.v["avail_final_gib"] = avail
+        self.sizes.update({"draft_capture_bs": sizes, "draft_graph_gib": dgraph})
+        if dgraph > self.avail:
+            return _oom("graph_capture_oom", "draft_graphs", dgraph, self.avail, "draft graph")
+        self.avail -= dgraph
         return None
 
-    def _hicache(self, n: int) -> StartupPlan | None:
+    def _hicache(self) -> StartupFailure | None:
+        """HiCache's host pool: its size, then SGLang's three ways of refusing it."""
         s = self.settings
         b = self.base
+        n = self.tokens
         _, elem = kv_dtype_for(s, self.profile)
         spt = host_bytes_per_token(self.profile.attention, b.tp, elem)
-        self.v["host_cache_per_token_bytes"] = spt
+        self.sizes["host_cache_per_token_bytes"] = spt
         if s.hicache_size > 0:
             tokens = int(s.hicache_size * 1e9 // spt)
         else:
             tokens = int(n * s.hicache_ratio)
         tokens = (tokens // b.page_size + 1) * b.page_size
-        self.v["host_cache_tokens"] = tokens
         requested = tokens * spt
-        self.v["host_cache_gb"] = requested / 1e9
+        self.sizes.update({"host_cache_tokens": tokens, "host_cache_gb": requested / 1e9})
         if tokens <= n:
-            return self._done(
-                StartupFailure(
-                    "hicache_too_small",
-                    "hicache",
-                    "The host memory should be larger than the device memory with the current "
-                    "protocol",
-                )
+            return StartupFailure(
+                "hicache_too_small",
+                "hicache",
+                "The host memory should be larger than the device memory with the current protocol",
             )
         available = self.profile.hardware.host_ram_available_gb * 1e9 - HOST_RESERVE_BYTES
-        if requested > available:
-            return self._done(
-                StartupFailure(
-                    "host_memory",
-                    "hicache",
-                    f"Not enough host memory available. Requesting {requested / 1e9:.2f} GB but "
-                    f"only have {available / 1e9:.2f} GB free. Please reduce the size of the "
-                    "hierarchical cache.",
-                )
-            )
-        ranks_fit = int(available // requested) if requested > 0 else b.tp
-        if ranks_fit < b.tp:
-            return self._done(
-                StartupFailure(
-                    "host_oom_killer",
-                    "hicache",
-                    f"Rank {ranks_fit} scheduler is dead. Please check if there are relevant logs.",
-                    rank=ranks_fit,
-                )
-            )
-        return None
+        return _host_memory_failure(requested, available, b.tp)
+
+
+def _host_memory_failure(requested: float, available: float, tp: int) -> StartupFailure | None:
+    """Too little host RAM: refused up front, or the OOM killer takes the ranks that don't fit."""
+    if requested > available:
+        return StartupFailure(
+            "host_memory",
+            "hicache",
+            f"Not enough host memory available. Requesting {requested / 1e9:.2f} GB but "
+            f"only have {available / 1e9:.2f} GB free. Please reduce the size of the "
+            "hierarchical cache.",
+        )
+    ranks_fit = int(available // requested) if requested > 0 else tp
+    if ranks_fit < tp:
+        return StartupFailure(
+            "host_oom_killer",
+            "hicache",
+            f"Rank {ranks_fit} scheduler is dead. Please check if there are relevant logs.",
+            rank=ranks_fit,
+        )
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -118,9 +118,26 @@ class SimServer(StartupSequence):
     async def _serve(self) -> None:
         plan = self.plan
         assert plan is not None
-        s = self.s
-        loop = asyncio.get_running_loop()
         self.stop_event = asyncio.Event()
+        state = self._server_state(plan)
+        self.state = state
+        runner = await self._start_http(state)
+        if not self.faults.ignore_sigterm:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._sigterm)
+        sched_task = asyncio.create_task(state.scheduler.run())
+        await self.phase(self.profile.startup.server_start_s)
+        if not self.s.skip_server_warmup:
+            await self._warmup(state)
+        state.status = "Up"
+        self.log.main("The server is fired up and ready to roll!")
+        await self.stop_event.wait()
+        state.scheduler.stop()
+        sched_task.cancel()
+        await runner.cleanup()
+
+    def _server_state(self, plan: StartupPlan) -> ServerState:
+        """The scheduler around the plan, and what the HTTP side shares with this process."""
+        s = self.s
         scheduler = Scheduler(
             self.profile,
             plan,
@@ -132,7 +149,7 @@ class SimServer(StartupSequence):
             on_oom=self._runtime_oom,
             on_peak=self._on_peak,
         )
-        state = ServerState(
+        return ServerState(
             settings=s,
             profile=self.profile,
             plan=plan,
@@ -141,11 +158,14 @@ class SimServer(StartupSequence):
             faults=self.faults.health_faults,
             on_first_request=self._first_request,
         )
-        self.state = state
-        app = build_app(state)
-        self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, s.host, s.port, reuse_address=True)
+
+    async def _start_http(self, state: ServerState) -> web.AppRunner:
+        """Bind the HTTP server with uvicorn's lines; a port in use ends the process (exit 1)."""
+        s = self.s
+        runner = web.AppRunner(build_app(state), access_log=None, handle_signals=False)
+        self.runner = runner
+        await runner.setup()
+        site = web.TCPSite(runner, s.host, s.port, reuse_address=True)
         self.log.uvicorn(f"Started server process [{self.pid}]")
         self.log.uvicorn("Waiting for application startup.")
         self.log.uvicorn("Application startup complete.")
@@ -159,18 +179,7 @@ class SimServer(StartupSequence):
             )
             self.die(1)
         self.log.uvicorn(f"Uvicorn running on http://{s.host}:{s.port} (Press CTRL+C to quit)")
-        if not self.faults.ignore_sigterm:
-            loop.add_signal_handler(signal.SIGTERM, self._sigterm)
-        sched_task = asyncio.create_task(scheduler.run())
-        await self.phase(self.profile.startup.server_start_s)
-        if not s.skip_server_warmup:
-            await self._warmup(state)
-        state.status = "Up"
-        self.log.main("The server is fired up and ready to roll!")
-        await self.stop_event.wait()
-        scheduler.stop()
-        sched_task.cancel()
-        await self.runner.cleanup()
+        return runner
 
     async def _warmup(self, state: ServerState) -> None:
         self.log.access("127.0.0.1:0", "GET", "/model_info", 200)

@@ -91,12 +91,24 @@ class StartupSequence:
     # ---- stages -------------------------------------------------------------------------------
 
     async def _startup(self) -> None:
+        plan = self._make_plan()
+        await self._init_distributed(plan)
+        await self._model_weights(plan)
+        await self._kv_pool(plan)
+        await self._capture(plan, draft=False)
+        if plan.spec:
+            await self._draft(plan)
+        self._log_summary(plan)
+        if self.s.enable_hierarchical_cache:
+            await self._hicache(plan)
+        self.set_used(self._static_used(plan))
+
+    def _make_plan(self) -> StartupPlan:
+        """Print the server args, then plan startup against the GPU memory others hold now."""
         s = self.s
-        st = self.profile.startup
-        log = self.log
-        log.main(f"server_args=ServerArgs({self._args_repr()})")
+        self.log.main(f"server_args=ServerArgs({self._args_repr()})")
         if s.spec and s.max_running_requests is None:
-            log.main(
+            self.log.main(
                 "Max running requests is reset to 48 for speculative decoding. You can override "
                 "this by explicitly setting --max-running-requests."
             )
@@ -106,8 +118,14 @@ class StartupSequence:
             foreign = [b / GiB for b in used]
         plan = plan_startup(self.profile, s, foreign_gib=foreign, seed=self.cmd.sim.seed)
         self.plan = plan
+        return plan
+
+    async def _init_distributed(self, plan: StartupPlan) -> None:
+        """The init stage; dies on a bad TP size (or too few GPUs) or too long a context."""
+        s = self.s
+        log = self.log
+        st = self.profile.startup
         fail = plan.failure
-        ranks = list(range(s.tp_size))
         log.every_rank(lw.fmt_init_begin())
         if (fail is not None and fail.kind == "bad_tp") or len(self.gpus) < s.tp_size:
             await self.phase(st.init_distributed_s * 0.1)
@@ -125,11 +143,13 @@ class StartupSequence:
             log.rank(0, w)
         if fail is not None and fail.kind == "context_too_long":
             self.crash_startup([0], lw.SCHEDULER_INIT_FRAMES, f"ValueError: {fail.message}")
-        log.every_rank(lambda r: lw.fmt_load_begin(plan.p_per_rank[r]))
+
+    async def _model_weights(self, plan: StartupPlan) -> None:
+        """The target model's weight load, between its begin and end lines."""
+        self.log.every_rank(lambda r: lw.fmt_load_begin(plan.p_per_rank[r]))
         elapsed_w = await self._load_weights(plan)
-        used_base = plan.init_mem_usage_gib
-        self.set_used(used_base + plan.weights_gib)
-        log.every_rank(
+        self.set_used(plan.init_mem_usage_gib + plan.weights_gib)
+        self.log.every_rank(
             lambda r: lw.fmt_load_end(
                 elapsed_w,
                 self.profile.model.architecture,
@@ -138,6 +158,12 @@ class StartupSequence:
                 plan.weights_gib,
             )
         )
+
+    async def _kv_pool(self, plan: StartupPlan) -> None:
+        """The KV pool allocation, then the workspace (its failure ends the stage too)."""
+        s = self.s
+        log = self.log
+        fail = plan.failure
         log.rank(0, f"Using KV cache dtype: {plan.kv_dtype}")
         if (
             s.max_total_tokens is not None
@@ -149,7 +175,7 @@ class StartupSequence:
                 f"max_total_tokens={s.max_total_tokens} is larger than the profiled value "
                 f"{plan.profiled_tokens}. Use the profiled value instead.",
             )
-        await self.phase(st.kv_alloc_s)
+        await self.phase(self.profile.startup.kv_alloc_s)
         if fail is not None and fail.stage == "kv":
             self._fail_pool(fail.kind, fail.message, fail.tried_gib, fail.free_gib)
         assert plan.max_total_num_tokens is not None and plan.avail_after_pool_gib is not None
@@ -160,13 +186,15 @@ class StartupSequence:
         self.set_used(plan.init_mem_usage_gib + plan.p_gib - plan.avail_after_pool_gib)
         if fail is not None and fail.stage == "workspace":
             self.crash_startup(
-                ranks, lw.SCHEDULER_INIT_FRAMES, self.oom_text(fail.tried_gib, fail.free_gib)
+                list(range(s.tp_size)),
+                lw.SCHEDULER_INIT_FRAMES,
+                self.oom_text(fail.tried_gib, fail.free_gib),
             )
-        await self._capture(plan, draft=False)
-        if plan.spec:
-            await self._draft(plan)
+
+    def _log_summary(self, plan: StartupPlan) -> None:
+        assert plan.max_total_num_tokens is not None
         assert plan.avail_final_gib is not None and plan.max_running_requests is not None
-        log.rank(
+        self.log.rank(
             0,
             lw.fmt_summary(
                 plan.max_total_num_tokens,
@@ -177,9 +205,6 @@ class StartupSequence:
                 plan.avail_final_gib,
             ),
         )
-        if s.enable_hierarchical_cache:
-            await self._hicache(plan)
-        self.set_used(self._static_used(plan))
 
     def _static_used(self, plan: StartupPlan) -> float:
         final = plan.avail_final_gib or 0.0

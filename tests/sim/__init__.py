@@ -1,0 +1,1 @@
+"""Tests of the embedded SGLang simulator (`autotune.sim`)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -202,8 +203,6 @@ def test_bad_flags_and_profile_exit_2() -> None:
 
 
 def test_port_in_use_fails_like_uvicorn(launch_sim: Launcher) -> None:
-    import socket
-
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import re
 
@@ -130,8 +131,6 @@ def test_retraction_when_the_pool_runs_out(launch_sim: Launcher) -> None:
     sim = launch_sim([*SMALL, "--max-total-tokens", "700", "--schedule-conservativeness", "0.05",
                       "--decode-log-interval", "10"])  # fmt: skip
     sim.wait_ready()
-    import concurrent.futures
-
     body = {"input_ids": list(range(5, 105)), "sampling_params": {"max_new_tokens": 120,
             "ignore_eos": True}}  # fmt: skip
     with concurrent.futures.ThreadPoolExecutor(6) as pool:

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import tomllib
+
 import pytest
 
 from autotune.sim.flags import Fault, flags_for, parse_command_line, parse_version
-from autotune.sim.profiles import ProfileError, list_profiles, load_profile, profile_from_dict
+from autotune.sim.profiles import (
+    PROFILE_DIR,
+    ProfileError,
+    list_profiles,
+    load_profile,
+    profile_from_dict,
+)
 
 OPERATOR = [
     "--model-path",
@@ -119,10 +127,6 @@ def test_profile_errors_name_the_key() -> None:
         load_profile("nope")
     with pytest.raises(ProfileError, match="bogus"):
         profile_from_dict({"name": "x", "bogus": 1})
-    import tomllib
-
-    from autotune.sim.profiles import PROFILE_DIR
-
     doc = tomllib.loads((PROFILE_DIR / "qwen3-32b-h200.toml").read_text())
     doc["hardware"]["gpu_count"] = "two"
     with pytest.raises(ProfileError, match=r"hardware\.gpu_count"):
