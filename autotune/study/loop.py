@@ -104,41 +104,13 @@ def run_loop(
     ran = 0
     failures = 0
     while True:
-        if coordinator is not None:
-            coordinator.reap(study)
-        trials = study.get_trials(deepcopy=False)
-        done = counted(trials)
-        if done >= n_trials:
-            return LoopEnd("budget", ran, done)
-        if timeout_s is not None and clock() - start >= timeout_s:
-            return LoopEnd("timeout", ran, done)
-        if coordinator is not None:
-            held = coordinator.hold(trials, n_trials, grid=cfg.sampler.name == "grid")
-            if held:  # waited too long for the other workers
-                return LoopEnd(held, ran, done)
-            if held is not None:  # waited one interval: look again
-                continue
-        if cfg.sampler.name == "grid" and not any(t.state == TrialState.WAITING for t in trials):
-            return LoopEnd("grid done", ran, done)
-        trial = coordinator.ask(study) if coordinator is not None else study.ask()
-        skip = ""
-        try:
-            trial.set_user_attr(keys.WORKER, worker.to_dict())
-            if coordinator is not None:
-                skip = coordinator.claim(study, trial, n_trials)
-            result = Result("fail", "skipped", skip, None, {}) if skip else run_one(trial)
-        except KeyboardInterrupt:
-            result = Result("interrupted", "interrupted", "stopped by the operator", None, {})
-        finally:
-            if coordinator is not None:
-                coordinator.release(trial)
-        if not _tell_unless_finished(study, trial, result, cfg):
-            log.warning(
-                "trial %d was failed by another worker while it ran (its heartbeat was late); "
-                "its record stays in its trial folder",
-                trial.number,
-            )
-        if skip and result.state != "interrupted":
+        stop = _budget_left(study, cfg, n_trials, timeout_s, clock() - start, ran, coordinator)
+        if isinstance(stop, LoopEnd):
+            return stop
+        if stop == "again":
+            continue
+        trial, result, skipped = _run_asked(study, cfg, run_one, n_trials, worker, coordinator)
+        if skipped and result.state != "interrupted":
             continue
         ran += 1
         on_told(_frozen(study, trial))
@@ -154,6 +126,67 @@ def run_loop(
                 f"{failures} trials in a row failed for reasons outside the parameters "
                 f"(last: {result.reason}); see results/{cfg.name}/trials/"
             )
+
+
+def _budget_left(
+    study: optuna.Study,
+    cfg: StudyConfig,
+    n_trials: int,
+    timeout_s: float | None,
+    elapsed_s: float,
+    ran: int,
+    coordinator: Coordinator | None,
+) -> LoopEnd | str:
+    """Why the loop ends now (a `LoopEnd`), "again" to look once more after waiting for other
+    workers, or "" to ask the next trial."""
+    if coordinator is not None:
+        coordinator.reap(study)
+    trials = study.get_trials(deepcopy=False)
+    done = counted(trials)
+    if done >= n_trials:
+        return LoopEnd("budget", ran, done)
+    if timeout_s is not None and elapsed_s >= timeout_s:
+        return LoopEnd("timeout", ran, done)
+    if coordinator is not None:
+        held = coordinator.hold(trials, n_trials, grid=cfg.sampler.name == "grid")
+        if held:  # waited too long for the other workers
+            return LoopEnd(held, ran, done)
+        if held is not None:  # waited one interval: look again
+            return "again"
+    if cfg.sampler.name == "grid" and not any(t.state == TrialState.WAITING for t in trials):
+        return LoopEnd("grid done", ran, done)
+    return ""
+
+
+def _run_asked(
+    study: optuna.Study,
+    cfg: StudyConfig,
+    run_one: Callable[[optuna.trial.Trial], Result],
+    n_trials: int,
+    worker: Worker,
+    coordinator: Coordinator | None,
+) -> tuple[optuna.trial.Trial, Result, bool]:
+    """Ask a trial, run it (or skip it when another worker has it covered) and tell the study;
+    the trial, its result and whether it was skipped."""
+    trial = coordinator.ask(study) if coordinator is not None else study.ask()
+    skip = ""
+    try:
+        trial.set_user_attr(keys.WORKER, worker.to_dict())
+        if coordinator is not None:
+            skip = coordinator.claim(study, trial, n_trials)
+        result = Result("fail", "skipped", skip, None, {}) if skip else run_one(trial)
+    except KeyboardInterrupt:
+        result = Result("interrupted", "interrupted", "stopped by the operator", None, {})
+    finally:
+        if coordinator is not None:
+            coordinator.release(trial)
+    if not _tell_unless_finished(study, trial, result, cfg):
+        log.warning(
+            "trial %d was failed by another worker while it ran (its heartbeat was late); "
+            "its record stays in its trial folder",
+            trial.number,
+        )
+    return trial, result, bool(skip)
 
 
 def _frozen(study: optuna.Study, trial: optuna.trial.Trial) -> FrozenTrial:

@@ -29,7 +29,7 @@ from autotune.study.loop import Interrupted, prepare, run_loop
 from autotune.study.objectives import best_feasible_capacity
 from autotune.study.progress import Progress, Tally, finished_line
 from autotune.study.samplers import make_sampler
-from autotune.study.storage import counted, open_study, recover
+from autotune.study.storage import Worker, counted, open_study, recover
 from autotune.study.workers import (
     Coordinator,
     current_worker,
@@ -51,55 +51,110 @@ def run(
     clock: Callable[[], float] = time.monotonic,
 ) -> int:
     """Run the study to its end; 0 when done, 130 when the operator stopped it."""
-
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     worker = current_worker(gpu_group(cfg.server.env) or gpu_group(os.environ))
     seed = worker_seed(cfg.sampler.seed, worker)
     sampler = make_sampler(dataclasses.replace(cfg.sampler, seed=seed))
     study = open_study(cfg, url, sampler, heartbeat=cfg.heartbeat)
-    stopped = launcher.stop_orphans()
-    note = "; ".join(stopped) or "no server was left running"
-
-    def orphans(t: FrozenTrial) -> str:
-        where = view(t).trial_dir
-        if where is None or Path(str(where)).parent.parent == folder:
-            return note
-        return "its server, if one is left, is stopped when its own worker starts again"
-
-    recovered = recover(study, host=worker.host, machine=worker.machine, stop_orphans=orphans)
-    queued = prepare(study, cfg)
-    if queued:
-        drop_twice_queued(study)
-    trials = study.get_trials(deepcopy=False)
-    deadline = clock() + cfg.budget.timeout_s if cfg.budget.timeout_s else None
-    tally = Tally(n_trials=cfg.budget.n_trials)
-    for t in trials:
-        if t.state.is_finished():
-            _tally_add(tally, t)
-    progress = Progress(stream, tally, clock=clock, deadline=deadline)
-    progress.message(
-        f"study {cfg.name}: {cfg.server.backend} backend, sampler {cfg.sampler.name}, "
-        f"{counted(trials)}/{cfg.budget.n_trials} trials done, storage {redact(url)}"
-        + (f"; recovered trials {recovered} left running by a killed run" if recovered else "")
-        + (f"; stopped orphaned servers: {'; '.join(stopped)}" if stopped else "")
-        + (f"; {queued} points queued" if queued else "")
-    )
-
-    shown_k = [tally.done + 1]  # "trial k of N" of the trial in progress
+    night = _Night(cfg, folder, launcher, study, clock)
+    night.start(stream, url, worker)
     coordinator = Coordinator(
         me=worker,
         search=cfg.search,
         heartbeat=cfg.heartbeat,
         limits=cfg.server.limits,
         clock=clock,
-        notify=progress.message,
+        notify=night.progress.message,
         rng=random.Random(seed),
         random_after_duplicate=cfg.sampler.name not in ("capacity", "walkdown"),
     )
+    try:
+        end = run_loop(
+            study,
+            cfg,
+            run_one=night.run_one,
+            n_trials=cfg.budget.n_trials,
+            timeout_s=cfg.budget.timeout_s,
+            clock=clock,
+            worker=worker,
+            on_told=night.on_told,
+            coordinator=coordinator,
+        )
+    except (SQLAlchemyError, StorageInternalError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = redact_text(first, url)
+        raise HarnessError(f"the study storage {redact(url)} failed: {first}") from exc
+    except Interrupted as exc:
+        night.progress.close()
+        stream.write(
+            f"autotune: {exc}; the trial is recorded as interrupted. "
+            f"Run the same command to resume.\n"
+        )
+        return 130
+    finally:
+        night.progress.close()
+    night.progress.message(_summary(cfg, end.why, study.get_trials(deepcopy=False)))
+    return 0
 
-    def run_one(trial: optuna.trial.Trial) -> Result:
+
+class _Night:
+    """One run of the study on this worker: what a killed run left is recovered first, then each
+    asked trial is planned, launched and recorded, and the operator's line kept up to date."""
+
+    def __init__(
+        self,
+        cfg: StudyConfig,
+        folder: Path,
+        launcher: Launcher,
+        study: optuna.Study,
+        clock: Callable[[], float],
+    ) -> None:
+        self.cfg = cfg
+        self.folder = folder
+        self.launcher = launcher
+        self.study = study
+        self.clock = clock
+        self.tally = Tally(n_trials=cfg.budget.n_trials)
+        self.progress: Progress
+        self.shown_k = 1
+        """"trial k of N" of the trial in progress."""
+
+    def start(self, stream: TextIO, url: str, worker: Worker) -> None:
+        """Recover, queue the first points, count what is done, and say where the study is."""
+        cfg, study = self.cfg, self.study
+        stopped = self.launcher.stop_orphans()
+        note = "; ".join(stopped) or "no server was left running"
+
+        def orphans(t: FrozenTrial) -> str:
+            where = view(t).trial_dir
+            if where is None or Path(str(where)).parent.parent == self.folder:
+                return note
+            return "its server, if one is left, is stopped when its own worker starts again"
+
+        recovered = recover(study, host=worker.host, machine=worker.machine, stop_orphans=orphans)
+        queued = prepare(study, cfg)
+        if queued:
+            drop_twice_queued(study)
+        trials = study.get_trials(deepcopy=False)
+        for t in trials:
+            if t.state.is_finished():
+                _tally_add(self.tally, t)
+        deadline = self.clock() + cfg.budget.timeout_s if cfg.budget.timeout_s else None
+        self.progress = Progress(stream, self.tally, clock=self.clock, deadline=deadline)
+        self.shown_k = self.tally.done + 1
+        self.progress.message(
+            f"study {cfg.name}: {cfg.server.backend} backend, sampler {cfg.sampler.name}, "
+            f"{counted(trials)}/{cfg.budget.n_trials} trials done, storage {redact(url)}"
+            + (f"; recovered trials {recovered} left running by a killed run" if recovered else "")
+            + (f"; stopped orphaned servers: {'; '.join(stopped)}" if stopped else "")
+            + (f"; {queued} points queued" if queued else "")
+        )
+
+    def run_one(self, trial: optuna.trial.Trial) -> Result:
+        """Launch the asked trial (unless the search is done or the disk is full), record it."""
+        cfg, folder = self.cfg, self.folder
         settings = settings_for(trial, cfg.search)
-        done = sampler_done(study, trial)
+        done = sampler_done(self.study, trial)
         if done:
             return Result("fail", "skipped", f"not launched: {done}", None, {}, end=done)
         full = results_disk_problem(folder)
@@ -110,47 +165,18 @@ def run(
             settings,
             number=trial.number,
             trial_dir=trial_dir(folder, trial.number),
-            extra=launcher.extra_args(),
+            extra=self.launcher.extra_args(),
         )
         trial.set_user_attr(keys.TRIAL_DIR, str(plan.trial_dir))
-        shown_k[0] = tally.done + 1
-        progress.trial_started(shown_k[0], trial.number, settings.params)
-        record = run_trial(plan, launcher, clock=clock, phase=progress.phase)
+        self.shown_k = self.tally.done + 1
+        self.progress.trial_started(self.shown_k, trial.number, settings.params)
+        record = run_trial(plan, self.launcher, clock=self.clock, phase=self.progress.phase)
         write_record(record, plan.trial_dir)
         return record.result()
 
-    def on_told(t: FrozenTrial) -> None:
-        _tally_add(tally, t)
-        progress.trial_finished(_finished(t, tally, shown_k[0]))
-
-    try:
-        end = run_loop(
-            study,
-            cfg,
-            run_one=run_one,
-            n_trials=cfg.budget.n_trials,
-            timeout_s=cfg.budget.timeout_s,
-            clock=clock,
-            worker=worker,
-            on_told=on_told,
-            coordinator=coordinator,
-        )
-    except (SQLAlchemyError, StorageInternalError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        first = redact_text(first, url)
-        raise HarnessError(f"the study storage {redact(url)} failed: {first}") from exc
-    except Interrupted as exc:
-        progress.close()
-        stream.write(
-            f"autotune: {exc}; the trial is recorded as interrupted. "
-            f"Run the same command to resume.\n"
-        )
-        return 130
-    finally:
-        progress.close()
-    trials = study.get_trials(deepcopy=False)
-    progress.message(_summary(cfg, end.why, trials))
-    return 0
+    def on_told(self, t: FrozenTrial) -> None:
+        _tally_add(self.tally, t)
+        self.progress.trial_finished(_finished(t, self.tally, self.shown_k))
 
 
 def sampler_done(study: optuna.Study, trial: optuna.trial.Trial) -> str:
