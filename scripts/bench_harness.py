@@ -1,9 +1,9 @@
 """Harness overhead per trial: the time a study spends outside the server's own waits.
 
 Runs a small grid study (in a temporary folder) through `autotune.study.runner.run` with the
-launcher wrapped so the time spent waiting on the server — startup (`wait_ready`), the workload (`drive`)
-and teardown (`stop`) — is measured; everything else (ask, parameters → flags, launching the
-process, records, tell, progress) is harness overhead. Goal: ≤ 0.5 s per trial.
+launcher wrapped so the time spent waiting on the server — startup (`wait_ready`), the workload
+(`drive`) and teardown (`stop`) — is measured; everything else (ask, parameters → flags,
+launching the process, records, tell, progress) is harness overhead. Goal: ≤ 0.5 s per trial.
 
     .venv/bin/python scripts/bench_harness.py                 # the simulator, 6 trials
     .venv/bin/python scripts/bench_harness.py --backend fake  # no processes: the loop alone

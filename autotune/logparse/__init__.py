@@ -1,1 +1,4 @@
-"""TODO."""
+"""SGLang's log, read: typed events from lines (`lines`), the memory ledger of a start
+(`ledger`), how the run ended and the lines that prove it (`outcome`), startup phases (`phase`)
+and the Prefill/Decode lines summed up (`serving`). Pure functions over text, no I/O.
+"""

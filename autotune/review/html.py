@@ -9,7 +9,6 @@ in them; plotly's JSON itself is made safe for a `<script>` element by escaping 
 from __future__ import annotations
 
 import html
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -350,7 +349,3 @@ def table_html(rows: Sequence[Row], log_href: dict[int, str], winner: int | None
         tds = "".join(f"<td>{e(c)}</td>" for c in cells)
         body.append(f'<tr class="{cls}">{tds}<td>{link}</td></tr>')
     return f"<table>{head}{''.join(body)}</table>"
-
-
-def json_script(data: object) -> str:
-    return _script_safe(json.dumps(data))

@@ -1,4 +1,4 @@
-"""TODO: autotune.review.ledgerview."""
+"""`autotune ledger`'s output: a parsed SGLang log as a memory ledger table or one JSON object."""
 
 from __future__ import annotations
 

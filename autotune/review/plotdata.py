@@ -6,7 +6,7 @@ assert on these values rather than on pixels.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -366,10 +366,6 @@ def trial_arithmetic(t: TrialView, cell_bytes: float | None) -> Arithmetic | Non
         return None
     return arithmetic(t.ledger, t.fraction, stress_peak_gib=t.stress_peak_gib,
                       cell_bytes=cell_bytes)  # fmt: skip
-
-
-def by_number(trials: Sequence[TrialView]) -> Mapping[int, TrialView]:
-    return {t.number: t for t in trials}
 
 
 def _gib(v: float | None) -> str:

@@ -1,4 +1,4 @@
-"""TODO: autotune.review.status."""
+"""The status table of a study: one row per trial with its parameters and figures (pure)."""
 
 from __future__ import annotations
 

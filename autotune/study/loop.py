@@ -1,4 +1,5 @@
-"""TODO: autotune.study.loop."""
+"""The ask/run/tell loop: the queue (baseline first, the grid), the budget, the stop rules, and
+telling each trial's result to the study."""
 
 from __future__ import annotations
 

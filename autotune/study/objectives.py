@@ -1,4 +1,5 @@
-"""TODO: autotune.study.objectives."""
+"""Objectives and constraints (pure): what a trial measured as Optuna's objective values and
+constraint values (≤ 0 satisfied), and which stored trials are feasible."""
 
 from __future__ import annotations
 

@@ -1,4 +1,11 @@
-"""TODO: autotune.study.runner."""
+"""One run of a study on this worker: recover what a killed run left, then ask, launch, record and
+tell until the budget is spent, keeping the operator's progress line current.
+
+This is the composition root of `autotune run`: it joins the storage, the sampler, the workers'
+coordinator, the trial runner and the progress line. Everything it writes lives under
+`results/NAME/` (or --results-dir): `study.db`, and per trial `trials/NNNN/server.log` and
+`trial.json`.
+"""
 
 from __future__ import annotations
 

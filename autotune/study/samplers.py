@@ -1,4 +1,4 @@
-"""TODO: autotune.study.samplers."""
+"""Samplers by name: the study file's `sampler.name` → an Optuna sampler, seeded."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""TODO: autotune.trial.record."""
+"""What one trial tells the study: its state, what it measured and its attributes (pure values)."""
 
 from __future__ import annotations
 
