@@ -21,6 +21,7 @@ import json
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from autotune.config.space import (
     Settings,
@@ -71,30 +72,56 @@ class Export:
         return ("--api-key", f"${{{self.api_key_env}}}") if self.api_key_env else ()
 
 
-def build_export(review: Review, cfg: StudyConfig, *, trial: int | None = None) -> Export:
-    """The winner (or trial `trial` as it ran) as an `Export` (pure)."""
-    w = review.winner
-    backend = cfg.server.backend
+class _Pick(NamedTuple):
+    """What is exported: the trial's (or the winner's) parameters and figures, and why."""
+
+    params: Mapping[str, Scalar]
+    figures: tuple[int | None, float | None, float | None, bool]
+    """capacity, throughput, headroom, and whether they are predicted."""
+    margin: dict[str, object]
+    number: int
+    tolerance: float | None
+    chosen: int | None
+    notes: tuple[str, ...]
+    version: str | None
+
+
+def _pick(review: Review, trial: int | None) -> _Pick:
+    """Trial `trial` as it ran, else the winner; a clear error while there is none."""
     if trial is not None:
         t = review.trial(trial)
-        params: Mapping[str, Scalar] = dict(t.params)
-        figures = (t.capacity_tokens, t.throughput_tok_s, t.headroom_gib, False)
-        margin: dict[str, object] = {"steps": 0, "headroom_gib": None}
-        number, tolerance, chosen = t.number, None, None
-        notes: tuple[str, ...] = () if t.feasible else (f"trial {t.number} was {t.kind}",)
-        version = t.sglang_version
-    elif w is None:
+        return _Pick(
+            params=dict(t.params),
+            figures=(t.capacity_tokens, t.throughput_tok_s, t.headroom_gib, False),
+            margin={"steps": 0, "headroom_gib": None},
+            number=t.number,
+            tolerance=None,
+            chosen=None,
+            notes=() if t.feasible else (f"trial {t.number} was {t.kind}",),
+            version=t.sglang_version,
+        )
+    w = review.winner
+    if w is None:
         raise UsageError(
             f"study {review.name} has no feasible trial to export yet; pass --trial N to "
             "export one as it ran"
         )
-    else:
-        params = dict(w.params)
-        figures = (w.capacity_tokens, w.throughput_tok_s, w.headroom_gib, w.predicted)
-        margin = w.margin.to_dict()
-        number, tolerance = w.trial, w.tolerance
-        chosen, notes = w.chosen.number, w.notes
-        version = (w.source or w.chosen).sglang_version
+    return _Pick(
+        params=dict(w.params),
+        figures=(w.capacity_tokens, w.throughput_tok_s, w.headroom_gib, w.predicted),
+        margin=w.margin.to_dict(),
+        number=w.trial,
+        tolerance=w.tolerance,
+        chosen=w.chosen.number,
+        notes=w.notes,
+        version=(w.source or w.chosen).sglang_version,
+    )
+
+
+def build_export(review: Review, cfg: StudyConfig, *, trial: int | None = None) -> Export:
+    """The winner (or trial `trial` as it ran) as an `Export` (pure)."""
+    backend = cfg.server.backend
+    params, figures, margin, number, tolerance, chosen, notes, version = _pick(review, trial)
     missing = [p.name for p in cfg.search.params if p.name not in params]
     if missing:
         raise UsageError(

@@ -11,8 +11,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from autotune.memory import model as memory_model
 from autotune.memory.arithmetic import Arithmetic, arithmetic, cell_from_fit
-from autotune.memory.model import Observation, Setting, fit
+from autotune.memory.model import Observation, Setting
 from autotune.record.view import TrialView
 
 MODEL_POINTS = 41
@@ -224,7 +225,7 @@ def _model_tokens(
                     reason=t.reason,
                 )
             )
-        model = fit(obs)
+        model = memory_model.fit(obs)
         ys = []
         for x in grid:
             est = model.tokens(float(x))

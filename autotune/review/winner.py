@@ -155,34 +155,23 @@ def choose(
             f"({source.outcome}); consider a larger margin"
         )
     if source is not None:
-        return Winner(
-            chosen=chosen,
-            params=params,
-            source=source,
-            margin=margin,
-            steps_back=steps,
-            tolerance=tolerance,
-            best_throughput_tok_s=best_tp,
-            capacity_tokens=source.capacity_tokens,
-            throughput_tok_s=source.throughput_tok_s,
-            headroom_gib=source.headroom_gib,
-            predicted=False,
-            notes=tuple(notes),
-        )
-    tokens, headroom = _predict(chosen, float(params[FRACTION]), cell_bytes)
-    notes.append(f"no trial ran {FRACTION}={params[FRACTION]}; its figures are predicted")
+        figures = (source.capacity_tokens, source.throughput_tok_s, source.headroom_gib)
+    else:
+        tokens, headroom = _predict(chosen, float(params[FRACTION]), cell_bytes)
+        figures = (tokens, chosen.throughput_tok_s, headroom)
+        notes.append(f"no trial ran {FRACTION}={params[FRACTION]}; its figures are predicted")
     return Winner(
         chosen=chosen,
         params=params,
-        source=None,
+        source=source,
         margin=margin,
         steps_back=steps,
         tolerance=tolerance,
         best_throughput_tok_s=best_tp,
-        capacity_tokens=tokens,
-        throughput_tok_s=chosen.throughput_tok_s,
-        headroom_gib=headroom,
-        predicted=True,
+        capacity_tokens=figures[0],
+        throughput_tok_s=figures[1],
+        headroom_gib=figures[2],
+        predicted=source is None,
         notes=tuple(notes),
     )
 
