@@ -8,7 +8,7 @@ from optuna.trial import TrialState
 import autotune.memory.model
 from autotune.record.view import views
 from autotune.review import plotdata as pd
-from tests.report.fakes import CELL, P, trial, walk
+from tests.review.fakes import CELL, P, trial, walk
 
 
 def test_pareto_front_and_kinds() -> None:

@@ -12,7 +12,7 @@ from autotune.errors import UsageError
 from autotune.review.explain import explain
 from autotune.review.export import build_export, render, round_trip
 from autotune.review.source import Review, build_review
-from tests.report.fakes import trial, walk
+from tests.review.fakes import trial, walk
 
 KEY = "sk-very-secret-0123"
 

@@ -6,7 +6,7 @@ import pytest
 
 from autotune.logparse.ledger import Ledger
 from autotune.memory.arithmetic import arithmetic, cell_from_fit
-from tests.report.fakes import CELL, P, ledger, tokens
+from tests.review.fakes import CELL, P, ledger, tokens
 
 
 def test_operators_088() -> None:

@@ -7,7 +7,7 @@ import pytest
 from autotune.errors import UsageError
 from autotune.record.view import views
 from autotune.review.winner import Margin, choose, parse_margin, parse_tolerance
-from tests.report.fakes import P, trial, walk
+from tests.review.fakes import P, trial, walk
 
 
 def test_highest_capacity_backed_off_one_step_to_a_trial_that_ran() -> None:

@@ -13,7 +13,7 @@ from autotune.config.studyfile import StudyConfig
 from autotune.masking import masked_argv, scrub
 from autotune.review.page import figures, summary, write_report
 from autotune.review.source import build_review
-from tests.report.fakes import trial
+from tests.review.fakes import trial
 
 KEY = "sk-live-4242424242"
 NASTY = '</script><script>alert("pwned")</script><img src=x onerror=alert(1)>'
