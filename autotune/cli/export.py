@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from autotune.cli import common
 from autotune.errors import UsageError
 from autotune.review.export import FORMATS, build_export, render
-from autotune.server.flagcheck import check_argv
+from autotune.server.flagcheck import canonical_argv, inspect_argv
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,7 +37,9 @@ def handle(args: argparse.Namespace) -> int:
     assert source.cfg is not None
     ex = build_export(review, source.cfg, trial=args.trial)
     if not args.no_flag_check:
-        for problem in check_argv(ex.argv, backend=ex.backend):
+        report = inspect_argv(ex.argv, backend=ex.backend)
+        for problem in report.problems:
             sys.stderr.write(f"autotune: warning: {problem}\n")
+        ex = dataclasses.replace(ex, argv=canonical_argv(ex.argv, report.canonical))
     sys.stdout.write(review.scrub(render(ex, args.format)))
     return 0

@@ -62,7 +62,8 @@ def handle(args: argparse.Namespace) -> int:
         grace_s=args.grace_s,
     )
 
-    check_host(cfg)
+    for note in check_host(cfg):
+        sys.stdout.write(f"note: {note}\n")
     study_folder = study_dir(cfg, args.results_dir)
     url = storage_url(args, cfg, study_folder)
     folder = worker_folder(study_folder, gpu_group(cfg.server.env))

@@ -1,16 +1,24 @@
 """Checking a launch command's flags with the server's own argument parser, before launching.
 
-For SGLang the parser is SGLang's (`ServerArgs.add_cli_args`), used only when SGLang is
-importable here; for the simulator it is the simulator's copy of SGLang's flag table. Each
-problem is one line: an unknown flag (with its new name when SGLang renamed it) or a value the
-parser rejects. Without a parser nothing is checked and the list is empty.
+For SGLang the parser is SGLang's (`ServerArgs.add_cli_args`) in the study's own Python (the
+one `server.command` runs), reached by running `flagprobe`'s source there once for every command to
+check; for the simulator it is the simulator's flag table. Each problem is one line: an unknown
+flag (with its new name when SGLang renamed it) or a value the parser rejects. A flag SGLang
+accepts under another spelling (an abbreviation such as `--tp`, or an alias) is fine, and the
+report names its canonical spelling, which exports use. Without a parser nothing is checked.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
+from autotune.server import flagprobe
 from autotune.sim.flags import build_parser
 
 RENAMED = {
@@ -20,59 +28,128 @@ RENAMED = {
 }
 """Flags SGLang renamed or removed, with what to use instead."""
 
+PROBE_TIMEOUT_S = 180.0
+"""Importing SGLang loads torch: seconds on a warm box, a minute on a cold disk."""
+
 ParserFactory = Callable[[], argparse.ArgumentParser | None]
 
 
-class _Rejected(Exception):
-    pass
+@dataclass(frozen=True)
+class FlagReport:
+    """What the server's parser said about one command line."""
 
-
-def sglang_parser() -> argparse.ArgumentParser | None:
-    """SGLang's own launch_server parser, or None when SGLang is not importable."""
-    try:
-        from sglang.srt.server_args import ServerArgs
-    except Exception:  # any import failure means: not checkable here
-        return None
-    parser = argparse.ArgumentParser(prog="sglang.launch_server", add_help=False)
-    ServerArgs.add_cli_args(parser)
-    return parser
+    problems: tuple[str, ...] = ()
+    canonical: Mapping[str, str] = field(default_factory=dict)
+    """Given spelling → the parser's canonical one, where they differ (`--tp` → `--tp-size`)."""
+    checked_by: str = ""
+    """Whose parser checked it (`SGLang 0.5.23 (/usr/bin/python3)`), "" when none could."""
 
 
 def sim_parser() -> argparse.ArgumentParser | None:
-
     return build_parser()
+
+
+def study_python(argv: Sequence[str]) -> str:
+    """The Python that runs SGLang for this command: `PY -m sglang.launch_server …` names it;
+    anything else is checked with this Python."""
+    if len(argv) >= 3 and argv[1] == "-m" and argv[2].startswith("sglang"):
+        return argv[0]
+    return sys.executable
+
+
+def flags_of(argv: Sequence[str]) -> list[str]:
+    """Everything from the first `--` token on (the program before it is not a flag)."""
+    start = next((i for i, a in enumerate(argv) if a.startswith("--")), len(argv))
+    return list(argv[start:])
+
+
+def inspect_argvs(
+    argvs: Sequence[Sequence[str]],
+    *,
+    backend: str,
+    parser_factory: ParserFactory | None = None,
+) -> list[FlagReport]:
+    """One report per command line, all checked by one parser (one SGLang import)."""
+    if not argvs:
+        return []
+    if parser_factory is not None or backend == "sim":
+        parser = (parser_factory or sim_parser)()
+        if parser is None:
+            return [FlagReport() for _ in argvs]
+        who = "the simulator's flag table" if parser_factory is None else "the given parser"
+        return [_report(flagprobe.examine(parser, flags_of(a)), who) for a in argvs]
+    python = study_python(argvs[0])
+    raw = _probe(python, [flags_of(a) for a in argvs])
+    if raw is None or "reports" not in raw:
+        return [FlagReport() for _ in argvs]
+    who = f"SGLang {raw.get('version', '?')} ({python})"
+    reports = raw["reports"]
+    return [_report(r, who) for r in (reports if isinstance(reports, list) else [])]
+
+
+def inspect_argv(
+    argv: Sequence[str], *, backend: str, parser_factory: ParserFactory | None = None
+) -> FlagReport:
+    return inspect_argvs([argv], backend=backend, parser_factory=parser_factory)[0]
 
 
 def check_argv(
     argv: Sequence[str], *, backend: str, parser_factory: ParserFactory | None = None
 ) -> list[str]:
     """Problems with the flags in `argv` (everything from the first `--` token on)."""
-    factory = parser_factory or (sim_parser if backend == "sim" else sglang_parser)
-    parser = factory()
-    if parser is None:
-        return []
-    start = next((i for i, a in enumerate(argv) if a.startswith("--")), len(argv))
-    flags = list(argv[start:])
+    return list(inspect_argv(argv, backend=backend, parser_factory=parser_factory).problems)
 
-    def reject(message: str) -> None:
-        raise _Rejected(message)
 
-    parser.error = reject  # type: ignore[method-assign,assignment]
-    # an old flag that is a prefix of its new name must not pass as an abbreviation
-    parser.allow_abbrev = False
-    problems = []
-    try:
-        _, unknown = parser.parse_known_args(flags)
-    except _Rejected as exc:
-        return [f"the server's parser rejects the command: {exc}"]
-    except SystemExit:
-        return ["the server's parser rejects the command"]
-    for token in unknown:
-        if not token.startswith("--"):
-            continue
-        name = token.split("=", 1)[0]
+def canonical_argv(argv: Sequence[str], canonical: Mapping[str, str]) -> tuple[str, ...]:
+    """`argv` with each flag spelled the way the parser names it."""
+    out = []
+    for token in argv:
+        name, eq, value = token.partition("=")
+        if token.startswith("--") and name in canonical:
+            token = canonical[name] + eq + value
+        out.append(token)
+    return tuple(out)
+
+
+def _report(raw: Mapping[str, object], who: str) -> FlagReport:
+    problems: list[str] = []
+    error = raw.get("error")
+    if error:
+        problems.append(f"the server's parser rejects the command: {error}")
+    unknown = raw.get("unknown")
+    ambiguous = raw.get("ambiguous")
+    for name in unknown if isinstance(unknown, list) else []:
         if name in RENAMED:
             problems.append(f"{name} is not a flag of this SGLang; use {RENAMED[name]}")
+        elif isinstance(ambiguous, dict) and name in ambiguous:
+            problems.append(f"{name} is not a flag of this SGLang's launch_server "
+                            f"({ambiguous[name]})")  # fmt: skip
         else:
             problems.append(f"{name} is not a flag of this SGLang's launch_server")
-    return problems
+    canonical = raw.get("canonical")
+    return FlagReport(
+        problems=tuple(problems),
+        canonical=dict(canonical) if isinstance(canonical, dict) else {},
+        checked_by=who,
+    )
+
+
+def _probe(python: str, flag_lists: list[list[str]]) -> dict[str, object] | None:
+    """`flagprobe.py` run by `python`; None when it cannot run there (no such Python)."""
+    script = Path(flagprobe.__file__).read_text()
+    try:
+        done = subprocess.run(
+            [python, "-c", script],
+            input=json.dumps(flag_lists),
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    try:
+        out = json.loads(done.stdout or "null")
+    except ValueError:
+        return None
+    return out if isinstance(out, dict) else None

@@ -67,6 +67,12 @@ class NvmlProbe:
 
     def snapshot(self) -> list[GpuMemory]:
         nvml = self._lib()
+        try:
+            return self._read(nvml)
+        except nvml.NVMLError as exc:  # a GPU fell off the bus, the driver went away
+            raise HarnessError(f"NVML failed reading GPU memory ({exc})") from exc
+
+    def _read(self, nvml: Any) -> list[GpuMemory]:
         out = []
         for index in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)

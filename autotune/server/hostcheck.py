@@ -27,8 +27,9 @@ from autotune.config.studyfile import (
     StudyConfig,
     param_name,
 )
-from autotune.errors import ConfigError, UsageError
-from autotune.server.flagcheck import check_argv
+from autotune.errors import ConfigError, HarnessError, UsageError
+from autotune.server.flagcheck import inspect_argvs
+from autotune.server.gpu import GpuProbe, NvmlProbe, visible_devices
 from autotune.sim.profiles import ProfileError, load_profile
 
 MODEL_FLAGS = ("model_path", "speculative_draft_model_path", "tokenizer_path")
@@ -40,15 +41,20 @@ def check_host(
     *,
     host_ram_gb: Callable[[], float | None] | None = None,
     sglang_present: Callable[[tuple[str, ...]], bool] | None = None,
-) -> None:
-    """Raise when the study cannot run here; nothing is launched before this passes."""
+    gpu_probe: Callable[[], GpuProbe] | None = None,
+) -> list[str]:
+    """Raise when the study cannot run here; nothing is launched before this passes. Returns
+    notes worth a line each (a flag SGLang reads under another spelling)."""
     sim = cfg.server.backend == "sim"
     if not sim:
         _check_sglang(cfg.server.command, sglang_present or _sglang_importable)
         _check_model_paths(cfg)
-    _check_flags(cfg)
+    notes = _check_flags(cfg)
+    if not sim:
+        _check_gpus(cfg, (gpu_probe or NvmlProbe)())
     ram = (host_ram_gb or (lambda: _ram_gb(cfg)))()
     _check_hicache(cfg, ram, "the simulator profile's" if sim else "this machine's")
+    return notes
 
 
 def _check_sglang(command: tuple[str, ...], present: Callable[[tuple[str, ...]], bool]) -> None:
@@ -63,11 +69,11 @@ def _check_sglang(command: tuple[str, ...], present: Callable[[tuple[str, ...]],
         )
 
 
-def _check_flags(cfg: StudyConfig) -> None:
-    """The server's own parser (SGLang's when importable here, the simulator's copy of it)
-    on the fixed flags and every searched value (each choice, each end of a range, the others
-    at their first value): a flag it does not know or a value it rejects fails every launch
-    that uses it."""
+def _check_flags(cfg: StudyConfig) -> list[str]:
+    """The server's own parser (SGLang's in the study's Python, or the simulator's table) on
+    the fixed flags and every searched value (each choice, each end of a range, the others at
+    their first value): a flag it does not know or a value it rejects fails every launch that
+    uses it. Flags it knows under another spelling come back as notes."""
 
     first: dict[str, Scalar] = {}
     values: list[tuple[str, Scalar]] = []
@@ -80,15 +86,28 @@ def _check_flags(cfg: StudyConfig) -> None:
         elif isinstance(p, IntRange | FloatRange):
             first[p.name] = p.low
             values.append((p.name, p.high))
+    argvs = []
     for point in [first, *({**first, name: v} for name, v in values)]:
         settings = Settings(params=point, flags=tuned_flags(point, cfg.search))
-        argv = server_argv(cfg.server, settings, backend=cfg.server.backend)
-        problems = check_argv(argv, backend=cfg.server.backend)
-        if problems:
-            flag = re.search(r"(--[a-z0-9][a-z0-9-]*)", problems[0])
+        argvs.append(server_argv(cfg.server, settings, backend=cfg.server.backend))
+    canonical: dict[str, str] = {}
+    for report in inspect_argvs(argvs, backend=cfg.server.backend):
+        if report.problems:
+            problem = report.problems[0]
+            flag = re.search(r"(--[a-z0-9][a-z0-9-]*)", problem)
             name = param_name(flag.group(1)[2:]) if flag else ""
             where = f"search.{name}" if name in cfg.search.names() else f"server.flags.{name}"
-            raise ConfigError(where if name else "server.flags", f"{problems[0]}; fix the flag")
+            raise ConfigError(where if name else "server.flags", f"{problem}; fix the flag")
+        canonical.update(report.canonical)
+    return [
+        f"{_where(cfg, given)}: the server reads {given} as {full}; exports spell it {full}"
+        for given, full in canonical.items()
+    ]
+
+
+def _where(cfg: StudyConfig, flag: str) -> str:
+    name = param_name(flag[2:])
+    return f"search.{name}" if name in cfg.search.names() else f"server.flags.{name}"
 
 
 def _sglang_importable(command: tuple[str, ...]) -> bool:
@@ -134,6 +153,36 @@ def _largest_hicache(cfg: StudyConfig) -> float:
         return max(numbers, default=0.0)
     value = dict(cfg.server.flags).get(HICACHE)
     return float(value) if isinstance(value, int | float) else 0.0
+
+
+def _check_gpus(cfg: StudyConfig, probe: GpuProbe) -> None:
+    """NVML answers and shows the GPUs the server will use, found once before the first launch
+    rather than as a harness error in every trial."""
+    try:
+        gpus = probe.snapshot()
+    except HarnessError as exc:
+        raise HarnessError(
+            f"no GPU can be read on this machine ({exc}) Run the study on the GPU box, or "
+            "rehearse it with --backend sim"
+        ) from None
+    env = {**os.environ, **cfg.server.env}
+    wanted = visible_devices(env)
+    present = {g.index for g in gpus}
+    if wanted is not None and not set(wanted) <= present:
+        missing = sorted(set(wanted) - present)
+        raise ConfigError(
+            "server.env.CUDA_VISIBLE_DEVICES",
+            f"GPU {', '.join(map(str, missing))} is not on this machine (NVML shows "
+            f"{len(gpus)}); fix the list or --gpus",
+        )
+    usable = len(wanted) if wanted is not None else len(gpus)
+    needed = _ranks(cfg)
+    if usable < needed:
+        raise ConfigError(
+            "server.flags",
+            f"the server needs {needed} GPUs (tp × pp) and {usable} are usable here; lower "
+            "tp-size or run on a larger box",
+        )
 
 
 def _check_hicache(cfg: StudyConfig, ram_gb: float | None, whose: str) -> None:

@@ -92,8 +92,12 @@ class LaunchSpec:
         return (*self.argv, "--host", self.host, "--port", str(self.port))
 
     def environment(self) -> dict[str, str]:
+        """The server's environment. CUDA numbers devices fastest-first unless told otherwise;
+        `CUDA_DEVICE_ORDER=PCI_BUS_ID` makes CUDA_VISIBLE_DEVICES (and --gpus) mean the NVML
+        indices the GPU checks read, unless the study sets an order itself."""
         base = dict(os.environ) if self.inherit_env else {}
         base.update(self.env)
+        base.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         return base
 
     def devices(self) -> tuple[int, ...] | None:

@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 from autotune.cli.main import main
+from autotune.errors import HarnessError
+from autotune.server import hostcheck
+from autotune.server.gpu import GpuMemory
 from autotune.server.hostcheck import machine_ram_gb
 from tests.reliability.helpers import World, one_line
 
@@ -125,9 +128,17 @@ def _stand_in(world: World, old: str, new: str) -> str:
     return _edit(world, old, new).replace('backend = "sim"', command)
 
 
+class _EightGpus:
+    """NVML as a box with eight idle 96 GB GPUs shows it."""
+
+    def snapshot(self) -> list[GpuMemory]:
+        return [GpuMemory(i, 96 * 2**30, 2**29) for i in range(8)]
+
+
 def test_hicache_larger_than_the_machines_ram_is_rejected_on_the_real_backend(
-    world: World, capsys: pytest.CaptureFixture[str]
+    world: World, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(hostcheck, "NvmlProbe", _EightGpus)
     ram = machine_ram_gb()
     assert ram is not None
     per_rank = int(ram / 8) + 1
@@ -135,6 +146,28 @@ def test_hicache_larger_than_the_machines_ram_is_rejected_on_the_real_backend(
                      f"max_running_requests = 48\nhicache_size = {per_rank}")  # fmt: skip
     line = _fails_before_launch(world, capsys, text)
     assert f"{per_rank} GB per rank" in line and "this machine's" in line, line
+
+
+class _NoDriver:
+    """NVML on a machine without the NVIDIA driver (what `NvmlProbe` raises there)."""
+
+    def snapshot(self) -> list[GpuMemory]:
+        raise HarnessError("NVML could not start (NVML Shared Library Not Found)")
+
+
+def test_no_gpu_on_the_real_backend_is_one_line_before_any_launch(
+    world: World, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hostcheck, "NvmlProbe", _NoDriver)
+    path = world.folder / "rel.toml"
+    path.write_text(_stand_in(world, "max_running_requests = 48", "max_running_requests = 48"))
+    code = main(world.run_args())
+    err = capsys.readouterr().err
+    assert code == 1, err
+    line = one_line(err)
+    assert line.startswith("autotune: error: no GPU can be read on this machine"), line
+    assert "--backend sim" in line
+    assert not world.results.exists()
 
 
 def test_missing_model_path_on_the_real_backend(

@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import sys
+import textwrap
+from pathlib import Path
 
-from autotune.server.flagcheck import check_argv, sglang_parser
+import pytest
+
+from autotune.server.flagcheck import canonical_argv, check_argv, inspect_argv
 
 
 def _parser_0523() -> argparse.ArgumentParser:
-    """A stand-in for SGLang 0.5.23's parser: no --cuda-graph-max-bs any more."""
+    """A stand-in for SGLang 0.5.23's parser: no --cuda-graph-max-bs any more (only its
+    -decode and -prefill forms, so the old name is ambiguous), --tp-size with its alias."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--model-path")
     p.add_argument("--mem-fraction-static", type=float)
     p.add_argument("--cuda-graph-max-bs-decode", type=int)
+    p.add_argument("--cuda-graph-max-bs-prefill", type=int)
+    p.add_argument("--tp-size", "--tensor-parallel-size", type=int)
+    p.add_argument("--hicache-size", type=int)
     return p
 
 
@@ -40,6 +50,59 @@ def test_the_simulator_checks_with_its_own_flag_table() -> None:
     assert check_argv([*good, "--mem-fraction"], backend="sim") != []
 
 
+def test_abbreviations_and_aliases_pass_under_their_canonical_name() -> None:
+    argv = ["python", "-m", "sglang.launch_server", "--model-path", "m", "--tp", "8",
+            "--tensor-parallel-size=8", "--mem-frac", "0.9"]  # fmt: skip
+    report = inspect_argv(argv, backend="sglang", parser_factory=_parser_0523)
+    assert report.problems == ()
+    assert report.canonical == {
+        "--tp": "--tp-size",
+        "--tensor-parallel-size": "--tp-size",
+        "--mem-frac": "--mem-fraction-static",
+    }
+    assert canonical_argv(argv, report.canonical)[3:] == (
+        "--model-path", "m", "--tp-size", "8", "--tp-size=8", "--mem-fraction-static", "0.9",
+    )  # fmt: skip
+
+
+def test_every_problem_is_found_at_once() -> None:
+    argv = ["x", "--model-path", "m", "--hicache-size", "24.5", "--cuda-graph-max-bs", "8",
+            "--bogus", "1"]  # fmt: skip
+    problems = check_argv(argv, backend="sglang", parser_factory=_parser_0523)
+    assert len(problems) == 3
+    assert "invalid int value: '24.5'" in problems[0]
+    assert problems[1].startswith("--cuda-graph-max-bs is not a flag of this SGLang; use")
+    assert problems[2] == "--bogus is not a flag of this SGLang's launch_server"
+
+
+_FAKE_SGLANG = """
+    import argparse
+
+    class ServerArgs:
+        @staticmethod
+        def add_cli_args(parser: argparse.ArgumentParser) -> None:
+            parser.add_argument("--model-path")
+            parser.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=1)
+"""
+
+
+def test_the_study_pythons_sglang_is_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = tmp_path / "sglang" / "srt"
+    pkg.mkdir(parents=True)
+    (tmp_path / "sglang" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "server_args.py").write_text(textwrap.dedent(_FAKE_SGLANG))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", "m", "--tp", "2",
+            "--nope"]  # fmt: skip
+    report = inspect_argv(argv, backend="sglang")
+    assert report.canonical == {"--tp": "--tp-size"}
+    assert report.problems == ("--nope is not a flag of this SGLang's launch_server",)
+    assert report.checked_by.startswith("SGLang ") and sys.executable in report.checked_by
+
+
 def test_nothing_to_check_without_sglang() -> None:
-    if sglang_parser() is None:
-        assert check_argv(["python", "--anything"], backend="sglang") == []
+    if importlib.util.find_spec("sglang") is not None:
+        pytest.skip("SGLang is installed for this Python")
+    report = inspect_argv(["python", "--anything"], backend="sglang")
+    assert report.problems == () and report.checked_by == ""

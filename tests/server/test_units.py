@@ -292,3 +292,21 @@ def test_server_info_key_fields_are_masked() -> None:
         "admin_api_key": None,
         "internal_states": [{"api_key": "***", "x": 1}],
     }
+
+
+def test_servers_number_gpus_in_pci_order_unless_the_study_says_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CUDA's default order is fastest-first; NVML's (and so --gpus') is PCI order."""
+    from autotune.server.lifecycle import LaunchSpec
+
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    spec = LaunchSpec(argv=("x",), log_path=tmp_path / "l", run_dir=tmp_path / "r")
+    assert spec.environment()["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    own = LaunchSpec(
+        argv=("x",),
+        log_path=tmp_path / "l",
+        run_dir=tmp_path / "r",
+        env={"CUDA_DEVICE_ORDER": "FASTEST_FIRST"},
+    )
+    assert own.environment()["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"

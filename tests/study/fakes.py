@@ -83,6 +83,8 @@ class FakeLauncher:
     log: list[str] = field(default_factory=list)
     plans: list[TrialPlan] = field(default_factory=list)
     orphan_sweeps: int = 0
+    orphans: list[str] = field(default_factory=list)
+    """What `stop_orphans` reports: nothing, as on a clean folder, unless a test leaves some."""
 
     def launch(self, plan: TrialPlan) -> FakeRun:
         self.plans.append(plan)
@@ -98,4 +100,4 @@ class FakeLauncher:
 
     def stop_orphans(self) -> list[str]:
         self.orphan_sweeps += 1
-        return ["pid 4242 (port 31000): stopped"]
+        return list(self.orphans)

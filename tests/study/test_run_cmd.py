@@ -27,13 +27,16 @@ GRID = (
 
 
 def _run(
-    study_file: Callable[[str], Path], tmp_path: Path, text: str = GRID
+    study_file: Callable[[str], Path],
+    tmp_path: Path,
+    text: str = GRID,
+    orphans: tuple[str, ...] = (),
 ) -> tuple[int, str, FakeLauncher]:
     cfg = load_study(study_file(text), name="t")
     folder = tmp_path / "results" / "t"
     folder.mkdir(parents=True, exist_ok=True)
     out = io.StringIO()
-    launcher = FakeLauncher()
+    launcher = FakeLauncher(orphans=list(orphans))
     code = run(cfg, folder, default_storage_url(folder), launcher, out)
     return code, out.getvalue(), launcher
 
@@ -77,7 +80,8 @@ def test_killed_run_is_recovered(study_file: Callable[[str], Path], tmp_path: Pa
     stale = study.ask()
     stale.suggest_float("mem_fraction_static", 0.8, 0.94, step=0.02)
     stale.set_user_attr("worker", {"host": Worker.current().host, "pid": 999999, "start_ticks": 5})
-    code, out, launcher = _run(study_file, tmp_path, text.replace("n_trials = 2", "n_trials = 4"))
+    more = text.replace("n_trials = 2", "n_trials = 4")
+    code, out, launcher = _run(study_file, tmp_path, more, ("pid 4242 (port 31000): stopped",))
     assert code == 0 and "recovered trials [2]" in out
     assert launcher.orphan_sweeps == 1
     assert "pid 4242 (port 31000): stopped" in out
