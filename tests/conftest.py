@@ -1,8 +1,12 @@
 """Fixtures every test folder may use: `no_leftovers`, the test's folder, checked at the end for
-processes that outlive the test (see tests/simstudy.py)."""
+processes that outlive the test (see tests/simstudy.py); `sglang_python`, a Python with the
+real SGLang package, the oracle for flags, log formats and response shapes."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,9 +14,39 @@ import pytest
 
 from tests.simstudy import assert_none_left
 
+ROOT = Path(__file__).resolve().parent.parent
+
 
 @pytest.fixture
 def no_leftovers(tmp_path: Path) -> Iterator[Path]:
     """The test's folder; at the end no process mentioning it may be alive."""
     yield tmp_path
     assert_none_left(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def sglang_python() -> Path:
+    """The Python of a venv with SGLang (scripts/sglang_venv.py makes and caches it; CI names
+    it in $AUTOTUNE_SGLANG_PYTHON). A missing oracle fails the test, it does not skip it."""
+    given = os.environ.get("AUTOTUNE_SGLANG_PYTHON")
+    if given:
+        return Path(given)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "sglang_venv.py")],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.fail(f"no SGLang venv for the oracle tests: {done.stderr.strip()[-500:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def run_in_sglang(python: Path, source: str, *args: str, timeout: float = 300) -> str:
+    """Run `source` with SGLang's Python; its stdout (a failure shows its stderr)."""
+    done = subprocess.run(
+        [str(python), "-c", source, *args], capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
