@@ -41,12 +41,3 @@ def sglang_python() -> Path:
     if done.returncode != 0:
         pytest.fail(f"no SGLang venv for the oracle tests: {done.stderr.strip()[-500:]}")
     return Path(done.stdout.strip().splitlines()[-1])
-
-
-def run_in_sglang(python: Path, source: str, *args: str, timeout: float = 300) -> str:
-    """Run `source` with SGLang's Python; its stdout (a failure shows its stderr)."""
-    done = subprocess.run(
-        [str(python), "-c", source, *args], capture_output=True, text=True, timeout=timeout
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
