@@ -75,6 +75,25 @@ def _check_flags(cfg: StudyConfig) -> list[str]:
     their first value): a flag it does not know or a value it rejects fails every launch that
     uses it. Flags it knows under another spelling come back as notes."""
 
+    argvs = argvs_to_check(cfg)
+    canonical: dict[str, str] = {}
+    for report in inspect_argvs(argvs, backend=cfg.server.backend):
+        if report.problems:
+            problem = report.problems[0]
+            flag = re.search(r"(--[a-z0-9][a-z0-9-]*)", problem)
+            name = param_name(flag.group(1)[2:]) if flag else ""
+            where = f"search.{name}" if name in cfg.search.names() else f"server.flags.{name}"
+            raise ConfigError(where if name else "server.flags", f"{problem}; fix the flag")
+        canonical.update(report.canonical)
+    return [
+        f"{_where(cfg, given)}: the server reads {given} as {full}; exports spell it {full}"
+        for given, full in canonical.items()
+    ]
+
+
+def argvs_to_check(cfg: StudyConfig) -> list[list[str]]:
+    """The launch commands that together use every searched value: the fixed flags with each
+    parameter's first value, then each other choice and each range's other end in turn."""
     first: dict[str, Scalar] = {}
     values: list[tuple[str, Scalar]] = []
     for p in cfg.search.params:
@@ -90,19 +109,7 @@ def _check_flags(cfg: StudyConfig) -> list[str]:
     for point in [first, *({**first, name: v} for name, v in values)]:
         settings = Settings(params=point, flags=tuned_flags(point, cfg.search))
         argvs.append(server_argv(cfg.server, settings, backend=cfg.server.backend))
-    canonical: dict[str, str] = {}
-    for report in inspect_argvs(argvs, backend=cfg.server.backend):
-        if report.problems:
-            problem = report.problems[0]
-            flag = re.search(r"(--[a-z0-9][a-z0-9-]*)", problem)
-            name = param_name(flag.group(1)[2:]) if flag else ""
-            where = f"search.{name}" if name in cfg.search.names() else f"server.flags.{name}"
-            raise ConfigError(where if name else "server.flags", f"{problem}; fix the flag")
-        canonical.update(report.canonical)
-    return [
-        f"{_where(cfg, given)}: the server reads {given} as {full}; exports spell it {full}"
-        for given, full in canonical.items()
-    ]
+    return argvs
 
 
 def _where(cfg: StudyConfig, flag: str) -> str:
