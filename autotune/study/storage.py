@@ -87,14 +87,39 @@ def open_study(
         first = redact_text(first, storage_url)
         raise UsageError(f"--storage {redact(storage_url)}: cannot open it ({first})") from exc
     stored = study.user_attrs.get(keys.OBJECTIVES)
-    if stored is None:
-        study.set_user_attr(keys.OBJECTIVES, list(cfg.objectives))
-    elif list(stored) != list(cfg.objectives):
+    if stored is not None and list(stored) != list(cfg.objectives):
         raise UsageError(
             f"study {cfg.name} was created with objectives {stored}; "
             "use another --study name or --results-dir for different objectives"
         )
+    _check_backend(study, cfg)
+    if stored is None:
+        study.set_user_attr(keys.OBJECTIVES, list(cfg.objectives))
+    if study.user_attrs.get(keys.BACKEND) is None:
+        study.set_user_attr(keys.BACKEND, cfg.server.backend)
     return study
+
+
+def _check_backend(study: optuna.Study, cfg: StudyConfig) -> None:
+    """A study holds the trials of one backend: rehearsal trials on the simulator must never
+    join a real night's history (nor the memory model's fit), and the other way round."""
+    backend = cfg.server.backend
+    held = study.user_attrs.get(keys.BACKEND)
+    if held is None:  # a study from before backends were recorded: its trials tell
+        held = next((b for b in map(_backend_of, study.get_trials(deepcopy=False)) if b), None)
+    if held is None or held == backend:
+        return
+    what = "simulator rehearsal" if held == "sim" else f"{held} backend"
+    raise UsageError(
+        f"study {cfg.name} holds trials of the {what}; a {backend} run would mix with them: "
+        f"use another --study name, or --results-dir (e.g. --results-dir results/{backend})"
+    )
+
+
+def _backend_of(t: FrozenTrial) -> str | None:
+    record = t.user_attrs.get(keys.RECORD)
+    backend = record.get("backend") if isinstance(record, dict) else None
+    return str(backend) if backend else None
 
 
 def load_existing(name: str, storage_url: str) -> optuna.Study:

@@ -15,7 +15,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.config.studyfile import Constraints, StudyConfig, load_study
-from autotune.errors import HarnessError
+from autotune.errors import HarnessError, UsageError
 from autotune.masking import redact
 from autotune.study.loop import Interrupted, prepare, run_loop
 from autotune.study.objectives import constraint_values, feasible
@@ -290,3 +290,27 @@ def test_unclean_teardown_stops_the_study(
     with pytest.raises(HarnessError, match="GPU 0"):
         _loop(study, cfg, 5, run_one)
     assert len(study.get_trials()) == 1
+
+
+def test_a_study_never_mixes_backends(study_file: Callable[[str], Path], tmp_path: Path) -> None:
+    """A rehearsal on the simulator cannot add trials to a real night's study, nor the reverse;
+    a study from before backends were recorded is judged by its trials' records."""
+    cfg = _cfg(study_file)
+    study = _open(cfg, tmp_path)
+    assert study.user_attrs["backend"] == cfg.server.backend == "sim"
+    real = dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, backend="sglang"))
+    with pytest.raises(UsageError, match="holds trials of the simulator rehearsal") as err:
+        _open(real, tmp_path)
+    assert "--results-dir" in str(err.value) and "\n" not in str(err.value)
+    assert _open(cfg, tmp_path).user_attrs["backend"] == "sim"
+
+    old = tmp_path / "old"
+    old.mkdir()
+    older = optuna.create_study(
+        study_name=cfg.name, storage=default_storage_url(old), directions=["maximize"] * 2
+    )
+    trial = older.ask()
+    trial.set_user_attr("record", {"backend": "sglang"})
+    older.tell(trial, [1.0, 1.0])
+    with pytest.raises(UsageError, match="holds trials of the sglang backend"):
+        open_study(cfg, default_storage_url(old), make_sampler(cfg.sampler))
