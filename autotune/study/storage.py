@@ -13,7 +13,6 @@ only the host that started a trial ever judges it stale or stops its server.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import logging
 import os
 import socket
@@ -266,15 +265,10 @@ def counted(trials: Sequence[FrozenTrial]) -> int:
 
 
 def driver_url(url: str) -> str:
-    """A PostgreSQL URL with the driver that is installed: SQLAlchemy 2.1 reads a bare
-    `postgresql://` as psycopg 3, while psycopg2 is the common install (`postgres://` too)."""
+    """The URL SQLAlchemy opens: `postgres://` (as some hosts print it) is `postgresql://`,
+    which SQLAlchemy 2.1 opens with psycopg 3 (`pip install 'autotune[postgres]'`)."""
     scheme, sep, rest = url.partition("://")
-    if not sep or scheme not in ("postgresql", "postgres"):
-        return url
-    for module in ("psycopg", "psycopg2"):
-        if importlib.util.find_spec(module) is not None:
-            return f"postgresql+{module}://{rest}"
-    return url  # opening it names the missing driver
+    return f"postgresql://{rest}" if sep and scheme == "postgres" else url
 
 
 def rdb_storage(url: str, heartbeat: Heartbeat) -> RDBStorage:

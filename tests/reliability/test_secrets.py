@@ -88,7 +88,7 @@ PASSWORD = "pw-" + uuid.uuid4().hex
 @pytest.mark.parametrize("command", ["run", "status", "report", "export"])
 def test_unreachable_storage_url_is_redacted(world: World, command: str) -> None:
     world.study()
-    url = f"postgresql+psycopg2://autotune:{PASSWORD}@127.0.0.1:1/nowhere"
+    url = f"postgresql://autotune:{PASSWORD}@127.0.0.1:1/nowhere"
     args = ["--config", str(world.folder / "rel.toml"), "--results-dir", str(world.results)]
     done = world.autotune(command, *args, "--storage", url)
     assert done.rc in (1, 2)
@@ -100,11 +100,11 @@ def test_unreachable_storage_url_is_redacted(world: World, command: str) -> None
 @pytest.fixture
 def pg_database() -> Iterator[str]:
     """A fresh PostgreSQL database on 127.0.0.1:5432 (trust auth, so any password is taken)."""
-    psycopg2 = pytest.importorskip("psycopg2")
+    psycopg = pytest.importorskip("psycopg")
     try:
-        conn = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres",
-                                connect_timeout=3)  # fmt: skip
-    except psycopg2.Error as exc:
+        conn = psycopg.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres",
+                               connect_timeout=3)  # fmt: skip
+    except psycopg.Error as exc:
         pytest.skip(f"no PostgreSQL on 127.0.0.1:5432: {exc}")
     conn.autocommit = True
     name = f"autotune_rel_{uuid.uuid4().hex[:12]}"
@@ -119,7 +119,7 @@ def pg_database() -> Iterator[str]:
 
 
 def test_storage_password_is_redacted_in_every_output(world: World, pg_database: str) -> None:
-    url = f"postgresql+psycopg2://postgres:{PASSWORD}@127.0.0.1:5432/{pg_database}"
+    url = f"postgresql://postgres:{PASSWORD}@127.0.0.1:5432/{pg_database}"
     world.study()
     args = ["--config", str(world.folder / "rel.toml"), "--results-dir", str(world.results)]
     outputs = [

@@ -19,15 +19,15 @@ PG_USERS = ("postgres", "root")
 
 
 def _admin_connection() -> tuple[object, str]:
-    import psycopg2
+    import psycopg
 
     errors = []
     for user in PG_USERS:
         try:
-            conn = psycopg2.connect(
+            conn = psycopg.connect(
                 host=PG_HOST, port=PG_PORT, user=user, dbname="test", connect_timeout=5
             )
-        except psycopg2.Error as exc:
+        except psycopg.Error as exc:
             errors.append(f"{user}: {str(exc).strip().splitlines()[0]}")
             continue
         conn.autocommit = True
@@ -47,7 +47,7 @@ def pg_url() -> Iterator[str]:
     cur = conn.cursor()  # type: ignore[attr-defined]
     cur.execute(f'CREATE DATABASE "{name}"')
     try:
-        yield f"postgresql+psycopg2://{user}@{PG_HOST}:{PG_PORT}/{name}"
+        yield f"postgresql://{user}@{PG_HOST}:{PG_PORT}/{name}"
     finally:
         cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.close()  # type: ignore[attr-defined]

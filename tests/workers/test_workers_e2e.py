@@ -180,7 +180,7 @@ def test_three_workers_share_a_study(no_leftovers: Path, pg_url: str) -> None:
     folder = no_leftovers
     _write_study(folder, duration=0.5)
     ports = [_free_port() for _ in GROUPS]
-    url = pg_url.replace("postgresql+psycopg2://", "postgresql://")  # as a user writes it
+    url = pg_url.replace("postgresql://", "postgres://")  # as some users write it
     procs = [_start(folder, url, g, p) for g, p in zip(GROUPS, ports, strict=True)]
     codes = _finish(procs, timeout_s=150)
     assert codes == [0, 0, 0], _output(folder)
