@@ -9,13 +9,16 @@ Everything it writes lives under `results/NAME/` (or --results-dir): `study.db`,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from pathlib import Path
 
 from autotune.cli.common import add_study_args, resolve_config, stop_signals, storage_url, study_dir
 from autotune.config.studyfile import SAMPLERS
 from autotune.errors import UsageError
 from autotune.server.hostcheck import check_host
 from autotune.study.runner import run, study_lock
+from autotune.study.storage import default_storage_url, probe_storage
 from autotune.study.workers import gpu_group, with_worker_args, worker_folder
 from autotune.trial.run import live_launcher
 
@@ -66,15 +69,32 @@ def handle(args: argparse.Namespace) -> int:
         sys.stdout.write(f"note: {note}\n")
     study_folder = study_dir(cfg, args.results_dir)
     url = storage_url(args, cfg, study_folder)
+    if url != default_storage_url(study_folder):
+        probe_storage(url)  # a bad --storage must fail before anything is written
     folder = worker_folder(study_folder, gpu_group(cfg.server.env))
+    made = [p for p in (folder, *folder.parents) if not p.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(
             f"--results-dir {args.results_dir}: cannot create {folder}: {exc}"
         ) from exc
+    try:
+        with study_lock(folder):
+            launcher = live_launcher(cfg, folder)
+            with stop_signals():
+                return run(cfg, folder, url, launcher, sys.stdout)
+    except UsageError:
+        _undo(folder, made)
+        raise
 
-    with study_lock(folder):
-        launcher = live_launcher(cfg, folder)
-        with stop_signals():
-            return run(cfg, folder, url, launcher, sys.stdout)
+
+def _undo(folder: Path, made: list[Path]) -> None:
+    """Bad input found once the folder existed (a study of another backend, other objectives):
+    take back the lock and the folders this run made, so nothing is left written."""
+    lock = folder / "run" / "autotune.lock"
+    if made and lock.exists():
+        lock.unlink(missing_ok=True)
+    for path in [folder / "run", *made]:
+        with contextlib.suppress(OSError):  # only empty folders go
+            path.rmdir()

@@ -243,8 +243,15 @@ def study_lock(folder: Path) -> Iterator[None]:
     """One run per results folder: a second one would take the first one's server for an
     orphan. The lock dies with the process, so a SIGKILLed run never blocks the next."""
     path = folder / "run" / "autotune.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path, "a+")  # noqa: SIM115 - held open for the whole run
+    except OSError as exc:
+        raise UsageError(
+            f"{folder} is not writable ({exc.strerror or exc}); fix its permissions or use "
+            "another --results-dir"
+        ) from None
+    with lock as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -24,6 +24,7 @@ from datetime import datetime
 from pathlib import Path
 
 import optuna
+import sqlalchemy
 from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
 from optuna.samplers import BaseSampler
 from optuna.storages import BaseStorage, RDBStorage
@@ -119,6 +120,22 @@ def _backend_of(t: FrozenTrial) -> str | None:
     record = t.user_attrs.get(keys.RECORD)
     backend = record.get("backend") if isinstance(record, dict) else None
     return str(backend) if backend else None
+
+
+def probe_storage(url: str) -> None:
+    """Connect to the storage at `url` once, writing nothing; a clear one-line error (password
+    masked) when it cannot be reached or its driver is missing."""
+    try:
+        engine = sqlalchemy.create_engine(driver_url(url))
+        try:
+            with engine.connect():
+                pass
+        finally:
+            engine.dispose()
+    except (ImportError, ValueError, SQLAlchemyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = redact_text(first, url)
+        raise UsageError(f"--storage {redact(url)}: cannot open it ({first})") from exc
 
 
 def load_existing(name: str, storage_url: str) -> optuna.Study:

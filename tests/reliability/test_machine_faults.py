@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,50 @@ def test_storage_unwritable(world: World) -> None:
     assert done.rc == 2
     line = one_line(done.err)
     assert "--storage" in line and "cannot open it" in line, line
+    assert not world.results.exists(), "a bad --storage must leave nothing written"
+
+
+def test_unreachable_postgres_storage_writes_nothing(world: World) -> None:
+    world.study()
+    done = world.run("--storage", "postgresql://tuner:pw@127.0.0.1:1/none")
+    assert done.rc == 2
+    assert "cannot open it" in one_line(done.err)
+    assert not world.results.exists()
+
+
+@contextmanager
+def _read_only(folder: Path) -> Iterator[None]:
+    """`folder` read-only: a read-only bind mount as root (who ignores permission bits), else
+    its write bits taken away."""
+    if os.geteuid() != 0:
+        os.chmod(folder, 0o500)
+        try:
+            yield
+        finally:
+            os.chmod(folder, 0o700)
+        return
+    mounted = subprocess.run(["mount", "--bind", str(folder), str(folder)], check=False)
+    if mounted.returncode != 0:
+        pytest.skip("cannot bind-mount here")
+    try:
+        if subprocess.run(["mount", "-o", "remount,ro,bind", str(folder)], check=False).returncode:
+            pytest.skip("cannot remount read-only here")
+        yield
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_read_only_results_folder_is_one_line(world: World) -> None:
+    """A results folder the run cannot write (a read-only mount) stops the run before anything
+    starts, with one line naming the folder, and no traceback."""
+    world.study()
+    (world.results / "rel").mkdir(parents=True)
+    with _read_only(world.results / "rel"):
+        done = world.run()
+    assert done.rc == 2, done.out + done.err
+    line = one_line(done.err)
+    assert "is not writable" in line and "--results-dir" in line, line
+    assert "Traceback" not in done.err
 
 
 def test_storage_locked_by_another_process(world: World) -> None:
