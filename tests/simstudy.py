@@ -44,7 +44,7 @@ sim_profile = "kimi-k2.5-tp8-96g"
 {scale}
 [server.flags]
 model-path = "moonshotai/Kimi-K2.5"
-tp = 8
+tp-size = 8
 trust-remote-code = true
 speculative-algorithm = "EAGLE3"
 speculative-draft-model-path = "lightseekorg/kimi-k2.5-eagle3"

@@ -31,7 +31,7 @@ sim_time_scale = 30000
 
 [server.flags]
 model-path = "moonshotai/Kimi-K2.5"
-tp = 8
+tp-size = 8
 {flags}
 
 [server.limits]

@@ -18,7 +18,7 @@ env = { SGLANG_ENABLE_SPEC_V2 = "1" }
 
 [server.flags]
 model-path = "/models/Kimi K2.5"
-tp = 8
+tp-size = 8
 trust-remote-code = true
 speculative-algorithm = "EAGLE3"
 tool-call-parser = "kimi_k2"

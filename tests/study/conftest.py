@@ -17,7 +17,7 @@ sim_time_scale = 0.05
 
 [server.flags]
 model-path = "/models/kimi"
-tp = 8
+tp-size = 8
 trust_remote_code = true
 
 [search]

@@ -21,7 +21,7 @@ def test_valid_study_loads(study_file: Callable[[str], Path]) -> None:
     assert cfg.server.backend == "sim"
     assert cfg.server.flags == (
         ("model_path", "/models/kimi"),
-        ("tp", 8),
+        ("tp_size", 8),
         ("trust_remote_code", True),
     )
     assert cfg.search.params[0] == FloatRange("mem_fraction_static", 0.8, 0.94, 0.02)

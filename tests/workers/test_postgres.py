@@ -29,7 +29,7 @@ backend = "sim"
 sim_profile = "llama-3.1-70b-tp8-h100"
 
 [server.flags]
-tp = 2
+tp-size = 2
 
 [search]
 mem_fraction_static = { low = 0.80, high = 0.95, step = 0.01 }

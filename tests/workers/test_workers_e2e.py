@@ -37,7 +37,7 @@ sim_profile = "llama-3.1-70b-tp8-h100"
 
 [server.flags]
 model-path = "meta-llama/Llama-3.1-70B-Instruct"
-tp = 2
+tp-size = 2
 
 [server.limits]
 startup_s = 60
