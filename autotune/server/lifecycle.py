@@ -12,10 +12,19 @@ follows the log file as it grows:
 * `check_alive()` is cheap and never blocks on the network: process, log and a background
   `/health` watch together. A failing `/health` alone is not death while the log still shows
   batches; it becomes death only when batches stop too, or when a server process vanished.
-* `stop()` sends SIGTERM, waits a grace period, SIGKILLs the process group and any descendant that
-  left it, verifies that none survives (`autotune.server.teardown`), then waits until the GPU probe
-  shows memory back at the pre-launch baseline and the port is free. The exit code is never
-  used as evidence (reference §4.5, §7.3: SGLang SIGKILLs itself even on a clean stop).
+* `stop()` sends SIGTERM, waits a grace period, SIGKILLs the process group and every other
+  process of the server (`autotune.server.teardown`), waits for each to be gone, then waits until
+  the GPU probe shows memory back at the pre-launch baseline and the port is free, all within one
+  budget of `stop_grace_s + release_s` from the start of the stop (a SIGKILLed process can stay
+  in uninterruptible sleep for tens of seconds while the kernel unpins its host buffers, SGLang's
+  `mem_cache/pool_host/base.py` says). The exit code is never used as evidence (reference §4.5,
+  §7.3: SGLang SIGKILLs itself even on a clean stop).
+
+Every process of the server's group and session, and their descendants, seen while it runs
+(about once a second, and whenever its start ends) or at the stop is recorded as ours
+(`procs.Seen`, and in the pidfile): the teardown kills and waits for all of them, and the GPU
+check counts their memory as the server's, also after a failed start whose main process died
+before its schedulers.
 
 Every signal goes to a process identified by pid and start time, never by name; a process
 autotune did not start is never touched.
@@ -29,7 +38,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +50,16 @@ from autotune.logparse.outcome import Outcome, RunFacts, Verdict, classify
 from autotune.logparse.phase import Phase, PhaseLimits
 from autotune.logparse.serving import ServingSummary, summarize
 from autotune.server import pidfile, preflight, procs
-from autotune.server.gpu import GpuMemory, GpuProbe, MiB, unreleased, visible_devices
+from autotune.server.gpu import GiB, GpuMemory, GpuProbe, MiB, unreleased, visible_devices
 from autotune.server.health import HealthWatch, probe_ready, server_info
 from autotune.server.logwatch import LogWatch
-from autotune.server.teardown import Teardown, port_is_free, terminate, wait_gone
+from autotune.server.teardown import Teardown, port_is_free, terminate
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], None]
+
+OBSERVE_S = 1.0
+"""How often a running server's processes are looked for in /proc (one scan each time)."""
 
 
 @dataclass(frozen=True)
@@ -186,6 +198,8 @@ class Server:
         self._watch: HealthWatch | None = None
         self._members: list[procs.ProcInfo] = []
         self._members_checked = 0.0
+        self._seen = procs.Seen(record.pid, record.pgid, record.sid, record.start_ticks)
+        self._observed_at = float("-inf")
         self._death: Death | None = None
         self._teardown: Teardown | None = None
 
@@ -291,6 +305,7 @@ class Server:
             return self._startup
         spec = self.spec
         while True:
+            self._observe()
             self.log.pump()
             now = self._clock()
             exited = self._exited()
@@ -325,6 +340,7 @@ class Server:
         return ""
 
     def _finish_startup(self, facts: RunFacts, ready: bool = False) -> StartupReport:
+        self._observe(force=True)  # a failed start: the schedulers may outlive the main process
         now = self._clock()
         verdict = self._verdict(facts)
         ledger = self.ledger()
@@ -368,6 +384,7 @@ class Server:
         the process, and reads the health watch's last state (no network call here)."""
         if self._death is not None:
             return self._death
+        self._observe()
         self.log.pump()
         now = self._clock()
         facts: RunFacts | None = None
@@ -413,6 +430,31 @@ class Server:
             return RunFacts(unhealthy=reason)
         return None
 
+    # -- processes --------------------------------------------------------------------------
+
+    def _observe(self, force: bool = False) -> None:
+        """Record the server's processes now (throttled to one /proc scan per OBSERVE_S)."""
+        now = self._clock()
+        if not force and now - self._observed_at < OBSERVE_S:
+            return
+        self._observed_at = now
+        if self._teardown is not None:
+            return
+        before = len(self._seen.identities())
+        self._seen.scan()
+        if len(self._seen.identities()) > before:
+            self._save_members()
+
+    def _save_members(self) -> None:
+        """Rewrite the pidfile with every process seen, for a restarted autotune."""
+        main = (self.record.pid, self.record.start_ticks)
+        members = tuple(key for key in self._seen.identities() if key != main)
+        if members == self.record.members:
+            return
+        self.record = replace(self.record, members=members)
+        with contextlib.suppress(OSError):  # a full disk must not stop the trial or its teardown
+            pidfile.write(self.spec.run_dir, self.record)
+
     # -- teardown ---------------------------------------------------------------------------
 
     def stop(self) -> Teardown:
@@ -421,35 +463,46 @@ class Server:
         if self._teardown is not None:
             return self._teardown
         started = self._clock()
+        budget = self.spec.stop_grace_s + self.spec.release_s
         self.log.pump()
         stop_line = self.log.lines
         was_running = not self._exited()
         if self._watch is not None:
             self._watch.stop()
-        known = {p.pid: p for p in self._members}
-        known.update({p.pid: p for p in procs.descendants(self.pid)})
-        signals = terminate(
-            self.record, known, self.spec.stop_grace_s, self._clock, self._sleep, self.process
+        self._observe(force=True)
+        stopped = terminate(
+            self.record,
+            self._seen,
+            self.spec.stop_grace_s,
+            budget,
+            self._clock,
+            self._sleep,
+            self.process,
         )
-        survivors = wait_gone(self.record, known, self._clock, self._sleep)
         self._reap()
-        gpu_problems, port_free = self._wait_released(started)
+        gpu_problems, gpu_record, port_free = self._wait_released(started, started + budget)
         self.log.pump(final=True)
         self.log.close()
         verdict = self._final_verdict(was_running, stop_line)
+        survivors = stopped.survivors
         clean = not survivors and not gpu_problems and port_free
-        if not survivors:
+        if survivors:
+            self._save_members()  # a restarted autotune stops and waits for them again
+        else:
             pidfile.remove(self._record_path)
         self._teardown = Teardown(
             clean=clean,
             seconds=self._clock() - started,
-            signals=signals,
-            survivors=tuple(survivors),
+            signals=stopped.signals,
+            survivors=survivors,
             gpu_problems=tuple(gpu_problems),
             port_free=port_free,
             outcome=verdict.outcome,
             cause=verdict.cause,
             evidence=verdict.evidence,
+            stuck=stopped.stuck(),
+            waited=(*stopped.record(), *gpu_record),
+            budget_s=budget,
         )
         return self._teardown
 
@@ -469,26 +522,88 @@ class Server:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=1.0)
 
-    def _wait_released(self, started: float) -> tuple[list[str], bool]:
-        deadline = started + self.spec.stop_grace_s + self.spec.release_s
-        ours = {self.pid, *(p.pid for p in self._members)}
+    def _wait_released(self, started: float, deadline: float) -> tuple[list[str], list[str], bool]:
+        """Wait until GPU memory is back at the baseline and the port is free, up to `deadline`.
+        Every pid of the server seen is ours here, so memory its schedulers still hold is waited
+        for rather than taken for a newcomer's. Returns the problems, what was waited for, and
+        whether the port is free."""
+        devices = self.spec.devices()
+        holders: dict[int, dict[int, int]] = {}
+        held_by: dict[int, dict[int, int]] = {}
+        waited = busy = False
         while True:
-            problems = []
+            problems: list[str] = []
             if self._probe is not None:
+                ours = self._seen.pids_now()
+                snapshot = self._probe.snapshot()
                 problems = unreleased(
-                    self._baseline,
-                    self._probe.snapshot(),
-                    ours,
-                    self.spec.devices(),
-                    self.spec.gpu_tolerance_bytes,
+                    self._baseline, snapshot, ours, devices, self.spec.gpu_tolerance_bytes
                 )
+                holders = _holders(snapshot, ours, devices)
+                for pid, gpus in holders.items():
+                    held_by.setdefault(pid, {}).update(gpus)
             port_free = port_is_free(self.spec.host, self.spec.port)
             if (not problems and port_free) or self._clock() >= deadline:
-                return problems, port_free
+                break
+            waited = waited or bool(problems)
+            busy = busy or not port_free
             self._sleep(0.05)
+        elapsed = self._clock() - started
+        budget = self.spec.stop_grace_s + self.spec.release_s
+        record: list[str] = []
+        if problems:
+            who = self._describe(holders, "holds") or "no process of the server holds it"
+            head = (
+                f"GPU memory not back at the baseline {elapsed:.1f} s after the stop began, past "
+                f"the teardown budget (stop_grace_s + release_s = {budget:g} s): {who}"
+            )
+            problems = [head, *(p for p in problems if "our pid" not in p)]
+        elif waited:
+            who = self._describe(held_by, "held") or "no process of the server held it"
+            back = f"GPU memory back at the baseline {elapsed:.2f} s after the stop began"
+            record.append(f"{back}, waited for: {who}")
+        if busy and port_free:
+            record.append(f"port {self.spec.port} free {elapsed:.2f} s after the stop began")
+        return problems, record, port_free
+
+    def _describe(self, holders: Mapping[int, Mapping[int, int]], verb: str) -> str:
+        """`pid P (main process, exited) holds 90.00 GiB on GPUs 0-7`, one per holder."""
+        parts = []
+        for pid, gpus in sorted(holders.items()):
+            info = procs.read_proc(pid)
+            live = info is not None and not info.gone
+            state = f"state {procs.describe_state(info.state)}" if live and info else "exited"
+            total = sum(gpus.values()) / GiB
+            where = _gpu_list(sorted(gpus))
+            role = self._seen.role_of(pid)
+            parts.append(f"pid {pid} ({role}, {state}) {verb} {total:.2f} GiB on {where}")
+        return ", ".join(parts)
 
     def __enter__(self) -> Server:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _holders(
+    snapshot: Sequence[GpuMemory], ours: set[int], devices: tuple[int, ...] | None
+) -> dict[int, dict[int, int]]:
+    """Our pids holding memory on the selected GPUs: pid -> GPU index -> bytes."""
+    out: dict[int, dict[int, int]] = {}
+    for gpu in snapshot:
+        if devices is not None and gpu.index not in devices:
+            continue
+        for pid, used in gpu.pids.items():
+            if pid in ours:
+                out.setdefault(pid, {})[gpu.index] = used
+    return out
+
+
+def _gpu_list(indices: Sequence[int]) -> str:
+    """`GPU 3`, `GPUs 0-7`, `GPUs 0, 2, 5`."""
+    if len(indices) == 1:
+        return f"GPU {indices[0]}"
+    if list(indices) == list(range(indices[0], indices[-1] + 1)):
+        return f"GPUs {indices[0]}-{indices[-1]}"
+    return "GPUs " + ", ".join(map(str, indices))

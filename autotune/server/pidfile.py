@@ -4,7 +4,10 @@ One JSON file per running server, `<run_dir>/server-<pid>.pid.json`, written rig
 launch and removed once the teardown confirmed every process gone. It holds the pid, process
 group and session, the start time from /proc and the boot id (so a reused pid is never taken for
 ours), the port, the log path and the argv with secrets masked (`autotune.masking.masked_argv`).
-The API key never reaches it.
+`members` lists every other process of the server seen while it ran (pid and start time; its
+schedulers and whatever they started, in or out of its group and session), rewritten whenever a
+new one appears, so a restarted autotune can stop and wait for those too. The API key never
+reaches it.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class PidRecord:
     log_path: str
     argv: tuple[str, ...]
     launched_at: float
+    members: tuple[tuple[int, int], ...] = ()
 
     def alive(self) -> bool:
         """The recorded process still runs (same boot, same start time)."""
@@ -44,6 +48,7 @@ class PidRecord:
     def from_json(cls, text: str) -> PidRecord:
         data = json.loads(text)
         data["argv"] = tuple(data["argv"])
+        data["members"] = tuple((int(p), int(t)) for p, t in data.get("members", ()))
         return cls(**data)
 
 

@@ -1,6 +1,8 @@
 """What must be true before a server is launched, checked rather than assumed.
 
-* no server autotune started earlier under the same run folder still runs (its pidfile says so);
+* no server autotune started earlier under the same run folder still runs (its pidfile says so:
+  its main process, or any process of its group, session or recorded members, such as a
+  scheduler the kernel still holds after SIGKILL);
 * the port is free;
 * no process autotune did not start holds memory on the GPUs the server will use: a leftover
   process lowers P, the free memory SGLang sizes its pool from, and silently shrinks the KV pool
@@ -18,20 +20,26 @@ from pathlib import Path
 from autotune.errors import HarnessError, UsageError
 from autotune.server import pidfile
 from autotune.server.gpu import GpuMemory, GpuProbe, foreign_holders
-from autotune.server.teardown import port_is_free
+from autotune.server.teardown import live_processes, port_is_free
 
 FOREIGN_POLICIES = ("refuse", "wait", "ignore")
 
 
 def running_servers(run_dir: Path) -> list[pidfile.PidRecord]:
-    """Servers autotune started under `run_dir` that still run."""
-    return [record for _, record in pidfile.records(run_dir) if record.alive()]
+    """Servers autotune started under `run_dir` of which some process still runs."""
+    return [record for _, record in pidfile.records(run_dir) if live_processes(record)]
+
+
+def _listed(record: pidfile.PidRecord) -> str:
+    others = sorted(p.pid for p in live_processes(record) if p.pid != record.pid)
+    still = f"; its processes {', '.join(map(str, others))} still run" if others else ""
+    return f"pid {record.pid} (port {record.port}{still})"
 
 
 def check_no_server_running(run_dir: Path) -> None:
     alive = running_servers(run_dir)
     if alive:
-        listed = ", ".join(f"pid {r.pid} (port {r.port})" for r in alive)
+        listed = ", ".join(_listed(r) for r in alive)
         raise HarnessError(
             f"a server autotune started earlier is still running: {listed}; "
             "stop it first (autotune stops such servers when a study resumes)"

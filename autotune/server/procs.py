@@ -12,6 +12,7 @@ import signal
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from threading import Lock
 
 PROC = Path("/proc")
 
@@ -30,6 +31,29 @@ class ProcInfo:
     @property
     def gone(self) -> bool:
         return self.state in ("Z", "X")
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """The identity: pid and start time."""
+        return (self.pid, self.start_ticks)
+
+
+STATES = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "uninterruptible sleep",
+    "T": "stopped",
+    "t": "stopped by a tracer",
+    "Z": "zombie",
+    "X": "dead",
+    "I": "idle",
+}
+"""What the state letter of /proc/<pid>/stat means; `D` is the kernel's uninterruptible sleep, in
+which a SIGKILLed process stays until the kernel lets go (e.g. while it unpins host memory)."""
+
+
+def describe_state(state: str) -> str:
+    return f"{state}: {STATES[state]}" if state in STATES else state
 
 
 def read_proc(pid: int) -> ProcInfo | None:
@@ -85,6 +109,118 @@ def descendants(root: int, procs: Iterable[ProcInfo] | None = None) -> list[Proc
             found.append(child)
             stack.append(child.pid)
     return found
+
+
+def family(
+    pgid: int, sid: int, roots: Iterable[ProcInfo], procs: Iterable[ProcInfo] | None = None
+) -> list[ProcInfo]:
+    """Live processes of one server, from one /proc scan: its process group `pgid`, its session
+    `sid`, and the descendants of each of those and of every root still alive as itself (same
+    start time), whichever group or session they moved to."""
+    table = list(all_procs() if procs is None else procs)
+    by_pid = {p.pid: p for p in table}
+    found: dict[int, ProcInfo] = {p.pid: p for p in table if p.pgid == pgid or p.sid == sid}
+    for root in roots:
+        now = by_pid.get(root.pid)
+        if now is not None and now.start_ticks == root.start_ticks:
+            found[now.pid] = now
+    for p in _below(list(found.values()), table):
+        found.setdefault(p.pid, p)
+    return sorted(found.values(), key=lambda p: p.pid)
+
+
+def _below(tops: list[ProcInfo], table: list[ProcInfo]) -> list[ProcInfo]:
+    children: dict[int, list[ProcInfo]] = {}
+    for p in table:
+        children.setdefault(p.ppid, []).append(p)
+    out: list[ProcInfo] = []
+    seen = {p.pid for p in tops}
+    stack = [p.pid for p in tops]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child.pid not in seen:
+                seen.add(child.pid)
+                out.append(child)
+                stack.append(child.pid)
+    return out
+
+
+class Seen:
+    """Every process of one server seen so far, by identity (pid and start time), with the role
+    it had when first seen: its main process, members of its process group or session, and
+    their descendants wherever they went. Thread-safe.
+
+    Group and session count only while they are the server's: while the main process lives as
+    itself, or once it is gone (a group or session id is not reused while any member lives).
+    Processes recorded earlier (`members`, from a pidfile) count while each is still the same
+    process."""
+
+    def __init__(
+        self,
+        pid: int,
+        pgid: int,
+        sid: int,
+        start_ticks: int,
+        members: Iterable[tuple[int, int]] = (),
+    ) -> None:
+        self.pid = pid
+        self.pgid = pgid
+        self.sid = sid
+        self.start_ticks = start_ticks
+        self._lock = Lock()
+        self._keys: dict[tuple[int, int], str] = {(pid, start_ticks): "main process"}
+        for key in members:
+            self._keys.setdefault((int(key[0]), int(key[1])), "process")
+
+    def role(self, proc: ProcInfo) -> str:
+        if proc.key == (self.pid, self.start_ticks):
+            return "main process"
+        if proc.pgid == self.pgid:
+            return "group member"
+        if proc.sid == self.sid:
+            return "session member"
+        return "descendant"
+
+    def add(self, found: Iterable[ProcInfo]) -> list[ProcInfo]:
+        """Record `found`; returns the ones not seen before."""
+        new = []
+        with self._lock:
+            for p in found:
+                if self._keys.get(p.key, "process") == "process":
+                    new.append(p)
+                    self._keys[p.key] = self.role(p)
+        return new
+
+    def scan(self, procs: Iterable[ProcInfo] | None = None) -> list[ProcInfo]:
+        """The server's live processes now, from one /proc scan (recorded as seen)."""
+        table = list(all_procs() if procs is None else procs)
+        leader = next((p for p in table if p.pid == self.pid), None)
+        own = leader is None or leader.start_ticks == self.start_ticks
+        roots = [ProcInfo(pid, 0, 0, 0, ticks, "?") for pid, ticks in self.identities()]
+        live = family(self.pgid if own else -1, self.sid if own else -1, roots, table)
+        self.add(live)
+        return live
+
+    def identities(self) -> list[tuple[int, int]]:
+        """Every identity seen, in the order first seen."""
+        with self._lock:
+            return list(self._keys)
+
+    def role_of(self, pid: int) -> str:
+        with self._lock:
+            roles = [r for (p, _), r in self._keys.items() if p == pid]
+        return roles[-1] if roles else "process"
+
+    def pids_now(self) -> set[int]:
+        """Pids that are ours now: every pid seen whose process is gone (its memory is still
+        ours until the driver lets go) or is still the same process; never a pid reused by
+        another process."""
+        out = set()
+        for pid, ticks in self.identities():
+            now = read_proc(pid)
+            if now is None or now.gone or now.start_ticks == ticks:
+                out.add(pid)
+        return out
 
 
 def signal_verified(proc: ProcInfo, sig: signal.Signals) -> bool:

@@ -8,6 +8,7 @@ checks what the study recorded, that storage and results folder agree (no lost t
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from optuna.trial import TrialState
@@ -89,10 +90,18 @@ def test_server_ignoring_sigterm_is_killed(world: World) -> None:
 
 def test_gpu_memory_held_briefly_is_waited_out(world: World) -> None:
     world.foreign_sleep()
-    world.study(flags='sim-fault = "hold-gpu=1.5"', release_s=10)
+    world.study(flags='sim-fault = "hold-gpu=1.5"', release_s=10, n_trials=2)
     done = world.run()
     assert done.rc == 0, done.err
-    _only_trial(world, TrialState.COMPLETE, "ok")
+    first, second, *queued = world.trials()
+    assert (first.state, first.user_attrs["outcome"]) == (TrialState.COMPLETE, "ok")
+    record = json.loads((world.study_dir / "trials/0000/trial.json").read_text())
+    assert record["phases"]["teardown"] >= 1.4  # its memory was waited for
+    # The next launch was not refused: its trial ran and has its own record.
+    assert second.state == TrialState.COMPLETE, second.user_attrs
+    assert (world.study_dir / "trials/0001/trial.json").exists()
+    assert all(t.state == TrialState.WAITING for t in queued)
+    assert world.problems() == []
 
 
 def test_gpu_memory_never_released_stops_the_run_clearly(world: World) -> None:
@@ -102,6 +111,9 @@ def test_gpu_memory_never_released_stops_the_run_clearly(world: World) -> None:
     assert done.rc == 1, done.out + done.err
     assert "trial 0: teardown" in done.err and "stopping the study" in done.err
     assert "more in use than before the launch" in done.err
+    # The line names the holder and the budget it was given.
+    assert re.search(r"pid \d+ \(main process, exited\) holds [\d.]+ GiB on GPUs 0-7", done.err)
+    assert "past the teardown budget (stop_grace_s + release_s = 2.5 s)" in done.err
     assert done.err.count("\n") == 1
     [trial, *queued] = world.trials()
     assert trial.state == TrialState.COMPLETE and trial.user_attrs["outcome"] == "ok"

@@ -16,6 +16,15 @@ so tests can stage every ending the lifecycle must recognise without the simulat
     child             starts a child process in its group (a scheduler)
     escaped-child     starts a child that leaves the group with setsid()
     gpu=DIR           registers 1 GiB on simulated GPU 0 in DIR while alive
+    schedulers=N      starts N scheduler processes in its group before the weight load; each logs
+                      `scheduler pid P` and, with gpu=DIR, registers 1 GiB on simulated GPU i+1
+                      (kept fresh by a heartbeat) until it dies
+    sched-hold=S      the schedulers' GPU memory stays counted S s after they die, however they
+                      die (the driver freeing a killed process's memory late)
+    sched-pgrp        the schedulers move to process groups of their own (same session)
+    sched-setsid      the schedulers leave the session too (setsid)
+    die-in-load       2 s into the weight load a scheduler error kills the main process (SIGKILL,
+                      as SGLang does), and the schedulers live on: nothing stops them
 """
 
 from __future__ import annotations
@@ -108,6 +117,49 @@ def start_child(escape: bool) -> None:
         time.sleep(0.01)
 
 
+SCHEDULER = """
+import os, sys, time
+from pathlib import Path
+layout, gpu, index, hold = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+if layout == "pgrp":
+    os.setpgid(0, 0)
+elif layout == "session":
+    os.setsid()
+writer = None
+if gpu:
+    from autotune.sim.gpustate import GpuStateWriter
+    seconds = float(hold) if hold else None
+    writer = GpuStateWriter(Path(gpu), os.getpid(), {index: 80 << 30}, seconds)
+    writer.set_all(1 << 30)
+stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+print(f"[{stamp} TP{index - 1}] scheduler pid {os.getpid()}", flush=True)
+while True:
+    time.sleep(0.2)
+    if writer is not None:
+        writer.heartbeat()
+"""
+
+
+def start_schedulers(count: int, layout: str, gpu: str | None, hold: str) -> None:
+    """Start `count` schedulers; return once each has moved where `layout` says and registered
+    its GPU memory."""
+    children = [
+        subprocess.Popen([sys.executable, "-c", SCHEDULER, layout, gpu or "", str(i + 1), hold])
+        for i in range(count)
+    ]
+    deadline = time.monotonic() + 20
+    for child in children:
+        while time.monotonic() < deadline:
+            stat = Path(f"/proc/{child.pid}/stat").read_text()
+            fields = stat[stat.rfind(")") + 2 :].split()
+            moved = {"group": True, "pgrp": int(fields[2]) == child.pid}.get(
+                layout, int(fields[3]) == child.pid
+            )
+            if moved and (not gpu or (Path(gpu) / f"proc-{child.pid}.json").exists()):
+                break
+            time.sleep(0.01)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--host", default="127.0.0.1")
@@ -128,11 +180,19 @@ def main() -> None:
         start_child(escape=False)
     if "escaped-child" in modes:
         start_child(escape=True)
+    count = next((int(m.split("=", 1)[1]) for m in modes if m.startswith("schedulers=")), 0)
+    if count:
+        hold = next((m.split("=", 1)[1] for m in modes if m.startswith("sched-hold=")), "")
+        layout = "session" if "sched-setsid" in modes else "pgrp" if "sched-pgrp" in modes else ""
+        start_schedulers(count, layout or "group", gpu, hold)
 
     main_log("server_args=ServerArgs(model_path='fake', tp_size=1)")
     log("Init torch distributed begin.")
     log("Init torch distributed ends. elapsed=0.01 s, mem usage=1.55 GB")
     log("Load weight begin. avail mem=94.04 GB")
+    if "die-in-load" in modes:
+        time.sleep(2.0)
+        crash(["RuntimeError: CUDA error: an illegal memory access was encountered"])
     if "hang-load" in modes:
         time.sleep(3600)
     if "crawl-load" in modes:

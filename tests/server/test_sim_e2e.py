@@ -217,8 +217,36 @@ def test_fault_hold_gpu_past_the_limit_is_a_clear_error(tmp_path: Path, guard: G
     assert not down.clean
     assert down.survivors == () and down.port_free
     assert any("more in use than before the launch" in p for p in down.problems)
-    with pytest.raises(HarnessError, match="teardown incomplete"):
+    head = down.problems[0]
+    assert f"pid {server.pid} (main process, exited) holds " in head and "on GPUs 0-7" in head
+    assert "past the teardown budget (stop_grace_s + release_s = 1.5 s)" in head
+    with pytest.raises(HarnessError, match=f"teardown incomplete: .*pid {server.pid} "):
         down.raise_if_unclean()
+
+
+def test_fault_hold_gpu_30_s_after_sigkill_within_the_budget_then_the_next_launch_proceeds(
+    tmp_path: Path, guard: Guard
+) -> None:
+    """At a real 30 s: the server ignores SIGTERM, is SIGKILLed after the grace, and its GPU
+    memory stays held 30 s after it died; `stop_grace_s + release_s` covers that, so the
+    teardown is clean and the next launch on the same GPUs goes ahead."""
+    spec = sim_spec(
+        tmp_path, "--sim-fault", "ignore-sigterm", "--sim-fault", "hold-gpu=30",
+        stop_grace_s=0.5, release_s=32.0,
+    )  # fmt: skip
+    server = launch(guard, spec)
+    assert server.wait_ready().outcome is Outcome.READY
+    down = server.stop()
+    assert down.clean, down.problems
+    assert down.signals[:2] == ("SIGTERM", "SIGKILL")
+    assert 29.5 <= down.seconds < 32.5
+    back = down.waited[-1]
+    assert back.startswith("GPU memory back at the baseline 3"), down.waited
+    assert f"waited for: pid {server.pid} (main process, exited) held " in back
+    assert used(spec) == 0
+    nxt = launch(guard, sim_spec(tmp_path))
+    assert nxt.wait_ready().outcome is Outcome.READY
+    assert nxt.stop().clean
 
 
 def test_foreign_gpu_memory_refuses_or_waits(tmp_path: Path, guard: Guard) -> None:
