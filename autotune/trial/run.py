@@ -33,6 +33,8 @@ from autotune.config.space import Settings, address_flags, server_argv
 from autotune.config.studyfile import Limits, Scalar, StudyConfig
 from autotune.errors import HarnessError
 from autotune.loadgen import ServerFacts, Target, WorkloadSpec, run_workload
+from autotune.logparse.ledger import build_ledger
+from autotune.logparse.lines import parse_lines
 from autotune.logparse.outcome import Outcome
 from autotune.masking import scrub_file
 from autotune.record import keys
@@ -128,6 +130,8 @@ class Stop:
     clean: bool
     reason: str = ""
     seconds: float = 0.0
+    waited: tuple[str, ...] = ()
+    """What the teardown waited for (processes after SIGKILL, GPU memory), for the record."""
 
 
 class ServerRun(Protocol):
@@ -181,11 +185,14 @@ class TrialRecord:
     backend: str
     fatal: str = ""
     stress_peak_gib: float | None = None
+    teardown: tuple[str, ...] = ()
+    """What the teardown waited for, and how long each process took to go."""
 
     def to_dict(self) -> dict[str, object]:
         d = asdict(self)
         d["argv"] = list(self.argv)
         d["evidence"] = list(self.evidence)
+        d["teardown"] = list(self.teardown)
         return d
 
     def measured(self) -> Measured | None:
@@ -257,6 +264,7 @@ def run_trial(
         phases["teardown"] = stop.seconds
     phases["total"] = clock() - t0
     record = _judge(plan, startup, load, interrupted, harness_error, phases)
+    record = replace(record, teardown=stop.waited)
     if not stop.clean:
         record = replace(record, fatal=f"{FATAL_TEARDOWN}: {stop.reason}")
     elif pending and record.state != "interrupted":
@@ -275,8 +283,16 @@ def _judge(
     base = _record(plan, "fail", "", "", phases=phases)
     if startup is not None:
         base = replace(base, ledger=dict(startup.ledger), sglang_version=startup.sglang_version)
-    if interrupted:
-        return replace(base, state="interrupted", outcome="interrupted", reason=_BY_OPERATOR)
+    if interrupted:  # the trial keeps the ledger it measured: its pool was real
+        ledger = dict(startup.ledger) if startup is not None else _ledger_so_far(plan.log_path)
+        return replace(
+            base,
+            state="interrupted",
+            outcome="interrupted",
+            reason=_BY_OPERATOR,
+            ledger=ledger,
+            capacity_tokens=_int(ledger.get("max_total_num_tokens")),
+        )
     if harness_error:
         return replace(base, outcome="harness_error", reason=harness_error)
     assert startup is not None
@@ -339,6 +355,15 @@ def _record(
         host=socket.gethostname(),
         backend=plan.backend,
     )
+
+
+def _ledger_so_far(log_path: Path) -> dict[str, object]:
+    """What the log of a start cut short showed of the ledger ({} when it cannot be read)."""
+    try:
+        with open(log_path, encoding="utf-8", errors="replace", newline="\n") as fh:
+            return build_ledger(parse_lines(fh).events).to_dict()
+    except OSError:
+        return {}
 
 
 def _reason(outcome: str, cause: str, evidence: tuple[str, ...]) -> str:
@@ -464,7 +489,9 @@ class LiveLauncher:
     def stop_orphans(self) -> list[str]:
 
         records = [record for _, record in pidfile.records(self.run_dir)]
-        lines = stop_orphans(self.run_dir, grace_s=self.limits.stop_grace_s)
+        lines = stop_orphans(
+            self.run_dir, grace_s=self.limits.stop_grace_s, release_s=self.limits.release_s
+        )
         for record in records:
             self.scrub(Path(record.log_path))
         if records:
@@ -575,7 +602,9 @@ class _LiveRun:
     def stop(self) -> Stop:
         t = self.server.stop()
         self.launcher.scrub(self.server.spec.log_path)
-        return Stop(clean=t.clean, reason="; ".join(t.problems), seconds=t.seconds)
+        return Stop(
+            clean=t.clean, reason="; ".join(t.problems), seconds=t.seconds, waited=t.waited
+        )
 
 
 def _opt_int(v: object) -> int | None:
