@@ -19,6 +19,7 @@ from autotune.review.confirm import (
 )
 from autotune.review.export import build_export
 from autotune.server.flagcheck import check_argv
+from autotune.study.runner import study_lock
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -39,6 +40,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         f"(default {DEFAULT_SOAK_FACTOR:g})",
     )
     p.add_argument("--backend", choices=("sim", "sglang"), help="override server.backend")
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="while `autotune run` holds the study's results folder, wait for it to finish "
+        "instead of refusing",
+    )
     p.set_defaults(handler=handle)
 
 
@@ -48,18 +55,21 @@ def handle(args: argparse.Namespace) -> int:
     source, review = common.review(args, need_config=True)
     cfg = source.cfg
     assert cfg is not None
-    ex = build_export(review, cfg, trial=args.trial)
+    # a soak may test again a setting that failed (export refuses it); it never carries the
+    # forced export's marker, which is not part of `argv`
+    ex = build_export(review, cfg, trial=args.trial, force=True)
     problems = check_argv(ex.argv, backend=ex.backend)
     if problems:
         raise UsageError("; ".join(problems))
     soak_cfg = soak(cfg, args.soak_factor)
     out = sys.stdout
+    out.write(f"{ex.headline}\n")
     out.write(
         f"confirming {' '.join(f'{k}={v}' for k, v in ex.params.items())} "
         f"(trial {ex.trial}) with a {args.soak_factor:g}× soak\n"
     )
     out.flush()
-    with common.stop_signals():
+    with study_lock(source.folder, wait=args.wait), common.stop_signals():
         verdict = run_confirmation(
             soak_cfg, source.folder, dict(ex.params), trial=ex.trial, phase=_phase_printer(out)
         )

@@ -77,6 +77,8 @@ class LaunchSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     inherit_env: bool = True
     api_key: str | None = None
+    study: str = ""
+    """The study this server runs for, recorded in its pidfile."""
     phase_limits: PhaseLimits = field(default_factory=PhaseLimits)
     startup_s: float = 7200.0
     stall_s: float = 600.0
@@ -238,6 +240,7 @@ class Server:
             except OSError as exc:
                 raise HarnessError(f"could not start {command[0]!r}: {exc}") from exc
         info = procs.read_proc(process.pid)
+        owner_pid, owner_ticks = pidfile.owner()
         record = pidfile.PidRecord(
             pid=process.pid,
             pgid=info.pgid if info else process.pid,
@@ -249,6 +252,9 @@ class Server:
             log_path=str(spec.log_path),
             argv=scrub.masked_argv(command, [spec.api_key] if spec.api_key else []),
             launched_at=time.time(),
+            owner_pid=owner_pid,
+            owner_start_ticks=owner_ticks,
+            study=spec.study,
         )
         try:
             path = pidfile.write(spec.run_dir, record)

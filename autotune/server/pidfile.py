@@ -36,10 +36,24 @@ class PidRecord:
     argv: tuple[str, ...]
     launched_at: float
     members: tuple[tuple[int, int], ...] = ()
+    owner_pid: int = 0
+    """The autotune process that launched the server (0 in pidfiles from before owners)."""
+    owner_start_ticks: int = 0
+    study: str = ""
+    """The study the server ran a trial (or a confirmation) of."""
 
     def alive(self) -> bool:
         """The recorded process still runs (same boot, same start time)."""
         return self.boot_id == procs.boot_id() and procs.is_alive(self.pid, self.start_ticks)
+
+    def owner_alive(self) -> bool:
+        """The autotune that launched the server still runs, and it is not this process: only
+        it may stop the server; anyone else leaves it alone."""
+        if not self.owner_pid or self.owner_pid == os.getpid():
+            return False
+        return self.boot_id == procs.boot_id() and procs.is_alive(
+            self.owner_pid, self.owner_start_ticks
+        )
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -50,6 +64,12 @@ class PidRecord:
         data["argv"] = tuple(data["argv"])
         data["members"] = tuple((int(p), int(t)) for p, t in data.get("members", ()))
         return cls(**data)
+
+
+def owner() -> tuple[int, int]:
+    """This process as a pidfile's owner: its pid and start time."""
+    me = procs.read_proc(os.getpid())
+    return os.getpid(), me.start_ticks if me else 0
 
 
 def path_for(run_dir: Path, pid: int) -> Path:

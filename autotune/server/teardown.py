@@ -260,10 +260,17 @@ def stop_orphans(
     release_s: float = 120.0,
 ) -> list[str]:
     """Stop the servers an earlier, killed autotune started under `run_dir`, and only those,
-    waiting for each up to `grace_s + release_s`. Returns one line per pidfile handled; stale
-    pidfiles are removed without any signal."""
+    waiting for each up to `grace_s + release_s`: a server whose owning autotune still runs is
+    left to it. Returns one line per pidfile handled; stale pidfiles are removed without any
+    signal."""
     done = []
     for path, record in pidfile.records(run_dir):
+        if record.owner_alive():
+            done.append(
+                f"pid {record.pid} (port {record.port}): left running, its autotune (pid "
+                f"{record.owner_pid}{', study ' + record.study if record.study else ''}) is alive"
+            )
+            continue
         seen = seen_from(record)
         if seen is None or not seen.scan():
             pidfile.remove(path)

@@ -13,6 +13,7 @@ import dataclasses
 import fcntl
 import os
 import random
+import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,16 +26,24 @@ from optuna.trial import FrozenTrial
 from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.config.space import settings_for
-from autotune.config.studyfile import StudyConfig
+from autotune.config.studyfile import Fixed, StudyConfig
 from autotune.errors import HarnessError, UsageError
 from autotune.masking import redact, redact_text
 from autotune.record import internals, keys
-from autotune.record.view import view
+from autotune.record.remedy import remedy
+from autotune.record.view import TrialView, view, views
 from autotune.search.capacity import DONE_ATTR, CapacityAwareSampler
 from autotune.server.hostcheck import results_disk_problem
-from autotune.study.loop import Interrupted, prepare, run_loop
+from autotune.sim.profiles import Profile, ProfileError, load_profile
+from autotune.study.loop import Interrupted, baseline_first, prepare, run_loop
 from autotune.study.objectives import best_feasible_capacity
-from autotune.study.progress import Progress, Tally, finished_line
+from autotune.study.progress import (
+    Progress,
+    Tally,
+    finished_line,
+    warnings_before_launch,
+    workload_plan,
+)
 from autotune.study.samplers import make_sampler
 from autotune.study.storage import Worker, counted, open_study, recover
 from autotune.study.workers import (
@@ -121,7 +130,7 @@ class _Night:
         self.launcher = launcher
         self.study = study
         self.clock = clock
-        self.tally = Tally(n_trials=cfg.budget.n_trials)
+        self.tally = Tally(n_trials=cfg.budget.n_trials, plan=workload_plan(cfg.workload))
         self.progress: Progress
         self.shown_k = 1
         """"trial k of N" of the trial in progress."""
@@ -142,6 +151,10 @@ class _Night:
         queued = prepare(study, cfg)
         if queued:
             drop_twice_queued(study)
+        elif baseline_first(study, cfg):
+            recovered_note = "; the baseline goes first again"
+        else:
+            recovered_note = ""
         trials = study.get_trials(deepcopy=False)
         for t in trials:
             if t.state.is_finished():
@@ -155,7 +168,10 @@ class _Night:
             + (f"; recovered trials {recovered} left running by a killed run" if recovered else "")
             + (f"; stopped orphaned servers: {'; '.join(stopped)}" if stopped else "")
             + (f"; {queued} points queued" if queued else "")
+            + ("" if queued else recovered_note)
         )
+        for warning in warnings_before_launch(cfg, views(trials), _profile(cfg)):
+            self.progress.message(f"warning: {warning}")
 
     def run_one(self, trial: optuna.trial.Trial) -> Result:
         """Launch the asked trial (unless the search is done or the disk is full), record it."""
@@ -177,7 +193,9 @@ class _Night:
         trial.set_user_attr(keys.TRIAL_DIR, str(plan.trial_dir))
         self.shown_k = self.tally.done + 1
         self.progress.trial_started(self.shown_k, trial.number, settings.params)
-        record = run_trial(plan, self.launcher, clock=self.clock, phase=self.progress.phase)
+        grace = cfg.server.limits.stop_grace_s
+        with _noting_stops(lambda: self.progress.stopping(grace)):
+            record = run_trial(plan, self.launcher, clock=self.clock, phase=self.progress.phase)
         write_record(record, plan.trial_dir)
         return record.result()
 
@@ -198,6 +216,49 @@ def sampler_done(study: optuna.Study, trial: optuna.trial.Trial) -> str:
     return f"search done: {done}" if done else ""
 
 
+@contextmanager
+def _noting_stops(note: Callable[[], None]) -> Iterator[None]:
+    """Call `note` when Ctrl-C or SIGTERM arrives, then do what the handler in place does (stop
+    the run); outside the main thread there is nothing to wrap."""
+
+    def chained(previous: object, default: Callable[[], None]) -> Callable[[int, object], None]:
+        def handler(signum: int, frame: object) -> None:
+            note()
+            if callable(previous):
+                previous(signum, frame)
+            elif previous != signal.SIG_IGN:
+                default()
+
+        return handler
+
+    def stop() -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        for s, p in previous.items():
+            signal.signal(s, chained(p, stop))
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, p in previous.items():
+            signal.signal(s, p)
+
+
+def _profile(cfg: StudyConfig) -> Profile | None:
+    """The simulator profile a rehearsal runs on (None on the real backend or when unreadable:
+    the launch says why)."""
+    if cfg.server.backend != "sim":
+        return None
+    try:
+        return load_profile(cfg.server.sim_profile)
+    except (ProfileError, OSError):
+        return None
+
+
 def _tally_add(tally: Tally, t: FrozenTrial) -> None:
     v = view(t)
     tally.add(
@@ -205,6 +266,7 @@ def _tally_add(tally: Tally, t: FrozenTrial) -> None:
         feasible_capacity=(v.capacity_tokens or 0) if v.feasible else None,
         oom=v.ending.is_oom,
         phases=dict(v.phases),
+        workload_phases=dict(v.workload_phases),
     )
 
 
@@ -216,9 +278,9 @@ def _finished(t: FrozenTrial, tally: Tally, k: int) -> str:
         number=t.number,
         outcome=v.outcome,
         reason=v.reason,
-        capacity=v.capacity_tokens or 0,
-        throughput=v.throughput_tok_s or 0.0,
-        headroom=v.recorded_headroom_gib,
+        capacity=v.capacity_tokens,
+        throughput=v.throughput_tok_s,
+        headroom=v.free_at_peak_gib,
         feasible=v.feasible if v.state == "complete" else None,
         seconds=v.phases.get("total", 0.0),
     )
@@ -226,12 +288,41 @@ def _finished(t: FrozenTrial, tally: Tally, k: int) -> str:
 
 def _summary(cfg: StudyConfig, why: str, trials: list[FrozenTrial]) -> str:
     best = best_feasible_capacity(trials)
-    ooms = sum(1 for v in map(view, trials) if v.ending.is_oom)
+    seen = views(trials)
+    ooms = sum(1 for v in seen if v.ending.is_oom)
     found = f"best feasible capacity {best:,} tokens" if best is not None else "no feasible trial"
     return (
-        f"study {cfg.name} finished ({why}): {counted(trials)} trials, {ooms} OOM, {found}. "
-        f"See `autotune status --study {cfg.name}`."
+        f"study {cfg.name} finished ({why}): {counted(trials)} trials, {ooms} OOM, {found}."
+        f"{closing_reason(cfg, seen)} See `autotune status --study {cfg.name}`."
     )
+
+
+def closing_reason(cfg: StudyConfig, trials: list[TrialView]) -> str:
+    """The failure that left the study without a feasible setting (or its baseline failing) and
+    the knob that would fix it, as a sentence; "" when the search found what it looked for."""
+    failed = [t for t in trials if t.launched and t.counted and not t.feasible]
+    if not failed:
+        return ""
+    searched = {p.name for p in cfg.search.params if not isinstance(p, Fixed)}
+    baseline = {k: v for k, v in cfg.search.baseline.items() if k in searched}
+    base = next(
+        (t for t in failed if baseline and all(t.params.get(k) == v for k, v in baseline.items())),
+        None,
+    )
+    if base is None and any(t.feasible for t in trials):
+        return ""
+    t = base or _most_telling(failed)
+    hint = remedy(t)
+    who = f"the baseline (trial {t.number})" if t is base else f"trial {t.number}"
+    what = t.reason.split(":", 1)[0] if t.reason else t.outcome or t.kind
+    return f" What ended it: {who} failed with {what}" + (f"; {hint}." if hint else ".")
+
+
+def _most_telling(failed: list[TrialView]) -> TrialView:
+    """The failure to name: the cause most trials share, its latest trial."""
+    causes = [t.cause or t.outcome for t in failed]
+    top = max(set(causes), key=causes.count)
+    return [t for t in failed if (t.cause or t.outcome) == top][-1]
 
 
 def trial_dir(folder: Path, number: int) -> Path:
@@ -239,9 +330,10 @@ def trial_dir(folder: Path, number: int) -> Path:
 
 
 @contextmanager
-def study_lock(folder: Path) -> Iterator[None]:
-    """One run per results folder: a second one would take the first one's server for an
-    orphan. The lock dies with the process, so a SIGKILLed run never blocks the next."""
+def study_lock(folder: Path, *, wait: bool = False) -> Iterator[None]:
+    """One command that launches servers per results folder (`run`, `confirm`): a second one
+    would take the first one's server for an orphan. With `wait`, queue behind the holder
+    instead of refusing. The lock dies with the process, so a SIGKILLed run never blocks."""
     path = folder / "run" / "autotune.lock"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -253,13 +345,13 @@ def study_lock(folder: Path) -> Iterator[None]:
         ) from None
     with lock as f:
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             f.seek(0)
             holder = f.read().strip() or "another process"
             raise UsageError(
-                f"{folder} is in use by a running autotune ({holder}); wait for it, stop it, "
-                "or use another --results-dir"
+                f"{folder} is in use by a running autotune ({holder}); wait for it (--wait "
+                "where the command has it), stop it, or use another --results-dir"
             ) from None
         f.seek(0)
         f.truncate()

@@ -450,6 +450,7 @@ def live_launcher(cfg: StudyConfig, study_dir: Path) -> LiveLauncher:
         extra=("--sim-gpu-dir", str(gpu_dir)) if sim else (),
         version=None if sim else _installed_sglang(),
         devices=visible_devices({**os.environ, **cfg.server.env}),
+        study=cfg.name,
     )
 
 
@@ -472,6 +473,7 @@ class LiveLauncher:
         probe: GpuProbe,
         extra: tuple[str, ...],
         version: str | None,
+        study: str = "",
         devices: tuple[int, ...] | None = None,
     ) -> None:
         self.workload = workload
@@ -481,6 +483,7 @@ class LiveLauncher:
         self.probe = probe
         self._extra = extra
         self._version = version
+        self.study = study
         self._api_key = workload.api_key()
 
     def extra_args(self) -> tuple[str, ...]:
@@ -529,6 +532,7 @@ class LiveLauncher:
             port=plan.port,
             env=dict(plan.env),
             api_key=self._api_key,
+            study=self.study,
             startup_s=self.limits.startup_s,
             stall_s=self.limits.stall_s,
             stop_grace_s=self.limits.stop_grace_s,

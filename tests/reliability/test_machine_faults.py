@@ -218,6 +218,61 @@ def test_results_folder_in_use_by_a_running_autotune(world: World) -> None:
     assert "is in use by a running autotune" in one_line(second.err)
 
 
+def test_confirm_during_a_run_leaves_the_live_trial_alone(world: World) -> None:
+    """`confirm` while `run` runs the same study refuses in one line (or queues with --wait);
+    the run's live trial is not stopped and ends as its parameters say."""
+    world.study(duration=3, n_trials=1)
+    assert world.run().rc == 0  # a finished trial to confirm
+    world.study(duration=6, n_trials=2)
+    first = world.start(*world.run_args())
+    log = world.study_dir / "trials/0001/server.log"
+    deadline = time.monotonic() + 60
+    while not (log.exists() and "fired up" in log.read_text(errors="replace")):
+        assert time.monotonic() < deadline and first.poll() is None
+        time.sleep(0.1)
+    args = ["--config", str(world.folder / "rel.toml"), "--results-dir", str(world.results)]
+    refused = world.autotune("confirm", *args, "--trial", "0")
+    out, err = first.communicate(timeout=120)
+    assert first.returncode == 0, out + err
+    assert refused.rc == 2, refused.out + refused.err
+    assert "is in use by a running autotune" in one_line(refused.err)
+    live = world.trials()[1]
+    assert live.state == TrialState.COMPLETE and live.user_attrs["outcome"] == "ok"
+    assert world.problems() == []
+
+
+def test_an_orphan_whose_autotune_lives_is_left_to_it(tmp_path: Path) -> None:
+    """Only the owner, or a run that has proved the owner dead, stops a server."""
+    from autotune.server import pidfile, procs
+    from autotune.server.teardown import stop_orphans
+
+    owner = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    server = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        mine, srv = procs.read_proc(owner.pid), procs.read_proc(server.pid)
+        assert mine is not None and srv is not None
+        record = pidfile.PidRecord(
+            pid=server.pid, pgid=srv.pgid, sid=srv.sid, start_ticks=srv.start_ticks,
+            boot_id=procs.boot_id(), host="127.0.0.1", port=1, log_path=str(tmp_path / "l"),
+            argv=("sleep", "60"), launched_at=time.time(), owner_pid=owner.pid,
+            owner_start_ticks=mine.start_ticks, study="rel",
+        )  # fmt: skip
+        pidfile.write(tmp_path, record)
+        [line] = stop_orphans(tmp_path, grace_s=1, release_s=1)
+        assert "left running" in line and f"pid {owner.pid}" in line, line
+        assert server.poll() is None
+        owner.kill()
+        owner.wait()
+        [line] = stop_orphans(tmp_path, grace_s=1, release_s=1)
+        assert "stopped" in line, line
+        assert server.wait(timeout=10) is not None
+    finally:
+        for p in (owner, server):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 @pytest.fixture
 def small_disk(world: World) -> Iterator[Path]:
     """The results folder on a 300 MiB tmpfs of its own (needs root; skipped otherwise)."""
