@@ -23,6 +23,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--trial", type=int, metavar="N", help="export trial N as it ran (no margin)")
     p.add_argument("--backend", choices=("sim", "sglang"), help="override server.backend")
     p.add_argument(
+        "--force",
+        action="store_true",
+        help="export a setting that failed (OOM, crash, infeasible) anyway, marked as such: "
+        "its command carries a flag SGLang rejects until it is removed",
+    )
+    p.add_argument(
         "--no-flag-check",
         action="store_true",
         help="skip checking the flags against the installed SGLang's parser",
@@ -35,11 +41,15 @@ def handle(args: argparse.Namespace) -> int:
         raise UsageError(f"--format {args.format}: unknown; use one of {', '.join(FORMATS)}")
     source, review = common.review(args, need_config=True)
     assert source.cfg is not None
-    ex = build_export(review, source.cfg, trial=args.trial)
+    ex = build_export(review, source.cfg, trial=args.trial, force=args.force)
     if not args.no_flag_check:
         report = inspect_argv(ex.argv, backend=ex.backend)
         for problem in report.problems:
             sys.stderr.write(f"autotune: warning: {problem}\n")
         ex = dataclasses.replace(ex, argv=canonical_argv(ex.argv, report.canonical))
+    if args.format == "flags":  # stdout stays one pasteable line; the answer goes to stderr
+        sys.stderr.write(review.scrub(f"# {ex.headline}\n"))
+        if ex.forced:
+            sys.stderr.write(f"# FORCED EXPORT: {ex.forced}; remove {ex.forced_flag} to launch\n")
     sys.stdout.write(review.scrub(render(ex, args.format)))
     return 0

@@ -10,8 +10,11 @@ import optuna
 from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.cli.common import add_study_args, resolve_config, storage_url, study_dir
+from autotune.config.studyfile import StudyConfig
 from autotune.errors import HarnessError, UsageError
 from autotune.masking import redact
+from autotune.review.headline import headline
+from autotune.review.source import build_review
 from autotune.review.status import render
 from autotune.study.storage import STUDY_DB, default_storage_url, load_existing
 
@@ -32,11 +35,22 @@ def handle(args: argparse.Namespace) -> int:
     try:
         study = load_existing(name, url)
         trials = study.get_trials(deepcopy=False)
+        attrs = study.user_attrs
     except SQLAlchemyError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise HarnessError(f"cannot read the study storage {redact(url)}: {first}") from exc
-    sys.stdout.write(render(name, redact(url), trials))
+    review = build_review(name, redact(url), trials, cfg=_config(args), study_attrs=attrs)
+    text = render(name, redact(url), trials, headline=headline(review))
+    sys.stdout.write(review.scrub(text))
     return 0
+
+
+def _config(args: argparse.Namespace) -> StudyConfig | None:
+    """The study file when there is one (its baseline and step); status works without it."""
+    try:
+        return resolve_config(args)
+    except UsageError:
+        return None
 
 
 def _locate(args: argparse.Namespace) -> tuple[str, str]:

@@ -60,6 +60,11 @@ def fixed_params(t: FrozenTrial) -> dict[str, object]:
     return dict(fixed) if isinstance(fixed, Mapping) else {}
 
 
+def set_fixed_params(study: optuna.Study, t: FrozenTrial, params: Mapping[str, Any]) -> None:
+    """Change the point a WAITING trial is queued with (reorders the queue without new trials)."""
+    study._storage.set_trial_system_attr(t._trial_id, keys.FIXED_PARAMS, dict(params))
+
+
 def is_enqueued(t: FrozenTrial) -> bool:
     return keys.FIXED_PARAMS in t.system_attrs
 

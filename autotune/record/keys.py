@@ -16,5 +16,8 @@ OBJECTIVES = "objectives"
 """A study attribute: the objectives the study was created with."""
 BACKEND = "backend"
 """A study attribute: the backend (`sim` or `sglang`) whose trials the study holds."""
+BASELINE = "baseline"
+"""A study attribute: the operator's baseline point (the searched parameters of `[baseline]`),
+queued first; every review surface measures the exported setting against it."""
 FIXED_PARAMS = "fixed_params"
 """Optuna's system attribute for the parameters of an enqueued trial."""

@@ -1,15 +1,28 @@
-"""One stored trial read back: a flat, immutable `TrialView`.
+"""One stored trial read back: a flat, immutable `TrialView`, and every figure of it.
 
 Trials are read from what `autotune.trial.run` stored as user attributes (`outcome`, `reason`,
 `capacity_tokens`, `throughput_tok_s`, `headroom_gib` and the whole `record`: params, ledger,
 workload summary, log path, versions, host; names in `autotune.record.keys`) and from Optuna's
 constraints (≤ 0 satisfied). Every figure is None when the trial never got that far, so a study
 that is still running, or one whose records are older, still reads.
+
+Each figure that the review prints in more than one place is computed here, once, and every
+surface (status, explain, export, the report) reads it from the view:
+
+* `capacity_tokens`: the KV pool, `max_total_num_tokens`;
+* `reserve_gib`: `P·(1 − f)`, what SGLang leaves outside the static budget (docs/sglang-memory.md);
+* `static_free_gib`: the free GPU memory once startup allocated everything (after CUDA graphs);
+* `free_at_peak_gib`: the headroom left at the worst moment, the least free GPU memory seen
+  while the workload ran (what the `headroom_gib` constraint checks);
+* `stress_peak_gib`: what the load took at that moment on top of the free memory after startup,
+  `static_free_gib − free_at_peak_gib`, so the three always add up;
+* `predict(f)`: the same figures for another fraction, by SGLang's arithmetic.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -21,13 +34,16 @@ from autotune.config.studyfile import Scalar
 from autotune.logparse.ledger import Ledger
 from autotune.logparse.outcome import Outcome
 from autotune.masking import masked_argv, scrub
-from autotune.record import keys
+from autotune.memory.arithmetic import Arithmetic, AtFraction, arithmetic
+from autotune.record import internals, keys
 
 FRACTION = "mem_fraction_static"
 REQUESTS = "max_running_requests"
-KINDS = ("feasible", "infeasible", "oom", "failed", "running")
+KINDS = ("feasible", "infeasible", "oom", "failed", "running", "skipped")
 """How a trial is drawn: feasible; complete but a constraint broken; out of memory; failed for a
-reason outside the parameters (hang, harness error, interrupted); not finished yet."""
+reason outside the parameters (hang, harness error, interrupted); not finished yet; never
+launched (skipped: the search was done, or another worker had the point), which is not drawn."""
+_CAUSE = re.compile(r"^\w+ \(([\w:.-]+)\)")
 
 _STATES = {
     TrialState.COMPLETE: "complete",
@@ -49,10 +65,13 @@ class TrialView:
     params: Mapping[str, Scalar]
     capacity_tokens: int | None
     throughput_tok_s: float | None
-    headroom_gib: float | None
-    """Least free GPU memory seen under load (the measured headroom)."""
+    free_at_peak_gib: float | None
+    """The headroom left at the worst moment: the least free GPU memory seen while the workload
+    ran (a trial that served it; None for one that ran out of memory or never got there)."""
     stress_peak_gib: float | None
-    """Transient use on top of the static allocations at the worst moment of the workload."""
+    """What the load took at its worst on top of the free memory after startup:
+    `static_free_gib − free_at_peak_gib` (the probe's own rise when the least free memory was not
+    recorded). None for a trial that did not serve the workload."""
     ledger: Ledger
     violated: tuple[str, ...] = ()
     error_rate: float | None = None
@@ -71,6 +90,8 @@ class TrialView:
     worker: Mapping[str, object] | None = None
     phases: Mapping[str, float] = field(default_factory=dict)
     """Seconds spent in each phase of the trial (`total` for the whole)."""
+    workload_phases: Mapping[str, float] = field(default_factory=dict)
+    """Seconds each phase of the workload took (`warmup-0`, `agents`, `stress-2`, …), in order."""
     recorded_headroom_gib: float | None = None
     """The headroom as stored, also for a trial that did not end `ok` (the status table)."""
     finished: bool = False
@@ -102,13 +123,42 @@ class TrialView:
 
     @property
     def static_free_gib(self) -> float | None:
-        """Free GPU memory once startup allocated everything (the last figure the log shows)."""
-        led = self.ledger
-        return (
-            led.available_gpu_mem_gib
-            if led.available_gpu_mem_gib is not None
-            else led.avail_after_graphs_gib
+        """Free GPU memory once startup allocated everything, CUDA graphs included (the last
+        figure the log shows); None for a server that did not finish starting."""
+        return None if self.ending.fails_at_startup else _static_free(self.ledger)
+
+    @property
+    def reserve_gib(self) -> float | None:
+        """`P·(1 − f)`: the memory SGLang leaves outside the static budget (weights + KV pool) for
+        everything allocated later and for the transient peak."""
+        p, f = self.ledger.p_gib, self.fraction
+        return p * (1.0 - f) if p is not None and f is not None else None
+
+    @property
+    def launched(self) -> bool:
+        """False for a trial recorded without a launch (skipped, or refused for a full disk)."""
+        return self.kind != "skipped"
+
+    @property
+    def cause(self) -> str:
+        """The short cause of a failure (`torch_oom`, `hicache_too_small`, …), "" if none."""
+        m = _CAUSE.match(self.reason)
+        return m.group(1) if m else ""
+
+    def arithmetic(self, cell_bytes: float | None = None) -> Arithmetic | None:
+        """SGLang's pool arithmetic of this launch, with its stress peak; None without P and A
+        in the log (or without a fraction). `cell_bytes` is the study's fitted bytes per token."""
+        if self.fraction is None:
+            return None
+        return arithmetic(
+            self.ledger, self.fraction, stress_peak_gib=self.stress_peak_gib, cell_bytes=cell_bytes
         )
+
+    def predict(self, fraction: float, cell_bytes: float | None = None) -> AtFraction | None:
+        """What `fraction` would give with everything else of this launch held fixed (its P, A,
+        post-pool allocations and stress peak): the one prediction the review prints."""
+        a = self.arithmetic(cell_bytes)
+        return a.at(fraction) if a is not None else None
 
     def label(self) -> str:
         """`#4 f=0.89 r=48`: short enough for a hover or a legend."""
@@ -129,18 +179,19 @@ def view(t: FrozenTrial) -> TrialView:
     ledger = Ledger.from_dict(ledger_raw) if isinstance(ledger_raw, Mapping) else Ledger()
     headroom = _num(a.get(keys.HEADROOM, rec.get("headroom_gib")))
     violated = tuple(sorted(k for k, v in t.constraints.items() if v > 0))
-    kind = _kind(t.state, outcome, violated)
+    reason = scrub(str(a.get(keys.REASON, rec.get("reason", "")) or ""))
+    kind = _kind(t.state, outcome, violated, reason)
     capacity = _num(a.get(keys.CAPACITY, rec.get("capacity_tokens")))
+    if capacity is None or capacity <= 0:  # a trial cut short keeps what its ledger showed
+        capacity = _num(ledger.max_total_num_tokens)
     throughput = _num(a.get(keys.THROUGHPUT, rec.get("throughput_tok_s")))
     overall = _mapping(_mapping(rec.get("workload")).get("overall"))
-    static_free = (
-        ledger.available_gpu_mem_gib
-        if ledger.available_gpu_mem_gib is not None
-        else ledger.avail_after_graphs_gib
+    free_at_peak, peak = _peak_figures(
+        outcome,
+        _static_free(ledger),
+        headroom,
+        _num(rec.get("stress_peak_gib", a.get(keys.STRESS_PEAK))),
     )
-    peak = _num(rec.get("stress_peak_gib", a.get(keys.STRESS_PEAK)))
-    if peak is None and outcome == "ok" and static_free is not None and headroom is not None:
-        peak = max(static_free - headroom, 0.0)
     phases = _mapping(rec.get("phases"))
     log_path = rec.get("log_path")
     trial_dir = a.get(keys.TRIAL_DIR)
@@ -157,7 +208,7 @@ def view(t: FrozenTrial) -> TrialView:
         params=params_of(t),
         capacity_tokens=int(capacity) if capacity is not None and capacity > 0 else None,
         throughput_tok_s=throughput if outcome == "ok" else None,
-        headroom_gib=headroom if outcome == "ok" else None,
+        free_at_peak_gib=free_at_peak,
         stress_peak_gib=peak,
         ledger=ledger,
         violated=violated,
@@ -165,7 +216,7 @@ def view(t: FrozenTrial) -> TrialView:
         p99_ttft_ms=_num(rec.get("p99_ttft_ms")),
         p99_itl_ms=_num(rec.get("p99_itl_ms")),
         median_tpot_ms=_num(_mapping(overall.get("tpot_ms")).get("p50")),
-        reason=scrub(str(a.get(keys.REASON, rec.get("reason", "")) or "")),
+        reason=reason,
         log_path=str(log_path) if isinstance(log_path, str) and log_path else None,
         argv=masked_argv(str(x) for x in rec.get("argv", ()) or ()),
         sglang_version=str(version) if version else None,
@@ -176,6 +227,7 @@ def view(t: FrozenTrial) -> TrialView:
         trial_dir=trial_dir if isinstance(trial_dir, str) else None,
         worker=worker if isinstance(worker, Mapping) else None,
         phases={k: float(v) for k, v in phases.items() if _num(v) is not None},
+        workload_phases=_workload_phases(rec.get("workload")),
         recorded_headroom_gib=headroom,
         finished=t.state.is_finished(),
     )
@@ -187,8 +239,13 @@ def views(trials: Sequence[FrozenTrial]) -> list[TrialView]:
 
 
 def params_of(t: FrozenTrial) -> dict[str, Scalar]:
-    """Every parameter the trial ran with: recorded (fixed ones too), then sampled."""
+    """Every parameter the trial ran with: recorded (fixed ones too), then sampled; for a queued
+    trial, the point it was queued with."""
     params: dict[str, Scalar] = {}
+    if t.state == TrialState.WAITING:
+        for k, v in internals.fixed_params(t).items():
+            if isinstance(v, bool | int | float | str):
+                params[k] = v
     recorded = _mapping(t.user_attrs.get(keys.RECORD)).get("params")
     if isinstance(recorded, Mapping):
         params.update(recorded)
@@ -196,10 +253,49 @@ def params_of(t: FrozenTrial) -> dict[str, Scalar]:
     return params
 
 
-def _kind(state: TrialState, outcome: str, violated: Sequence[str]) -> str:
+def _workload_phases(workload: object) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for p in _mapping(workload).get("phases", ()) or ():
+        seconds = _num(_mapping(p).get("duration_s"))
+        if seconds is not None and _mapping(p).get("ended_by") != "skipped":
+            out[str(_mapping(p).get("name", ""))] = seconds
+    return out
+
+
+def _static_free(led: Ledger) -> float | None:
+    return (
+        led.available_gpu_mem_gib
+        if led.available_gpu_mem_gib is not None
+        else (led.avail_after_graphs_gib)
+    )
+
+
+def _peak_figures(
+    outcome: str, static_free: float | None, least_free: float | None, rise: float | None
+) -> tuple[float | None, float | None]:
+    """(free at the worst moment, stress peak) of a trial, consistent with its free memory after
+    startup: the least free memory seen is the measurement, the peak is what it took from the
+    startup's free memory. Only a trial that served the workload has them."""
+    if outcome != "ok":
+        return None, None
+    if least_free is not None:
+        if static_free is None:
+            return least_free, rise
+        return least_free, max(static_free - least_free, 0.0)
+    if rise is not None and static_free is not None:
+        return static_free - rise, rise
+    return None, rise
+
+
+def _kind(state: TrialState, outcome: str, violated: Sequence[str], reason: str = "") -> str:
     if state in (TrialState.RUNNING, TrialState.WAITING):
         return "running"
-    if Outcome.of(outcome).is_oom or "oom" in violated:
+    ending = Outcome.of(outcome)
+    if ending == Outcome.SKIPPED or (
+        state == TrialState.FAIL and reason.startswith("not launched")
+    ):
+        return "skipped"
+    if ending.is_oom or "oom" in violated:
         return "oom"
     if state != TrialState.COMPLETE:
         return "failed"

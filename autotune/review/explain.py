@@ -1,9 +1,12 @@
 """`autotune explain`: one trial's memory arithmetic in words and numbers.
 
-For the operator's 0.88 it reads "KV pool = 21.71 − 94.05 × (1 − 0.88) = 10.42 GiB → 159,277
-tokens at 70,272 B/token; headroom 11.29 GiB = request table + draft + CUDA graphs + other +
-free; stress peak …", then what other fractions would give and what limits this one. The text is
-built by pure functions from a `Review`, so the report embeds the same words.
+For the operator's 0.88 it reads "KV pool = 21.71 − 94.05 × (1 − 0.88) = 10.42 GiB → 159,276
+tokens at 70,272 B/token; reserve P × (1 − f) 11.29 GiB = request table + draft + CUDA graphs +
+other + free after startup; stress peak …", then what other fractions gave (measured where a
+trial ran them, predicted otherwise) and what limits this one. Every figure is the trial view's
+(`autotune.record.view`), so it is the number `status`, `export` and the report print. The text
+is built by pure functions from a `Review`, so the report embeds the same words; the arithmetic
+itself is docs/sglang-memory.md.
 """
 
 from __future__ import annotations
@@ -13,25 +16,27 @@ import statistics
 from collections.abc import Sequence
 
 from autotune.memory.arithmetic import Arithmetic, AtFraction
+from autotune.record.remedy import remedy
 from autotune.record.view import FRACTION, TrialView
-from autotune.review.plotdata import trial_arithmetic
+from autotune.review import figures as fig
+from autotune.review.headline import headline
 from autotune.review.source import Review
 
 NEIGHBOURS = 3
 
 
 def explain(review: Review, t: TrialView, *, extra: Sequence[float] = ()) -> str:
-    """The whole explanation of trial `t` (pure)."""
-    lines = [_heading(review, t)]
-    a = trial_arithmetic(t, review.cell_bytes)
+    """The whole explanation of trial `t` (pure), the study's headline first."""
+    lines = [headline(review), _heading(review, t)]
+    a = t.arithmetic(review.cell_bytes)
     if a is None:
         lines.append(_no_arithmetic(t))
         return "\n".join(lines) + "\n"
     lines += _pool(a, t)
-    lines += _headroom(a, t, review.min_headroom_gib)
-    basis = _started_neighbour(review, t) if t.outcome in ("startup_oom", "startup_error") else None
+    lines += _reserve(a, t, review.min_headroom_gib)
+    basis = _started_neighbour(review, t) if t.ending.fails_at_startup else None
     if basis is not None:
-        b = trial_arithmetic(basis, review.cell_bytes)
+        b = basis.arithmetic(review.cell_bytes)
         if b is not None:
             a = b
             lines.append(
@@ -57,8 +62,8 @@ def _started_neighbour(review: Review, t: TrialView) -> TrialView | None:
         for x in review.trials
         if x.fraction is not None
         and x.static_free_gib is not None
-        and x.outcome not in ("startup_oom", "startup_error")
-        and x.kind != "running"
+        and not x.ending.fails_at_startup
+        and x.kind not in ("running", "skipped")
         and _same_except_fraction(x, t)
     ]
     if not started or t.fraction is None:
@@ -81,13 +86,14 @@ def _borrowed_peak(review: Review, t: TrialView) -> tuple[float, list[int]] | No
 
 
 def _heading(review: Review, t: TrialView) -> str:
-    params = ", ".join(f"{k}={_v(v)}" for k, v in t.params.items())
+    params = ", ".join(f"{k}={fig.scalar(v)}" for k, v in t.params.items())
     verdict = {
         "feasible": "feasible",
         "infeasible": f"infeasible ({', '.join(t.violated)})",
         "oom": "out of memory",
         "failed": "failed",
         "running": "still running",
+        "skipped": "never launched",
     }[t.kind]
     text = f"trial {t.number} ({params}): {t.outcome or t.state}, {verdict}"
     w = review.winner
@@ -102,6 +108,9 @@ def _heading(review: Review, t: TrialView) -> str:
             text += f"\nthis is the exported setting, {review.confirmed_label()}"
     if t.reason:
         text += f"\n  {t.reason}"
+    hint = remedy(t)
+    if hint:
+        text += f"\n  what would fix it: {hint}"
     return text
 
 
@@ -131,52 +140,50 @@ def _pool(a: Arithmetic, t: TrialView) -> list[str]:
         f"KV pool = A − P × (1 − f) = {a.avail_after_weights_gib:.2f} − {a.p_gib:.2f} × "
         f"(1 − {f:g}) = {a.kv_budget_gib:.2f} GiB → {a.tokens_from_formula:,} tokens at {cell}"
     )
-    if a.tokens is not None:
+    if t.capacity_tokens is not None:
         logged = f"{a.kv_logged_gib:.2f} GiB" if a.kv_logged_gib is not None else "?"
         out.append(
-            f"  the log says {a.tokens:,} tokens, KV {logged} (P and A are printed with two "
-            "decimals; the pool has one padding page)"
+            f"  the log says {fig.tokens(t.capacity_tokens)} tokens, KV {logged} (P and A are "
+            "printed with two decimals; the pool has one padding page)"
         )
     return out
 
 
-def _headroom(a: Arithmetic, t: TrialView, min_headroom: float | None) -> list[str]:
+def _reserve(a: Arithmetic, t: TrialView, min_headroom: float | None) -> list[str]:
     h = a.headroom
+    reserve = fig.gib(t.reserve_gib)
     if h is None:
         return [
-            f"Reserve P × (1 − f) = {a.reserve_gib:.2f} GiB; the server did not get far enough "
-            "to show where it went."
+            f"Reserve P × (1 − f) = {reserve} GiB; the server did not get far enough to show "
+            "where it went."
         ]
-    started = t.outcome not in ("startup_oom", "startup_error")
+    started = not t.ending.fails_at_startup
     parts = [f"request table {h.request_table:.2f}"]
     if h.draft:
         parts.append(
             f"draft {h.draft:.2f} (weights {h.draft_weights:.2f}, KV {h.draft_kv:.2f}, "
             f"graphs {h.draft_graphs:.2f})"
         )
-    free = f"free {h.free:.2f}" if started else f"{h.free:.2f} free at the last log line"
+    free = fig.gib(t.static_free_gib)
+    free = f"free after startup {free}" if started else f"{free} free at the last log line"
     parts += [f"CUDA graphs {h.graphs:.2f}", f"other {h.other:.2f}", free]
     if started:
-        out = [f"Headroom P × (1 − f) = {h.reserve:.2f} GiB = " + " + ".join(parts)]
+        out = [f"Reserve P × (1 − f) = {reserve} GiB = " + " + ".join(parts)]
     else:
-        out = [
-            f"Headroom P × (1 − f) = {h.reserve:.2f} GiB was too small to start: "
-            + " + ".join(parts)
-        ]
+        out = [f"Reserve P × (1 − f) = {reserve} GiB was too small to start: " + " + ".join(parts)]
     if h.other:
         out.append("  'other' is what the log lines leave unexplained: workspaces, NCCL, cuBLAS")
-    peak = a.stress_peak_gib
-    if peak is not None:
-        left = h.free - peak
+    if t.stress_peak_gib is not None and t.free_at_peak_gib is not None:
         need = f" (required ≥ {min_headroom:.2f})" if min_headroom is not None else ""
         out.append(
-            f"Stress peak {peak:.2f} GiB measured under the stress phase → {left:.2f} GiB "
-            f"left at the worst moment{need}"
+            f"Stress peak {fig.gib(t.stress_peak_gib)} GiB: what the workload took at its worst "
+            f"on top of the free memory after startup → {fig.gib(t.free_at_peak_gib)} GiB "
+            f"{fig.FREE_AT_WORST}{need}"
         )
     elif t.outcome == "runtime_oom":
         out.append(
-            f"Under load the transient peak exceeded the {h.free:.2f} GiB free: CUDA out of "
-            "memory inside the forward pass"
+            f"Under load the transient peak exceeded the {fig.gib(t.static_free_gib)} GiB free "
+            "after startup: CUDA out of memory inside the forward pass"
         )
     else:
         out.append("Stress peak: not measured (the workload did not run or record it)")
@@ -191,27 +198,54 @@ def _other_fractions(
     fs = {round(centre + i * step, 6) for i in range(-NEIGHBOURS, NEIGHBOURS + 1)}
     fs |= {round(x, 6) for x in extra}
     fs = {f for f in fs if 0.0 < f < 1.0}
-    ran = {
-        round(x.fraction, 6): x
-        for x in review.trials
-        if x.fraction is not None and _same_except_fraction(x, t)
-    }
+    ran = _ran_at(review, t)
     rows = [
-        "Other fractions (same P, A, bytes per token and post-pool allocations):",
-        f"  {'f':>6} {'KV GiB':>7} {'tokens':>9} {'reserve':>8} {'free':>6} {'at peak':>8}  ran",
+        "Other fractions (same other settings): measured where a trial ran them, otherwise "
+        "predicted with this trial's P, A, bytes per token, post-pool allocations and peak:",
+        f"  {'f':>6} {'KV GiB':>7} {'tokens':>9} {'reserve':>8} {'free':>6} {'at peak':>8}  source",
     ]
     for f in sorted(fs):
         at = a.at(f)
-        free = f"{at.static_free_gib:6.2f}" if at.static_free_gib is not None else f"{'?':>6}"
-        peak = f"{at.free_at_peak_gib:8.2f}" if at.free_at_peak_gib is not None else f"{'?':>8}"
         x = ran.get(round(f, 6))
-        seen = f"#{x.number} {x.outcome or x.state}" if x is not None else _predicted(at)
         mark = "*" if abs(f - centre) < 1e-9 else " "
-        rows.append(
-            f" {mark}{f:6.3g} {at.kv_gib:7.2f} {at.tokens:9,} {at.reserve_gib:8.2f} "
-            f"{free} {peak}  {seen}"
-        )
+        rows.append(f" {mark}" + (_measured_row(f, x, at) if x is not None else _predicted_row(at)))
     return rows
+
+
+def _ran_at(review: Review, t: TrialView) -> dict[float, TrialView]:
+    """The trial that ran each fraction with `t`'s other settings (`t` itself for its own)."""
+    ran: dict[float, TrialView] = {}
+    for x in review.trials:
+        if x.fraction is None or x.kind in ("running", "skipped"):
+            continue
+        if not _same_except_fraction(x, t):
+            continue
+        key = round(x.fraction, 6)
+        held = ran.get(key)
+        if held is None or (held.number != t.number and (x.number == t.number or x.feasible)):
+            ran[key] = x
+    return ran
+
+
+def _measured_row(f: float, x: TrialView, at: AtFraction) -> str:
+    kv = x.ledger.kv_gib
+    predicted = fig.gib(at.free_at_peak_gib, "?")
+    note = f"#{x.number} {x.outcome or x.state}, measured"
+    if x.free_at_peak_gib is None or abs(x.free_at_peak_gib - (at.free_at_peak_gib or 0)) >= 0.01:
+        note += f" (predicted at peak {predicted})"
+    return (
+        f"{f:6.3g} {fig.gib(kv, '?'):>7} {fig.tokens(x.capacity_tokens):>9} "
+        f"{fig.gib(x.reserve_gib, '?'):>8} {fig.gib(x.static_free_gib, '–'):>6} "
+        f"{fig.gib(x.free_at_peak_gib, '–'):>8}  {note}"
+    )
+
+
+def _predicted_row(at: AtFraction) -> str:
+    return (
+        f"{at.fraction:6.3g} {at.kv_gib:7.2f} {at.tokens:9,} {at.reserve_gib:8.2f} "
+        f"{fig.gib(at.static_free_gib, '?'):>6} {fig.gib(at.free_at_peak_gib, '?'):>8}  "
+        f"{_predicted(at)}"
+    )
 
 
 def _limits(a: Arithmetic, review: Review, t: TrialView) -> list[str]:
@@ -219,16 +253,21 @@ def _limits(a: Arithmetic, review: Review, t: TrialView) -> list[str]:
     out = ["What limits it:"]
     highest = a.highest_fraction(need, review.fraction_step)
     if highest is not None:
+        holds = ["the request table"]
+        h = a.headroom
+        if h is not None and h.draft:
+            holds.append("the draft")
+        holds += ["CUDA graphs", "the stress peak"]
         out.append(
-            f"  the reserve must hold the request table, the draft, CUDA graphs and the stress "
-            f"peak with {need:.2f} GiB to spare; by these figures the highest "
-            f"mem_fraction_static that does is {highest:g}"
+            f"  the reserve must hold {', '.join(holds[:-1])} and {holds[-1]} with "
+            f"{need:.2f} GiB to spare; by these figures the highest mem_fraction_static that "
+            f"does is {highest:g} (predicted)"
         )
     above = sorted(
         (x for x in review.trials
          if x.fraction is not None and (t.fraction or a.fraction) < x.fraction
          and _same_except_fraction(x, t)
-         and not x.feasible and x.kind != "running"),
+         and not x.feasible and x.kind not in ("running", "skipped")),
         key=lambda x: x.fraction or 0.0,
     )  # fmt: skip
     if above:
@@ -254,15 +293,15 @@ def _predicted(at: AtFraction) -> str:
         return "predicted: OOM at startup"
     if at.free_at_peak_gib is not None and at.free_at_peak_gib < 0:
         return "predicted: OOM under stress"
-    return ""
+    return "predicted"
 
 
 def _why(x: TrialView) -> str:
     if x.reason:
         return x.reason
     broke = f"broke {', '.join(x.violated)}" if x.violated else x.outcome
-    if x.headroom_gib is not None:
-        broke += f" ({x.headroom_gib:.2f} GiB left at the stress peak)"
+    if x.free_at_peak_gib is not None:
+        broke += f" ({fig.gib(x.free_at_peak_gib)} GiB {fig.FREE_AT_WORST})"
     return broke
 
 
@@ -270,7 +309,3 @@ def _same_except_fraction(x: TrialView, t: TrialView) -> bool:
     a = {k: v for k, v in x.params.items() if k != FRACTION}
     b = {k: v for k, v in t.params.items() if k != FRACTION}
     return a == b
-
-
-def _v(v: object) -> str:
-    return f"{v:g}" if isinstance(v, float) else str(v)

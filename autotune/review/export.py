@@ -6,9 +6,15 @@ exported is what ran (`params_from_flags` reads the parameters back). Formats:
 
 * `flags`: the flags alone, one shell-quoted line (fixed, then tuned);
 * `shell`: the full command with a comment header, one flag per line;
-* `json`: study, trial, params, argv, capacity_tokens, throughput_tok_s, headroom_gib, margin,
-  confirmed, sglang_version and how the winner was chosen;
+* `json`: headline, study, trial, params, argv, capacity_tokens, throughput_tok_s, headroom_gib
+  (free at the worst moment), margin, confirmed, sglang_version and how the winner was chosen;
 * `systemd`: a drop-in that replaces `ExecStart=` (and sets the study's environment).
+
+Every format starts with the headline (`autotune.review.headline`; for `flags` it goes to
+stderr, so the line on stdout stays pasteable). A setting that failed (out of memory, crashed,
+infeasible, or never finished) is refused unless forced; a forced export carries the marker flag
+`--autotune-forced-export=trial-N-OUTCOME` in its command, which SGLang rejects as an unknown
+argument, so it cannot start by accident, and `json` says so in `forced` as well.
 
 Host and port are the study file's when it names a port (trials pick free ports). An API key is
 never written: when the workload reads one from an environment variable, the command refers to
@@ -32,9 +38,15 @@ from autotune.config.space import (
 )
 from autotune.config.studyfile import Scalar, StudyConfig
 from autotune.errors import UsageError
+from autotune.record.view import TrialView
+from autotune.review import figures as fig
+from autotune.review.headline import Answer, headline
 from autotune.review.source import Review
 
 FORMATS = ("flags", "shell", "json", "systemd")
+FORCED_FLAG = "--autotune-forced-export"
+"""The marker a forced export carries: no SGLang flag starts with it, so SGLang's parser stops
+with `unrecognized arguments` until someone removes it on purpose."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +62,7 @@ class Export:
     capacity_tokens: int | None
     throughput_tok_s: float | None
     headroom_gib: float | None
+    """Free at the worst moment (the headroom the constraint checks)."""
     predicted: bool
     margin: Mapping[str, object]
     tolerance: float | None
@@ -62,11 +75,22 @@ class Export:
 
     program: tuple[str, ...] = ()
     """The base command at the start of `argv`."""
+    headline: str = ""
+    forced: str = ""
+    """Why this setting was refused, when `--force` exported it anyway ("" otherwise)."""
+    forced_flag: str = ""
+    """The marker flag of a forced export (`--autotune-forced-export=trial-6-runtime_oom`)."""
 
     @property
     def flags(self) -> tuple[str, ...]:
-        """Everything after the program (fixed and tuned flags)."""
-        return self.argv[len(self.program) :]
+        """Everything after the program (fixed and tuned flags), the forced marker first."""
+        marker = (self.forced_flag,) if self.forced_flag else ()
+        return (*marker, *self.argv[len(self.program) :])
+
+    @property
+    def command(self) -> tuple[str, ...]:
+        """The whole command as printed: the program, then `flags`."""
+        return (*self.program, *self.flags)
 
     def key_args(self) -> tuple[str, ...]:
         return ("--api-key", f"${{{self.api_key_env}}}") if self.api_key_env else ()
@@ -84,6 +108,8 @@ class _Pick(NamedTuple):
     chosen: int | None
     notes: tuple[str, ...]
     version: str | None
+    failed: TrialView | None
+    """The trial that ran these settings and failed, when one did."""
 
 
 def _pick(review: Review, trial: int | None) -> _Pick:
@@ -92,13 +118,14 @@ def _pick(review: Review, trial: int | None) -> _Pick:
         t = review.trial(trial)
         return _Pick(
             params=dict(t.params),
-            figures=(t.capacity_tokens, t.throughput_tok_s, t.headroom_gib, False),
+            figures=(t.capacity_tokens, t.throughput_tok_s, t.free_at_peak_gib, False),
             margin={"steps": 0, "headroom_gib": None},
             number=t.number,
             tolerance=None,
             chosen=None,
-            notes=() if t.feasible else (f"trial {t.number} was {t.kind}",),
+            notes=(),
             version=t.sglang_version,
+            failed=None if t.feasible else t,
         )
     w = review.winner
     if w is None:
@@ -108,20 +135,36 @@ def _pick(review: Review, trial: int | None) -> _Pick:
         )
     return _Pick(
         params=dict(w.params),
-        figures=(w.capacity_tokens, w.throughput_tok_s, w.headroom_gib, w.predicted),
+        figures=(w.capacity_tokens, w.throughput_tok_s, w.free_at_peak_gib, w.predicted),
         margin=w.margin.to_dict(),
         number=w.trial,
         tolerance=w.tolerance,
         chosen=w.chosen.number,
         notes=w.notes,
         version=(w.source or w.chosen).sglang_version,
+        failed=w.source if w.source is not None and not w.source.feasible else None,
     )
 
 
-def build_export(review: Review, cfg: StudyConfig, *, trial: int | None = None) -> Export:
-    """The winner (or trial `trial` as it ran) as an `Export` (pure)."""
+def refusal(t: TrialView) -> str:
+    """Why a trial's setting is not exported: `trial 6 ran out of memory (runtime_oom: …)`."""
+    return f"trial {t.number} {fig.ending(t)}"
+
+
+def build_export(
+    review: Review, cfg: StudyConfig, *, trial: int | None = None, force: bool = False
+) -> Export:
+    """The winner (or trial `trial` as it ran) as an `Export` (pure). A setting that a trial ran
+    and failed is refused (a `UsageError` naming the trial and `--force`) unless `force`."""
     backend = cfg.server.backend
-    params, figures, margin, number, tolerance, chosen, notes, version = _pick(review, trial)
+    pick = _pick(review, trial)
+    params, figures, margin, number, tolerance, chosen, notes, version, failed = pick
+    forced = refusal(failed) if failed is not None else ""
+    if forced and not force:
+        raise UsageError(
+            f"{forced}; refusing to export it (pass --force to export it anyway, marked so "
+            "that SGLang will not start it until the marker flag is removed)"
+        )
     missing = [p.name for p in cfg.search.params if p.name not in params]
     if missing:
         raise UsageError(
@@ -138,6 +181,7 @@ def build_export(review: Review, cfg: StudyConfig, *, trial: int | None = None) 
                    _num(r.get("headroom_gib")), False)  # fmt: skip
         notes = (*notes, "figures measured by the confirmation soak")
     key_env = _api_key_env(cfg)
+    answer = Answer(params, figures[0], figures[2], figures[3], trial=trial, forced=forced)
     return Export(
         study=review.name,
         trial=number,
@@ -158,7 +202,14 @@ def build_export(review: Review, cfg: StudyConfig, *, trial: int | None = None) 
         backend=backend,
         notes=tuple(notes),
         program=base_command(cfg.server, backend),
+        headline=headline(review, answer),
+        forced=forced,
+        forced_flag=_forced_flag(failed) if failed is not None else "",
     )
+
+
+def _forced_flag(t: TrialView) -> str:
+    return f"{FORCED_FLAG}=trial-{t.number}-{t.outcome or t.kind}"
 
 
 def _num(v: object) -> float | None:
@@ -193,12 +244,13 @@ def _api_key_env(cfg: StudyConfig) -> str | None:
 
 
 def render(ex: Export, fmt: str) -> str:
+    """The export in `fmt`; `flags` is the flags line alone (its headline goes to stderr)."""
     if fmt == "flags":
         return _join([*ex.flags]) + (" " + _key_shell(ex) if ex.api_key_env else "") + "\n"
     if fmt == "shell":
         return shell(ex)
     if fmt == "json":
-        return json.dumps(to_json(ex), indent=2) + "\n"
+        return json.dumps(to_json(ex), indent=2, ensure_ascii=False) + "\n"
     if fmt == "systemd":
         return systemd(ex)
     raise UsageError(f"--format {fmt}: unknown; use one of {', '.join(FORMATS)}")
@@ -206,10 +258,12 @@ def render(ex: Export, fmt: str) -> str:
 
 def to_json(ex: Export) -> dict[str, object]:
     return {
+        "headline": ex.headline,
+        "forced": {"reason": ex.forced, "marker": ex.forced_flag} if ex.forced else None,
         "study": ex.study,
         "trial": ex.trial,
         "params": dict(ex.params),
-        "argv": list(ex.argv),
+        "argv": list(ex.command),
         "api_key_env": ex.api_key_env,
         "env": dict(ex.env),
         "capacity_tokens": ex.capacity_tokens,
@@ -234,14 +288,20 @@ def _header(ex: Export) -> list[str]:
     if ex.throughput_tok_s is not None:
         figures.append(f"{ex.throughput_tok_s:,.1f} tok/s")
     if ex.headroom_gib is not None:
-        figures.append(f"{ex.headroom_gib:.2f} GiB free at the stress peak")
+        figures.append(f"{fig.gib(ex.headroom_gib)} GiB {fig.FREE_AT_WORST}")
     how = " (predicted)" if ex.predicted else ""
     margin = ex.margin
     if margin.get("headroom_gib") is not None:
-        m = f"{margin['headroom_gib']:g} GiB free at the stress peak"
+        m = f"{margin['headroom_gib']:g} GiB {fig.FREE_AT_WORST}"
     else:
         m = f"{margin.get('steps', 0)} step(s) of mem_fraction_static"
-    lines = [
+    lines = [ex.headline] if ex.headline else []
+    if ex.forced:
+        lines.append(
+            f"FORCED EXPORT: {ex.forced}; the command carries {ex.forced_flag}, which SGLang "
+            "rejects: remove it only if you mean to launch this"
+        )
+    lines += [
         f"autotune study {ex.study}, trial {ex.trial}: {', '.join(figures) or 'no figures'}{how}",
         f"margin: {m}; {ex.confirmed_label}",
         f"sglang {ex.sglang_version or 'version unknown'}, backend {ex.backend}",
@@ -277,13 +337,15 @@ def _key_shell(ex: Export) -> str:
 
 
 def systemd(ex: Export) -> str:
+    head = [f"# {line}" for line in _header(ex)]
     out = [
+        *head[:1],
         "# drop-in for the SGLang service, e.g. /etc/systemd/system/sglang.service.d/autotune.conf",
-        *(f"# {line}" for line in _header(ex)),
+        *head[1:],
         "[Service]",
     ]
     out += [f"Environment={_sd_quote(f'{k}={v}')}" for k, v in ex.env.items()]
-    words = [_sd_quote(a) for a in ex.argv]
+    words = [_sd_quote(a) for a in ex.command]
     if ex.api_key_env:
         words += ["--api-key", f"${{{ex.api_key_env}}}"]
     out += ["ExecStart=", "ExecStart=" + " ".join(words)]

@@ -225,7 +225,7 @@ def _waterfall_shapes(d: WaterfallData) -> list[dict[str, Any]]:
     shapes = []
     lines = (
         (d.reserve_gib, "#555", "reserve P·(1−f)"),
-        (d.min_headroom_gib, LOOKS["oom"].color, "required headroom"),
+        (d.min_headroom_gib, LOOKS["oom"].color, "required free at the worst moment"),
     )
     for y, color, text in lines:
         if y is not None:
@@ -251,17 +251,18 @@ def _waterfall_shapes(d: WaterfallData) -> list[dict[str, Any]]:
 def fig_load(d: LoadData) -> go.Figure:
     fig = go.Figure()
     pts = d.points
-    fig.add_trace(
-        go.Scatter(
-            x=[p.requests for p in pts],
-            y=[p.throughput for p in pts],
-            mode="markers",
-            name="throughput (tok/s)",
-            marker={"color": LOOKS["feasible"].color, "size": 10},
-            text=[f"#{p.number}" for p in pts],
-            hovertemplate="%{y:,.1f} tok/s<extra>%{text}</extra>",
+    if not d.flat:
+        fig.add_trace(
+            go.Scatter(
+                x=[p.requests for p in pts],
+                y=[p.throughput for p in pts],
+                mode="markers",
+                name="throughput (tok/s)",
+                marker={"color": LOOKS["feasible"].color, "size": 10},
+                text=[f"#{p.number}" for p in pts],
+                hovertemplate="%{y:,.1f} tok/s<extra>%{text}</extra>",
+            )
         )
-    )
     for attr, name, color in (("p99_ttft_ms", "p99 TTFT (ms)", "#9467bd"),
                               ("p99_itl_ms", "p99 ITL (ms)", "#8c564b")):  # fmt: skip
         fig.add_trace(
@@ -278,7 +279,7 @@ def fig_load(d: LoadData) -> go.Figure:
         )
     fig.update_layout(
         title="Throughput and latency vs max_running_requests"
-        + (f"<br><sup>{e(d.note)}</sup>" if d.note else ""),
+        + (f"<br><sup>{e(d.flat)}; only latency is drawn</sup>" if d.flat else ""),
         xaxis_title="max_running_requests",
         yaxis={"title": "output throughput (tok/s)"},
         yaxis2={"title": "latency (ms)", "overlaying": "y", "side": "right"},
@@ -336,7 +337,8 @@ def _script_safe_js(js: str) -> str:
 def table_html(rows: Sequence[Row], log_href: dict[int, str], winner: int | None) -> str:
     head = (
         "<tr><th>#</th><th>state</th><th>outcome</th><th>parameters</th><th>capacity</th>"
-        "<th>tok/s</th><th>headroom GiB</th><th>stress peak GiB</th><th>p99 TTFT ms</th>"
+        "<th>tok/s</th><th>free after startup GiB</th><th>stress peak GiB</th>"
+        "<th>free at the worst moment GiB</th><th>p99 TTFT ms</th>"
         "<th>p99 ITL ms</th><th>s</th><th>reason</th><th>log</th></tr>"
     )
     body = []
@@ -345,7 +347,8 @@ def table_html(rows: Sequence[Row], log_href: dict[int, str], winner: int | None
         link = f'<a href="{e(href)}">server.log</a>' if href else ""
         cls = f"k-{e(r.kind)}" + (" winner" if r.number == winner else "")
         cells = [str(r.number), r.state, r.outcome, r.params, r.capacity, r.throughput,
-                 r.headroom, r.peak, r.p99_ttft, r.p99_itl, r.seconds, r.reason]  # fmt: skip
+                 r.free, r.peak, r.headroom, r.p99_ttft, r.p99_itl, r.seconds,
+                 r.reason]  # fmt: skip
         tds = "".join(f"<td>{e(c)}</td>" for c in cells)
         body.append(f'<tr class="{cls}">{tds}<td>{link}</td></tr>')
     return f"<table>{head}{''.join(body)}</table>"

@@ -12,17 +12,51 @@ from autotune.logparse.lines import Kind, ParsedLog, parse_lines
 from autotune.logparse.outcome import Verdict, classify
 from autotune.logparse.serving import ServingSummary, summarize
 
+SNIFF_BYTES = 64 * 1024
+_GENERIC = frozenset({Kind.ERROR, Kind.EXIT_CODE})
+"""Lines any Python program may print (`…Error: …`, an exit code): alone, they do not make a
+file an SGLang log."""
+
 
 def read_log(path: Path) -> ParsedLog:
+    """The parsed log; a `UsageError` (one line, exit 2) when the file is missing, empty, binary,
+    or has no line SGLang prints."""
     if not path.exists():
         raise UsageError(f"{path}: no such file; give the path of an SGLang server log")
     if not path.is_file():
         raise UsageError(f"{path}: not a file; give the path of an SGLang server log")
     try:
+        with open(path, "rb") as raw:
+            head = raw.read(SNIFF_BYTES)
         with open(path, encoding="utf-8", errors="replace", newline="\n") as fh:
-            return parse_lines(fh)
+            log = parse_lines(fh)
     except OSError as exc:
         raise UsageError(f"{path}: cannot read it ({exc.strerror})") from exc
+    if is_sglang_log(log):  # a log with garbage in it (a crash, a cut) still reads
+        return log
+    if not head.strip():
+        raise UsageError(f"{path}: the file is empty; give the path of an SGLang server log")
+    if _binary(head):
+        raise UsageError(
+            f"{path}: binary data, not an SGLang log; give the path of a server log "
+            "(e.g. `journalctl -u sglang > server.log`)"
+        )
+    raise UsageError(
+        f"{path}: not an SGLang log: none of its {log.lines:,} lines is one SGLang prints "
+        "(no startup, memory, serving or failure line); give the path of a server log"
+    )
+
+
+def is_sglang_log(log: ParsedLog) -> bool:
+    """Whether any line is one SGLang prints (a batch line, or an event beyond a bare error)."""
+    return bool(log.batches) or any(e.kind not in _GENERIC for e in log.events)
+
+
+def _binary(head: bytes) -> bool:
+    """More than a tenth of the bytes are NULs, control bytes or not UTF-8."""
+    text = head.decode("utf-8", errors="replace")
+    bad = sum(1 for c in text if c == "\ufffd" or (ord(c) < 32 and c not in "\t\n\r\f\v\x1b"))
+    return bad > 0.1 * max(len(text), 1)
 
 
 def summarize_log(log: ParsedLog) -> tuple[Ledger, Verdict, ServingSummary]:
@@ -80,11 +114,29 @@ def as_text(ledger: Ledger, verdict: Verdict, serving: ServingSummary) -> str:
         lines.append(f"{label:<28} {shown:>14} {unit}".rstrip())
     if serving.decode_lines or serving.prefill_lines:
         lines.append("")
-        lines.append(
-            f"serving: {serving.prefill_lines} prefill and {serving.decode_lines} decode lines;"
-            f" peak running {serving.max_running}, queued {serving.max_queued},"
-            f" token usage {serving.max_token_usage},"
-            f" gen throughput {serving.max_gen_throughput} tok/s;"
-            f" {serving.retractions} requests retracted"
-        )
+        lines.append(_serving(serving))
     return "\n".join(lines) + "\n"
+
+
+def _serving(serving: ServingSummary) -> str:
+    """The batch lines summed up; a figure no line carried is left out, never printed as None."""
+    peaks = [
+        (f"running {serving.max_running:,}" if serving.max_running is not None else ""),
+        (f"queued {serving.max_queued:,}" if serving.max_queued is not None else ""),
+        (
+            f"token usage {serving.max_token_usage:.2f}"
+            if serving.max_token_usage is not None
+            else ""
+        ),
+        (
+            f"gen throughput {serving.max_gen_throughput:,.1f} tok/s"
+            if serving.max_gen_throughput is not None
+            else ""
+        ),
+    ]
+    shown = [p for p in peaks if p]
+    peak = f"; peak {', '.join(shown)}" if shown else "; no figures on them"
+    return (
+        f"serving: {serving.prefill_lines} prefill and {serving.decode_lines} decode lines{peak};"
+        f" {serving.retractions} requests retracted"
+    )

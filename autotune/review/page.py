@@ -10,12 +10,16 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from autotune.record.view import TrialView
+from autotune.review import figures as fig
 from autotune.review import html as h
 from autotune.review import plotdata as pd
 from autotune.review import png
+from autotune.review.headline import headline
 from autotune.review.source import Review
+from autotune.review.winner import DEFAULT_TOLERANCE
 
 MAX_LEDGER_PNGS = 200
 
@@ -38,6 +42,7 @@ def figures(review: Review) -> Figures:
     """All plot data of a review (pure)."""
     w = review.winner
     exported = w.trial if w is not None else None
+    tolerance = w.tolerance if w is not None else DEFAULT_TOLERANCE
     trials = review.trials
     first = [t for t in trials if t.number == exported]
     rest = [t for t in trials if t.number != exported and t.ledger.p_gib is not None]
@@ -48,6 +53,7 @@ def figures(review: Review) -> Figures:
             chosen=w.chosen.number if w is not None else None,
             confirmed=review.confirmed,
             predicted=w is not None and w.predicted,
+            tolerance=tolerance,
         ),
         feasibility=pd.feasibility(trials),
         capacity=pd.capacity(trials),
@@ -55,7 +61,7 @@ def figures(review: Review) -> Figures:
             pd.waterfall(t, cell_bytes=review.cell_bytes, min_headroom_gib=review.min_headroom_gib)
             for t in [*first, *rest]
         ),
-        load=pd.load(trials),
+        load=pd.load(trials, tolerance=tolerance),
         history=pd.history(trials),
         rows=pd.table(trials),
     )
@@ -115,7 +121,12 @@ table{border-collapse:collapse;font-size:.82em}td,th{border:1px solid #ddd;paddi
 th{background:#eee}tr.k-oom td{background:#fde8e8}tr.k-infeasible td{background:#fff4e0}
 tr.k-failed td{background:#eee}tr.winner td{font-weight:bold}
 .grid{display:grid;grid-template-columns:1fr 1fr;gap:10px}.fig{min-height:420px}
-td:last-child,td:nth-child(12){max-width:420px;overflow-wrap:anywhere}
+.nofig{min-height:0;align-self:start;border:1px dashed #bbb;border-radius:6px;padding:1em;
+color:#444}
+.nofig h3{font-size:1em;margin:0 0 .4em 0}
+.headline{font-size:1.15em;font-weight:bold;padding:.6em 1em;border-left:6px solid #f2b705;
+background:#fffbea}
+td:last-child,td:nth-child(13){max-width:420px;overflow-wrap:anywhere}
 """
 
 
@@ -135,6 +146,7 @@ def render_page(
     done = sum(1 for t in review.trials if t.kind != "running")
     head = (
         f"<h1>autotune study {e(review.name)}</h1>"
+        f'<p class="headline">{e(headline(review))}</p>'
         f"<p>storage {e(review.storage)} · generated {e(generated_at)} · {done} trials finished"
         f" ({feas} feasible, {oom} out of memory), {review.running} running, "
         f"{review.queued} queued</p>"
@@ -149,14 +161,18 @@ def render_page(
     parts.append("<h2>Why: the memory arithmetic</h2>")
     parts.append(f"<pre>{e(explanation)}</pre>" if explanation else "<p>no feasible trial</p>")
     parts.append('<h2>Figures</h2><div class="grid">')
-    parts.append(h.figure_div(h.fig_pareto(figs.pareto), "pareto"))
-    parts.append(h.figure_div(h.fig_capacity(figs.capacity), "capacity"))
-    parts.append(h.figure_div(h.fig_feasibility(figs.feasibility), "feasibility"))
+    parts.append(_figure(h.fig_pareto, figs.pareto, "pareto", "Capacity vs throughput"))
+    parts.append(
+        _figure(h.fig_capacity, figs.capacity, "capacity", "KV capacity vs mem_fraction_static")
+    )
+    parts.append(_figure(h.fig_feasibility, figs.feasibility, "feasibility", "Feasibility map"))
     parts.append(h.figure_div(h.fig_history(figs.history), "history"))
     parts.append("</div>")
     if figs.waterfalls:
         parts.append(h.figure_div(h.fig_waterfalls(figs.waterfalls), "ledger"))
-    parts.append(h.figure_div(h.fig_load(figs.load), "load"))
+    parts.append(
+        _figure(h.fig_load, figs.load, "load", "Throughput and latency vs max_running_requests")
+    )
     parts.append("<h2>Trials</h2>")
     parts.append(h.table_html(figs.rows, {k: v for k, v in hrefs.items() if v}, _winner_no(review)))
     body = "\n".join(parts)
@@ -165,6 +181,14 @@ def render_page(
         f"<title>autotune: {e(review.name)}</title><style>{_CSS}</style>"
         f"<script>{h.plotly_js()}</script></head>\n<body>\n{review.scrub(body)}\n</body></html>\n"
     )
+
+
+def _figure(draw: Callable[[Any], Any], data: Any, div_id: str, title: str) -> str:
+    """The figure, or the sentence that says why it would say nothing."""
+    note = getattr(data, "note", "")
+    if note:
+        return f'<div id="{div_id}" class="fig nofig"><h3>{h.e(title)}</h3><p>{h.e(note)}</p></div>'
+    return h.figure_div(draw(data), div_id)
 
 
 def _winner_no(review: Review) -> int | None:
@@ -180,9 +204,11 @@ def _winner_box(review: Review) -> str:
     cls = "confirmed" if c else ("failed" if c is False else "unconfirmed")
     params = " ".join(f"{k}={v}" for k, v in w.params.items())
     figures_ = [
-        f"{w.capacity_tokens:,} tokens" if w.capacity_tokens is not None else None,
+        f"{fig.tokens(w.capacity_tokens)} tokens" if w.capacity_tokens is not None else None,
         f"{w.throughput_tok_s:,.1f} tok/s" if w.throughput_tok_s is not None else None,
-        f"{w.headroom_gib:.2f} GiB free at the stress peak" if w.headroom_gib is not None else None,
+        f"{fig.gib(w.free_at_peak_gib)} GiB {fig.FREE_AT_WORST}"
+        if w.free_at_peak_gib is not None
+        else None,
     ]
     shown = ", ".join(f for f in figures_ if f)
     notes = "".join(f"<li>{e(n)}</li>" for n in w.notes)
@@ -212,18 +238,19 @@ def summary(review: Review, written: Written | None = None) -> str:
     feas = sum(1 for t in trials if t.feasible)
     done = sum(1 for t in trials if t.kind != "running")
     lines = [
+        headline(review),
         f"study {review.name} ({review.storage}): {done} trials finished, {feas} feasible, "
-        f"{oom} out of memory, {review.running} running, {review.queued} queued"
+        f"{oom} out of memory, {review.running} running, {review.queued} queued",
     ]
     w = review.winner
     if w is None:
         lines.append("no feasible trial yet: nothing to export")
     else:
         params = " ".join(f"{k}={v}" for k, v in w.params.items())
-        cap = f"{w.capacity_tokens:,} tokens" if w.capacity_tokens is not None else "? tokens"
+        cap = f"{fig.tokens(w.capacity_tokens)} tokens"
         tp = f"{w.throughput_tok_s:,.1f} tok/s" if w.throughput_tok_s is not None else "? tok/s"
-        head = f"{w.headroom_gib:.2f} GiB" if w.headroom_gib is not None else "? GiB"
-        lines.append(f"export: {params} → {cap}, {tp}, {head} free at the stress peak")
+        head = f"{fig.gib(w.free_at_peak_gib, '?')} GiB"
+        lines.append(f"export: {params} → {cap}, {tp}, {head} {fig.FREE_AT_WORST}")
         lines.append(f"  {w.describe()}")
         lines.extend(f"  note: {n}" for n in w.notes)
         lines.append(f"  {review.confirmed_label()}")

@@ -1,7 +1,11 @@
 """Plot data: small NamedTuples extracted from trial views, one per figure (pure).
 
 The renderers (`autotune.review.html`, `autotune.review.png`) only draw what is here, so tests
-assert on these values rather than on pixels.
+assert on these values rather than on pixels. A figure adapts to the study: when its axis was not
+searched (one value in every trial) or its objective did not vary beyond its noise, its `note`
+says so and the renderers print that sentence instead of an empty or misleading chart. Trials
+that were never launched (skipped) are not drawn at all, and every figure of a trial is the one
+its view computes (`autotune.record.view`), so a chart says what `status` and `explain` say.
 """
 
 from __future__ import annotations
@@ -12,11 +16,14 @@ from typing import NamedTuple
 import numpy as np
 
 from autotune.memory import model as memory_model
-from autotune.memory.arithmetic import Arithmetic, arithmetic, cell_from_fit
+from autotune.memory.arithmetic import Arithmetic, cell_from_fit
 from autotune.memory.model import Observation, Setting
-from autotune.record.view import TrialView
+from autotune.record.view import FRACTION, REQUESTS, TrialView
+from autotune.review import figures as fig
 
 MODEL_POINTS = 41
+DEFAULT_NOISE = 0.05
+"""Relative throughput differences below this are noise (the winner's default tolerance)."""
 
 
 class Point(NamedTuple):
@@ -36,6 +43,8 @@ class ParetoData(NamedTuple):
     chosen: int | None
     confirmed: bool | None
     winner_label: str = "exported"
+    note: str = ""
+    """When set, the figure says nothing: this sentence replaces it."""
 
 
 class FeasibilityData(NamedTuple):
@@ -44,6 +53,8 @@ class FeasibilityData(NamedTuple):
     points: tuple[Point, ...]
     outcomes: tuple[str, ...]
     """Outcome of each point, in the same order (the kind says how it is drawn)."""
+    note: str = ""
+    """When set (an axis was not searched), this sentence replaces the map."""
 
 
 class CapacityData(NamedTuple):
@@ -58,6 +69,8 @@ class CapacityData(NamedTuple):
     """The lowest fraction that ran out of memory."""
     stable_edge: float | None
     """The highest fraction that was feasible."""
+    note: str = ""
+    """When set (the fraction was not searched), this sentence replaces the chart."""
 
 
 class Step(NamedTuple):
@@ -73,10 +86,11 @@ class WaterfallData(NamedTuple):
     title: str
     steps: tuple[Step, ...]
     reserve_gib: float | None
-    """`P·(1 − f)`: the headroom SGLang leaves outside the static budget."""
+    """`P·(1 − f)`: the reserve SGLang leaves outside the static budget."""
     min_headroom_gib: float | None
     stress_peak_gib: float | None
     free_at_peak_gib: float | None
+    """The headroom left at the worst moment (the trial view's figure)."""
 
 
 class LoadPoint(NamedTuple):
@@ -93,7 +107,9 @@ class LoadData(NamedTuple):
 
     points: tuple[LoadPoint, ...]
     note: str = ""
-    """Said under the title when the axis has a single value."""
+    """When set (max_running_requests was not searched), this sentence replaces the chart."""
+    flat: str = ""
+    """When set, throughput did not vary beyond its noise: it is left out, latency is drawn."""
 
 
 class HistoryData(NamedTuple):
@@ -112,7 +128,10 @@ class Row(NamedTuple):
     params: str
     capacity: str
     throughput: str
+    free: str
+    """Free after startup (GiB)."""
     headroom: str
+    """Free at the worst moment (GiB)."""
     peak: str
     p99_ttft: str
     p99_itl: str
@@ -124,6 +143,40 @@ class Row(NamedTuple):
 # ------------------------------------------------------------------------------------------------
 
 
+def drawn(trials: Sequence[TrialView]) -> list[TrialView]:
+    """The trials a figure may draw: launched ones (skipped trials never ran)."""
+    return [t for t in trials if t.launched]
+
+
+def throughput_noise(trials: Sequence[TrialView], tolerance: float = DEFAULT_NOISE) -> float:
+    """How much throughput differs without meaning anything, tok/s: the spread between trials
+    of the same parameters, and at least `tolerance` of the best (the winner treats throughput
+    within it as a tie)."""
+    served = [t for t in trials if t.throughput_tok_s is not None]
+    best = max((t.throughput_tok_s or 0.0 for t in served), default=0.0)
+    groups: dict[str, list[float]] = {}
+    for t in served:
+        groups.setdefault(repr(sorted(t.params.items())), []).append(t.throughput_tok_s or 0.0)
+    repeats = max((max(g) - min(g) for g in groups.values() if len(g) > 1), default=0.0)
+    return max(repeats, tolerance * best)
+
+
+def _flat_throughput(trials: Sequence[TrialView], tolerance: float) -> str:
+    """A sentence when the served trials' throughput stayed within its noise, else ""."""
+    served = [t.throughput_tok_s for t in trials if t.throughput_tok_s is not None]
+    if len(served) < 2:
+        return ""
+    lo, hi = min(served), max(served)
+    noise = throughput_noise(trials, tolerance)
+    if hi - lo > noise:
+        return ""
+    return (
+        f"Throughput did not vary beyond its noise: {lo:,.0f}–{hi:,.0f} tok/s over the "
+        f"{len(served)} trials that served the workload (noise {noise:,.1f} tok/s: "
+        f"{tolerance:.0%} of the best, or the spread of repeated settings)"
+    )
+
+
 def pareto(
     trials: Sequence[TrialView],
     *,
@@ -131,12 +184,14 @@ def pareto(
     chosen: int | None = None,
     confirmed: bool | None = None,
     predicted: bool = False,
+    tolerance: float = DEFAULT_NOISE,
 ) -> ParetoData:
     points = tuple(
         Point(t.number, float(t.capacity_tokens or 0), float(t.throughput_tok_s or 0.0), t.kind,
               t.label())
-        for t in trials
-        if t.kind != "running" and (t.capacity_tokens is not None or t.kind == "feasible")
+        for t in drawn(trials)
+        if t.kind != "running" and t.counted
+        and (t.capacity_tokens is not None or t.kind == "feasible")
     )  # fmt: skip
     feasible = [p for p in points if p.kind == "feasible"]
     front = [
@@ -148,19 +203,66 @@ def pareto(
     label = "chosen; exported backed off (predicted)" if predicted else "exported"
     if not confirmed:
         label += " (UNCONFIRMED)" if confirmed is None else " (FAILED confirmation)"
-    return ParetoData(points, tuple(p.number for p in front), winner, chosen, confirmed, label)
+    note = _flat_throughput(trials, tolerance)
+    if note:
+        note += (
+            ": there is no capacity/throughput trade-off to draw, capacity decides "
+            "(see KV capacity vs mem_fraction_static)."
+        )
+    elif len(feasible) < 2:
+        note = (
+            f"{len(feasible)} feasible trial{'s' if len(feasible) != 1 else ''} so far: "
+            "no trade-off between capacity and throughput to draw yet."
+        )
+    return ParetoData(
+        points, tuple(p.number for p in front), winner, chosen, confirmed, label, note
+    )
+
+
+def _values(trials: Sequence[TrialView], name: str) -> list[float]:
+    out = []
+    for t in trials:
+        v = t.fraction if name == FRACTION else t.requests if name == REQUESTS else None
+        if v is not None:
+            out.append(float(v))
+    return sorted(set(out))
+
+
+def not_searched(trials: Sequence[TrialView], name: str) -> str:
+    """A sentence when every launched trial ran one value of `name` (or none), else ""."""
+    values = _values(drawn(trials), name)
+    if len(values) > 1:
+        return ""
+    if not values:
+        return f"{name} is not in these trials: nothing to draw along it."
+    return f"{name} was {fig.scalar(_int_or(values[0]))} in every trial (not searched)"
+
+
+def _int_or(v: float) -> float | int:
+    return int(v) if float(v).is_integer() else v
 
 
 def feasibility(trials: Sequence[TrialView]) -> FeasibilityData:
-    kept = [t for t in trials if t.fraction is not None]
+    kept = [t for t in drawn(trials) if t.fraction is not None]
     points = tuple(
         Point(t.number, float(t.fraction or 0.0), float(t.requests or 0), t.kind, t.label())
         for t in kept
     )
-    return FeasibilityData(points, tuple(t.outcome or t.state for t in kept))
+    note = ""
+    for name in (REQUESTS, FRACTION):
+        why = not_searched(trials, name)
+        if why:
+            note = (
+                f"{why}: the map of mem_fraction_static × max_running_requests would be a "
+                "single line; the outcomes by fraction are in the capacity chart and the "
+                "trials table."
+            )
+            break
+    return FeasibilityData(points, tuple(t.outcome or t.state for t in kept), note)
 
 
 def capacity(trials: Sequence[TrialView]) -> CapacityData:
+    trials = drawn(trials)
     kept = [t for t in trials if t.fraction is not None and t.capacity_tokens]
     points = tuple(
         Point(t.number, float(t.fraction or 0.0), float(t.capacity_tokens or 0), t.kind,
@@ -187,6 +289,7 @@ def capacity(trials: Sequence[TrialView]) -> CapacityData:
             source = f"least-squares line over {len(points)} ledgers"
     ooms = [t.fraction for t in trials if t.kind == "oom" and t.fraction is not None]
     stable = [t.fraction for t in trials if t.feasible and t.fraction is not None]
+    why = not_searched(trials, FRACTION)
     return CapacityData(
         points,
         line_x,
@@ -194,6 +297,7 @@ def capacity(trials: Sequence[TrialView]) -> CapacityData:
         source,
         min(ooms) if ooms else None,
         max(stable) if stable else None,
+        f"{why}: the pool's size along it cannot be drawn; see the trials table." if why else "",
     )
 
 
@@ -220,7 +324,7 @@ def _model_tokens(
                     ledger=t.ledger,
                     outcome=t.outcome,
                     stress_peak_gib=t.stress_peak_gib,
-                    headroom_gib=t.headroom_gib,
+                    headroom_gib=t.free_at_peak_gib,
                     feasible=t.feasible,
                     reason=t.reason,
                 )
@@ -242,10 +346,11 @@ def _model_tokens(
 def waterfall(
     t: TrialView, *, cell_bytes: float | None = None, min_headroom_gib: float | None = None
 ) -> WaterfallData:
-    """The memory ledger of one trial, per GPU (SGLang takes the tightest GPU's figures)."""
+    """The memory ledger of one trial, per GPU (SGLang takes the tightest GPU's figures); the
+    free memory after startup, the stress peak and the free memory at the worst moment are the
+    trial view's own figures."""
     led = t.ledger
     steps: list[Step] = []
-    a = arithmetic(led, t.fraction, cell_bytes=cell_bytes) if t.fraction is not None else None
     if led.p_gib is not None:
         steps.append(Step("P (free before weights)", led.p_gib, "absolute"))
     parts = [
@@ -262,25 +367,18 @@ def waterfall(
             used += value
     free = t.static_free_gib
     peak = t.stress_peak_gib
-    at_peak: float | None = None
+    at_peak = t.free_at_peak_gib
     if free is not None and led.p_gib is not None:
         other = led.p_gib - used - free
         if abs(other) >= 0.005:
             steps.append(Step("other (workspaces)", -other, "relative"))
         steps.append(Step("free after startup", free, "total"))
-        if peak is not None:
-            at_peak = free - peak
+        if peak is not None and at_peak is not None:
             steps.append(Step("stress peak", -peak, "relative"))
-            steps.append(Step("free at the stress peak", at_peak, "total"))
+            steps.append(Step(f"{fig.FREE_AT_WORST}", at_peak, "total"))
     title = f"trial {t.label()}: {t.outcome or t.state}"
     return WaterfallData(
-        t.number,
-        title,
-        tuple(steps),
-        a.reserve_gib if a is not None else None,
-        min_headroom_gib,
-        peak,
-        at_peak,
+        t.number, title, tuple(steps), t.reserve_gib, min_headroom_gib, peak, at_peak
     )
 
 
@@ -292,25 +390,26 @@ def _draft(t: TrialView) -> float | None:
     return sum(p or 0.0 for p in parts)
 
 
-def load(trials: Sequence[TrialView]) -> LoadData:
+def load(trials: Sequence[TrialView], *, tolerance: float = DEFAULT_NOISE) -> LoadData:
     points = tuple(
         LoadPoint(t.number, float(t.requests or 0), t.throughput_tok_s, t.p99_ttft_ms,
                   t.p99_itl_ms, t.kind)
         for t in trials
         if t.outcome == "ok" and t.requests is not None
     )  # fmt: skip
-    values = {p.requests for p in points}
+    why = not_searched(trials, REQUESTS)
     note = ""
-    if len(values) == 1:
+    if why:
         note = (
-            f"max_running_requests was {next(iter(values)):g} in every trial; "
-            "the spread comes from the other parameters"
+            f"{why}: throughput and latency against it would stand on one vertical line; "
+            "the trials table has each trial's figures."
         )
-    return LoadData(points, note)
+    flat = _flat_throughput(trials, tolerance)
+    return LoadData(points, note, flat)
 
 
 def history(trials: Sequence[TrialView]) -> HistoryData:
-    ordered = sorted(trials, key=lambda t: t.number)
+    ordered = sorted(drawn(trials), key=lambda t: t.number)
     points = tuple(
         Point(t.number, float(t.number), float(t.capacity_tokens or 0), t.kind, t.label())
         for t in ordered
@@ -339,10 +438,11 @@ def _row(t: TrialView) -> Row:
         outcome=t.outcome,
         kind=t.kind,
         params=", ".join(f"{k}={_scalar(v)}" for k, v in t.params.items()),
-        capacity=f"{t.capacity_tokens:,}" if t.capacity_tokens is not None else "",
+        capacity=fig.tokens(t.capacity_tokens, ""),
         throughput=f"{t.throughput_tok_s:,.0f}" if t.throughput_tok_s is not None else "",
-        headroom=_gib(t.headroom_gib),
-        peak=_gib(t.stress_peak_gib),
+        free=fig.gib(t.static_free_gib),
+        headroom=fig.gib(t.free_at_peak_gib),
+        peak=fig.gib(t.stress_peak_gib),
         p99_ttft=f"{t.p99_ttft_ms:,.0f}" if t.p99_ttft_ms is not None else "",
         p99_itl=f"{t.p99_itl_ms:,.0f}" if t.p99_itl_ms is not None else "",
         seconds=f"{t.seconds:.0f}" if t.seconds is not None else "",
@@ -363,15 +463,9 @@ def study_cell_bytes(trials: Sequence[TrialView]) -> float | None:
 
 
 def trial_arithmetic(t: TrialView, cell_bytes: float | None) -> Arithmetic | None:
-    if t.fraction is None:
-        return None
-    return arithmetic(t.ledger, t.fraction, stress_peak_gib=t.stress_peak_gib,
-                      cell_bytes=cell_bytes)  # fmt: skip
-
-
-def _gib(v: float | None) -> str:
-    return f"{v:.2f}" if v is not None else ""
+    """The trial's arithmetic (`TrialView.arithmetic`), kept for callers of the old name."""
+    return t.arithmetic(cell_bytes)
 
 
 def _scalar(v: object) -> str:
-    return f"{v:g}" if isinstance(v, float) else str(v)
+    return fig.scalar(v)

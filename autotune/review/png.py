@@ -6,6 +6,7 @@ it runs headless and leaks no figures.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -84,7 +85,21 @@ def _legend(ax: Axes) -> None:
         ax.legend(fontsize=8, loc="best")
 
 
+def note_png(title: str, note: str, path: Path) -> Path:
+    """A figure that would say nothing, drawn as the sentence that says why."""
+    fig = Figure(figsize=SIZE, dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.set_axis_off()
+    ax.set_title(title)
+    ax.text(0.5, 0.5, textwrap.fill(note, 70), ha="center", va="center", fontsize=10,
+            transform=ax.transAxes, wrap=True)  # fmt: skip
+    return _save(fig, path)
+
+
 def pareto_png(d: ParetoData, path: Path) -> Path:
+    if d.note:
+        return note_png("Capacity vs throughput", d.note, path)
     fig, ax = _new()
     _scatter(ax, d.points)
     by = {p.number: p for p in d.points}
@@ -107,6 +122,8 @@ def pareto_png(d: ParetoData, path: Path) -> Path:
 
 
 def feasibility_png(d: FeasibilityData, path: Path) -> Path:
+    if d.note:
+        return note_png("Feasibility: mem_fraction_static × max_running_requests", d.note, path)
     fig, ax = _new()
     _scatter(ax, d.points)
     _numbers(ax, d.points)
@@ -118,6 +135,8 @@ def feasibility_png(d: FeasibilityData, path: Path) -> Path:
 
 
 def capacity_png(d: CapacityData, path: Path) -> Path:
+    if d.note:
+        return note_png("KV capacity vs mem_fraction_static", d.note, path)
     fig, ax = _new()
     _scatter(ax, d.points)
     if d.line_x:
@@ -155,8 +174,8 @@ def waterfall_png(d: WaterfallData, path: Path) -> Path:
         zoom.axhline(d.reserve_gib, color="#555", ls="--", lw=1,
                      label=f"reserve P·(1−f) = {d.reserve_gib:.2f} GiB")  # fmt: skip
     if d.min_headroom_gib is not None:
-        zoom.axhline(d.min_headroom_gib, color=LOOKS["oom"].color, ls="--", lw=1,
-                     label=f"required headroom {d.min_headroom_gib:.2f} GiB")  # fmt: skip
+        need = f"required free at the worst moment {d.min_headroom_gib:.2f} GiB"
+        zoom.axhline(d.min_headroom_gib, color=LOOKS["oom"].color, ls="--", lw=1, label=need)
     whole.set_ylabel("GiB per GPU")
     whole.set_title("the whole GPU", fontsize=9)
     zoom.set_title("the reserve P·(1−f), zoomed", fontsize=9)
@@ -187,9 +206,11 @@ def _waterfall_bars(ax: Axes, d: WaterfallData) -> None:
 
 
 def load_png(d: LoadData, path: Path) -> Path:
+    if d.note:
+        return note_png("Throughput and latency vs max_running_requests", d.note, path)
     fig, ax = _new()
     pts = d.points
-    served = [p for p in pts if p.throughput is not None]
+    served = [p for p in pts if p.throughput is not None and not d.flat]
     ax.scatter(
         [p.requests for p in served],
         [float(p.throughput or 0.0) for p in served],
@@ -207,7 +228,8 @@ def load_png(d: LoadData, path: Path) -> Path:
         ax2.scatter(xs, ys, marker="^", color=color, label=name, zorder=3)
     ax2.set_ylabel("latency (ms)")
     title = "Throughput and latency vs max_running_requests"
-    ax.set_title(title + (f"\n{d.note}" if d.note else ""), fontsize=10)
+    flat = textwrap.fill(f"{d.flat}; only latency is drawn", 90) if d.flat else ""
+    ax.set_title(title + (f"\n{flat}" if flat else ""), fontsize=10 if not flat else 8)
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
     if h1 or h2:

@@ -16,9 +16,10 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config.studyfile import FloatRange, StudyConfig
+from autotune.config.studyfile import Fixed, FloatRange, Scalar, StudyConfig
 from autotune.errors import UsageError
 from autotune.masking import redact, scrub
+from autotune.record import keys
 from autotune.record.view import FRACTION, TrialView, view, views
 from autotune.review.plotdata import study_cell_bytes
 from autotune.review.winner import (
@@ -102,6 +103,21 @@ class Review:
     queued: int
     secrets: tuple[str, ...] = ()
     """Literal secrets (the API key the workload reads) to mask in every output."""
+    baseline: Mapping[str, Scalar] | None = None
+    """The operator's baseline point (its searched parameters), None when the study has none."""
+
+    @property
+    def baseline_trial(self) -> TrialView | None:
+        """The latest finished trial that ran the baseline (a feasible one first)."""
+        if not self.baseline:
+            return None
+        found = None
+        for t in self.trials:
+            if t.kind in ("running", "skipped") or not _covers(t.params, self.baseline):
+                continue
+            if found is None or t.feasible or not found.feasible:
+                found = t
+        return found
 
     def scrub(self, text: str) -> str:
         return scrub(text, self.secrets)
@@ -180,6 +196,7 @@ def build_review(
         running=sum(1 for t in trials if t.state == TrialState.RUNNING),
         queued=sum(1 for t in trials if t.state == TrialState.WAITING),
         secrets=secrets_of(cfg),
+        baseline=baseline_of(study_attrs, cfg),
     )
 
 
@@ -201,6 +218,31 @@ def review_of(
         tolerance=tolerance,
         margin=margin,
     )
+
+
+def baseline_of(attrs: Mapping[str, object], cfg: StudyConfig | None) -> dict[str, Scalar] | None:
+    """The baseline the study queued first (stored on it), else the study file's."""
+    stored = attrs.get(keys.BASELINE)
+    if isinstance(stored, Mapping) and stored:
+        return {str(k): v for k, v in stored.items() if isinstance(v, bool | int | float | str)}
+    if cfg is None or not cfg.search.baseline:
+        return None
+    searched = {p.name for p in cfg.search.params if not isinstance(p, Fixed)}
+    return {k: v for k, v in cfg.search.baseline.items() if k in searched} or None
+
+
+def _covers(params: Mapping[str, object], point: Mapping[str, object]) -> bool:
+    """Whether `params` has every value of `point` (floats compared to 1e-9)."""
+    for k, v in point.items():
+        if k not in params:
+            return False
+        c = params[k]
+        if isinstance(v, int | float) and isinstance(c, int | float):
+            if abs(float(v) - float(c)) > 1e-9:
+                return False
+        elif v != c:
+            return False
+    return True
 
 
 def _confirmations(attrs: Mapping[str, object]) -> tuple[Confirmation, ...]:

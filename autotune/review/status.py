@@ -1,4 +1,9 @@
-"""The status table of a study: one row per trial with its parameters and figures (pure)."""
+"""The status table of a study: one row per trial with its parameters and figures (pure).
+
+Queued points are listed with the parameters they will run; the figures are the trial views'
+(`autotune.record.view`), printed as every other review surface prints them. The command puts
+the study's headline (`autotune.review.headline`) above the table.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ from collections.abc import Sequence
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.record.view import TrialView, view
+from autotune.review import figures as fig
 from autotune.study.objectives import best_feasible_capacity
 from autotune.study.progress import duration
 from autotune.study.storage import counted
@@ -28,13 +34,13 @@ def rows(trials: Sequence[FrozenTrial]) -> tuple[list[str], list[list[str]]]:
         for k in v.params:
             if k not in names:
                 names.append(k)
-    head = ["#", "state", "outcome", *names, "capacity", "tok/s", "headroom", "time", "feasible"]
+    head = ["#", "state", "outcome", *names, "capacity", "tok/s", "free after startup",
+            "free at worst", "time", "feasible"]  # fmt: skip
     workers = {worker_label(v) for v in seen} - {""}
     if len(workers) > 1:  # several workers share the study: say which ran each trial
         head.insert(3, "worker")
     body = []
     for t, v in zip(trials, seen, strict=True):
-        headroom = v.recorded_headroom_gib
         total = v.phases.get("total")
         verdict = ""
         if t.state == TrialState.COMPLETE:
@@ -45,9 +51,10 @@ def rows(trials: Sequence[FrozenTrial]) -> tuple[list[str], list[list[str]]]:
                 _STATE.get(t.state, t.state.name.lower()),
                 v.outcome,
                 *[_cell(v.params.get(n)) for n in names],
-                f"{v.capacity_tokens:,}" if v.capacity_tokens is not None else "",
+                fig.tokens(v.capacity_tokens, ""),
                 f"{v.throughput_tok_s:,.0f}" if v.throughput_tok_s is not None else "",
-                f"{headroom:.2f}" if headroom is not None else "",
+                fig.gib(v.static_free_gib),
+                fig.gib(v.free_at_peak_gib),
                 duration(total) if total is not None else "",
                 verdict,
             ]
@@ -65,7 +72,8 @@ def worker_label(v: TrialView) -> str:
     return f"{w['host']}:{w['gpus']}" if w.get("gpus") else str(w["host"])
 
 
-def render(name: str, url: str, trials: Sequence[FrozenTrial]) -> str:
+def render(name: str, url: str, trials: Sequence[FrozenTrial], *, headline: str = "") -> str:
+    """The summary line and the table, below `headline` when one is given."""
     head, body = rows(trials)
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
     lines = [
@@ -78,7 +86,7 @@ def render(name: str, url: str, trials: Sequence[FrozenTrial]) -> str:
         f"study {name} ({url}): {counted(trials)} trials finished, {ooms} OOM, best feasible "
         + (f"capacity {best:,} tokens" if best is not None else "capacity: none yet")
     )
-    return "\n".join([summary, *lines]) + "\n"
+    return "\n".join([*([headline] if headline else []), summary, *lines]) + "\n"
 
 
 def _cell(v: object) -> str:

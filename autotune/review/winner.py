@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 
 from autotune.config.studyfile import Scalar
 from autotune.errors import UsageError
-from autotune.memory.arithmetic import Arithmetic, arithmetic
 from autotune.record.view import FRACTION, TrialView
 
 DEFAULT_TOLERANCE = 0.05
@@ -94,7 +93,8 @@ class Winner:
     best_throughput_tok_s: float
     capacity_tokens: int | None
     throughput_tok_s: float | None
-    headroom_gib: float | None
+    free_at_peak_gib: float | None
+    """The headroom left at the worst moment (measured, or predicted when `predicted`)."""
     predicted: bool
     """True when the figures are predicted, not measured (no trial ran `params`)."""
     notes: tuple[str, ...] = field(default=())
@@ -155,10 +155,11 @@ def choose(
             f"({source.outcome}); consider a larger margin"
         )
     if source is not None:
-        figures = (source.capacity_tokens, source.throughput_tok_s, source.headroom_gib)
+        figures = (source.capacity_tokens, source.throughput_tok_s, source.free_at_peak_gib)
     else:
-        tokens, headroom = _predict(chosen, float(params[FRACTION]), cell_bytes)
-        figures = (tokens, chosen.throughput_tok_s, headroom)
+        at = chosen.predict(float(params[FRACTION]), cell_bytes)
+        tokens = at.tokens if at is not None else None
+        figures = (tokens, chosen.throughput_tok_s, at.free_at_peak_gib if at else None)
         notes.append(f"no trial ran {FRACTION}={params[FRACTION]}; its figures are predicted")
     return Winner(
         chosen=chosen,
@@ -170,7 +171,7 @@ def choose(
         best_throughput_tok_s=best_tp,
         capacity_tokens=figures[0],
         throughput_tok_s=figures[1],
-        headroom_gib=figures[2],
+        free_at_peak_gib=figures[2],
         predicted=source is None,
         notes=tuple(notes),
     )
@@ -181,8 +182,8 @@ def _steps_back(
 ) -> int:
     if margin.headroom_gib is None:
         return margin.steps
-    a = _arith(chosen, cell)
-    free = chosen.headroom_gib
+    a = chosen.arithmetic(cell)
+    free = chosen.free_at_peak_gib
     if a is None or free is None:
         notes.append("no ledger to size a GiB margin from; backed off one step instead")
         return 1
@@ -191,25 +192,6 @@ def _steps_back(
         return 0
     per_step = a.p_gib * step * (1.0 + a.draft_ratio)
     return math.ceil(missing / per_step - 1e-9)
-
-
-def _predict(
-    chosen: TrialView, fraction: float, cell: float | None
-) -> tuple[int | None, float | None]:
-    a = _arith(chosen, cell)
-    if a is None:
-        return None, None
-    at = a.at(fraction)
-    return at.tokens, at.free_at_peak_gib
-
-
-def _arith(t: TrialView, cell: float | None) -> Arithmetic | None:
-    if t.fraction is None:
-        return None
-    peak = t.stress_peak_gib
-    if peak is None and t.headroom_gib is not None and t.static_free_gib is not None:
-        peak = t.static_free_gib - t.headroom_gib
-    return arithmetic(t.ledger, t.fraction, stress_peak_gib=peak, cell_bytes=cell)
 
 
 def _same_params(trials: Sequence[TrialView], params: Mapping[str, Scalar]) -> TrialView | None:

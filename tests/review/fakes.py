@@ -1,7 +1,8 @@
 """Frozen Optuna trials shaped like the ones `autotune run` records, with SGLang's arithmetic.
 
-P = 94.05 GiB, A = 21.71 GiB and 70,272 B/token are the operator's figures (DESIGN §1); the
-post-pool allocations are the simulator's for Kimi-K2.5 with EAGLE-3 and 48 request slots.
+P = 94.05 GiB, A = 21.71 GiB and 70,272 B/token are the operator's figures
+(docs/sglang-memory.md); the post-pool allocations are the simulator's for Kimi-K2.5 with EAGLE-3
+and 48 request slots.
 """
 
 from __future__ import annotations
@@ -59,8 +60,13 @@ def trial(
     reason: str = "",
     evidence: tuple[str, ...] = (),
     log_path: str | None = None,
+    rise: float | None = None,
+    least_free: float | None = None,
 ) -> FrozenTrial:
-    """One recorded trial: ok ones measured `peak` GiB at the stress peak."""
+    """One recorded trial: ok ones measured `peak` GiB at the stress peak. `rise` is what the
+    GPU probe recorded as the peak when it differs (it measures from the workload's start, not
+    from the free memory after startup); `least_free` the least free memory recorded when it is
+    not `free − peak` (a trial that died under load records what it saw before dying)."""
     led = (
         ledger(f, requests)
         if outcome != "startup_oom"
@@ -69,6 +75,8 @@ def trial(
     free = led.get("available_gpu_mem_gib")
     ok = outcome == "ok"
     headroom = free - peak if ok and free is not None else None
+    if least_free is not None:
+        headroom = least_free
     cap = tokens(f)
     record = {
         "params": {"mem_fraction_static": f, "max_running_requests": requests},
@@ -78,7 +86,7 @@ def trial(
         "capacity_tokens": cap,
         "throughput_tok_s": throughput if ok else 0.0,
         "headroom_gib": headroom,
-        "stress_peak_gib": peak if ok else None,
+        "stress_peak_gib": (rise if rise is not None else peak) if ok or rise else None,
         "error_rate": 0.0 if ok else 0.99,
         "p99_ttft_ms": 2300.0 if ok else None,
         "p99_itl_ms": 400.0 if ok else None,

@@ -21,6 +21,7 @@ import pytest
 from autotune.cli.main import main
 from autotune.config.space import params_from_flags
 from autotune.config.studyfile import load_study
+from autotune.server.flagcheck import canonical_argv, inspect_argv
 from tests import simstudy
 
 pytestmark = pytest.mark.e2e
@@ -87,6 +88,11 @@ def _without_launch_flags(argv: object) -> list[str]:
     return out
 
 
+def _canonical(argv: list[str]) -> list[str]:
+    """The command with each flag spelt as the server's parser names it (what export prints)."""
+    return list(canonical_argv(argv, inspect_argv(argv, backend="sim").canonical))
+
+
 def test_report_while_running_and_after(study: Path) -> None:
     during = (study / "during.txt").read_text()
     assert during.startswith("0\n"), during
@@ -127,7 +133,8 @@ def test_explain_prints_the_arithmetic(study: Path, capsys: pytest.CaptureFixtur
     done = cli(study, capsys, "explain", "--trial", "0")
     assert done.returncode == 0, done.stderr
     assert "KV pool = A − P × (1 − f) = 21.71 − 94.05 × (1 − 0.88) = 10.42 GiB" in done.stdout
-    assert "Headroom P × (1 − f) = 11.29 GiB" in done.stdout
+    assert "Reserve P × (1 − f) = 11.29 GiB" in done.stdout
+    assert done.stdout.startswith("baseline 0.88: ")
     assert "Stress peak" in done.stdout and "What limits it" in done.stdout
 
 
@@ -143,7 +150,7 @@ def test_export_prints_each_format_with_the_flags_the_trial_ran(
     assert "\nExecStart=\nExecStart=" in unit and "UNCONFIRMED" in unit
     ran = _trial_json(study, 0)
     exported = json.loads(cli(study, capsys, "export", "--format", "json", "--trial", "0").stdout)
-    argv = _without_launch_flags(ran["argv"])
+    argv = _canonical(_without_launch_flags(ran["argv"]))
     assert exported["argv"] == argv
     assert params_from_flags(exported["argv"], cfg.search) == ran["params"]
     assert exported["params"] == ran["params"] and exported["trial"] == 0
@@ -164,7 +171,7 @@ def test_confirm_records_pass_and_fail(study: Path, capsys: pytest.CaptureFixtur
     exported = json.loads(shown.stdout)
     assert exported["confirmed"] is True
     soaked = json.loads((study / "results/e2e/confirm/0000/trial.json").read_text())
-    assert _without_launch_flags(soaked["argv"]) == exported["argv"]  # the exported command
+    assert _canonical(_without_launch_flags(soaked["argv"])) == exported["argv"]  # as exported
     assert "CONFIRMED by a soak" in cli(study, capsys, "explain", "--margin", "0").stdout
     assert "UNCONFIRMED" in cli(study, capsys, "export").stdout  # the default margin: not soaked
 

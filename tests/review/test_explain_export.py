@@ -26,13 +26,16 @@ def test_explain_puts_the_operators_arithmetic_in_words(cfg: StudyConfig) -> Non
     text = explain(review, review.trial(0))
     assert "KV pool = A − P × (1 − f) = 21.71 − 94.05 × (1 − 0.88) = 10.42 GiB → 159,276 " \
         "tokens at 70,272 B/token" in text  # fmt: skip
-    assert "Headroom P × (1 − f) = 11.29 GiB = request table 0.04 + draft 0.84" in text
+    assert "Reserve P × (1 − f) = 11.29 GiB = request table 0.04 + draft 0.84" in text
     assert "CUDA graphs 3.70" in text
-    assert "Stress peak 2.50 GiB measured under the stress phase" in text
-    assert "(required ≥ 0.50)" in text
+    assert "Headroom P" not in text  # the reserve is not the headroom the constraint checks
+    assert "Stress peak 2.50 GiB: what the workload took at its worst" in text
+    assert "GiB free at the worst moment (required ≥ 0.50)" in text
     assert "does not size the KV pool" in text
     # other fractions, with the trials that ran them, and the limit
-    assert "#5 ok" in text and "0.91 (trial 5), was infeasible: broke headroom_gib" in text
+    assert (
+        "#5 ok, measured" in text and "0.91 (trial 5), was infeasible: broke headroom_gib" in text
+    )
     assert "highest mem_fraction_static that does is 0.9" in text
 
 
@@ -58,8 +61,12 @@ def test_explain_a_startup_oom(cfg: StudyConfig) -> None:
     assert "predictions below start from trial 6 (mem_fraction_static=0.92)" in text
     assert "stress peak measured by trials #0, #1, #2, #3, #4, #5" in text
     row = next(line for line in text.splitlines() if line.startswith(" *"))
-    assert "0.94" in row and "#7 startup_oom" in row
-    assert float(row.split()[5]) < 0  # free memory at startup: negative, as it was
+    assert "0.94" in row and "#7 startup_oom, measured" in row
+    # it never finished starting: no free memory after startup, none at the worst moment
+    assert row.split()[5] == "–" and row.split()[6] == "–"
+    predicted = next(line for line in text.splitlines() if line.strip().startswith("0.95"))
+    assert "predicted: OOM at startup" in predicted
+    assert float(predicted.split()[5]) < 0  # free memory at startup: negative
 
 
 def test_unknown_trial_is_a_usage_error(cfg: StudyConfig) -> None:
@@ -81,7 +88,7 @@ def test_export_round_trips_and_uses_the_space_function(cfg: StudyConfig) -> Non
 def test_export_formats(cfg: StudyConfig) -> None:
     ex = build_export(_review(cfg), cfg)
     flags = render(ex, "flags")
-    assert flags.startswith("--model-path '/models/Kimi K2.5' --tp 8")
+    assert flags.startswith("--model-path '/models/Kimi K2.5' --tp-size 8")
     assert "--mem-fraction-static 0.89 --max-running-requests 48" in flags
     data = json.loads(render(ex, "json"))
     for key in ("study", "trial", "params", "argv", "capacity_tokens", "throughput_tok_s",
@@ -114,10 +121,11 @@ def test_export_refers_to_the_api_key_variable_never_its_value(
 
 
 def test_export_a_trial_as_it_ran(cfg: StudyConfig) -> None:
-    ex = build_export(_review(cfg), cfg, trial=6)
-    assert ex.params["mem_fraction_static"] == 0.92 and ex.confirmed is None
-    assert ex.notes == ("trial 6 was oom",)
+    ex = build_export(_review(cfg), cfg, trial=3)
+    assert ex.params["mem_fraction_static"] == 0.87 and ex.confirmed is None
+    assert ex.notes == () and not ex.forced and ex.flags == ex.argv[len(ex.program) :]
     assert ex.margin == {"steps": 0, "headroom_gib": None}
+    assert ex.headline.startswith("no baseline in the study → export trial 3 (0.87): ")
 
 
 def test_export_without_a_feasible_trial(cfg: StudyConfig) -> None:

@@ -85,7 +85,7 @@ def test_waterfall_adds_up_to_the_free_memory() -> None:
         "request table",
         "CUDA graphs",
     ]
-    assert labels[-3:] == ["free after startup", "stress peak", "free at the stress peak"]
+    assert labels[-3:] == ["free after startup", "stress peak", "free at the worst moment"]
     level = 0.0
     for s in d.steps:
         if s.measure == "relative":

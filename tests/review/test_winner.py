@@ -41,9 +41,9 @@ def test_backed_off_point_that_never_ran_is_predicted_with_sglang_arithmetic() -
     # two steps of 0.01·P: the pool shrinks by 0.02·94.05 GiB and the free memory grows as much
     assert w.capacity_tokens is not None
     assert w.capacity_tokens == pytest.approx(int((21.71 - P * 0.12) * 2**30) // 70272, rel=1e-3)
-    chosen_free = w.chosen.headroom_gib
-    assert chosen_free is not None and w.headroom_gib is not None
-    assert w.headroom_gib == pytest.approx(chosen_free + 0.02 * P, abs=0.05)
+    chosen_free = w.chosen.free_at_peak_gib
+    assert chosen_free is not None and w.free_at_peak_gib is not None
+    assert w.free_at_peak_gib == pytest.approx(chosen_free + 0.02 * P, abs=0.05)
     assert any("predicted" in n for n in w.notes)
 
 
@@ -52,7 +52,7 @@ def test_headroom_margin_takes_enough_steps() -> None:
     assert w is not None
     # 0.90 leaves 1.12 GiB at the peak; each step adds 0.94 GiB (+ the draft's share): 2 steps
     assert w.steps_back == 2 and w.params["mem_fraction_static"] == 0.88
-    assert w.headroom_gib is not None and w.headroom_gib >= 3.0
+    assert w.free_at_peak_gib is not None and w.free_at_peak_gib >= 3.0
 
 
 def test_headroom_margin_already_met_takes_no_step() -> None:

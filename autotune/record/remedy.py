@@ -1,0 +1,102 @@
+"""What would fix a failed trial: the knob its failure points at, in one sentence (pure).
+
+Read from the trial's view (its ending, the cause its log line gave, the constraints it broke and
+its ledger), so the study's closing line, `explain` and the report name the same knob: a host
+cache smaller than the device pool points at `hicache_size`, a KV pool that found no room at
+`mem_fraction_static` (up), an out-of-memory under load at `mem_fraction_static` (down) and the
+batch knobs, a hang at the log rather than at a memory setting. The arithmetic behind each is in
+docs/sglang-memory.md.
+"""
+
+from __future__ import annotations
+
+from autotune.record.view import TrialView
+
+_HANG = ("watchdog_timeout", "stall", "phase_timeout", "unhealthy")
+_OOM = ("torch_oom", "cuda_error_oom", "prefill_oom", "decode_oom", "nccl_error")
+
+
+def remedy(t: TrialView) -> str:
+    """The knob that would fix `t`'s failure ("" for a feasible or unfinished trial)."""
+    if t.kind in ("feasible", "running", "skipped"):
+        return ""
+    cause = t.cause
+    if cause == "hicache_too_small":
+        return _host_cache_too_small(t)
+    if cause in ("host_memory", "host_oom_killer"):
+        return (
+            "the host cache does not fit in host RAM (it is pinned per rank, times the ranks): "
+            "lower hicache_size, or set it to 0"
+        )
+    if cause == "no_kv_room":
+        return (
+            "the weights leave no room for a KV pool at this fraction: raise mem_fraction_static "
+            "(the pool is A − P·(1 − f))"
+        )
+    if cause == "pool_too_small":
+        return (
+            "the KV pool cannot hold one request: raise mem_fraction_static, or lower "
+            "--context-length"
+        )
+    if cause == "graph_capture_failed":
+        return (
+            "CUDA-graph capture ran out of memory: lower mem_fraction_static, or "
+            "max_running_requests (it caps the captured batch sizes)"
+        )
+    if cause.startswith(_HANG):
+        return (
+            "not a memory setting: the server stopped making progress; read its log "
+            "(`autotune ledger LOG`), and raise server.limits if startup is only slow"
+        )
+    if t.ending.fails_at_startup and cause in _OOM:
+        return (
+            "lower mem_fraction_static: the reserve P·(1 − f) did not hold what startup "
+            "allocates after the KV pool (request table, draft, CUDA graphs)"
+        )
+    if t.ending.is_oom:
+        return (
+            "lower mem_fraction_static: the transient peak under load exceeded the free memory; "
+            "a smaller chunked_prefill_size or max_running_requests lowers the peak itself"
+        )
+    if t.ending.fails_at_startup:
+        return (
+            "see the server's log (`autotune ledger LOG`): the flags in [server.flags] may not "
+            "fit this SGLang, box or model"
+        )
+    if t.kind == "infeasible":
+        return _constraint(t)
+    if t.ending.is_crash:
+        return (
+            "see the server's log (`autotune ledger LOG`): it crashed for a reason other than "
+            "memory"
+        )
+    return ""
+
+
+def _host_cache_too_small(t: TrialView) -> str:
+    led = t.ledger
+    sizes = ""
+    if led.host_cache_tokens is not None and led.max_total_num_tokens is not None:
+        sizes = (
+            f" ({led.host_cache_tokens:,} host tokens for {led.max_total_num_tokens:,} on the GPU)"
+        )
+    return (
+        f"the host cache is smaller than the device KV pool{sizes}: raise hicache_size (host GB "
+        "per rank) above the pool's size, or set hicache_size = 0 to run without it"
+    )
+
+
+def _constraint(t: TrialView) -> str:
+    broke = set(t.violated)
+    if "headroom_gib" in broke:
+        left = t.free_at_peak_gib
+        at = f": {left:.2f} GiB were free at the worst moment" if left is not None else ""
+        return (
+            f"lower mem_fraction_static{at}; each step of 0.01 hands about P × 0.01 GiB "
+            "back from the KV pool"
+        )
+    if "error_rate" in broke:
+        return "requests failed under load: read the server's log; lower max_running_requests"
+    if broke & {"p99_ttft_ms", "p99_itl_ms"}:
+        return "too slow for the latency limits: lower max_running_requests or chunked_prefill_size"
+    return ""
