@@ -38,6 +38,7 @@ def prepare(study: optuna.Study, cfg: StudyConfig) -> int:
     baseline = {k: v for k, v in cfg.search.baseline.items() if k in searched}
     if baseline:
         queued.append(baseline)
+        study.set_user_attr(keys.BASELINE, dict(baseline))
     if cfg.sampler.name == "grid":
         points = grid(cfg.search)
         if points is None:
@@ -49,6 +50,47 @@ def prepare(study: optuna.Study, cfg: StudyConfig) -> int:
     for params in queued:
         study.enqueue_trial(dict(params))
     return len(queued)
+
+
+def baseline_first(study: optuna.Study, cfg: StudyConfig) -> bool:
+    """Put the baseline back at the head of the queue when a run cut it short (Ctrl-C, or a
+    killed autotune) and its point was queued again behind the others: the operator's setting is
+    measured first on resume, as on the first night. True when the queue was reordered."""
+    stored = study.user_attrs.get(keys.BASELINE)
+    searched = _searched_names(cfg.search)
+    baseline = (
+        dict(stored)
+        if isinstance(stored, Mapping)
+        else {k: v for k, v in cfg.search.baseline.items() if k in searched}
+    )
+    if not baseline:
+        return False
+    trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
+
+    def runs_baseline(params: Mapping[str, object]) -> bool:
+        return all(k in params and _same(params[k], v) for k, v in baseline.items())
+
+    for t in trials:
+        if t.state.is_finished() and runs_baseline(t.params):
+            outcome = Outcome.of(t.user_attrs.get(keys.OUTCOME, ""))
+            if t.state == TrialState.COMPLETE or outcome.counted:
+                return False  # the baseline was measured already
+    waiting = [t for t in trials if t.state == TrialState.WAITING]
+    points = [internals.fixed_params(t) for t in waiting]
+    at = next((i for i, p in enumerate(points) if runs_baseline(p)), None)
+    if at is None or at == 0:
+        return False
+    order = [points[at], *points[:at], *points[at + 1 :]]
+    for t, was, now in zip(waiting, points, order, strict=True):
+        if was != now:
+            internals.set_fixed_params(study, t, now)
+    return True
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return abs(float(a) - float(b)) <= 1e-9
+    return a == b
 
 
 def _searched_names(search: SearchConfig) -> set[str]:

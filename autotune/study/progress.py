@@ -4,24 +4,74 @@ On a terminal one status line is redrawn every second (trial k of N, phase with 
 expected time, best feasible capacity, OOMs so far, ETA) under the permanent one-line summaries of
 finished trials. Anywhere else (a log file, systemd's journal) the same facts are plain lines, one
 per event, so nothing depends on a terminal. Formatting is pure; the clock and stream are injected.
+
+The times are honest from the first trial on: before a phase has been seen, its expected time
+comes from the study's workload (the steady and Poisson phases' durations), and an ETA that
+rests on a phase not timed yet (the first startup) is shown as a lower bound, `ETA ≥ 6h40m`.
+During the workload the line names the workload's phase (`agents`, `stress-1`) once a trial has
+timed them, and the plan (`warmup → agents 15m00s → stress`) before. After Ctrl-C the teardown
+says what it waits for: the server draining its requests, up to the study's grace period.
+
+`warnings_before_launch` is the other thing the operator reads before the first launch: one line
+per setting that will make the night say less than it could (a workload that cannot fill the
+searched request slots, flags the simulator profile cannot serve, a host cache smaller than the
+device pool). They warn; they do not refuse.
 """
 
 from __future__ import annotations
 
+import math
 import shutil
 import statistics
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import NamedTuple, TextIO
 
-from autotune.config.studyfile import Scalar
+from autotune.config.studyfile import (
+    HICACHE,
+    Choices,
+    Fixed,
+    FloatRange,
+    IntRange,
+    Param,
+    Scalar,
+    StudyConfig,
+)
+from autotune.config.workload import Poisson, Steady, Stress, Warmup, WorkloadSpec
+from autotune.memory.arithmetic import tokens_for
+from autotune.record.view import FRACTION, REQUESTS, TrialView
+from autotune.sim.profiles import Profile
+
+TRIAL_PHASES = ("launch", "startup", "workload", "teardown")
+
+
+class Planned(NamedTuple):
+    """One phase of the workload as the study file plans it: its name, kind and duration (None
+    when only a run can tell: warm-up and stress phases end when their requests do)."""
+
+    name: str
+    kind: str
+    seconds: float | None
+
+
+def workload_plan(spec: WorkloadSpec) -> tuple[Planned, ...]:
+    out = []
+    for ph in spec.phases:
+        if isinstance(ph, Steady | Poisson):
+            out.append(Planned(ph.name, "steady" if isinstance(ph, Steady) else "poisson",
+                               ph.duration_s))  # fmt: skip
+        elif isinstance(ph, Stress):
+            out.append(Planned(ph.name, "stress", None))
+        elif isinstance(ph, Warmup):
+            out.append(Planned(ph.name, "warmup", None))
+    return tuple(out)
 
 
 @dataclass
 class Tally:
-    """Running figures of the study, fed by finished trials."""
+    """Running figures of the study, fed by finished trials, and its workload's plan."""
 
     n_trials: int
     done: int = 0
@@ -29,6 +79,10 @@ class Tally:
     ooms: int = 0
     trial_seconds: list[float] = field(default_factory=list)
     phase_seconds: dict[str, list[float]] = field(default_factory=dict)
+    plan: tuple[Planned, ...] = ()
+    """The workload's phases as the study file plans them."""
+    workload_seconds: dict[str, list[float]] = field(default_factory=dict)
+    """Seconds each workload phase took, by name, in the trials that ran it."""
 
     def add(
         self,
@@ -37,6 +91,7 @@ class Tally:
         feasible_capacity: int | None,
         oom: bool,
         phases: Mapping[str, float],
+        workload_phases: Mapping[str, float] | None = None,
     ) -> None:
         self.done += 1 if counted else 0
         self.ooms += 1 if oom else 0
@@ -47,18 +102,101 @@ class Tally:
                 self.trial_seconds.append(seconds)
             else:
                 self.phase_seconds.setdefault(name, []).append(seconds)
+        for name, seconds in (workload_phases or {}).items():
+            self.workload_seconds.setdefault(name, []).append(seconds)
 
     def expected(self, phase: str) -> float | None:
+        """The median time the phase took so far; for the workload before any trial timed it,
+        the study's plan when every phase of it has a duration."""
         seen = self.phase_seconds.get(phase)
-        return statistics.median(seen) if seen else None
+        if seen:
+            return statistics.median(seen)
+        if phase == "workload" and self.plan:
+            steps = [self.expected_workload_phase(p) for p in self.plan]
+            if all(s is not None for s in steps):
+                return sum(s or 0.0 for s in steps)
+        return None
 
-    def eta(self, elapsed_in_trial: float, remaining_s: float | None) -> float | None:
-        if not self.trial_seconds:
+    def expected_workload_phase(self, p: Planned) -> float | None:
+        seen = self.workload_seconds.get(p.name)
+        return statistics.median(seen) if seen else p.seconds
+
+    def planned_workload_s(self) -> float:
+        """What the workload's plan says at least (phases of unknown length count as 0)."""
+        return sum(self.expected_workload_phase(p) or 0.0 for p in self.plan)
+
+    def per_trial(self, phase: str = "", phase_elapsed: float = 0.0) -> tuple[float, bool] | None:
+        """Seconds one trial takes and whether that is exact (False: a lower bound, some phase
+        not timed yet); None when nothing is known at all."""
+        if self.trial_seconds:
+            return statistics.median(self.trial_seconds), True
+        total, exact, known = 0.0, True, False
+        for name in TRIAL_PHASES:
+            seen = self.expected(name)
+            if seen is None and name == "workload" and self.plan:
+                seen, exact = self.planned_workload_s(), False
+            if seen is None:
+                exact = False
+                seen = phase_elapsed if name == phase else 0.0
+            else:
+                known = True
+            if name == phase:
+                seen = max(seen, phase_elapsed)
+            total += seen
+        return (total, exact) if known or phase_elapsed > 0 else None
+
+    def eta(
+        self,
+        elapsed_in_trial: float,
+        remaining_s: float | None,
+        *,
+        phase: str = "",
+        phase_elapsed: float = 0.0,
+    ) -> float | None:
+        """Seconds left for the study (None when nothing is known yet)."""
+        est = self.per_trial(phase, phase_elapsed)
+        if est is None:
             return None
-        per_trial = statistics.median(self.trial_seconds)
+        per_trial = est[0]
         left = max(self.n_trials - self.done, 0)
         eta = max(per_trial - elapsed_in_trial, 0.0) + per_trial * max(left - 1, 0)
         return min(eta, remaining_s) if remaining_s is not None else eta
+
+    def eta_text(
+        self,
+        elapsed_in_trial: float,
+        remaining_s: float | None,
+        *,
+        phase: str = "",
+        phase_elapsed: float = 0.0,
+    ) -> str:
+        """`ETA 1h05m`, or `ETA ≥ 6h40m` while it rests on a phase not timed yet."""
+        eta = self.eta(elapsed_in_trial, remaining_s, phase=phase, phase_elapsed=phase_elapsed)
+        est = self.per_trial(phase, phase_elapsed)
+        capped = remaining_s is not None and eta is not None and eta >= remaining_s
+        bound = "≥ " if est is not None and not est[1] and not capped else ""
+        return f"ETA {bound}{duration(eta)}"
+
+    def workload_phase(self, elapsed: float) -> str:
+        """The workload phase running `elapsed` seconds in, by name (`agents (steady, 3m left)`),
+        once a trial has timed the phases up to it; "" before."""
+        at = 0.0
+        for p in self.plan:
+            took = self.workload_seconds.get(p.name)
+            if not took:
+                return ""
+            length = statistics.median(took)
+            if elapsed < at + length:
+                return f"{p.name} ({p.kind}, {duration(at + length - elapsed)} left)"
+            at += length
+        if self.plan:
+            return f"{self.plan[-1].name} ({self.plan[-1].kind}, running over)"
+        return ""
+
+    def plan_text(self) -> str:
+        """The workload's phases in order, with the durations the study file gives them."""
+        steps = [p.name + (f" {duration(p.seconds)}" if p.seconds else "") for p in self.plan]
+        return " → ".join(steps)
 
 
 def duration(seconds: float | None) -> str:
@@ -85,13 +223,28 @@ def status_line(
     phase_elapsed: float,
     trial_elapsed: float,
     remaining_s: float | None,
+    draining_s: float | None = None,
 ) -> str:
-    expected = tally.expected(phase)
+    """The live line; `draining_s` (the stop grace) when the operator asked to stop."""
+    expected = f"expected {duration(tally.expected(phase))}"
     best = f"{tally.best_capacity:,} tok" if tally.best_capacity is not None else "none yet"
+    name = phase
+    if phase == "workload":
+        sub = tally.workload_phase(phase_elapsed)
+        if sub:
+            name = f"workload: {sub},"
+        elif tally.plan:
+            planned = tally.planned_workload_s()
+            least = f"≥ {duration(planned)}" if planned else "?"
+            if tally.expected(phase) is None:
+                expected = f"expected {least}"
+            expected += f": {tally.plan_text()}"
+    elif phase == "teardown" and draining_s is not None:
+        name = f"teardown: waiting for the server to drain (up to {draining_s:g} s),"
+    eta = tally.eta_text(trial_elapsed, remaining_s, phase=phase, phase_elapsed=phase_elapsed)
     return (
-        f"trial {k}/{tally.n_trials} (#{number}) {phase} {duration(phase_elapsed)}"
-        f" (expected {duration(expected)}) | best feasible {best} | OOMs {tally.ooms}"
-        f" | ETA {duration(tally.eta(trial_elapsed, remaining_s))}"
+        f"trial {k}/{tally.n_trials} (#{number}) {name} {duration(phase_elapsed)}"
+        f" ({expected}) | best feasible {best} | OOMs {tally.ooms} | {eta}"
     )
 
 
@@ -102,18 +255,24 @@ def finished_line(
     number: int,
     outcome: str,
     reason: str,
-    capacity: int,
-    throughput: float,
+    capacity: int | None,
+    throughput: float | None,
     headroom: float | None,
     feasible: bool | None,
     seconds: float,
 ) -> str:
+    """One finished trial; `headroom` is the free memory at the worst moment. A figure the trial
+    did not measure is left out rather than printed as 0."""
     verdict = {True: "feasible", False: "infeasible", None: "failed"}[feasible]
-    room = f", headroom {headroom:.2f} GiB" if headroom is not None else ""
+    parts = [f"capacity {capacity:,} tok" if capacity else "no KV pool"]
+    if throughput is not None:
+        parts.append(f"{throughput:,.0f} tok/s")
+    if headroom is not None:
+        parts.append(f"{headroom:.2f} GiB free at the worst moment")
     why = f" — {reason}" if reason and outcome != "ok" else ""
     return (
-        f"trial {k}/{n} (#{number}) {outcome} [{verdict}]: capacity {capacity:,} tok, "
-        f"{throughput:,.0f} tok/s{room}, {duration(seconds)}{why}"
+        f"trial {k}/{n} (#{number}) {outcome} [{verdict}]: {', '.join(parts)}, "
+        f"{duration(seconds)}{why}"
     )
 
 
@@ -145,6 +304,13 @@ class Progress:
         self._phase_t0 = 0.0
         self._trial_t0 = 0.0
         self._drawn = False
+        self._draining_s: float | None = None
+
+    def stopping(self, grace_s: float) -> None:
+        """The operator asked to stop (called from a signal handler: it only sets a value, so
+        it cannot wait for the lock the interrupted code may hold); the teardown that follows
+        says it waits for the server to drain, up to `grace_s`."""
+        self._draining_s = grace_s
 
     # events -------------------------------------------------------------------------------------
 
@@ -202,6 +368,7 @@ class Progress:
             phase_elapsed=now - self._phase_t0,
             trial_elapsed=now - self._trial_t0,
             remaining_s=remaining,
+            draining_s=self._draining_s,
         )
 
     def _redraw(self) -> None:
@@ -221,3 +388,156 @@ class Progress:
                 self._clear()
                 self._redraw()
                 self._out.flush()
+
+
+# ------------------------------------------------------------------------------------------------
+# Before the first launch: what will make the night say less than it could (warnings, one line)
+# ------------------------------------------------------------------------------------------------
+
+
+def warnings_before_launch(
+    cfg: StudyConfig, trials: Sequence[TrialView] = (), profile: Profile | None = None
+) -> list[str]:
+    """One line per setting that will waste trials: the workload cannot fill the searched request
+    slots, the fixed flags ask for what the simulator profile does not have, or the host cache is
+    smaller than the device pool will be. `profile` is the simulator's (sim backend); `trials`
+    are the study's finished ones (their ledgers size the pools on a resumed study)."""
+    out = _concurrency(cfg)
+    if profile is not None:
+        out += _flags_vs_profile(cfg, profile)
+    out += _host_cache(cfg, trials, profile)
+    return out
+
+
+def _values(p: Param) -> list[float]:
+    if isinstance(p, Fixed):
+        vals: list[Scalar] = [p.value]
+    elif isinstance(p, Choices):
+        vals = list(p.values)
+    elif isinstance(p, IntRange | FloatRange):
+        vals = [p.low, p.high]
+    else:
+        vals = []
+    return [float(v) for v in vals if isinstance(v, int | float) and not isinstance(v, bool)]
+
+
+def _param(cfg: StudyConfig, name: str) -> Param | None:
+    return next((p for p in cfg.search.params if p.name == name), None)
+
+
+def _concurrency(cfg: StudyConfig) -> list[str]:
+    p = _param(cfg, REQUESTS)
+    if p is None or isinstance(p, Fixed):
+        return []
+    steady = [ph for ph in cfg.workload.phases if isinstance(ph, Steady)]
+    if not steady or any(isinstance(ph, Poisson) for ph in cfg.workload.phases):
+        return []  # open-loop arrivals can fill any number of slots
+    busiest = max(steady, key=lambda ph: ph.concurrency)
+    above = sorted({int(v) for v in _values(p) if v > busiest.concurrency})
+    if not above:
+        return []
+    return [
+        f"workload: at most {busiest.concurrency} requests run at once (phase "
+        f"{busiest.name}: concurrency {busiest.concurrency}), but the search tries "
+        f"{REQUESTS} up to {above[-1]}: above {busiest.concurrency} its slots stay empty and "
+        "throughput cannot differ; raise the phase's concurrency or narrow "
+        f"search.{REQUESTS}"
+    ]
+
+
+def _flags(cfg: StudyConfig) -> dict[str, object]:
+    return {k.replace("-", "_"): v for k, v in cfg.server.flags}
+
+
+def _flags_vs_profile(cfg: StudyConfig, profile: Profile) -> list[str]:
+    flags = _flags(cfg)
+    out = []
+    where = f"the simulator profile {profile.name}"
+    spec = flags.get("speculative_algorithm")
+    if spec and profile.draft is None:
+        out.append(
+            f"server.flags.speculative_algorithm = {spec}, but {where} has no draft model: "
+            "the rehearsal serves without one, so its memory has no draft in it; remove the "
+            "speculative-* flags or pick a profile with a [draft]"
+        )
+    tp = flags.get("tp_size", flags.get("tensor_parallel_size", flags.get("tp")))
+    if isinstance(tp, int) and tp > profile.hardware.gpu_count:
+        out.append(
+            f"server.flags.tp_size = {tp}, but {where} has {profile.hardware.gpu_count} "
+            "GPU(s): every launch will fail; lower tp_size or pick another profile"
+        )
+    return out
+
+
+def _host_cache(
+    cfg: StudyConfig, trials: Sequence[TrialView], profile: Profile | None
+) -> list[str]:
+    h, f = _param(cfg, HICACHE), _param(cfg, FRACTION)
+    if h is None or f is None:
+        return []
+    sizes = sorted(v for v in _values(h) if v > 0)
+    fractions = _values(f)
+    if not sizes or not fractions:
+        return []
+    small, top = sizes[0], max(fractions)
+    pools = _pools(cfg, trials, profile)
+    if pools is None:
+        return []
+    host_bytes_per_token, device_tokens = pools
+    host = int(small * 1e9 // host_bytes_per_token)
+    device = device_tokens(top)
+    if device is None or host > device:
+        return []
+    return [
+        f"search.{HICACHE}: {small:g} GB per rank holds about {host:,} tokens, but at "
+        f"{FRACTION} {top:g} the device KV pool will hold about {device:,}: SGLang 0.5.9 "
+        "refuses to start with a host cache no larger than the device pool (0.5.23 warns); "
+        f"raise {HICACHE} above {math.ceil(device * host_bytes_per_token / 1e9):g} GB "
+        "or use 0 (off)"
+    ]
+
+
+def _pools(
+    cfg: StudyConfig, trials: Sequence[TrialView], profile: Profile | None
+) -> tuple[float, Callable[[float], int | None]] | None:
+    """(host bytes per token, device tokens at a fraction), from a finished trial's ledger when
+    one has them, else from the simulator profile; None when neither can tell."""
+    for t in trials:
+        led = t.ledger
+        if led.host_cache_gb and led.host_cache_tokens and t.arithmetic() is not None:
+
+            def at(frac: float, t: TrialView = t) -> int | None:
+                p = t.predict(frac)
+                return p.tokens if p is not None else None
+
+            return led.host_cache_gb * 1e9 / led.host_cache_tokens, at
+    if profile is None:
+        return None
+    return _profile_pools(cfg, profile)
+
+
+def _profile_pools(
+    cfg: StudyConfig, profile: Profile
+) -> tuple[float, Callable[[float], int | None]] | None:
+    """SGLang's arithmetic (docs/sglang-memory.md) over the profile's box and model: P is the GPU
+    less the CUDA context, A what the weights leave, the pool `A − P·(1 − f)` at the cell the
+    model's geometry gives. The draft is left out, so the device pool is, if anything, larger."""
+    flags = _flags(cfg)
+    tp_flag = flags.get("tp_size", flags.get("tensor_parallel_size", flags.get("tp", 1)))
+    tp = tp_flag if isinstance(tp_flag, int) and tp_flag > 0 else 1
+    att = profile.attention
+    elem = 1 if str(flags.get("kv_cache_dtype", "")).startswith("fp8") else 2
+    if att.kind == "mla":
+        cell = (att.kv_lora_rank + att.qk_rope_head_dim) * att.layers * elem
+    else:
+        cell = max(1, att.kv_heads // tp) * (att.head_dim + (att.v_head_dim or att.head_dim))
+        cell *= att.layers * elem
+    if cell <= 0:
+        return None
+    p = profile.hardware.gpu_memory_mib / 1024 - profile.hardware.cuda_context_gib
+    a = p - profile.model.weights_gib * profile.model.weights_tp / tp
+
+    def at(frac: float) -> int | None:
+        return tokens_for(a - p * (1.0 - frac), cell)
+
+    return float(cell), at
