@@ -36,6 +36,7 @@ from autotune.search.points import (
     MEMORY_PARAMS,
     REQUESTS,
     Point,
+    Push,
     fmt,
     host_failure,
     key,
@@ -109,13 +110,20 @@ def _without_model(
     if known or pending:
         source = known[-1].params if known else pending[0]
         base.update({k: v for k, v in source.items() if k in axes and k != FRACTION})
-    taken = {key(p.params, names) for p in known} | {key(p, names) for p in pending}
+    taken = {key(p.params, names) for p in known if not _retry_once(p, known)}
+    taken |= {key(p, names) for p in pending}
+    report = _not_memory(known)
+    if report is not None:
+        return Proposal(dict(base), "confirm", report, done=report)
+    retry = next((p for p in reversed(known) if _retry_once(p, known)), None)
+    if retry is not None and key(retry.params, names) not in {key(p, names) for p in pending}:
+        params = {k: v for k, v in retry.params.items() if k in axes}
+        return Proposal(params, "retry", _retry_why(retry))
     if FRACTION not in axes:
         return _untried(axes, names, base, taken, nothing_started=bool(known))
     fractions = sorted(float(v) for v in axes[FRACTION])
-    failed = [float(p.params[FRACTION]) for p in known if FRACTION in p.params]
-    if fractions and failed:
-        return _halfway_down(base, fractions, min(failed))
+    if fractions and any(p.too_low or p.memory_failure for p in known):
+        return _bracket(base, names, fractions, known, taken)
     params = dict(base)
     start = params.get(FRACTION)
     if isinstance(start, float | int) and not isinstance(start, bool):
@@ -127,23 +135,124 @@ def _without_model(
     return Proposal(params, "start", "no launch recorded yet: a conservative first setting")
 
 
-def _halfway_down(
-    base: Mapping[str, Scalar], fractions: Sequence[float], lowest: float
+FLOOR_SHARE = 0.1
+"""Above a pool that found no room, the first launch leaves this share of the window between
+the lowest fraction that holds a pool and 1 to the pool: the reserve keeps 90% of what the
+weights left free for the request table, the workspaces, CUDA graphs and the peak."""
+
+
+def _bracket(
+    base: Mapping[str, Scalar],
+    names: Sequence[str],
+    fractions: Sequence[float],
+    known: Sequence[Point],
+    taken: set[tuple[Scalar | None, ...]],
 ) -> Proposal:
-    """Nothing started: halfway down from the lowest fraction that failed."""
-    below = [f for f in fractions if f < lowest]
-    if not below:
-        return Proposal(
-            dict(base),
-            "confirm",
-            "nothing starts",
-            done="even the lowest mem_fraction_static fails",
+    """Nothing started yet, and the failures say which way: above every pool that found no room
+    (the ledger's `1 − A/P` gives the lowest fraction that holds one, so one such failure is
+    enough to jump there), below every launch that ran out of memory."""
+    floor = max((f for p in known if (f := p.floor) is not None), default=None)
+    high = [
+        p.observation.setting.mem_fraction
+        for p in known
+        if p.memory_failure and p.observation is not None and host_failure(p.observation) is None
+    ]
+    ceiling = min(high, default=None)
+    inside = [
+        f
+        for f in fractions
+        if (floor is None or f > floor + 1e-9)
+        and (ceiling is None or f < ceiling - 1e-9)
+        and key({**base, FRACTION: f}, names) not in taken
+    ]
+    if not inside:
+        done = nothing_between(floor, ceiling, fractions, known)
+        return Proposal(dict(base), "confirm", done, done=done)
+    if floor is None:
+        assert ceiling is not None
+        pick = inside[len(inside) // 2]
+        why = f"{FRACTION} {fmt(ceiling)} ran out of memory at startup; halfway down to {fmt(pick)}"
+        return Proposal({**base, FRACTION: pick}, "down", why)
+    target = floor + FLOOR_SHARE * (1.0 - floor)
+    if ceiling is not None:
+        target = min(target, (floor + ceiling) / 2)
+    pick = next((f for f in inside if f >= target - 1e-9), inside[-1])
+    low = max(p.observation.setting.mem_fraction for p in known if p.too_low and p.observation)
+    why = (
+        f"{FRACTION} {fmt(low)} left no room for the KV pool (the fraction was too low, not too "
+        f"high): its ledger puts the lowest fraction that holds a pool at {floor:.4f}; up to "
+        f"{fmt(pick)}, which keeps most of the memory the weights left for the reserve"
+    )
+    return Proposal({**base, FRACTION: pick}, "up", why)
+
+
+def nothing_between(
+    floor: float | None, ceiling: float | None, fractions: Sequence[float], known: Sequence[Point]
+) -> str:
+    """The closing reason when no fraction of the range is left, in the failures' own terms."""
+    if floor is not None and ceiling is None:
+        o = next(p.observation for p in known if p.too_low and p.observation)
+        led = o.ledger
+        left = (
+            f": the weights leave {led.avail_after_weights_gib:.2f} of {led.p_gib:.2f} GiB free"
+            if led.avail_after_weights_gib is not None and led.p_gib is not None
+            else ""
         )
-    pick = below[len(below) // 2]
-    return Proposal(
-        {**base, FRACTION: pick},
-        "down",
-        f"{FRACTION} {fmt(lowest)} did not start; halfway down to {fmt(pick)}",
+        return (
+            f"no {FRACTION} in the range holds a KV pool{left}, which needs {FRACTION} above "
+            f"{floor:.4f} (the highest searched is {fmt(max(fractions))}); raise the range's top, "
+            "or spread the weights over more GPUs"
+        )
+    if ceiling is not None and floor is None:
+        return f"even the lowest {FRACTION} ({fmt(min(fractions))}) runs out of memory"
+    return (
+        f"no {FRACTION} is left between {floor:.4f} (below it the KV pool finds no room) and "
+        f"{fmt(ceiling)} (at and above it startup runs out of memory)"
+    )
+
+
+RETRIES = 1
+"""A failure that is not about memory (a crash, a start error) is run once more at the same
+setting: one fluke is not a fault of the setting."""
+NOT_MEMORY_STREAK = 3
+"""This many launches in a row that failed for reasons not about memory end the search."""
+
+
+def _retry_once(p: Point, known: Sequence[Point]) -> bool:
+    """A failure that says nothing about memory, at a setting not yet tried RETRIES more times."""
+    if p.feasible or p.observation is None or p.push is not Push.NONE:
+        return False
+    same = [q for q in known if _same_params(q.params, p.params)]
+    return len(same) <= RETRIES and p is same[-1]
+
+
+def _same_params(a: Mapping[str, Scalar], b: Mapping[str, Scalar]) -> bool:
+    names = set(a) | set(b)
+    return all(norm(a.get(n)) == norm(b.get(n)) for n in names)
+
+
+def _retry_why(p: Point) -> str:
+    o = p.observation
+    reason = o.reason.split(":", 1)[0] if o and o.reason else (o.outcome if o else "failed")
+    return (
+        f"trial {p.number} failed for a reason that is not a memory setting ({reason}); the "
+        "same setting once more, to tell a fluke from a fault"
+    )
+
+
+def _not_memory(known: Sequence[Point]) -> str | None:
+    """The closing report when the latest launches all failed for reasons not about memory."""
+    tail = list(known)[-NOT_MEMORY_STREAK:]
+    if len(tail) < NOT_MEMORY_STREAK or not all(
+        not p.feasible and p.observation is not None and p.push is Push.NONE for p in tail
+    ):
+        return None
+    o = tail[-1].observation
+    assert o is not None
+    return (
+        f"the last {NOT_MEMORY_STREAK} launches failed for reasons that are not a memory setting "
+        f"(the latest: {o.reason or o.outcome}); read the server's log (`autotune ledger LOG`) "
+        "before searching on"
     )
 
 
@@ -223,7 +332,10 @@ class _Planner:
         self.default_slots = ref_obs.slots
         self.default_chunk = ref_obs.chunk
         self.cap = tokens_of(self.best) if self.best else 0
-        self.taken = {key(p.params, names) for p in known} | {key(p, names) for p in pending}
+        self.taken = {key(p.params, names) for p in known if not _retry_once(p, known)}
+        self.taken |= {key(p, names) for p in pending}
+        self.floor = max((f for p in known if (f := p.floor) is not None), default=None)
+        """Below this fraction the KV pool finds no room (a launch's ledger said so)."""
 
     def _beaten(self, p: Point) -> bool:
         s = p.observation.setting if p.observation else None
@@ -270,7 +382,10 @@ class _Planner:
         return out
 
     def _ruled_out(self, s: Setting) -> bool:
-        """Needs at least as much memory as a launch that failed (or one still running)."""
+        """Needs at least as much memory as a launch that failed (or one still running), or
+        leaves the KV pool no room (at or below a fraction whose pool found none)."""
+        if self.floor is not None and s.mem_fraction <= self.floor + 1e-9:
+            return True
         for p in self.known:
             if not p.memory_failure:
                 continue
@@ -291,6 +406,9 @@ class _Planner:
     # ---- the rules ---------------------------------------------------------------------------
 
     def run(self) -> Proposal:
+        report = _not_memory(self.known)
+        if report is not None:
+            return self._stop(report)
         cands = self.candidates()
         g = self.goal
         scored = [(p, fc, fc.p_stable(g.min_headroom_gib)) for p, fc in cands]
@@ -437,6 +555,11 @@ class _Planner:
         return Proposal(
             params, "confirm", f"confirm trial {ref.number}: {text}", done=text, model=self.model
         )
+
+    def _stop(self, report: str) -> Proposal:
+        ref = self.best or self.ref
+        params = {k: v for k, v in ref.params.items() if k in self.axes}
+        return Proposal(params, "confirm", report, done=report, model=self.model)
 
     def _edge_summary(self, scored: list[tuple[dict[str, Scalar], Forecast, float]]) -> str:
         """Where the edge is, in words: what holds, what failed above it, what the model says

@@ -8,12 +8,13 @@ failure rule out everything beyond it without a model.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from autotune.config.studyfile import HICACHE, Scalar
 from autotune.logparse.outcome import Outcome
 from autotune.memory.model import Observation, Setting
+from autotune.record.direction import Push, floor_fraction, push_of
 
 __all__ = [
     "CHUNK",
@@ -23,12 +24,14 @@ __all__ = [
     "MEMORY_PARAMS",
     "REQUESTS",
     "Point",
+    "Push",
     "fmt",
     "host_failure",
     "key",
     "needs_more",
     "norm",
     "num",
+    "push_for",
     "setting_of",
     "tokens_of",
 ]
@@ -39,8 +42,7 @@ CHUNK = "chunked_prefill_size"
 MEMORY_PARAMS = (FRACTION, REQUESTS, CHUNK, HICACHE)
 """The parameters the memory model knows; the searches act on these and sample the rest."""
 MEMORY_CONSTRAINTS = frozenset({"oom", "crash", "headroom_gib"})
-_HOST_TOO_BIG = ("Not enough host memory", "scheduler is dead", "host memory available")
-_HOST_TOO_SMALL = "host memory should be larger than the device memory"
+_HOST_KILLED = "scheduler is dead"
 
 
 @dataclass(frozen=True)
@@ -59,13 +61,35 @@ class Point:
         return self.observation is not None and self.observation.feasible
 
     @property
-    def memory_failure(self) -> bool:
+    def push(self) -> Push:
+        """Which way this launch's failure pushes the settings (`record.direction`); NONE for
+        one that held, or one still running."""
         o = self.observation
         if o is None or o.feasible:
-            return False
-        if Outcome.of(o.outcome).is_parameter_result:
-            return True
-        return bool(self.violated & MEMORY_CONSTRAINTS)
+            return Push.NONE
+        return push_for(o, self.violated)
+
+    @property
+    def memory_failure(self) -> bool:
+        """A failure that rules out every setting needing at least as much memory of its kind:
+        GPU memory (the fraction was too high) or host RAM (the host cache was the wrong size).
+        A pool that found no room (`too_low`) rules out the other side instead."""
+        return self.push in (Push.LOWER, Push.SHRINK_HOST, Push.GROW_HOST)
+
+    @property
+    def too_low(self) -> bool:
+        """The fraction was too low: no room for the KV pool at it, nor at any fraction below."""
+        return self.push is Push.RAISE
+
+    @property
+    def floor(self) -> float | None:
+        """For a launch whose pool found no room: the lowest fraction that can hold one (from its
+        ledger, never below the fraction it ran at); None otherwise."""
+        o = self.observation
+        if o is None or not self.too_low:
+            return None
+        f = floor_fraction(o.ledger, o.reason)
+        return max(f, o.setting.mem_fraction) if f is not None else o.setting.mem_fraction
 
 
 def setting_of(params: Mapping[str, Scalar]) -> Setting | None:
@@ -112,15 +136,33 @@ def needs_more(s: Setting, other: Setting, *, host: str | None = None) -> bool:
     return s.mem_fraction >= other.mem_fraction
 
 
+def push_for(o: Observation, violated: Collection[str] = ()) -> Push:
+    """`record.direction.push_of` for one observation; a rank that died while a host cache was
+    being pinned (0.5.9's `Rank i scheduler is dead`, older records without the cause) is the
+    host's OOM killer."""
+    if o.feasible:
+        return Push.NONE
+    push = push_of(o.outcome, o.reason, violated, o.ledger)
+    if (
+        push is Push.NONE
+        and o.setting.hicache_gb > 0
+        and Outcome.of(o.outcome).fails_at_startup
+        and _HOST_KILLED in o.reason
+    ):
+        return Push.SHRINK_HOST
+    return push
+
+
 def host_failure(o: Observation) -> str | None:
     """ "too_big" when the host cache did not fit in RAM, "too_small" when it was not bigger than
     the GPU pool, None for a failure that was not about the host cache."""
-    if not Outcome.of(o.outcome).fails_at_startup or o.setting.hicache_gb <= 0:
+    if o.setting.hicache_gb <= 0:
         return None
-    if _HOST_TOO_SMALL in o.reason:
-        return "too_small"
-    if any(t in o.reason for t in _HOST_TOO_BIG):
+    push = push_for(o)
+    if push is Push.SHRINK_HOST:
         return "too_big"
+    if push is Push.GROW_HOST:
+        return "too_small"
     return None
 
 

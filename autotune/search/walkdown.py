@@ -1,7 +1,9 @@
 """`WalkDownSampler`: the walk vLLM's auto_tune script does, as an Optuna sampler.
 
 Start `mem_fraction_static` at the top of its range and step down one step after every launch that
-fails (OOM at startup or under load, headroom too small) until one holds; then take the other
+fails for having too much (OOM at startup or under load, headroom too small) until one holds; a
+launch whose KV pool found no room says the opposite, so the walk never goes below the lowest
+fraction its ledger says can hold a pool; then take the other
 searched parameters' grid one combination at a time, each walking down from the fraction the
 previous combination settled on. It learns nothing between steps, which is the point of having
 it: the benchmark measures what the memory model saves over it.
@@ -25,7 +27,8 @@ from optuna.trial import FrozenTrial
 from autotune.config.studyfile import Scalar
 from autotune.search.capacity import record_rule
 from autotune.search.fallback import RANDOM_RULE, contained, sample_randomly, why_random
-from autotune.search.points import FRACTION, Point, fmt, num, tokens_of
+from autotune.search.planner import nothing_between
+from autotune.search.points import FRACTION, Point, Push, fmt, num, tokens_of
 from autotune.search.records import candidate_values, finished_points, learnt_space, pending_params
 
 WALK_RULE = "walkdown"
@@ -82,28 +85,34 @@ def walk(
     pending: Sequence[Mapping[str, Scalar]] = (),
 ) -> tuple[dict[str, Scalar], str, str]:
     """(params, rule, why) for the next launch of the walk; what other workers run now is
-    skipped, so several workers walk down side by side."""
+    skipped, so several workers walk down side by side.
+
+    Each failure pushes the way it says (`record.direction`): out of memory or headroom, one step
+    down; a KV pool that found no room says every fraction up to the lowest that holds one is too
+    low (its ledger gives it), so the walk never steps below that; a host cache too big for host
+    RAM ends that combination; a failure that is not about memory is run once more."""
     fractions = sorted(num(v) for v in axes.get(FRACTION, ()))
     others = [n for n in sorted(axes) if n != FRACTION]
     start = fractions[-1] if fractions else None
+    floor = max((f for p in finished if (f := p.floor) is not None), default=None)
+    allowed = [f for f in fractions if floor is None or f > floor + 1e-9]
     for combo in _combinations(axes, others, finished):
         here = [p for p in finished if _at(p.params, combo)]
         if not fractions:
             if not here and not any(_at(p, combo) for p in pending):
                 return combo, WALK_RULE, f"walk-down: the next combination, {_text(combo)}"
+            retry = _retry(here)
+            if retry is not None and not any(_at(p, combo) for p in pending):
+                return combo, WALK_RULE, f"walk-down: {_text(combo)} once more ({retry})"
             continue
         running = [num(p[FRACTION]) for p in pending if FRACTION in p and _at(p, combo)]
-        nxt = _next_fraction(fractions, start, here, running)
+        nxt, why = _next_fraction(allowed, start, here, running)
         if nxt is None:
             held = _settled(here)
             start = start if held is None else held
             continue
-        failed = [num(p.params.get(FRACTION)) for p in here if not p.feasible]
-        why = f"walk-down: {FRACTION}={nxt:g} " + (
-            f"(one step below {min(failed):g}, which failed)" if failed else "(top of the range)"
-        )
-        return {**combo, FRACTION: nxt}, WALK_RULE, why
-    return _finish(axes, others, fractions, finished)
+        return {**combo, FRACTION: nxt}, WALK_RULE, f"walk-down: {FRACTION}={nxt:g} ({why})"
+    return _finish(axes, others, fractions, finished, floor)
 
 
 def _combinations(
@@ -128,17 +137,61 @@ def _combinations(
 
 def _next_fraction(
     fractions: Sequence[float], start: float | None, here: Sequence[Point], running: Sequence[float]
-) -> float | None:
-    """The fraction one combination launches next: `start`, or one step below its lowest
-    failure, skipping what other workers run; None once it settled (held there) or ran out."""
-    failed = [num(p.params.get(FRACTION)) for p in here if not p.feasible]
-    nxt = start if not failed else _below(fractions, min(failed))
+) -> tuple[float | None, str]:
+    """The fraction one combination launches next and why: `start`, one step below its lowest
+    launch that ran out of memory, or a failure not about memory once more, skipping what other
+    workers run; None once it settled (held there), ran out of fractions, or cannot start."""
+    held = _settled(here)
+    if any(p.push is Push.SHRINK_HOST for p in here) or not fractions:
+        return None, ""
+    retry = _retry(here)
+    if retry is not None and held is None:
+        f = num(here[-1].params.get(FRACTION))
+        if not any(_same(f, x) for x in running):
+            return f, f"once more: {retry}"
+    down = [num(p.params.get(FRACTION)) for p in here if _steps_down(p, here)]
+    if start is not None and start < fractions[0] - 1e-9:
+        start = fractions[0]  # the previous combination settled below the lowest allowed
+    nxt = start if not down else _below(fractions, min(down))
+    if nxt is not None and not any(_same(nxt, f) for f in fractions):
+        nxt = _below(fractions, nxt + 1e-6)
     while nxt is not None and any(_same(nxt, f) for f in running):
         nxt = _below(fractions, nxt)
-    held = _settled(here)
     if nxt is None or (held is not None and held >= nxt - 1e-9):
+        return None, ""
+    if not down:
+        top = not fractions or _same(nxt, fractions[-1])
+        return nxt, "top of the range" if top else "where the previous combination held"
+    return nxt, f"one step below {min(down):g}, which ran out of memory or headroom"
+
+
+def _steps_down(p: Point, here: Sequence[Point]) -> bool:
+    """A launch that says the fraction was too high: out of memory or headroom (also a host
+    cache not larger than the GPU pool, which a smaller pool fixes), or a failure not about
+    memory that repeated at the same fraction."""
+    if p.feasible or p.observation is None:
+        return False
+    if p.push in (Push.LOWER, Push.GROW_HOST):
+        return True
+    if p.push is Push.NONE:
+        f = num(p.params.get(FRACTION))
+        return sum(_same(num(q.params.get(FRACTION)), f) for q in here if not q.feasible) > 1
+    return False
+
+
+def _retry(here: Sequence[Point]) -> str | None:
+    """Why the latest launch of a combination runs once more: it failed for a reason that is not
+    about memory, and it was the first launch at its setting."""
+    if not here:
         return None
-    return nxt
+    last = here[-1]
+    o = last.observation
+    if o is None or last.feasible or last.push is not Push.NONE:
+        return None
+    f = last.params.get(FRACTION)
+    if sum(_same(q.params.get(FRACTION), f) for q in here) > 1:
+        return None
+    return f"trial {last.number} failed for a reason that is not memory ({o.outcome})"
 
 
 def _settled(here: Sequence[Point]) -> float | None:
@@ -155,25 +208,33 @@ def _finish(
     others: Sequence[str],
     fractions: Sequence[float],
     finished: Sequence[Point],
+    floor: float | None,
 ) -> tuple[dict[str, Scalar], str, str]:
     """Every combination walked: the best that held (the highest fraction, then the most
-    tokens) again, or, when nothing held, the lowest fraction of the first combination."""
+    tokens) again, or, when nothing held, the lowest fraction allowed of the first combination
+    with the failures' own reason."""
     best = max(
         (p for p in finished if p.feasible),
         key=lambda p: (num(p.params.get(FRACTION)), tokens_of(p)),
         default=None,
     )
+    why = "walk-down finished every combination"
     if best is not None:
         params = dict(best.params)
     else:
         params = next(_combinations(axes, others, finished), {})
         if fractions:
-            params[FRACTION] = fractions[0]
-    return (
-        {k: v for k, v in params.items() if k in axes},
-        CONFIRM_RULE,
-        "walk-down finished every combination",
-    )
+            allowed = [f for f in fractions if floor is None or f > floor + 1e-9]
+            params[FRACTION] = (allowed or fractions)[0] if floor is None else max(fractions)
+            high = [
+                num(p.params.get(FRACTION))
+                for p in finished
+                if p.push is Push.LOWER and FRACTION in p.params
+            ]
+            why += "; nothing held: " + nothing_between(
+                floor, min(high, default=None), fractions, finished
+            )
+    return ({k: v for k, v in params.items() if k in axes}, CONFIRM_RULE, why)
 
 
 def _text(combo: Mapping[str, Scalar]) -> str:

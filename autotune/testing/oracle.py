@@ -54,7 +54,30 @@ from autotune.trial.record import Measured, Result
 
 STRESS_FORWARDS = 200
 STABLE_P = 0.95
-HOST_FAILURES = frozenset({"host_memory", "host_oom_killer", "hicache_too_small"})
+CAUSES = {
+    "kv_pool": "no_kv_room",
+    "kv_budget": "no_kv_room",
+    "pool_too_small": "pool_too_small",
+    "graph_capture_oom": "graph_capture_failed",
+    "alloc_oom": "torch_oom",
+    "weights_oom": "torch_oom",
+    "host_memory": "host_memory",
+    "host_oom_killer": "host_oom_killer",
+    "hicache_too_small": "hicache_too_small",
+}
+"""The simulator's startup failure kinds as the log parser names their causes
+(`autotune.logparse.lines.Kind`); anything else is a start error."""
+MEMORY_CAUSES = frozenset(
+    {
+        "no_kv_room",
+        "pool_too_small",
+        "graph_capture_failed",
+        "torch_oom",
+        "host_memory",
+        "host_oom_killer",
+    }
+)
+"""Causes `autotune.logparse.outcome.classify` calls a startup OOM (the rest: start errors)."""
 
 
 @dataclass(frozen=True)
@@ -222,8 +245,9 @@ def launch(bench: Bench, params: Mapping[str, Scalar], seed: int) -> tuple[Launc
     truth, _ = stable(bench, params)
     if not plan.ok:
         assert plan.failure is not None
-        outcome = "startup_error" if plan.failure.kind in HOST_FAILURES else "startup_oom"
-        reason = f"{outcome}: {plan.failure.message}"
+        cause = CAUSES.get(plan.failure.kind, "error")
+        outcome = "startup_oom" if cause in MEMORY_CAUSES else "startup_error"
+        reason = f"{outcome} ({cause}): {plan.failure.message}"
         measured = Measured(
             tokens, 0.0, outcome == "startup_oom", outcome != "startup_oom", None, None, None, None
         )
@@ -237,7 +261,7 @@ def launch(bench: Bench, params: Mapping[str, Scalar], seed: int) -> tuple[Launc
     free = plan.avail_final_gib or 0.0
     if peak > free:
         reason = (
-            "runtime_oom: torch.OutOfMemoryError: CUDA out of memory. "
+            "runtime_oom (torch_oom): torch.OutOfMemoryError: CUDA out of memory. "
             f"Tried to allocate {peak - free + 0.01:.2f} GiB"
         )
         measured = Measured(tokens, 0.0, True, False, None, None, None, None)
