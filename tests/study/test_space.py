@@ -84,7 +84,7 @@ def test_argv_has_base_command_fixed_then_tuned_flags(study_file: Callable[[str]
     )
     real = server_argv(cfg.server, s, backend="sglang")
     assert real[:3] == ["python", "-m", "sglang.launch_server"]
-    assert real[3:8] == ["--model-path", "/models/kimi", "--tp", "8", "--trust-remote-code"]
+    assert real[3:8] == ["--model-path", "/models/kimi", "--tp-size", "8", "--trust-remote-code"]
     assert real[-4:] == ["--mem-fraction-static", "0.88", "--max-running-requests", "48"]
     sim = server_argv(cfg.server, s, backend="sim", extra=("--sim-gpu-dir", "g"))
     assert sim[1:5] == ["-m", "autotune.sim", "--sim-profile", "kimi-k2.5-tp8-96g"]
