@@ -13,13 +13,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from autotune.config.studyfile import SAMPLERS, StudyConfig, find_study_file, load_study
+from autotune.config.studyfile import (
+    SAMPLERS,
+    SHIPPED_STUDIES,
+    StudyConfig,
+    find_study_file,
+    load_study,
+)
 from autotune.errors import UsageError
 from autotune.review.source import Review, Source, open_source, review_of
 from autotune.review.winner import DEFAULT_TOLERANCE, Margin, parse_margin, parse_tolerance
 from autotune.study.storage import default_storage_url
 
-PACKAGE_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+PACKAGE_CONFIGS = SHIPPED_STUDIES
 
 
 def add_study_args(p: argparse.ArgumentParser) -> None:

@@ -23,6 +23,10 @@ from autotune.config.workload import WorkloadSpec, workload_from_dict
 from autotune.errors import ConfigError, UsageError
 from autotune.sim.profiles import ProfileError, load_profile
 
+SHIPPED_STUDIES = Path(__file__).resolve().parents[1] / "studies"
+"""The example studies that ship inside the package (`autotune/studies/NAME.toml`); a study of
+the same name in the working folder's `configs/` is found first."""
+
 Scalar: TypeAlias = bool | int | float | str
 FlagValue: TypeAlias = Scalar | tuple[Scalar, ...]
 Backend: TypeAlias = Literal["sim", "sglang"]

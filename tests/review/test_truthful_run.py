@@ -10,9 +10,10 @@ import tomllib
 from pathlib import Path
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
-from autotune.config.studyfile import StudyConfig, load_study, parse_study
+from autotune.config.studyfile import SHIPPED_STUDIES, StudyConfig, load_study, parse_study
 from autotune.record.remedy import remedy
 from autotune.record.view import view, views
 from autotune.review.status import rows
@@ -149,7 +150,7 @@ def test_warnings_before_the_first_launch(tmp_path: Path) -> None:
     assert w.startswith("workload: at most 4 requests run at once (phase steady-0: concurrency 4)")
     assert "max_running_requests up to 64" in w
     # the demo copied to a profile without a draft, with one GPU and a bigger pool
-    demo = (Path(__file__).resolve().parents[2] / "configs" / "demo.toml").read_text()
+    demo = (SHIPPED_STUDIES / "demo.toml").read_text()
     other = demo.replace('sim_profile = "kimi-k2.5-tp8-96g"', 'sim_profile = "qwen3-32b-h200"')
     lines = warnings_before_launch(_cfg(other, tmp_path), (), load_profile("qwen3-32b-h200"))
     draft = "server.flags.speculative_algorithm = EAGLE3, but the simulator profile qwen3-32b-h200"
@@ -158,7 +159,7 @@ def test_warnings_before_the_first_launch(tmp_path: Path) -> None:
     assert any(x.startswith("search.hicache_size: 48 GB per rank holds about") for x in lines)
     # the shipped studies warn about nothing
     for name in ("demo", "kimi"):
-        path = Path(__file__).resolve().parents[2] / "configs" / f"{name}.toml"
+        path = SHIPPED_STUDIES / f"{name}.toml"
         shipped = _cfg(path.read_text(), tmp_path)
         assert warnings_before_launch(shipped, (), load_profile(shipped.server.sim_profile)) == []
 
@@ -209,3 +210,20 @@ def test_the_run_warns_before_the_first_launch_and_names_what_ended_it(tmp_path:
     assert warn < first
     assert "What ended it: the baseline (trial 0) failed with startup_error (hicache_too_small)" \
         in lines[-1] and "raise hicache_size" in lines[-1]  # fmt: skip
+
+
+def test_three_failed_starts_in_a_row_name_the_knob(tmp_path: Path) -> None:
+    """The demo copied to a profile with a bigger GPU: the host cache is too small at every
+    fraction, the grid stops after three failed starts, and the error says what to change."""
+    from autotune.errors import HarnessError
+
+    def small_host_cache(plan: TrialPlan) -> Script:
+        why = ("AssertionError: The host memory should be larger than the device memory",)
+        return Script(Startup("startup_error", "hicache_too_small", why, {}, 1.0))
+
+    with pytest.raises(HarnessError) as err:
+        _night(tmp_path, GRID, FakeLauncher(small_host_cache))
+    text = str(err.value)
+    assert text.startswith("3 trials in a row failed") and "(hicache_too_small)" in text
+    assert "what would fix it: the host cache is smaller than the device KV pool" in text
+    assert "raise hicache_size" in text

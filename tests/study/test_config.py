@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from autotune.cli.main import main
-from autotune.config.studyfile import Choices, Fixed, FloatRange, IntRange, load_study
+from autotune.config.studyfile import (
+    SHIPPED_STUDIES,
+    Choices,
+    Fixed,
+    FloatRange,
+    IntRange,
+    load_study,
+)
 from autotune.errors import ConfigError
 from tests.study.conftest import VALID
 
@@ -48,7 +55,7 @@ def test_integer_range_and_fixed_value(study_file: Callable[[str], Path]) -> Non
 
 
 def test_shipped_studies_load() -> None:
-    root = Path(__file__).resolve().parents[2] / "configs"
+    root = SHIPPED_STUDIES
     for name in ("demo", "kimi"):
         cfg = load_study(root / f"{name}.toml")
         assert cfg.search.baseline["mem_fraction_static"] == 0.88

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from autotune.config.space import Settings, server_argv, tuned_flags
-from autotune.config.studyfile import StudyConfig, load_study
+from autotune.config.studyfile import SHIPPED_STUDIES, StudyConfig, load_study
 from autotune.review.export import launch_argv
 from autotune.server.flagcheck import FlagReport, inspect_argvs
 from autotune.server.hostcheck import argvs_to_check
 
 pytestmark = pytest.mark.sglang
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = SHIPPED_STUDIES
 
 
 def _studies() -> list[Path]:
