@@ -1,6 +1,9 @@
 """How many launches each sampler needs to reach the memory edge, on the simulator's pure model.
 
-Whole studies run in-process (no servers): every shipped simulator profile × seeds × samplers.
+Whole studies run in-process (no servers): every shipped simulator profile and every profile
+under scripts/bench_profiles/ (boxes of the benchmark's own: small cards, weights that nearly
+fill the GPU, very large CUDA graphs, noisy peaks, TP 1/2/4/8, with and without a draft) × seeds
+× samplers.
 Each launch is simulated by `autotune.testing.oracle` (startup sizes with the launch's jitter, a
 stress phase of full-chunk forwards) and told to an in-memory Optuna study exactly as a real trial
 would be. The target is the best stable capacity of the space, found by evaluating every grid
@@ -27,6 +30,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import optuna
 
@@ -39,6 +43,13 @@ from autotune.study.samplers import SAMPLER_FACTORIES, make_sampler
 from autotune.testing.oracle import Bench, Launch, bench_for, best_stable, run_trial
 
 DEFAULT_SAMPLERS = ("capacity", "tpe", "random", "gp", "walkdown")
+BENCH_PROFILES = Path(__file__).resolve().parent / "bench_profiles"
+"""Boxes of the benchmark's own besides the shipped simulator profiles (loaded by path)."""
+
+
+def default_profiles() -> list[str]:
+    """Every shipped simulator profile, then every profile under scripts/bench_profiles/."""
+    return list_profiles() + [str(p) for p in sorted(BENCH_PROFILES.glob("*.toml"))]
 
 
 @dataclass(frozen=True)
@@ -141,7 +152,7 @@ def per_profile(runs: list[Run], budget: int) -> list[str]:
     lines = ["", "median launches to the target per profile (>N: not reached)"]
     profiles = sorted({r.profile for r in runs})
     samplers = list(dict.fromkeys(r.sampler for r in runs))
-    lines.append(f"{'profile':<26} " + " ".join(f"{s:>9}" for s in samplers))
+    lines.append(f"{'profile':<32} " + " ".join(f"{s:>9}" for s in samplers))
     for prof in profiles:
         cells = []
         for s in samplers:
@@ -151,7 +162,7 @@ def per_profile(runs: list[Run], budget: int) -> list[str]:
                 if r.profile == prof and r.sampler == s
             ]
             cells.append(f"{_launches(statistics.median(steps), budget):>9}")
-        lines.append(f"{prof:<26} " + " ".join(cells))
+        lines.append(f"{prof:<32} " + " ".join(cells))
     return lines
 
 
@@ -171,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    profiles = [p for p in args.profiles.split(",") if p] or list_profiles()
+    profiles = [p for p in args.profiles.split(",") if p] or default_profiles()
     samplers = []
     for name in args.samplers.split(","):
         if name not in SAMPLER_FACTORIES:
@@ -186,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[Run] = []
     t0 = time.perf_counter()
     for prof_name in profiles:
-        bench = bench_for(load_profile(prof_name), min_headroom_gib=args.min_headroom)
+        profile = load_profile(prof_name)
+        prof_name = profile.name
+        bench = bench_for(profile, min_headroom_gib=args.min_headroom)
         if args.baseline_fraction is not None:
             baseline = {**bench.search.baseline, "mem_fraction_static": args.baseline_fraction}
             bench = replace(bench, search=replace(bench.search, baseline=baseline))

@@ -122,7 +122,8 @@ def bench_for(profile: Profile, *, min_headroom_gib: float = 0.5) -> Bench:
     """The study an operator would write for this box: fraction, requests, host cache."""
     tp = profile.hardware.gpu_count
     spec = profile.draft is not None and profile.draft.algorithm.startswith("EAGLE")
-    chunk, max_bs = gpu_class_defaults(profile.hardware.gpu_memory_mib, tp)
+    version = profile.sglang_version
+    chunk, max_bs = gpu_class_defaults(profile.hardware.gpu_memory_mib, tp, version)
     auto = auto_mem_fraction(
         profile.hardware.gpu_memory_mib,
         chunk,
@@ -131,6 +132,7 @@ def bench_for(profile: Profile, *, min_headroom_gib: float = 0.5) -> Bench:
         tp,
         1,
         profile.draft.algorithm if spec and profile.draft else None,
+        version=version,
     )
     base_f = 0.88 if spec else math.floor(auto * 100) / 100
     search = SearchConfig(
@@ -193,6 +195,8 @@ def ledger_of(plan: StartupPlan) -> Ledger:
         max_prefill_tokens=plan.max_prefill_tokens,
         context_len=plan.context_len,
         ranks=plan.tp,
+        semantics=plan.version,
+        sglang_version=plan.version,
     )
 
 
