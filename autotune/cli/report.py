@@ -38,7 +38,11 @@ def handle(args: argparse.Namespace) -> int:
 
     source, review = common.review(args)
     w = review.winner
-    text = explain(review, review.trial(w.trial)) if w is not None else ""
+    # without a winner, the arithmetic of the baseline (or the last launch) says what failed
+    shown = review.trial(w.trial) if w is not None else review.baseline_trial
+    if shown is None:
+        shown = next((t for t in reversed(review.trials) if t.launched), None)
+    text = explain(review, shown) if shown is not None else ""
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     warnings = _flag_problems(source.cfg, review)
     out_dir = args.out or source.folder

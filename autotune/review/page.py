@@ -143,13 +143,14 @@ def render_page(
     e = h.e
     oom = sum(1 for t in review.trials if t.kind == "oom")
     feas = sum(1 for t in review.trials if t.feasible)
-    done = sum(1 for t in review.trials if t.kind != "running")
+    done = sum(1 for t in review.trials if t.kind not in ("running", "skipped"))
+    skipped = _skipped(review)
     head = (
         f"<h1>autotune study {e(review.name)}</h1>"
         f'<p class="headline">{e(headline(review))}</p>'
         f"<p>storage {e(review.storage)} · generated {e(generated_at)} · {done} trials finished"
         f" ({feas} feasible, {oom} out of memory), {review.running} running, "
-        f"{review.queued} queued</p>"
+        f"{review.queued} queued{skipped}</p>"
     )
     if review.running:
         head += "<p><b>The study is still running</b>; regenerate the report for newer trials.</p>"
@@ -189,6 +190,11 @@ def _figure(draw: Callable[[Any], Any], data: Any, div_id: str, title: str) -> s
     if note:
         return f'<div id="{div_id}" class="fig nofig"><h3>{h.e(title)}</h3><p>{h.e(note)}</p></div>'
     return h.figure_div(draw(data), div_id)
+
+
+def _skipped(review: Review) -> str:
+    n = sum(1 for t in review.trials if t.kind == "skipped")
+    return f", {n} never launched" if n else ""
 
 
 def _winner_no(review: Review) -> int | None:
@@ -236,11 +242,12 @@ def summary(review: Review, written: Written | None = None) -> str:
     trials = review.trials
     oom = sum(1 for t in trials if t.kind == "oom")
     feas = sum(1 for t in trials if t.feasible)
-    done = sum(1 for t in trials if t.kind != "running")
+    done = sum(1 for t in trials if t.kind not in ("running", "skipped"))
     lines = [
         headline(review),
         f"study {review.name} ({review.storage}): {done} trials finished, {feas} feasible, "
-        f"{oom} out of memory, {review.running} running, {review.queued} queued",
+        f"{oom} out of memory, {review.running} running, {review.queued} queued"
+        f"{_skipped(review)}",
     ]
     w = review.winner
     if w is None:

@@ -21,6 +21,8 @@ from autotune.config.studyfile import (
 from autotune.errors import HarnessError, UsageError
 from autotune.logparse.outcome import Outcome
 from autotune.record import internals, keys
+from autotune.record.remedy import remedy
+from autotune.record.view import view
 from autotune.study.objectives import constraint_values, objective_values
 from autotune.study.storage import Worker, counted
 from autotune.study.workers import Coordinator
@@ -165,9 +167,12 @@ def run_loop(
             return LoopEnd(result.end, ran, counted(study.get_trials(deepcopy=False)))
         failures = failures + 1 if Outcome.of(result.outcome).machine_suspect else 0
         if failures >= MAX_CONSECUTIVE_FAILURES:
+            hint = remedy(view(_frozen(study, trial)))
             raise HarnessError(
-                f"{failures} trials in a row failed for reasons outside the parameters "
-                f"(last: {result.reason}); see results/{cfg.name}/trials/"
+                f"{failures} trials in a row failed for reasons outside the searched fraction "
+                f"(last: {result.reason})"
+                + (f"; what would fix it: {hint}" if hint else "")
+                + f"; see results/{cfg.name}/trials/"
             )
 
 

@@ -263,13 +263,15 @@ def finished_line(
 ) -> str:
     """One finished trial; `headroom` is the free memory at the worst moment. A figure the trial
     did not measure is left out rather than printed as 0."""
+    why = f" — {reason}" if reason and outcome != "ok" else ""
+    if outcome == "skipped":
+        return f"trial {k}/{n} (#{number}) skipped [not launched]{why}"
     verdict = {True: "feasible", False: "infeasible", None: "failed"}[feasible]
     parts = [f"capacity {capacity:,} tok" if capacity else "no KV pool"]
     if throughput is not None:
         parts.append(f"{throughput:,.0f} tok/s")
     if headroom is not None:
         parts.append(f"{headroom:.2f} GiB free at the worst moment")
-    why = f" — {reason}" if reason and outcome != "ok" else ""
     return (
         f"trial {k}/{n} (#{number}) {outcome} [{verdict}]: {', '.join(parts)}, "
         f"{duration(seconds)}{why}"
@@ -479,7 +481,7 @@ def _host_cache(
     fractions = _values(f)
     if not sizes or not fractions:
         return []
-    small, top = sizes[0], max(fractions)
+    small, low, top = sizes[0], min(fractions), max(fractions)
     pools = _pools(cfg, trials, profile)
     if pools is None:
         return []
@@ -488,12 +490,21 @@ def _host_cache(
     device = device_tokens(top)
     if device is None or host > device:
         return []
+    step = f.step if isinstance(f, FloatRange) and f.step else 0.01
+    grid = [round(low + i * step, 6) for i in range(int((top - low) / step + 1e-9) + 1)]
+    first = next((x for x in grid if (device_tokens(x) or 0) >= host), top)
+    where = (
+        f"from {FRACTION} {first:g} on (at {top:g}: about {device:,})"
+        if first < top
+        else f"at {FRACTION} {top:g} (about {device:,})"
+    )
+    if first <= low:
+        where = f"already at {FRACTION} {low:g}, the lowest searched (at {top:g}: about {device:,})"
     return [
-        f"search.{HICACHE}: {small:g} GB per rank holds about {host:,} tokens, but at "
-        f"{FRACTION} {top:g} the device KV pool will hold about {device:,}: SGLang 0.5.9 "
-        "refuses to start with a host cache no larger than the device pool (0.5.23 warns); "
-        f"raise {HICACHE} above {math.ceil(device * host_bytes_per_token / 1e9):g} GB "
-        "or use 0 (off)"
+        f"search.{HICACHE}: {small:g} GB per rank holds about {host:,} tokens, fewer than the "
+        f"device KV pool will hold {where}: SGLang 0.5.9 refuses to start with a host cache no "
+        f"larger than the device pool (0.5.23 warns); raise {HICACHE} above "
+        f"{math.ceil(device * host_bytes_per_token / 1e9):g} GB or use 0 (off)"
     ]
 
 

@@ -86,6 +86,11 @@ def test_finished_line() -> None:
     assert line == (
         "trial 1/9 (#0) interrupted [failed]: capacity 159,312 tok, 5m00s — stopped by the operator"
     )
+    line = finished_line(
+        k=4, n=9, number=4, outcome="skipped", reason="not launched: search done",
+        capacity=None, throughput=None, headroom=None, feasible=None, seconds=0.0,
+    )  # fmt: skip
+    assert line == "trial 4/9 (#4) skipped [not launched] — not launched: search done"
 
 
 def test_plain_mode_writes_one_line_per_event() -> None:
