@@ -1,9 +1,12 @@
 """A CPU-only stand-in for an SGLang server, launched like SGLang: `python -m autotune.sim ...`.
 
-It imports nothing from the rest of autotune. The pure side: `flags` (SGLang's flags as data),
-`profiles` (hardware/model profiles), `model` (memory arithmetic, OOM rule, step times;
-importable without HTTP), `prefixcache`, `tokens`, `logwriter` (SGLang's line formats). The
-process side: `server` and `startup` (lifecycle), `scheduler` (continuous batching in real
-time), `httpapi` and `metrics` (SGLang's HTTP API), `gpustate` (simulated GPU memory readable
-from outside), `faults`.
+It imports nothing from the rest of autotune and speaks one of several SGLang releases
+(`--sim-version`, else the profile's `sglang_version`). The pure side: `versions` (the releases
+and their rules, as data), `flagspec` and `flagtable_*` (each release's parser as data, written
+by `flagdump` from SGLang's own), `flags` (the parser built from them), `profiles`
+(hardware/model profiles), `model` (memory arithmetic, OOM rule, step times; importable without
+HTTP), `prefixcache`, `tokens`, `logwriter` (each release's line formats). The process side:
+`server` and `startup` (lifecycle), `scheduler` (continuous batching in real time), `httpapi`
+and `metrics` (SGLang's HTTP API), `gpustate` (simulated GPU memory readable from outside),
+`faults`.
 """

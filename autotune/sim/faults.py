@@ -12,6 +12,12 @@ hold-gpu=SECONDS     GPU memory stays counted in the state directory for SECONDS
                      process ends, however it ends
 ignore-sigterm       SIGTERM is ignored from the start (only SIGKILL stops the server)
 slow-startup=FACTOR  every startup phase takes FACTOR times longer
+oom-kill-startup     the OS OOM killer SIGKILLs scheduler rank 0 half-way through the weight
+                     load: the main process reports the dead scheduler and exits 1
+oom-kill=SECONDS     SECONDS after the server is ready the OS OOM killer SIGKILLs scheduler
+                     rank 0: 0.5.23's SubprocessWatchdog logs it and the whole tree is killed
+                     (rc -9); 0.5.9 has no watchdog, so the server stays up and stops answering
+                     (health checks fail after 20 s)
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ class FaultSet:
     hold_gpu_s: float | None = None
     ignore_sigterm: bool = False
     startup_factor: float = 1.0
+    oom_kill_startup: bool = False
+    oom_kill_after_s: float | None = None
 
     @property
     def health_faults(self) -> frozenset[str]:
@@ -46,6 +54,7 @@ class FaultSet:
 def resolve(sim: SimOptions) -> FaultSet:
     hold = sim.fault("hold-gpu")
     slow = sim.fault("slow-startup")
+    kill = sim.fault("oom-kill")
     return FaultSet(
         hang_weight_load=sim.fault("hang-weight-load") is not None,
         health_empty=sim.fault("health-empty") is not None,
@@ -54,4 +63,6 @@ def resolve(sim: SimOptions) -> FaultSet:
         hold_gpu_s=hold.arg if hold is not None else None,
         ignore_sigterm=sim.fault("ignore-sigterm") is not None,
         startup_factor=slow.arg if slow is not None and slow.arg else 1.0,
+        oom_kill_startup=sim.fault("oom-kill-startup") is not None,
+        oom_kill_after_s=kill.arg if kill is not None else None,
     )

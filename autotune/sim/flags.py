@@ -1,303 +1,38 @@
-"""SGLang's command-line flags as data, and the simulator's parser built from them.
+"""SGLang's command line for a chosen release, and the simulator's own `--sim-*` flags.
 
-Every flag carries the release it appeared in (and, where it applies, the release that removed it),
-so the parser for a given SGLang version accepts exactly the flags that version knows. The parser is
-a stock `argparse.ArgumentParser` with abbreviations allowed, as SGLang's is, so an unknown or
-ambiguous flag exits with code 2 and argparse's own message. Flags that shape memory or scheduling
-become fields of `ServerSettings`; every other real flag is accepted and kept in `noted`.
+The parser for a release is built from that release's flag table (`versions.SglangVersion.flags`,
+written from SGLang's own `ServerArgs.add_cli_args`): every flag SGLang declares, its option
+strings in SGLang's order, value type, nargs and choices. It is a stock `argparse.ArgumentParser`
+with abbreviations allowed, as SGLang's is, so an unknown or ambiguous flag or a bad value exits
+with code 2 and argparse's own message (`--tp` abbreviates `--tp-size`; `--cuda-graph-max-bs` is
+ambiguous in 0.5.23; `--hicache-size 24.5` is an invalid int). Flags that shape memory,
+scheduling, logs or HTTP behaviour become fields of `ServerSettings`; every other flag given is
+kept in `noted` and listed where SGLang lists it.
+
+The release is `--sim-version`, else the profile's `sglang_version` (`__main__` passes it as
+`default_version`), else 0.5.9.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Literal
+from decimal import Decimal
+from typing import Any
 
-Kind = Literal["bool", "int", "float", "str", "ints", "strs", "json"]
+from autotune.sim.flagspec import Flag
+from autotune.sim.versions import DEFAULT, VERSIONS, SglangVersion, get_version, parse_version
+
 Version = tuple[int, ...]
+VersionLike = str | tuple[int, ...] | SglangVersion
 
-DEFAULT_VERSION: Version = (0, 5, 9)
+DEFAULT_VERSION: Version = DEFAULT.number
 SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
-
-
-@dataclass(frozen=True)
-class FlagSpec:
-    """One SGLang flag: primary name, aliases, value kind, default, and life span by release."""
-
-    name: str
-    kind: Kind = "str"
-    default: object = None
-    since: str = "0.4.0"
-    removed: str | None = None
-    aliases: tuple[str, ...] = ()
-    choices: tuple[str, ...] | None = None
-
-    @property
-    def dest(self) -> str:
-        return self.name.lstrip("-").replace("-", "_")
-
-
-def _f(
-    name: str,
-    kind: Kind = "str",
-    default: object = None,
-    since: str = "0.4.0",
-    *,
-    removed: str | None = None,
-    aliases: tuple[str, ...] = (),
-    choices: tuple[str, ...] | None = None,
-) -> FlagSpec:
-    return FlagSpec(name, kind, default, since, removed, aliases, choices)
-
-
-_HICACHE_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
-_HICACHE_STORAGE = ("file", "mooncake", "hf3fs", "nixl", "aibrix", "dynamic", "eic")
-
-# The flags that shape memory, scheduling, logs or HTTP behaviour (those named like a
-# ServerSettings field are modelled; the rest of this group is recorded like NOTED).
-MODELLED: tuple[FlagSpec, ...] = (
-    _f("--model-path", "str", None, aliases=("--model",)),
-    _f("--tokenizer-path"),
-    _f("--served-model-name"),
-    _f("--host", "str", "127.0.0.1"),
-    _f("--port", "int", 30000),
-    _f("--api-key"),
-    _f("--skip-server-warmup", "bool", False),
-    _f("--context-length", "int"),
-    _f(
-        "--kv-cache-dtype",
-        "str",
-        "auto",
-        choices=("auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16", "fp4_e2m1"),
-    ),
-    _f("--mem-fraction-static", "float"),
-    _f("--max-running-requests", "int"),
-    _f("--max-queued-requests", "int", since="0.4.10"),
-    _f("--max-total-tokens", "int"),
-    _f("--chunked-prefill-size", "int"),
-    _f("--max-prefill-tokens", "int", 16384),
-    _f("--schedule-conservativeness", "float", 1.0),
-    _f("--page-size", "int"),
-    _f("--tensor-parallel-size", "int", 1, aliases=("--tp-size", "--tp")),
-    _f("--pipeline-parallel-size", "int", 1, aliases=("--pp-size",)),
-    _f("--data-parallel-size", "int", 1, aliases=("--dp-size", "--dp")),
-    _f("--cuda-graph-max-bs", "int", removed="0.5.16"),
-    _f("--cuda-graph-bs", "ints"),
-    _f("--cuda-graph-max-bs-decode", "int", since="0.5.14"),
-    _f("--cuda-graph-max-bs-prefill", "int", since="0.5.14"),
-    _f("--cuda-graph-bs-decode", "ints", since="0.5.14"),
-    _f("--cuda-graph-bs-prefill", "ints", since="0.5.14"),
-    _f("--cuda-graph-config", "json", since="0.5.14"),
-    _f("--disable-cuda-graph", "bool", False),
-    _f("--disable-radix-cache", "bool", False),
-    _f("--enable-hierarchical-cache", "bool", False),
-    _f("--hicache-ratio", "float", 2.0),
-    _f("--hicache-size", "float", 0.0),
-    _f(
-        "--hicache-write-policy",
-        "str",
-        "write_through",
-        choices=("write_back", "write_through", "write_through_selective"),
-    ),
-    _f("--hicache-io-backend", "str", "kernel", choices=("direct", "kernel")),
-    _f("--hicache-mem-layout", "str", "layer_first", choices=_HICACHE_LAYOUTS),
-    _f("--hicache-storage-backend", "str", None, since="0.4.10", choices=_HICACHE_STORAGE),
-    _f(
-        "--hicache-storage-prefetch-policy",
-        "str",
-        "best_effort",
-        since="0.5.0",
-        choices=("best_effort", "wait_complete", "timeout"),
-    ),
-    _f("--hicache-storage-backend-extra-config", since="0.5.0"),
-    _f("--speculative-algorithm", "str", None, choices=SPEC_ALGORITHMS),
-    _f("--speculative-draft-model-path", aliases=("--speculative-draft-model",)),
-    _f("--speculative-num-steps", "int"),
-    _f("--speculative-eagle-topk", "int"),
-    _f("--speculative-num-draft-tokens", "int"),
-    _f("--enable-metrics", "bool", False),
-    _f("--decode-log-interval", "int", 40),
-    _f("--stream-output", "bool", False),
-    _f("--log-level", "str", "info"),
-    _f("--log-level-http"),
-    _f("--watchdog-timeout", "float", 300.0),
-    _f("--enable-dp-attention", "bool", False),
-    _f("--random-seed", "int"),
-    _f("--allow-auto-truncate", "bool", False),
-    _f("--disable-overlap-schedule", "bool", False),
-    _f("--enable-piecewise-cuda-graph", "bool", False, since="0.5.4", removed="0.5.10"),
-    _f("--disable-piecewise-cuda-graph", "bool", False, since="0.5.10"),
-)
-
-# Real SGLang flags the simulator accepts and records without modelling.
-_NOTED_BOOL = (
-    "--trust-remote-code",
-    "--skip-tokenizer-init",
-    "--is-embedding",
-    "--enable-multimodal",
-    "--log-requests",
-    "--show-time-cost",
-    "--enable-metrics-for-all-schedulers",
-    "--enable-cache-report",
-    "--disable-cuda-graph-padding",
-    "--enable-profile-cuda-graph",
-    "--enable-nccl-nvls",
-    "--disable-outlines-disk-cache",
-    "--disable-custom-all-reduce",
-    "--enable-mixed-chunk",
-    "--enable-dp-lm-head",
-    "--enable-two-batch-overlap",
-    "--enable-torch-compile",
-    "--enable-nan-detection",
-    "--enable-p2p-check",
-    "--triton-attention-reduce-in-fp32",
-    "--delete-ckpt-after-loading",
-    "--enable-memory-saver",
-    "--enable-custom-logit-processor",
-    "--disable-shared-experts-fusion",
-    "--disable-chunked-prefix-cache",
-    "--disable-fast-image-processor",
-    "--enable-return-hidden-states",
-    "--enable-lora",
-    "--enable-eplb",
-    "--enable-expert-distribution-metrics",
-    "--enable-tokenizer-batch-encode",
-    "--flashinfer-mla-disable-ragged",
-    "--enable-priority-scheduling",
-    "--sleep-on-idle",
-    "--enable-deterministic-inference",
-    "--enable-request-time-stats-logging",
-    "--crash-on-warmup-failure",
-    "--enable-symm-mem",
-    "--enable-dynamic-batch-tokenizer",
-    "--collect-tokens-histogram",
-    "--enable-cudagraph-gc",
-    "--enable-flashinfer-allreduce-fusion",
-    "--disable-hybrid-swa-memory",
-    "--enable-lmcache",
-    "--keep-mm-feature-on-device",
-    "--enable-trace",
-    "--stream-interval-disable",
-    "--enable-fp32-lm-head",
-)
-_NOTED_VALUE = (
-    "--tokenizer-mode",
-    "--tokenizer-worker-num",
-    "--load-format",
-    "--model-loader-extra-config",
-    "--revision",
-    "--model-impl",
-    "--dtype",
-    "--quantization",
-    "--quantization-param-path",
-    "--device",
-    "--stream-interval",
-    "--constrained-json-whitespace-pattern",
-    "--dist-timeout",
-    "--download-dir",
-    "--base-gpu-id",
-    "--gpu-id-step",
-    "--crash-dump-folder",
-    "--log-requests-level",
-    "--bucket-time-to-first-token",
-    "--bucket-inter-token-latency",
-    "--bucket-e2e-request-latency",
-    "--gc-warning-threshold-secs",
-    "--weight-version",
-    "--chat-template",
-    "--completion-template",
-    "--file-storage-path",
-    "--reasoning-parser",
-    "--tool-call-parser",
-    "--tool-server",
-    "--load-balance-method",
-    "--dist-init-addr",
-    "--nnodes",
-    "--node-rank",
-    "--json-model-override-args",
-    "--preferred-sampling-params",
-    "--max-lora-rank",
-    "--lora-target-modules",
-    "--lora-paths",
-    "--max-loras-per-batch",
-    "--max-loaded-loras",
-    "--lora-backend",
-    "--attention-backend",
-    "--prefill-attention-backend",
-    "--decode-attention-backend",
-    "--sampling-backend",
-    "--grammar-backend",
-    "--mm-attention-backend",
-    "--speculative-draft-model-revision",
-    "--speculative-accept-threshold-single",
-    "--speculative-accept-threshold-acc",
-    "--speculative-token-map",
-    "--speculative-attention-mode",
-    "--expert-parallel-size",
-    "--moe-a2a-backend",
-    "--moe-runner-backend",
-    "--deepep-mode",
-    "--ep-num-redundant-experts",
-    "--ep-dispatch-algorithm",
-    "--init-expert-location",
-    "--eplb-algorithm",
-    "--eplb-rebalance-num-iterations",
-    "--expert-distribution-recorder-mode",
-    "--moe-dense-tp-size",
-    "--torch-compile-max-bs",
-    "--torchao-config",
-    "--triton-attention-num-kv-splits",
-    "--num-continuous-decode-steps",
-    "--scheduler-recv-interval",
-    "--numa-node",
-    "--disaggregation-mode",
-    "--disaggregation-transfer-backend",
-    "--disaggregation-bootstrap-port",
-    "--disaggregation-ib-device",
-    "--schedule-policy",
-    "--swa-full-tokens-ratio",
-    "--hybrid-kvcache-ratio",
-    "--radix-eviction-policy",
-    "--nccl-port",
-    "--warmups",
-    "--sampling-defaults",
-    "--tool-call-parser-extra",
-    "--pp-max-micro-batch-size",
-    "--piecewise-cuda-graph-max-tokens",
-    "--piecewise-cuda-graph-compiler",
-    "--kv-events-config",
-    "--otlp-traces-endpoint",
-    "--config",
-    "--soft-watchdog-timeout",
-    "--tbo-token-distribution-threshold",
-    "--mm-process-config",
-    "--modelopt-quant",
-    "--speculative-draft-load-format",
-    "--speculative-moe-runner-backend",
-)
-_NOTED_SINCE = {
-    "--enable-dynamic-batch-tokenizer": "0.5.4",
-    "--sampling-defaults": "0.5.4",
-    "--mm-process-config": "0.5.4",
-    "--soft-watchdog-timeout": "0.5.4",
-    "--enable-deterministic-inference": "0.5.4",
-    "--speculative-moe-runner-backend": "0.5.4",
-    "--cuda-graph-backend-decode": "0.5.14",
-    "--cuda-graph-backend-prefill": "0.5.14",
-}
-NOTED: tuple[FlagSpec, ...] = (
-    tuple(_f(n, "bool", False, _NOTED_SINCE.get(n, "0.4.0")) for n in _NOTED_BOOL)
-    + tuple(_f(n, "str", None, _NOTED_SINCE.get(n, "0.4.0")) for n in _NOTED_VALUE)
-    + (
-        _f("--enable-hicache", "bool", False, "0.5.23"),
-        _f("--hicache-host-memory-mode", "str", None, "0.5.23"),
-        _f("--hicache-host-memory-fraction", "float", None, "0.5.23"),
-        _f("--cuda-graph-backend-decode", "str", None, "0.5.14"),
-        _f("--cuda-graph-backend-prefill", "str", None, "0.5.14"),
-    )
-)
 
 SIM_FAULTS = (
     "hang-weight-load",
@@ -307,30 +42,48 @@ SIM_FAULTS = (
     "hold-gpu",
     "ignore-sigterm",
     "slow-startup",
+    "oom-kill-startup",
+    "oom-kill",
 )
 
+__all__ = [
+    "DEFAULT_VERSION",
+    "NEWER_SETTINGS",
+    "SIM_FAULTS",
+    "SPEC_ALGORITHMS",
+    "CommandLine",
+    "Fault",
+    "Flag",
+    "ServerSettings",
+    "SimOptions",
+    "build_parser",
+    "flags_for",
+    "parse_command_line",
+    "parse_version",
+    "resolve_version",
+]
 
-def parse_version(text: str) -> Version:
-    """'0.5.9' -> (0, 5, 9); post/rc suffixes are ignored."""
-    parts: list[int] = []
-    for piece in text.split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts)
+
+def resolve_version(version: VersionLike | None) -> SglangVersion:
+    """The simulated release for a name, a version tuple or a release (None: 0.5.9)."""
+    if version is None:
+        return DEFAULT
+    if isinstance(version, SglangVersion):
+        return version
+    if isinstance(version, str):
+        return get_version(version)
+    for known in VERSIONS.values():
+        if known.number == tuple(version):
+            return known
+    raise KeyError(
+        f"SGLang {'.'.join(map(str, version))} is not simulated; choose one of "
+        f"{', '.join(VERSIONS)}"
+    )
 
 
-def flags_for(version: Version = DEFAULT_VERSION) -> tuple[FlagSpec, ...]:
-    """The flags SGLang `version` accepts."""
-    out = []
-    for spec in MODELLED + NOTED:
-        if parse_version(spec.since) > version:
-            continue
-        if spec.removed is not None and parse_version(spec.removed) <= version:
-            continue
-        out.append(spec)
-    return tuple(out)
+def flags_for(version: VersionLike | None = None) -> tuple[Flag, ...]:
+    """The flags SGLang `version` declares, as its parser declares them."""
+    return resolve_version(version).flags
 
 
 @dataclass(frozen=True)
@@ -350,6 +103,7 @@ class SimOptions:
     time_scale: float = 300.0
     gpu_dir: str | None = None
     faults: tuple[Fault, ...] = ()
+    version: str = DEFAULT.name
 
     def fault(self, kind: str) -> Fault | None:
         for item in self.faults:
@@ -387,8 +141,8 @@ class ServerSettings:
     disable_cuda_graph: bool = False
     disable_radix_cache: bool = False
     enable_hierarchical_cache: bool = False
-    hicache_ratio: float = 2.0
-    hicache_size: float = 0.0
+    hicache_ratio: float | None = 2.0
+    hicache_size: float = 0  # GB per rank; SGLang declares it int (0.5.9 and 0.5.23)
     hicache_write_policy: str = "write_through"
     speculative_algorithm: str | None = None
     speculative_draft_model_path: str | None = None
@@ -401,40 +155,239 @@ class ServerSettings:
     watchdog_timeout: float = 300.0
     enable_dp_attention: bool = False
     allow_auto_truncate: bool = False
+    # 0.5.14+ spellings without an older counterpart (None: not given)
+    cuda_graph_max_bs_prefill: int | None = None
+    cuda_graph_bs_prefill: tuple[int, ...] | None = None
+    cuda_graph_backend_decode: str | None = None
+    cuda_graph_backend_prefill: str | None = None
+    hicache_host_memory_mode: str = "cache"
+    hicache_host_memory_fraction: float | None = None
     noted: Mapping[str, object] = field(default_factory=dict)
 
     @property
     def spec(self) -> bool:
         return self.speculative_algorithm is not None
 
+    @property
+    def decode_graph_disabled(self) -> bool:
+        return self.disable_cuda_graph or self.cuda_graph_backend_decode == "disabled"
+
+    @property
+    def prefill_graph_disabled(self) -> bool:
+        return self.disable_cuda_graph or self.cuda_graph_backend_prefill == "disabled"
+
 
 @dataclass(frozen=True)
 class CommandLine:
-    """A parsed simulator command line."""
+    """A parsed simulator command line; `argv` is its SGLang part (the `--sim-*` flags out)."""
 
     settings: ServerSettings
     sim: SimOptions
+    argv: tuple[str, ...] = ()
 
 
-def _ints(text: str) -> int:
-    return int(text)
+# ---- value converters, named like SGLang's (argparse names them in its messages) -------------
 
 
-def _add(parser: argparse.ArgumentParser, spec: FlagSpec) -> None:
-    names = [spec.name, *spec.aliases]
-    dest = spec.dest
-    if spec.kind == "bool":
-        parser.add_argument(*names, dest=dest, action="store_true", default=spec.default)
-    elif spec.kind == "int":
-        parser.add_argument(*names, dest=dest, type=int, default=spec.default)
-    elif spec.kind == "float":
-        parser.add_argument(*names, dest=dest, type=float, default=spec.default)
-    elif spec.kind == "ints":
-        parser.add_argument(*names, dest=dest, type=_ints, nargs="+", default=spec.default)
-    elif spec.kind == "strs":
-        parser.add_argument(*names, dest=dest, nargs="+", default=spec.default)
+def human_readable_int(value: str) -> int:
+    """SGLang 0.5.23's `human_readable_int`: SI (k, M, G, T) and IEC (Ki, Mi, Gi, Ti) suffixes."""
+    value = value.strip()
+    si = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+    iec = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)", value)
+    if match:
+        number, suffix = match.groups()
+        if suffix in iec:
+            if "." in number:
+                raise argparse.ArgumentTypeError(
+                    f"Decimals are not allowed with IEC suffixes like '{suffix}'. "
+                    f"Use an integer IEC value such as '{int(Decimal(number))}{suffix}', "
+                    f"or an SI value such as '{number}{suffix[0]}'."
+                )
+            return int(number) * iec[suffix]
+        return int(Decimal(number) * si[suffix])
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"Invalid integer value: '{value}'. "
+            "Use a plain integer, SI suffixes (1k, 1M), or IEC suffixes (1Ki, 1Mi). "
+            "Suffixes are case-sensitive."
+        ) from None
+
+
+def json_list_type(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        raise argparse.ArgumentTypeError(
+            f"Invalid JSON list: {value}. Please provide a valid JSON list."
+        ) from None
+
+
+def nullable_str(val: str) -> str | None:
+    if not val or val == "None":
+        return None
+    return val
+
+
+def parse_cuda_graph_backend_arg(raw: str) -> str:
+    if raw == "tc_piecewise":
+        raise argparse.ArgumentTypeError(
+            "tc_piecewise was removed; select breakable, full, or disabled"
+        )
+    return raw
+
+
+_GRAPH_PHASES = ("decode", "prefill")
+
+
+def parse_cuda_graph_config_arg(raw: str) -> dict[str, dict[str, Any]]:
+    """--cuda-graph-config: a JSON object of phase → settings (keys are not checked here)."""
+    try:
+        parsed = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"--cuda-graph-config must be JSON: {e}") from None
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(
+            f"--cuda-graph-config must be a JSON object, got {type(parsed).__name__}"
+        )
+    result: dict[str, dict[str, Any]] = {}
+    for phase, settings in parsed.items():
+        if str(phase) not in _GRAPH_PHASES:
+            raise argparse.ArgumentTypeError(
+                f"--cuda-graph-config: unknown phase '{phase}', expected one of {_GRAPH_PHASES}"
+            )
+        if not isinstance(settings, dict):
+            raise argparse.ArgumentTypeError(
+                f"--cuda-graph-config['{phase}'] must be a JSON object, got "
+                f"{type(settings).__name__}"
+            )
+        if "backend" in settings:
+            parse_cuda_graph_backend_arg(settings["backend"])
+        result[str(phase)] = dict(settings)
+    return result
+
+
+CONVERTERS: Mapping[str, Any] = {
+    "str": str,
+    "int": int,
+    "float": float,
+    "loads": json.loads,
+    "human_readable_int": human_readable_int,
+    "json_list_type": json_list_type,
+    "nullable_str": nullable_str,
+    "parse_cuda_graph_backend_arg": parse_cuda_graph_backend_arg,
+    "parse_cuda_graph_config_arg": parse_cuda_graph_config_arg,
+}
+
+
+# ---- SGLang's custom actions --------------------------------------------------------------------
+
+
+def _deprecated_warning(message: str, stamped: bool) -> None:
+    """SGLang's print_deprecated_warning while parsing: on stderr, with the `[time]` prefix where
+    the release has configured logging by then, else the bare text."""
+    prefix = f"[{datetime.datetime.now():%Y-%m-%d %H:%M:%S}] " if stamped else ""
+    sys.stderr.write(f"{prefix}\033[1;33m{message}\033[0m\n")
+    sys.stderr.flush()
+
+
+class _LoRAPaths(argparse.Action):
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        paths: list[object] = []
+        for item in values or []:
+            text = str(item).strip()
+            paths.append(json.loads(text) if text.startswith("{") and text.endswith("}") else text)
+        setattr(namespace, self.dest, paths)
+
+
+class _Deprecated(argparse.Action):
+    """A retired flag: stops with its error message, or warns and changes nothing."""
+
+    def __init__(
+        self, *args: Any, error_message: str | None = None, stamped: bool = False, **kw: Any
+    ) -> None:
+        self.error_message = error_message
+        self.stamped = stamped
+        super().__init__(*args, **kw)
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        if self.error_message is not None:
+            parser.error(self.error_message)
+        _deprecated_warning(
+            f"The command line argument '{option_string}' is deprecated and will be removed in "
+            "future versions.",
+            self.stamped,
+        )
+
+
+class _DeprecatedStore(argparse.Action):
+    """A retired flag that still sets its field (True, a fixed value, or the value given)."""
+
+    def __init__(
+        self,
+        *args: Any,
+        new_flag: str | None = None,
+        mode: str = "",
+        stamped: bool = False,
+        **kw: Any,
+    ) -> None:
+        self.new_flag = new_flag
+        self.mode = mode
+        self.stamped = stamped
+        super().__init__(*args, **kw)
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        replacement = f" Use '{self.new_flag}' instead." if self.new_flag else ""
+        message = f"'{option_string}' is deprecated and will be removed in a future release."
+        _deprecated_warning(message + replacement, self.stamped)
+        value = {"deprecated_true": True, "deprecated_const": self.const}.get(self.mode, values)
+        setattr(namespace, self.dest, value)
+
+
+def _add(parser: argparse.ArgumentParser, flag: Flag, stamped: bool) -> None:
+    kw: dict[str, Any] = {"dest": flag.dest, "default": flag.default}
+    names = list(flag.names)
+    act = flag.action
+    if act in ("store", "lora_paths", "deprecated_alias"):
+        if flag.type is not None:
+            kw["type"] = CONVERTERS[flag.type]
+        if flag.nargs is not None:
+            kw["nargs"] = flag.nargs
+        if flag.choices is not None:
+            kw["choices"] = flag.choices
+        if flag.const is not None:
+            kw["const"] = flag.const
+        if act == "lora_paths":
+            kw["action"] = _LoRAPaths
+        elif act == "deprecated_alias":
+            kw.update(action=_DeprecatedStore, new_flag=flag.new_flag, mode=act, stamped=stamped)
+    elif act in ("store_true", "store_false"):
+        kw["action"] = act
+    elif act == "store_const":
+        kw.update(action="store_const", const=flag.const)
+    elif act == "bool_optional":
+        kw["action"] = argparse.BooleanOptionalAction
+        names = [n for n in names if not (n.startswith("--no-") and f"--{n[5:]}" in names)]
+    elif act == "deprecated":
+        kw.update(
+            action=_Deprecated, nargs=flag.nargs, error_message=flag.error_message, stamped=stamped
+        )
+    elif act in ("deprecated_true", "deprecated_const"):
+        kw.update(
+            action=_DeprecatedStore,
+            new_flag=flag.new_flag,
+            mode=act,
+            const=flag.const,
+            stamped=stamped,
+        )
+        kw["nargs"] = 0 if flag.nargs is None and act == "deprecated_true" else flag.nargs
+        if flag.choices is not None:
+            kw["choices"] = flag.choices
     else:
-        parser.add_argument(*names, dest=dest, type=str, default=spec.default, choices=spec.choices)
+        raise ValueError(f"flag table: unknown action {act!r} for {flag.name}")
+    parser.add_argument(*names, **kw)
 
 
 def _fault(text: str) -> Fault:
@@ -443,7 +396,7 @@ def _fault(text: str) -> Fault:
         raise argparse.ArgumentTypeError(
             f"unknown fault {kind!r}; choose from {', '.join(SIM_FAULTS)}"
         )
-    if kind in ("hold-gpu", "slow-startup"):
+    if kind in ("hold-gpu", "slow-startup", "oom-kill"):
         try:
             value = float(arg)
         except ValueError:
@@ -456,25 +409,48 @@ def _fault(text: str) -> Fault:
     return Fault(kind)
 
 
-def build_parser(version: Version = DEFAULT_VERSION) -> argparse.ArgumentParser:
-    """SGLang's parser for `version` plus the `--sim-*` flags."""
-    parser = argparse.ArgumentParser(prog="python -m autotune.sim")
-    for spec in flags_for(version):
-        _add(parser, spec)
+def _add_sim_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sim-profile", default=SimOptions.profile)
+    parser.add_argument("--sim-version", default=None, choices=tuple(VERSIONS))
     parser.add_argument("--sim-seed", type=int, default=0)
     parser.add_argument("--sim-time-scale", type=float, default=SimOptions.time_scale)
     parser.add_argument("--sim-gpu-dir", default=None)
     parser.add_argument("--sim-fault", type=_fault, action="append", default=[])
+
+
+def build_parser(version: VersionLike | None = None) -> argparse.ArgumentParser:
+    """SGLang's parser for `version` (default 0.5.9) plus the `--sim-*` flags."""
+    release = resolve_version(version)
+    parser = argparse.ArgumentParser(prog="python -m autotune.sim")
+    for flag in release.flags:
+        _add(parser, flag, release.parse_warnings_stamped)
+    _add_sim_flags(parser)
     return parser
 
 
+def preparse(argv: Sequence[str]) -> tuple[str, str | None]:
+    """(--sim-profile, --sim-version or None) before the release's parser exists."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--sim-profile", default=SimOptions.profile)
+    pre.add_argument("--sim-version", default=None)
+    ns, _ = pre.parse_known_args(list(argv))
+    return str(ns.sim_profile), ns.sim_version
+
+
 _SETTINGS_FIELDS = {f.name for f in fields(ServerSettings)} - {"noted"}
-_NEW_SPELLINGS = (
-    ("cuda_graph_max_bs_decode", "cuda_graph_max_bs"),
-    ("cuda_graph_bs_decode", "cuda_graph_bs"),
+NEWER_SETTINGS = frozenset(
+    {
+        "cuda_graph_max_bs_prefill",
+        "cuda_graph_bs_prefill",
+        "cuda_graph_backend_decode",
+        "cuda_graph_backend_prefill",
+        "hicache_host_memory_mode",
+        "hicache_host_memory_fraction",
+    }
 )
-_RENAMED = {
+"""ServerSettings fields 0.5.9 has no flag for (its `ServerArgs(...)` line and /server_info
+leave them out)."""
+_COMMON_DESTS = {
     "tensor_parallel_size": "tp_size",
     "pipeline_parallel_size": "pp_size",
     "data_parallel_size": "dp_size",
@@ -482,42 +458,34 @@ _RENAMED = {
 
 
 def parse_command_line(
-    argv: Sequence[str], version: Version = DEFAULT_VERSION, env: Mapping[str, str] | None = None
+    argv: Sequence[str],
+    version: VersionLike | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    default_version: VersionLike | None = None,
 ) -> CommandLine:
-    """Parse like SGLang: bad flags print argparse's message and raise SystemExit(2)."""
-    parser = build_parser(version)
-    ns = parser.parse_args(list(argv))
-    values = vars(ns)
+    """Parse like SGLang: bad flags print argparse's message and raise SystemExit(2).
+
+    The release is `version` if given, else `--sim-version`, else `default_version` (the
+    profile's), else 0.5.9.
+    """
+    if version is None:
+        _, named = preparse(argv)
+        if named is not None and named not in VERSIONS:
+            build_parser(default_version).parse_args(list(argv))  # argparse's invalid choice
+        version = named if named is not None else default_version
+    release = resolve_version(version)
+    parser = build_parser(release)
+    values = vars(parser.parse_args(list(argv)))
     if values["model_path"] is None:
         parser.error("the following arguments are required: --model-path")
     if values["sim_time_scale"] <= 0:
         parser.error("argument --sim-time-scale: must be positive")
-    kwargs: dict[str, object] = {}
-    noted: dict[str, object] = {}
-    defaults = {spec.dest: spec.default for spec in flags_for(version)}
-    # 0.5.14+ spellings fill the old fields when those are not given.
-    for new, old in _NEW_SPELLINGS:
-        if values.get(new) is not None and values.get(old) is None:
-            values[old] = values[new]
-    for dest, value in values.items():
-        if dest.startswith("sim_"):
-            continue
-        name = _RENAMED.get(dest, dest)
-        if name in _SETTINGS_FIELDS:
-            kwargs[name] = value
-        elif value != defaults.get(dest):
-            noted[dest] = value
-    if isinstance(kwargs.get("cuda_graph_bs"), list):
-        kwargs["cuda_graph_bs"] = tuple(kwargs["cuda_graph_bs"])  # type: ignore[arg-type]
-    if values.get("cuda_graph_config"):
-        try:
-            json.loads(str(values["cuda_graph_config"]))
-        except json.JSONDecodeError:
-            parser.error("argument --cuda-graph-config: invalid JSON")
+    kwargs, noted = _settings_values(values, release)
     algo = kwargs.get("speculative_algorithm")
     if algo and algo not in ("NGRAM", "NEXTN") and not kwargs.get("speculative_draft_model_path"):
         parser.error("--speculative-draft-model-path is required with --speculative-algorithm")
-    settings = ServerSettings(**kwargs, noted=noted)  # type: ignore[arg-type]
+    settings = ServerSettings(**kwargs, noted=noted)
     environ = env if env is not None else {}
     gpu_dir = values["sim_gpu_dir"] or environ.get("AUTOTUNE_SIM_GPU_DIR") or None
     sim = SimOptions(
@@ -526,5 +494,44 @@ def parse_command_line(
         time_scale=values["sim_time_scale"],
         gpu_dir=gpu_dir,
         faults=tuple(values["sim_fault"]),
+        version=release.name,
     )
-    return CommandLine(settings, sim)
+    return CommandLine(settings, sim, sglang_argv(argv))
+
+
+def sglang_argv(argv: Sequence[str]) -> tuple[str, ...]:
+    """`argv` without the simulator's own flags (each `--sim-*` flag takes one value)."""
+    out: list[str] = []
+    skip = False
+    for token in argv:
+        if skip:
+            skip = False
+            continue
+        if token.startswith("--sim-"):
+            skip = "=" not in token
+            continue
+        out.append(token)
+    return tuple(out)
+
+
+def _settings_values(
+    values: Mapping[str, object], release: SglangVersion
+) -> tuple[dict[str, Any], dict[str, object]]:
+    """The parsed values split into ServerSettings fields and the rest that differs from SGLang's
+    defaults (`noted`)."""
+    defaults = {flag.dest: flag.default for flag in release.flags}
+    renamed = {**_COMMON_DESTS, **{str(k): str(v) for k, v in release.setting_dests.items()}}
+    kwargs: dict[str, Any] = {}
+    noted: dict[str, object] = {}
+    for dest, value in values.items():
+        if dest.startswith("sim_"):
+            continue
+        name = renamed.get(dest, dest)
+        if name in _SETTINGS_FIELDS:
+            if value is not None or dest not in ("hicache_host_memory_mode",):
+                kwargs[name] = tuple(value) if isinstance(value, list) else value
+        elif value != defaults.get(dest):
+            noted[dest] = value
+    if kwargs.get("hicache_host_memory_mode") is None:
+        kwargs.pop("hicache_host_memory_mode", None)
+    return kwargs, noted

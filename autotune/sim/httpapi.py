@@ -3,7 +3,9 @@
 Handlers submit requests to the Scheduler and wait on each request's event; every wake-up sends
 one SSE chunk carrying whatever the last step produced (cumulative text for /generate, deltas for
 the OpenAI routes), so the cost per token stays a dict and a write. Access lines are printed in
-uvicorn's format. Routes, payloads and status codes follow reference §5.
+uvicorn's format. Routes, payloads and status codes follow reference §5; `/server_info` and the
+`/generate` meta_info take the simulated release's shape (0.5.23: the resolved server args, one
+internal state per DP rank with a per-phase graph memory dict, `num_retractions`).
 
 It owns `ServerState`, what the HTTP side shares with the server process, so that a client of
 the tuner sees what it would see from SGLang. The `/metrics` text comes from `metrics`, which is
@@ -23,15 +25,16 @@ from typing import Any
 from aiohttp import web
 
 from autotune.sim import tokens
-from autotune.sim.flags import ServerSettings
+from autotune.sim.flags import NEWER_SETTINGS, ServerSettings
 from autotune.sim.logwriter import LogWriter
 from autotune.sim.metrics import render_metrics
 from autotune.sim.model import StartupPlan
 from autotune.sim.profiles import Profile
 from autotune.sim.scheduler import Request, Scheduler
+from autotune.sim.versions import DEFAULT, SglangVersion
 
 HEALTH_CHECK_TIMEOUT_S = 20.0
-VERSION = "0.5.9"
+VERSION = "0.5.9"  # the default release; a server answers with its own (ServerState.release)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -48,6 +51,12 @@ class ServerState:
     status: str = "Starting"  # Starting | Up | UnHealthy | ShuttingDown
     first_request_seen: bool = False
     on_first_request: Callable[[], None] | None = None
+    release: SglangVersion = DEFAULT
+    resolved_args: dict[str, Any] | None = None
+    """0.5.23's resolved server-args dict (what its startup line printed)."""
+    launch_command: str = ""
+    startup_time: dict[str, Any] | None = None
+    """The engine-level startup_time dict (0.5.23)."""
 
     @property
     def model_name(self) -> str:
@@ -179,7 +188,9 @@ class _Api:
         st = self.s.settings
         p = self.s.plan
         args: dict[str, Any] = {
-            k: v for k, v in st.__dict__.items() if k != "noted" and not k.startswith("_")
+            k: v
+            for k, v in st.__dict__.items()
+            if k != "noted" and not k.startswith("_") and k not in NEWER_SETTINGS
         }
         args.update(dict(st.noted))
         args.update(
@@ -201,6 +212,8 @@ class _Api:
         return args
 
     async def server_info(self, request: web.Request) -> web.Response:
+        if self.s.release.graph_memory_per_phase:
+            return web.json_response(self._server_info_0523())
         p = self.s.plan
         sch = self.s.scheduler
         args = self._resolved_args()
@@ -230,6 +243,82 @@ class _Api:
             }
         )
         return web.json_response(doc)
+
+    def _server_info_0523(self) -> dict[str, Any]:
+        """0.5.23 http_server.server_info: build_server_info (resolved args, launch command,
+        the rank-0 scheduler's init info, kv_events), the engine startup times, the internal
+        state of each DP rank, the version and the frontend."""
+        st = self.s
+        p = st.plan
+        sch = st.scheduler
+        args = dict(st.resolved_args or {})
+        startup = dict(st.startup_time or {})
+        scheduler_startup = {k: v for k, v in startup.items() if k != "tokenizer_e2e"}
+        page = p.page_size
+        reason = (
+            "Mooncake storage is not attached"
+            if st.settings.enable_hierarchical_cache
+            else ("Hierarchical cache is disabled")
+        )
+        layout: dict[str, Any] = {
+            "enabled": False,
+            "backend": None,
+            "page_size": page,
+            "hicache_object_layout": {"pools": []},
+            "reason": reason,
+        }
+        doc: dict[str, Any] = dict(args)
+        doc["launch_command"] = st.launch_command
+        doc.update(
+            {
+                "status": "ready",
+                "max_total_num_tokens": p.max_total_num_tokens,
+                "max_req_input_len": p.max_req_input_len,
+                "startup_time": scheduler_startup,
+                "hicache_object_layout": layout,
+            }
+        )
+        doc["kv_events"] = None
+        graph = {phase: round(gib, 3) for phase, gib in p.graph_phases().items()}
+        internal: dict[str, Any] = {k: v for k, v in args.items() if k != "custom_sigquit_handler"}
+        internal.update(
+            {
+                "world_size": st.settings.tp_size * st.settings.pp_size * st.settings.dp_size,
+                "startup_time": scheduler_startup,
+                "effective_max_running_requests_per_dp": p.max_running_requests,
+                "last_gen_throughput": sch.stats.gen_throughput,
+                "memory_usage": {
+                    "weight": round(p.weights_gib, 3),
+                    "kvcache": round(p.kv_gib or 0.0, 3),
+                    "startup_available": round(p.avail_final_gib or 0.0, 3),
+                    "token_capacity": int(p.max_total_num_tokens or 0),
+                    "token_capacity_swa": None,
+                    "graph": graph,
+                },
+                "disaggregation_mode": "null",
+                "decode_cuda_graph_bs": list(p.capture_bs),
+                "decode_cuda_graph_memory_gb": round(
+                    sum(
+                        graph[k]
+                        for k in ("decode", "target_verify", "draft_decode", "draft_extend")
+                    ),
+                    3,
+                ),
+            }
+        )
+        if p.spec and sch.stats.spec_forward_total > 0:
+            stats = sch.stats
+            internal["avg_spec_accept_length"] = stats.spec_accept_total / stats.spec_forward_total
+        ranks = max(1, st.settings.dp_size)
+        doc.update(
+            {
+                "startup_time": startup,
+                "internal_states": [dict(internal) for _ in range(ranks)],
+                "version": st.release.name,
+                "frontend": "python",
+            }
+        )
+        return doc
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response(
@@ -338,10 +427,13 @@ class _Api:
             req.event.clear()
 
     def _meta(self, req: Request) -> dict[str, Any]:
+        release = self.s.release
         finish: dict[str, Any] | None = None
         if req.finished:
             if req.finish_reason == "abort":
                 finish = {"type": "abort", "message": req.error or "aborted"}
+                if release.reasoning_tokens:
+                    finish.update({"status_code": None, "err_type": None})
             else:
                 finish = {"type": "length", "length": len(req.output_ids)}
         meta: dict[str, Any] = {
@@ -349,13 +441,37 @@ class _Api:
             "finish_reason": finish,
             "prompt_tokens": len(req.input_ids),
             "weight_version": "default",
-            "completion_tokens": len(req.output_ids),
-            "cached_tokens": req.cached_tokens,
-            "total_retractions": req.retractions,
         }
+        if release.reasoning_tokens:
+            meta[release.retractions_key] = req.retractions
+            meta["reasoning_tokens"] = 0
+        meta["completion_tokens"] = len(req.output_ids)
+        meta["cached_tokens"] = req.cached_tokens
+        if not release.reasoning_tokens:
+            meta[release.retractions_key] = req.retractions
         if req.finished and req.finished_at is not None:
             meta["e2e_latency"] = req.finished_at - req.created
+            if release.reasoning_tokens and self.s.plan.spec:
+                meta.update(self._spec_meta(req))
         return meta
+
+    def _spec_meta(self, req: Request) -> dict[str, Any]:
+        """0.5.23 `_calculate_spec_decoding_metrics`: a finished request's speculative counts."""
+        out: dict[str, Any] = {}
+        proposed = req.verify_ct * max(self.s.plan.spec_draft_tokens - 1, 0)
+        if req.verify_ct > 0 and proposed > 0:
+            out.update(
+                {
+                    "spec_accept_rate": req.correct_drafts / proposed,
+                    "spec_accept_length": len(req.output_ids) / req.verify_ct,
+                    "spec_num_correct_drafts": req.correct_drafts,
+                    "spec_num_proposed_drafts": proposed,
+                    "spec_verify_ct": req.verify_ct,
+                }
+            )
+        if any(req.drafts_histogram):
+            out["spec_correct_drafts_histogram"] = list(req.drafts_histogram)
+        return out
 
     async def _json(self, request: web.Request) -> dict[str, Any]:
         try:

@@ -1,10 +1,13 @@
-"""SGLang 0.5.9 log lines: prefixes, startup sequence strings, serving lines, crash text.
+"""SGLang's log lines per release: prefixes, startup sequence strings, serving lines, crash text.
 
-The `fmt_*` functions are pure and return one line (or a block) without the prefix; `LogWriter`
-adds `[YYYY-MM-DD HH:MM:SS]` or `[YYYY-MM-DD HH:MM:SS TPn]` (no TP tag when tp == 1) and writes
-each line with one call, flushed, so a reader tailing the file never sees half a line. Format
-strings are copied from reference §4 (0.5.9): GPU sizes are GiB printed with `:.2f` as "GB".
-All of the simulator's log text lives here so the tuner's log parser meets SGLang's exact lines.
+The `fmt_*` functions are pure and return one line (or a block) without the prefix: they are
+SGLang 0.5.9's text. `Lines` gathers them as methods and `Lines0523` overrides what 0.5.23
+prints differently (format strings copied from that release's source, path in each docstring);
+`lines_for(version)` picks the class, so a later release is one more subclass. `LogWriter` adds
+`[YYYY-MM-DD HH:MM:SS]` or `[YYYY-MM-DD HH:MM:SS TPn]` (no TP tag when tp == 1) and writes each
+line with one call, flushed, so a reader tailing the file never sees half a line. GPU sizes are
+GiB printed with `:.2f` as "GB". All of the simulator's log text lives here so the tuner's log
+parser meets SGLang's exact lines.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import datetime as dt
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TextIO
 
 
@@ -294,3 +298,451 @@ RUN_FRAMES = (
     (f"{_SITE}/model_executor/model_runner.py", 2402, "forward", "output = self._forward_raw("),
     (f"{_SITE}/models/deepseek_v2.py", 2890, "forward", "hidden_states = self.model("),
 )
+
+
+# ---------------------------------------------------------------------------------------------
+# 0.5.23 tracebacks (paths and lines from that release's source)
+
+_SITE23 = "/usr/local/lib/python3.12/dist-packages/sglang/srt"
+_SCHED23 = f"{_SITE23}/managers/scheduler.py"
+_KVC23 = f"{_SITE23}/mem_cache/kv_cache_configurator.py"
+
+SCHEDULER_INIT_FRAMES_0523 = (
+    (_SCHED23, 6362, "run_scheduler_process", "scheduler = Scheduler(server_args, port_args)"),
+    (_SCHED23, 568, "__init__", "self.init_model_worker()"),
+)
+LOAD_FRAMES_0523 = (
+    (_SCHED23, 1130, "init_model_worker", "self.init_tp_model_worker()"),
+    (_SCHED23, 1033, "init_tp_model_worker", "self.tp_worker = TpModelWorker(**worker_kwargs)"),
+    (f"{_SITE23}/model_executor/model_runner.py", 715, "initialize", "self.load_model()"),
+)
+POOL_FRAMES_0523 = (
+    (_SCHED23, 1137, "init_model_worker", "self.init_memory_pools()"),
+    (_SCHED23, 1090, "init_target_memory_pool", "self.tp_worker.alloc_memory_pool("),
+    (
+        f"{_SITE23}/managers/tp_worker.py",
+        409,
+        "alloc_memory_pool",
+        "self.model_runner.alloc_memory_pool(",
+    ),
+    (
+        f"{_SITE23}/model_executor/model_runner.py",
+        982,
+        "alloc_memory_pool",
+        "result = self.kv_cache_configurator.configure(",
+    ),
+    (_KVC23, 476, "configure", "config = self._resolve_memory_pool_config(pre_model_load_memory)"),
+)
+BUDGET_FRAMES_0523 = (
+    (
+        _KVC23,
+        3182,
+        "_resolve_memory_pool_config",
+        "available_bytes = self._profile_available_bytes(pre_model_load_memory)",
+    ),
+    (_KVC23, 3050, "_profile_available_bytes", "raise ValueError("),
+)
+TOKENS_FRAMES_0523 = (
+    (
+        _KVC23,
+        3183,
+        "_resolve_memory_pool_config",
+        "config = self.config_from_budget(available_bytes)",
+    ),
+    (_KVC23, 3204, "config_from_budget", "config = configurator.calculate_pool_sizes("),
+    (
+        f"{_SITE23}/model_executor/pool_configurator.py",
+        99,
+        "__post_init__",
+        "raise RuntimeError(msg)",
+    ),
+)
+GRAPH_FRAMES_0523 = (
+    (_SCHED23, 1146, "init_model_worker", "self.init_all_cuda_graphs()"),
+    (_SCHED23, 1124, "init_all_cuda_graphs", "self.tp_worker.init_cuda_graphs()"),
+    (
+        f"{_SITE23}/managers/tp_worker.py",
+        435,
+        "init_cuda_graphs",
+        "self.model_runner.init_cuda_graphs(",
+    ),
+    (
+        f"{_SITE23}/model_executor/model_runner.py",
+        1192,
+        "init_cuda_graphs",
+        "capture = capture_cuda_graphs(",
+    ),
+)
+DECODE_GRAPH_FRAMES_0523 = (
+    (
+        f"{_SITE23}/model_executor/runner/decode_cuda_graph_runner.py",
+        602,
+        "__init__",
+        "raise Exception(",
+    ),
+)
+HICACHE_FRAMES_0523 = (
+    (_SCHED23, 575, "__init__", "result = kv_cache_builder.build_kv_cache("),
+    (f"{_SITE23}/mem_cache/pool_host/base.py", 233, "__init__", "self._allocate_host_buffer()"),
+    (f"{_SITE23}/mem_cache/pool_host/base.py", 252, "_allocate_host_buffer", "raise ValueError("),
+)
+RUN_FRAMES_0523 = (
+    (_SCHED23, 6368, "run_scheduler_process", "scheduler.run_event_loop()"),
+    (_SCHED23, 6215, "run_event_loop", "return _dispatch_event_loop_once(scheduler)"),
+    (_SCHED23, 6231, "_dispatch_event_loop_once", "scheduler.event_loop_overlap()"),
+    (_SCHED23, 2109, "event_loop_overlap", "batch_result = self.run_batch(batch)"),
+    (_SCHED23, 4870, "run_batch", "batch_result = self.model_worker.forward_batch_generation("),
+    (f"{_SITE23}/model_executor/model_runner.py", 1860, "forward", "output = self._forward_raw("),
+    (f"{_SITE23}/models/deepseek_v2.py", 3414, "forward", "hidden_states = self.model("),
+)
+MAIN_INIT_FRAMES_0523 = (
+    (
+        "/usr/local/lib/python3.12/dist-packages/sglang/launch_server.py",
+        84,
+        "<module>",
+        "run_server(server_args)",
+    ),
+    (
+        "/usr/local/lib/python3.12/dist-packages/sglang/launch_server.py",
+        67,
+        "run_server",
+        "launch_server(server_args)",
+    ),
+    (
+        f"{_SITE23}/entrypoints/http_server.py",
+        3156,
+        "launch_server",
+        ") = Engine._launch_subprocesses(",
+    ),
+    (
+        f"{_SITE23}/entrypoints/engine.py",
+        995,
+        "_launch_subprocesses",
+        "infos = _wait_for_scheduler_ready(scheduler_pipe_readers, scheduler_procs)",
+    ),
+    (
+        f"{_SITE23}/entrypoints/engine.py",
+        2040,
+        "_wait_for_scheduler_ready",
+        "raise _scheduler_died_error(j, scheduler_procs[j])",
+    ),
+)
+
+CAPTURE_ADVICE_0523 = (
+    "Possible solutions:\n"
+    "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
+    "2. set --cuda-graph-max-bs-decode to a smaller value (e.g., 16)\n"
+    "3. disable decode CUDA graph by --cuda-graph-backend-decode=disabled. "
+    "(Not recommended. Huge performance loss)\n"
+    "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose \n"
+)
+
+
+def _bar(desc: str, n: int, elapsed: float) -> str:
+    """tqdm's last state for a capture loop of `n` items that took `elapsed` seconds."""
+    secs = int(elapsed)
+    rate = n / elapsed if elapsed > 0 else 0.0
+    return (
+        f"{desc}: 100%|{'█' * 10}| {n}/{n} [{secs // 60:02d}:{secs % 60:02d}<00:00, {rate:.2f}it/s]"
+    )
+
+
+@dataclass(frozen=True)
+class CaptureShape:
+    """What one capture covers: batch sizes, prefill token counts, tokens per request."""
+
+    bs: tuple[int, ...] = ()
+    tokens: tuple[int, ...] = ()
+    per_req: int = 1
+
+
+Frames = tuple[tuple[str, int, str, str], ...]
+
+
+class Lines:
+    """SGLang 0.5.9's startup, serving and death text (the module's `fmt_*` functions)."""
+
+    version = "0.5.9"
+    init_frames: Frames = SCHEDULER_INIT_FRAMES
+    load_frames: Frames = LOAD_FRAMES
+    pool_frames: Frames = POOL_FRAMES
+    budget_frames: Frames = ()
+    tokens_frames: Frames = ()
+    graph_frames: Frames = GRAPH_FRAMES
+    hicache_frames: Frames = (*SCHEDULER_INIT_FRAMES[:2], *HICACHE_FRAMES)
+    run_frames: Frames = RUN_FRAMES
+    capture_advice = CAPTURE_ADVICE
+
+    def init_begin(self) -> str:
+        return fmt_init_begin()
+
+    def init_end(self, elapsed: float, mem_usage: float) -> str:
+        return fmt_init_end(elapsed, mem_usage)
+
+    def memory_baseline(self, mem_usage: float) -> str | None:
+        """0.5.23's `Memory baseline taken` (0.5.9 has none)."""
+        return None
+
+    def load_begin(self, avail: float) -> str:
+        return fmt_load_begin(avail)
+
+    def load_end(
+        self, elapsed: float, arch: str, dtype: str, quant: str, avail: float, usage: float
+    ) -> str:
+        return fmt_load_end(elapsed, arch, dtype, avail, usage)
+
+    def kv_dtype(self, dtype: str) -> str | None:
+        return f"Using KV cache dtype: {dtype}"
+
+    def kv_allocated(
+        self,
+        tokens: int,
+        kv: float | None,
+        k: float | None,
+        v: float | None,
+        dtype: str,
+        va: bool = False,
+    ) -> str:
+        return fmt_kv_allocated(tokens, kv, k, v)
+
+    def pool_end(self, avail: float) -> str:
+        return fmt_pool_end(avail)
+
+    def capture_begin(self, avail: float, role: str, phase: str, shape: CaptureShape) -> str:
+        return fmt_capture_begin(avail)
+
+    def capture_bs(self, sizes: Sequence[int]) -> str | None:
+        return fmt_capture_bs(sizes)
+
+    def capture_bar(self, sizes: Sequence[int], avail: float, elapsed: float, phase: str) -> str:
+        return fmt_capture_bar(sizes, avail, elapsed)
+
+    def capture_end(
+        self, elapsed: float, usage: float, avail: float, role: str, phase: str, shape: CaptureShape
+    ) -> str:
+        return fmt_capture_end(elapsed, usage, avail)
+
+    def summary(
+        self, tokens: int, chunk: int, max_prefill: int, max_running: int, ctx: int, avail: float
+    ) -> str:
+        return fmt_summary(tokens, chunk, max_prefill, max_running, ctx, avail)
+
+    def hicache(self, size_gb: float, tokens: int, label: str = "kv") -> str:
+        return fmt_hicache(size_gb)
+
+    def prefill(
+        self,
+        new_seq: int,
+        new_token: int,
+        cached: int,
+        usage: float,
+        running: int,
+        queued: int,
+        input_tput: float,
+        cuda_graph: bool,
+        pending: int,
+    ) -> str:
+        return fmt_prefill(new_seq, new_token, cached, usage, running, queued, input_tput)
+
+    def decode(
+        self,
+        running: int,
+        tokens: int,
+        usage: float,
+        cuda_graph: bool,
+        gen_tput: float,
+        queued: int,
+        accept: tuple[float, float] | None = None,
+    ) -> str:
+        return fmt_decode(running, tokens, usage, cuda_graph, gen_tput, queued, accept)
+
+    def startup_timings(self, timings: dict[str, float], graphs: dict[str, float]) -> str | None:
+        """0.5.23's `Engine startup timings` line (0.5.9 has none)."""
+        return None
+
+    def kill_tree(self, pid: int, include_parent: bool) -> str | None:
+        """0.5.23's `kill_process_tree called` line (0.5.9 logs none)."""
+        return None
+
+
+class Lines0523(Lines):
+    """SGLang 0.5.23's text where it differs from 0.5.9."""
+
+    version = "0.5.23"
+    init_frames = SCHEDULER_INIT_FRAMES_0523
+    load_frames = LOAD_FRAMES_0523
+    pool_frames = POOL_FRAMES_0523
+    budget_frames = BUDGET_FRAMES_0523
+    tokens_frames = TOKENS_FRAMES_0523
+    graph_frames = GRAPH_FRAMES_0523
+    hicache_frames = (*SCHEDULER_INIT_FRAMES_0523, *HICACHE_FRAMES_0523)
+    run_frames = RUN_FRAMES_0523
+    capture_advice = CAPTURE_ADVICE_0523
+
+    def init_begin(self) -> str:
+        """distributed/bootstrap.py:115."""
+        return "Init parallel begin."
+
+    def init_end(self, elapsed: float, mem_usage: float) -> str:
+        """distributed/bootstrap.py:190."""
+        return f"Init parallel ends. elapsed={elapsed:.2f} s"
+
+    def memory_baseline(self, mem_usage: float) -> str | None:
+        """distributed/bootstrap.py:218."""
+        return f"Memory baseline taken. mem usage={mem_usage:.2f} GB"
+
+    def load_end(
+        self, elapsed: float, arch: str, dtype: str, quant: str, avail: float, usage: float
+    ) -> str:
+        """model_executor/model_runner.py:1373 (no dtype; the quantization string if any)."""
+        return (
+            f"Load weight end. elapsed={elapsed:.2f} s, type={arch}, "
+            f"{quant + ', ' if quant else ''}avail mem={gb(avail)} GB, mem usage={gb(usage)} GB."
+        )
+
+    def kv_dtype(self, dtype: str) -> str | None:
+        return None
+
+    def kv_allocated(
+        self,
+        tokens: int,
+        kv: float | None,
+        k: float | None,
+        v: float | None,
+        dtype: str,
+        va: bool = False,
+    ) -> str:
+        """mem_cache/memory_pool.py:2087 and :2096 (`_finalize_allocation_log`)."""
+        state = "VA upper bound" if va else "is allocated"
+        if k is not None and v is not None:
+            return (
+                f"KV Cache {state}. dtype: {dtype}, #tokens: {tokens}, K size: {gb(k)} GB, "
+                f"V size: {gb(v)} GB"
+            )
+        return f"KV Cache {state}. dtype: {dtype}, #tokens: {tokens}, KV size: {gb(kv or 0.0)} GB"
+
+    def capture_begin(self, avail: float, role: str, phase: str, shape: CaptureShape) -> str:
+        """model_executor/model_runner_components/cuda_graph_setup.py:683 (prefill) and :771
+        (decode/verify); speculative/eagle_worker_v2.py:515 and :635 (draft decode/extend)."""
+        if phase == "prefill":
+            return (
+                f"Capture {role} prefill CUDA graph begin. backend=breakable, "
+                f"num_tokens={list(shape.tokens)}, avail mem={gb(avail)} GB"
+            )
+        if role == "draft":
+            return (
+                f"Capture draft {phase} CUDA graph begin. backend=full, "
+                f"num_tokens_per_req={shape.per_req}, bs={list(shape.bs)}, "
+                f"avail mem={gb(avail)} GB"
+            )
+        return (
+            f"Capture {role} {phase} CUDA graph begin. backend=full, "
+            f"num_tokens_per_req={shape.per_req}, avail mem={gb(avail)} GB"
+        )
+
+    def capture_bs(self, sizes: Sequence[int]) -> str | None:
+        return None
+
+    def capture_bar(self, sizes: Sequence[int], avail: float, elapsed: float, phase: str) -> str:
+        """decode_cuda_graph_runner.py:1343 / prefill_cuda_graph_runner.py:1734 (tqdm on TP0)."""
+        if phase == "prefill":
+            desc = f"Capturing prefill shape (num_tokens={min(sizes)} avail_mem={avail:.2f} GB)"
+        else:
+            desc = f"Capturing batches (bs={min(sizes)} avail_mem={avail:.2f} GB)"
+        return _bar(desc, len(sizes), elapsed)
+
+    def capture_end(
+        self, elapsed: float, usage: float, avail: float, role: str, phase: str, shape: CaptureShape
+    ) -> str:
+        tail = f"elapsed={elapsed:.2f} s, mem usage={gb(usage)} GB, avail mem={gb(avail)} GB."
+        if phase == "prefill" or role == "draft":
+            return f"Capture {role} {phase} CUDA graph end. {tail}"
+        return f"Capture {role} {phase} CUDA graph end. bs={list(shape.bs)}, {tail}"
+
+    def hicache(self, size_gb: float, tokens: int, label: str = "kv") -> str:
+        """mem_cache/pool_host/base.py:272."""
+        return (
+            f"Allocating {label} hierarchical KV host pool: {tokens} tokens, "
+            f"{size_gb:.2f} GB host memory."
+        )
+
+    def prefill(
+        self,
+        new_seq: int,
+        new_token: int,
+        cached: int,
+        usage: float,
+        running: int,
+        queued: int,
+        input_tput: float,
+        cuda_graph: bool,
+        pending: int,
+    ) -> str:
+        """managers/scheduler_components/metrics_reporter.py:753-778."""
+        return (
+            f"Prefill batch, #new-seq: {new_seq}, #new-token: {new_token}, "
+            f"#cached-token: {cached}, token usage: {usage:.2f}, #running-req: {running}, "
+            f"#queue-req: {queued}, #pending-token: {pending}, cuda graph: {cuda_graph}, "
+            f"input throughput (token/s): {input_tput:.2f}"
+        )
+
+    def startup_timings(self, timings: dict[str, float], graphs: dict[str, float]) -> str | None:
+        """entrypoints/engine.py:1117."""
+        phases = ", ".join(f"{phase}={duration:.2f}" for phase, duration in graphs.items())
+        return (
+            f"Engine startup timings (s): load_weight={timings['load_weight']:.2f}, "
+            f"kv_cache_allocation={timings['kv_cache_allocation']:.2f}, "
+            f"scheduler_e2e={timings['scheduler_e2e']:.2f}, cuda_graph={{{phases}}}, "
+            f"tokenizer_e2e={timings['tokenizer_e2e']:.2f}"
+        )
+
+    def kill_tree(self, pid: int, include_parent: bool) -> str | None:
+        """utils/common.py:2522."""
+        return (
+            f"kill_process_tree called: parent_pid={pid}, include_parent={include_parent}, "
+            f"pid={pid}"
+        )
+
+
+def fmt_died_during_init(rank: int, exit_code: int) -> str:
+    """0.5.23 entrypoints/engine.py:2005 (`_scheduler_died_error`)."""
+    return (
+        f"Rank {rank} scheduler died during initialization (exit code: {exit_code}). "
+        "If exit code is -9 (SIGKILL), a common cause is the OS OOM killer. "
+        "Run `dmesg -T | grep -i oom` to check."
+    )
+
+
+def fmt_watchdog_crash(name: str, pid: int, exit_code: int) -> str:
+    """0.5.23 utils/watchdog.py:214 (`SubprocessWatchdog._check_processes`)."""
+    return (
+        f"Subprocess {name} (pid={pid}) crashed with exit code {exit_code}. "
+        "Triggering SIGQUIT for cleanup..."
+    )
+
+
+def fmt_hicache_auto(requested: float, ratio: float, budget_gib: float, fraction: float,
+                     ranks: int, pools_gib: float) -> str:  # fmt: skip
+    """0.5.23 mem_cache/hicache_auto_size.py:117."""
+    return (
+        f"HiCache auto-sizing: ratio {requested:.3f} -> {ratio:.3f}; {budget_gib:.1f} GiB host "
+        f"memory per rank (fraction {fraction:.2f}, {ranks} ranks on this host), host pools "
+        f"{pools_gib:.1f} GiB."
+    )
+
+
+def fmt_post_capture(tokens: int, dtype: str, kv: float, avail: float) -> tuple[str, str]:
+    """0.5.23 model_runner_components/kv_pool_runtime.py:190-201."""
+    return (
+        f"Post-capture KV sizing: full_layer_tokens={tokens}, swa_layer_tokens=0",
+        f"Post-capture KV sizing: KV cache allocated. dtype: {dtype}, #tokens: {tokens}, "
+        f"KV size: {kv:.2f} GB, avail mem={avail:.2f} GB",
+    )
+
+
+LINES: dict[str, Lines] = {"0.5.9": Lines(), "0.5.23": Lines0523()}
+
+
+def lines_for(version: str) -> Lines:
+    """The text of SGLang `version` (one of the simulated releases)."""
+    return LINES[version]

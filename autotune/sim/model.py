@@ -1,22 +1,34 @@
-"""The pure model: SGLang 0.5.9's memory arithmetic, the runtime OOM rule and step times.
+"""The pure model: SGLang's memory arithmetic per release, the runtime OOM rule and step times.
 
-No I/O, no clocks: everything here is a function of a Profile, ServerSettings and a seed, so a
-search strategy can evaluate thousands of settings in-process. Sizes follow reference §1 and §8:
-P (free memory before weights, MIN over ranks), pool = avail after weights − P·(1 − f), cell bytes
-by geometry, page rounding, the request table after profiling, then (≤0.5.13 order) workspaces,
-target CUDA graphs, draft weights, draft KV and draft graphs out of the headroom. All GPU figures
-are GiB (SGLang's "GB"); host-cache figures are decimal GB as SGLang prints them.
+No I/O, no clocks: everything here is a function of a Profile, ServerSettings, the simulated
+release (`versions.SglangVersion`), the server's environment and a seed, so a search strategy
+can evaluate thousands of settings in-process. P is the free memory before weights (MIN over
+ranks); the pool is what is free after the weights − P·(1 − f), in cells of bytes per token,
+page-rounded; then the request table and the pool, the workspaces and the CUDA graphs come out
+of the headroom. The releases differ in order:
+
+* 0.5.9: target weights, profile, target KV, workspaces, target graphs; then the draft's
+  weights, KV and graphs, all out of the headroom.
+* 0.5.23: target then draft weights (both in A), profile with the draft's layers folded into
+  the cell (`int(cell · L_draft / L_target)`), request table with a padding row, target KV,
+  draft KV, workspaces, target prefill graph, target decode/verify graph, draft prefill/decode/
+  extend graphs; with SGLANG_ENABLE_POST_CAPTURE_KV_SIZING (MHA only) the pool is reserved as
+  address space and sized after capture, keeping P·(1 − f) free.
+
+All GPU figures are GiB (SGLang's "GB"); host-cache figures are decimal GB as SGLang prints them.
 """
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypedDict
 
 from autotune.sim.flags import ServerSettings
 from autotune.sim.profiles import Attention, Profile
+from autotune.sim.versions import SglangVersion, get_version
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -25,16 +37,22 @@ CLIP_MAX_NEW_TOKENS = 4096
 EAGER_DECODE_FACTOR = 1.25
 SPEC_DEFAULT_MAX_RUNNING = 48
 SPEC_DEFAULTS = (3, 1, 4)  # (num_steps, topk, num_draft_tokens) for DeepseekV3-style targets
+VMM_GRANULARITY = 2 * MiB  # CUDA VMM allocation granularity (post-capture KV backing)
+HICACHE_AUTO_SLACK = 0.05
+POST_CAPTURE_ENV = "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING"
+IMBALANCE_ENV = "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK"
+FOLDED_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
 
 
 @dataclass(frozen=True)
 class StartupFailure:
     """Why startup fails and where: `kind` is stable, `stage` names the phase that fails."""
 
-    kind: str  # weights_oom | kv_pool | alloc_oom | graph_capture_oom | host_memory |
-    # host_oom_killer | hicache_too_small | pool_too_small | context_too_long | bad_tp
-    stage: str  # init | weights | kv | workspace | graphs | draft_weights | draft_kv |
-    # draft_graphs | hicache
+    kind: str  # weights_oom | kv_budget | kv_pool | alloc_oom | graph_capture_oom | host_memory |
+    # host_oom_killer | hicache_too_small | pool_too_small | context_too_long | bad_tp |
+    # tp_imbalance
+    stage: str  # init | weights | kv | workspace | prefill_graphs | graphs | draft_weights |
+    # draft_kv | draft_graphs | post_capture | hicache
     message: str
     tried_gib: float = 0.0
     free_gib: float = 0.0
@@ -61,6 +79,11 @@ class StartupPlan:
     kv_dtype: str
     cell_bytes: int
     spec: bool
+    version: str = "0.5.9"
+    sizing_cell_bytes: int = 0
+    """Bytes per token the pool is sized with: the cell plus the draft fold (0.5.23)."""
+    post_capture: bool = False
+    prefill_capture_tokens: tuple[int, ...] = ()
     avail_after_weights_gib: float | None = None
     profiled_tokens: int | None = None
     max_total_num_tokens: int | None = None
@@ -74,6 +97,8 @@ class StartupPlan:
     workspace_gib: float = 0.0
     capture_bs: tuple[int, ...] = ()
     avail_before_graphs_gib: float | None = None
+    prefill_graph_gib: float | None = None
+    avail_before_decode_graphs_gib: float | None = None
     graph_gib: float | None = None
     avail_after_graphs_gib: float | None = None
     draft_weights_gib: float | None = None
@@ -85,41 +110,79 @@ class StartupPlan:
     avail_after_draft_pool_gib: float | None = None
     draft_capture_bs: tuple[int, ...] = ()
     draft_graph_gib: float | None = None
+    draft_prefill_graph_gib: float | None = None
+    draft_decode_graph_gib: float | None = None
+    draft_extend_graph_gib: float | None = None
+    post_capture_tokens: int | None = None
+    post_capture_kv_gib: float | None = None
+    avail_after_post_capture_gib: float | None = None
     avail_final_gib: float | None = None
     max_running_requests: int | None = None
     max_req_input_len: int | None = None
     host_cache_tokens: int | None = None
     host_cache_gb: float | None = None
     host_cache_per_token_bytes: int = 0
+    host_budget_gb: float | None = None
+    host_auto_ratio: tuple[float, float] | None = None
+    """(requested, chosen) ratio when HiCache auto-sizing picked it (0.5.23)."""
+    host_draft_tokens: int | None = None
+    host_draft_gb: float | None = None
     spec_steps: int = 0
     spec_topk: int = 0
     spec_draft_tokens: int = 0
     failure: StartupFailure | None = None
     warnings: tuple[str, ...] = field(default=())
+    notes: tuple[tuple[str, str], ...] = field(default=())
+    """(stage, warning) lines SGLang prints along the way (the stage says where)."""
 
     @property
     def ok(self) -> bool:
         return self.failure is None
+
+    @property
+    def release(self) -> SglangVersion:
+        return get_version(self.version)
+
+    def notes_at(self, stage: str) -> tuple[str, ...]:
+        return tuple(text for where, text in self.notes if where == stage)
+
+    def graph_phases(self) -> dict[str, float]:
+        """GiB of CUDA-graph memory by SGLang 0.5.23's phase names (target + draft)."""
+        verify = "target_verify" if self.spec else "decode"
+        phases = dict.fromkeys(
+            ("prefill", "decode", "target_verify", "draft_prefill", "draft_decode", "draft_extend"),
+            0.0,
+        )
+        phases["prefill"] = self.prefill_graph_gib or 0.0
+        phases[verify] = self.graph_gib or 0.0
+        phases["draft_prefill"] = self.draft_prefill_graph_gib or 0.0
+        phases["draft_decode"] = self.draft_decode_graph_gib or 0.0
+        phases["draft_extend"] = self.draft_extend_graph_gib or 0.0
+        return phases
 
 
 def gpu_total_gib(profile: Profile) -> float:
     return profile.hardware.gpu_memory_mib / 1024.0
 
 
-def gpu_class_defaults(gpu_mem_mib: int, tp: int) -> tuple[int, int]:
-    """(chunked_prefill_size, cuda_graph_max_bs) from SGLang 0.5.9's GPU-class table."""
+def _release(version: SglangVersion | str | None, profile: Profile | None = None) -> SglangVersion:
+    if isinstance(version, SglangVersion):
+        return version
+    if version is None:
+        return get_version(profile.sglang_version if profile is not None else "0.5.9")
+    return get_version(version)
+
+
+def gpu_class_defaults(
+    gpu_mem_mib: int, tp: int, version: SglangVersion | str | None = None
+) -> tuple[int, int]:
+    """(chunked_prefill_size, decode max_bs) from the release's GPU-class table."""
+    release = _release(version)
     gib = gpu_mem_mib / 1024.0
-    table = [
-        (20, 2048, 8, 8),
-        (35, 2048, 24, 80),
-        (60, 4096, 32, 160),
-        (90, 8192, 256, 512),
-        (160, 8192, 256, 512),
-    ]
-    for limit, chunk, small, large in table:
+    for limit, chunk, small, large in release.gpu_classes:
         if gib < limit:
             return chunk, (small if tp < 4 else large)
-    return 16384, 512
+    return release.top_class
 
 
 def auto_mem_fraction(
@@ -130,19 +193,29 @@ def auto_mem_fraction(
     tp: int,
     pp: int = 1,
     spec_algorithm: str | None = None,
+    *,
+    version: SglangVersion | str | None = None,
+    prefill_graph_sizes: int = 0,
+    mla: bool = False,
+    decode_graph: bool = True,
+    post_capture: bool = False,
 ) -> float:
-    """0.5.4–0.5.9 automatic mem_fraction_static (reference §2)."""
+    """SGLang's automatic mem_fraction_static (0.5.4–0.5.9 and 0.5.23 `memory_hook`)."""
+    release = _release(version)
+    if post_capture:
+        reserved = 1536 + tp * pp / 8 * 1024
+        return round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
     if chunked_prefill_size > 0:
         reserved = 512 + max(chunked_prefill_size, 2048) * 1.5
     else:
         reserved = 512 + max(max_prefill_tokens, 2048) * 1.5
-    reserved += cuda_graph_max_bs * 2 + tp * pp / 8 * 1024
+    reserved += (cuda_graph_max_bs * 2 if decode_graph else 0) + tp * pp / 8 * 1024
+    if release.prefill_graph_reserve and prefill_graph_sizes:
+        reserved += 1.5 * 1024 if mla else prefill_graph_sizes * 8
     if gpu_mem_mib > 60 * 1024:
         reserved = max(reserved, 10240)
-    if spec_algorithm in ("EAGLE", "EAGLE3", "NEXTN"):
-        reserved += 2048
-    elif spec_algorithm == "STANDALONE":
-        reserved += 6144
+    extra = release.spec_reserve_mib.get(spec_algorithm or "", 0)
+    reserved += float(extra) if isinstance(extra, int | float) else 0.0
     return round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
 
 
@@ -157,7 +230,7 @@ def kv_dtype_for(settings: ServerSettings, profile: Profile) -> tuple[str, int]:
         return "torch.float8_e4m3fn", 1
     if choice == "fp8_e5m2":
         return "torch.float8_e5m2", 1
-    if choice == "fp4_e2m1":
+    if choice in ("fp4_e2m1", "nvfp4", "fp4_mx_block16"):
         return "torch.float4_e2m1fn_x2", 0
     if choice in ("float16", "fp16", "half"):
         return "torch.float16", 2
@@ -176,6 +249,24 @@ def cell_bytes(att: Attention, tp: int, elem: int) -> int:
     if elem == 0:
         return heads * (att.head_dim + v_dim) * att.layers
     return heads * (att.head_dim + v_dim) * att.layers * elem
+
+
+def draft_fold_bytes(target_cell: int, target: Attention, draft: Attention | None) -> int:
+    """0.5.23's EAGLE fold: int(cell · L_draft / L_target) added to the target's cell."""
+    if draft is None or target.layers <= 0:
+        return 0
+    return int(target_cell * draft.layers / target.layers)
+
+
+def kv_split_gib(att: Attention, tp: int, elem: int, rows: int) -> tuple[float, float | None]:
+    """(K GiB, V GiB) of an MHA pool of `rows` token rows; (KV GiB, None) for MLA."""
+    if att.kind == "mla":
+        return rows * cell_bytes(att, tp, elem) / GiB, None
+    heads = max(1, att.kv_heads // tp)
+    per = max(elem, 1) if elem else 1
+    k = rows * heads * att.head_dim * att.layers * per / GiB
+    v = rows * heads * (att.v_head_dim or att.head_dim) * att.layers * per / GiB
+    return k, v
 
 
 def host_bytes_per_token(att: Attention, tp: int, elem: int) -> int:
@@ -220,6 +311,19 @@ def capture_batch_sizes(
     return tuple(sorted(capped))
 
 
+def prefill_capture_tokens(max_bs: int) -> tuple[int, ...]:
+    """0.5.23 `generate_prefill_cuda_graph_batch_sizes`: the token counts a prefill graph takes."""
+    sizes = (
+        list(range(4, 33, 4))
+        + list(range(48, 257, 16))
+        + list(range(288, 513, 32))
+        + list(range(576, 1025, 64))
+        + list(range(1280, 4097, 256))
+        + list(range(4608, max_bs + 1, 512))
+    )
+    return tuple(s for s in sizes if s <= max_bs)
+
+
 def graph_memory_gib(profile: Profile, sizes: Sequence[int], tokens_per_bs: int) -> float:
     if not sizes:
         return 0.0
@@ -231,11 +335,35 @@ def graph_memory_gib(profile: Profile, sizes: Sequence[int], tokens_per_bs: int)
     )
 
 
+def prefill_graph_memory_gib(profile: Profile, tokens: Sequence[int]) -> float:
+    if not tokens:
+        return 0.0
+    g = profile.cuda_graph
+    return (
+        g.prefill_base_gib
+        + g.prefill_mib_per_size * len(tokens) / 1024.0
+        + g.prefill_mib_per_token * max(tokens) / 1024.0
+    )
+
+
 def draft_graph_memory_gib(profile: Profile, sizes: Sequence[int], steps: int, topk: int) -> float:
     draft = profile.draft
     if draft is None or not sizes:
         return 0.0
     return draft.graph_base_gib + draft.graph_mib_per_token * max(sizes) * steps * topk / 1024.0
+
+
+def env_flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    """SGLang's EnvBool: true/1/yes/y or false/0/no/n (anything else: the default)."""
+    raw = env.get(name)
+    if raw is None:
+        return default
+    value = raw.lower()
+    if value in ("true", "1", "yes", "y"):
+        return True
+    if value in ("false", "0", "no", "n"):
+        return False
+    return default
 
 
 def _jitter(profile: Profile, seed: int) -> float:
@@ -251,26 +379,42 @@ def plan_startup(
     *,
     foreign_gib: Sequence[float] = (),
     seed: int = 0,
+    version: SglangVersion | str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> StartupPlan:
-    """Every startup size SGLang 0.5.9 would compute, and the first failure if one occurs.
+    """Every startup size the release would compute, and the first failure if one occurs.
 
+    `version` defaults to the profile's `sglang_version`; `env` is the server's environment
+    (SGLANG_ENABLE_POST_CAPTURE_KV_SIZING, SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK).
     `foreign_gib[i]` is memory other processes hold on the i-th GPU this server uses; it lowers
     that rank's P (the MIN over ranks is what counts).
     """
+    release = _release(version, profile)
+    environ = env if env is not None else {}
     tp = settings.tp_size
     total = gpu_total_gib(profile)
     overhead = profile.hardware.cuda_context_gib + _jitter(profile, seed)
     p_ranks = _free_per_rank(total, overhead, tp, foreign_gib)
-    chunk, max_bs = _chunk_and_graph_bs(profile, settings)
+    chunk, max_bs = _chunk_and_graph_bs(profile, settings, release)
     dtype_name, elem = kv_dtype_for(settings, profile)
     steps, topk, draft_tokens = _spec_shape(profile, settings)
+    cell = cell_bytes(profile.attention, tp, elem)
+    fold = 0
+    if release.fold_draft_cell and settings.speculative_algorithm in FOLDED_ALGORITHMS:
+        fold = draft_fold_bytes(
+            cell, profile.attention, profile.draft.attention if profile.draft else None
+        )
+    prefill_tokens = _prefill_tokens(profile, settings, release, chunk)
+    post = _post_capture_planned(profile, settings, release, environ, chunk, prefill_tokens)
     base = StartupPlan(
         tp=tp,
         gpu_total_gib=total,
         p_gib=min(p_ranks),
         p_per_rank=p_ranks,
         init_mem_usage_gib=overhead,
-        mem_fraction_static=_mem_fraction(profile, settings, chunk, max_bs),
+        mem_fraction_static=_mem_fraction(
+            profile, settings, release, chunk, max_bs, len(prefill_tokens), post
+        ),
         mem_fraction_auto=settings.mem_fraction_static is None,
         weights_gib=profile.model.weights_gib * profile.model.weights_tp / tp,
         chunked_prefill_size=chunk,
@@ -279,14 +423,18 @@ def plan_startup(
         context_len=settings.context_length or profile.model.context_length,
         page_size=settings.page_size or 1,
         kv_dtype=dtype_name,
-        cell_bytes=cell_bytes(profile.attention, tp, elem),
+        cell_bytes=cell,
         spec=settings.spec,
+        version=release.name,
+        sizing_cell_bytes=cell + fold,
+        post_capture=post,
+        prefill_capture_tokens=prefill_tokens,
         spec_steps=steps,
         spec_topk=topk,
         spec_draft_tokens=draft_tokens,
-        warnings=_balance_warnings(p_ranks),
+        warnings=() if release.imbalance_raises else _balance_warnings(p_ranks),
     )
-    return _Planner(profile, settings, base).run()
+    return _Planner(profile, settings, base, release, environ).run()
 
 
 def _free_per_rank(
@@ -311,10 +459,27 @@ def _balance_warnings(p_ranks: tuple[float, ...]) -> tuple[str, ...]:
     )
 
 
-def _chunk_and_graph_bs(profile: Profile, settings: ServerSettings) -> tuple[int, int]:
-    """(chunked_prefill_size, cuda_graph_max_bs): the flags, else the GPU-class defaults."""
+def unbalanced_ranks(p_ranks: Sequence[float]) -> tuple[int, ...]:
+    """The ranks whose own free memory × 0.9 exceeds the MIN over ranks (0.5.23 raises there)."""
+    p = min(p_ranks)
+    return tuple(r for r, local in enumerate(p_ranks) if p < local * 0.9)
+
+
+def imbalance_message(p: float, local: float) -> str:
+    """0.5.23 `_check_tp_memory_balance`'s text for one rank."""
+    return (
+        "The memory capacity is unbalanced. Some GPUs may be occupied by other processes. "
+        f"pre_model_load_memory={p}, local_gpu_memory={local}, "
+        f"local_gpu_memory * 0.9={local * 0.9}"
+    )
+
+
+def _chunk_and_graph_bs(
+    profile: Profile, settings: ServerSettings, release: SglangVersion
+) -> tuple[int, int]:
+    """(chunked_prefill_size, decode graph max_bs): the flags, else the GPU-class defaults."""
     chunk_default, max_bs_default = gpu_class_defaults(
-        profile.hardware.gpu_memory_mib, settings.tp_size
+        profile.hardware.gpu_memory_mib, settings.tp_size, release
     )
     chunk = (
         settings.chunked_prefill_size
@@ -327,10 +492,59 @@ def _chunk_and_graph_bs(profile: Profile, settings: ServerSettings) -> tuple[int
         max_bs = settings.cuda_graph_max_bs
     else:
         max_bs = max_bs_default
+        running = settings.max_running_requests
+        if release.cap_graph_bs_by_running and running is not None and max_bs > running:
+            max_bs = running
     return chunk, max_bs
 
 
-def _mem_fraction(profile: Profile, settings: ServerSettings, chunk: int, max_bs: int) -> float:
+def _prefill_tokens(
+    profile: Profile, settings: ServerSettings, release: SglangVersion, chunk: int
+) -> tuple[int, ...]:
+    """The token counts 0.5.23 captures prefill graphs for (empty when none are captured)."""
+    if not release.prefill_graphs or settings.prefill_graph_disabled:
+        return ()
+    if settings.cuda_graph_bs_prefill:
+        return tuple(sorted(set(settings.cuda_graph_bs_prefill)))
+    max_bs = settings.cuda_graph_max_bs_prefill
+    if max_bs is None:
+        max_bs = chunk if profile.attention.kind != "mla" else min(8192, chunk)
+        if settings.max_total_tokens is not None:
+            max_bs = min(max_bs, settings.max_total_tokens)
+        if "llama-2" in settings.model_path.lower():
+            max_bs = min(max_bs, 4096)
+    return prefill_capture_tokens(max_bs)
+
+
+def _post_capture_planned(
+    profile: Profile,
+    settings: ServerSettings,
+    release: SglangVersion,
+    env: Mapping[str, str],
+    chunk: int,
+    prefill_tokens: Sequence[int],
+) -> bool:
+    """0.5.23 `post_capture_kv_sizing_planned` for what the simulator models."""
+    return (
+        release.post_capture_kv_sizing
+        and env_flag(env, POST_CAPTURE_ENV, False)
+        and profile.attention.kind != "mla"
+        and not settings.decode_graph_disabled
+        and bool(prefill_tokens)
+        and chunk > 0
+        and chunk <= max(prefill_tokens)
+    )
+
+
+def _mem_fraction(
+    profile: Profile,
+    settings: ServerSettings,
+    release: SglangVersion,
+    chunk: int,
+    max_bs: int,
+    prefill_sizes: int,
+    post_capture: bool,
+) -> float:
     """--mem-fraction-static as given, else SGLang's automatic choice."""
     if settings.mem_fraction_static is not None:
         return settings.mem_fraction_static
@@ -342,6 +556,11 @@ def _mem_fraction(profile: Profile, settings: ServerSettings, chunk: int, max_bs
         settings.tp_size,
         settings.pp_size,
         settings.speculative_algorithm,
+        version=release,
+        prefill_graph_sizes=prefill_sizes,
+        mla=profile.attention.kind == "mla",
+        decode_graph=not settings.decode_graph_disabled,
+        post_capture=post_capture,
     )
 
 
@@ -385,6 +604,8 @@ class _Sizes(TypedDict, total=False):
     max_req_input_len: int
     workspace_gib: float
     avail_before_graphs_gib: float
+    prefill_graph_gib: float
+    avail_before_decode_graphs_gib: float
     capture_bs: tuple[int, ...]
     graph_gib: float
     avail_after_graphs_gib: float
@@ -397,17 +618,27 @@ class _Sizes(TypedDict, total=False):
     avail_after_draft_pool_gib: float
     draft_capture_bs: tuple[int, ...]
     draft_graph_gib: float
+    draft_prefill_graph_gib: float
+    draft_decode_graph_gib: float
+    draft_extend_graph_gib: float
+    post_capture_tokens: int
+    post_capture_kv_gib: float
+    avail_after_post_capture_gib: float
     avail_final_gib: float
     host_cache_per_token_bytes: int
     host_cache_tokens: int
     host_cache_gb: float
+    host_budget_gb: float
+    host_auto_ratio: tuple[float, float]
+    host_draft_tokens: int
+    host_draft_gb: float
 
 
 _Stage = Callable[[], StartupFailure | None]
 
 
 class _Planner:
-    """Walks the startup stages in SGLang's order, stopping at the first failure.
+    """Walks the startup stages in the release's order, stopping at the first failure.
 
     Each stage records the sizes it computes in `sizes` and returns the failure that stops
     startup, if any; the plan is built once at the end, so a failed plan keeps exactly the sizes
@@ -416,25 +647,54 @@ class _Planner:
     table's sizes once the pool is sized.
     """
 
-    def __init__(self, profile: Profile, settings: ServerSettings, base: StartupPlan) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        settings: ServerSettings,
+        base: StartupPlan,
+        release: SglangVersion,
+        env: Mapping[str, str],
+    ) -> None:
         self.profile = profile
         self.settings = settings
         self.base = base
+        self.release = release
+        self.env = env
         self.sizes: _Sizes = {}
+        self.notes: list[tuple[str, str]] = []
+        self.warnings: list[str] = list(base.warnings)
         self.avail = 0.0
         self.tokens = 0
         self.reqs = 0
+        self.backed_gib = 0.0
 
     def run(self) -> StartupPlan:
-        stages: list[_Stage] = [
-            self._check_args,
-            self._load_weights,
-            self._size_pool,
-            self._allocate_pool,
-            self._reserve_workspace,
-            self._capture_graphs,
-            self._draft_model,
-        ]
+        stages: list[_Stage]
+        if self.release.draft_before_profile:
+            stages = [
+                self._check_args,
+                self._check_balance,
+                self._load_weights,
+                self._draft_weights_first,
+                self._size_pool_folded,
+                self._allocate_pool_padded,
+                self._draft_pool_now,
+                self._reserve_workspace,
+                self._capture_prefill,
+                self._capture_graphs,
+                self._draft_graphs_by_phase,
+                self._post_capture_resize,
+            ]
+        else:
+            stages = [
+                self._check_args,
+                self._load_weights,
+                self._size_pool,
+                self._allocate_pool,
+                self._reserve_workspace,
+                self._capture_graphs,
+                self._draft_model,
+            ]
         if self.settings.enable_hierarchical_cache:
             stages.append(self._hicache)
         failure = None
@@ -442,7 +702,13 @@ class _Planner:
             failure = stage()
             if failure is not None:
                 break
-        return replace(self.base, **self.sizes, failure=failure)
+        return replace(
+            self.base,
+            **self.sizes,
+            failure=failure,
+            notes=tuple(self.notes),
+            warnings=tuple(self.warnings),
+        )
 
     def _running_cap(self) -> int | None:
         """--max-running-requests, else 48 with speculative decoding, else None (automatic)."""
@@ -451,6 +717,8 @@ class _Planner:
         if self.base.spec:
             return SPEC_DEFAULT_MAX_RUNNING
         return None
+
+    # ---- checks and weights -------------------------------------------------------------------
 
     def _check_args(self) -> StartupFailure | None:
         """What SGLang refuses before touching the GPU: TP size and context length."""
@@ -476,6 +744,19 @@ class _Planner:
             )
         return None
 
+    def _check_balance(self) -> StartupFailure | None:
+        """0.5.23: a rank with > P/0.9 free raises (unless the env check is turned off)."""
+        b = self.base
+        ranks = unbalanced_ranks(b.p_per_rank) if b.tp > 1 else ()
+        if not ranks:
+            return None
+        first = ranks[0]
+        message = imbalance_message(b.p_gib, b.p_per_rank[first])
+        if env_flag(self.env, IMBALANCE_ENV, True):
+            return StartupFailure("tp_imbalance", "init", message, rank=first)
+        self.notes.extend(("init", imbalance_message(b.p_gib, b.p_per_rank[r])) for r in ranks)
+        return None
+
     def _load_weights(self) -> StartupFailure | None:
         b = self.base
         if b.weights_gib >= b.p_gib:
@@ -483,6 +764,14 @@ class _Planner:
         self.avail = b.p_gib - b.weights_gib
         self.sizes["avail_after_weights_gib"] = self.avail
         return None
+
+    def _draft_weights_first(self) -> StartupFailure | None:
+        """0.5.23: the draft's weights load right after the target's, before any profiling."""
+        if not self.base.spec:
+            return None
+        return self._draft_weights()
+
+    # ---- 0.5.9 pool -------------------------------------------------------------------------
 
     def _size_pool(self) -> StartupFailure | None:
         """Profile the KV pool (tokens, page-rounded) and the request table's row count."""
@@ -526,10 +815,14 @@ class _Planner:
         self.avail = avail
         cap = self._running_cap()
         max_running = min(n // 2 if cap is None else cap, r)
-        max_req_len = min(b.context_len - 1, n - 1)
+        return self._limits(max_running)
+
+    def _limits(self, max_running: int) -> StartupFailure | None:
+        b = self.base
+        max_req_len = min(b.context_len - 1, self.tokens - 1)
         self.sizes.update(
             {
-                "avail_after_pool_gib": avail,
+                "avail_after_pool_gib": self.avail,
                 "max_running_requests": max_running,
                 "max_req_input_len": max_req_len - 5,
             }
@@ -537,6 +830,102 @@ class _Planner:
         if max_req_len - 5 <= 0 or max_running <= 0:
             return StartupFailure("pool_too_small", "kv", "Memory pool size is too small")
         return None
+
+    # ---- 0.5.23 pool ------------------------------------------------------------------------
+
+    def _size_pool_folded(self) -> StartupFailure | None:
+        """0.5.23 `_profile_available_bytes` and `calculate_pool_sizes` with the draft fold."""
+        b = self.base
+        rest = self.avail - b.p_gib * (1 - b.mem_fraction_static)
+        if rest <= 0:
+            minimum = 1 - self.avail / b.p_gib
+            suggested = math.ceil(minimum * 1000) / 1000
+            return StartupFailure(
+                "kv_budget",
+                "kv",
+                "Loaded weights leave no GPU memory for the KV cache under "
+                f"--mem-fraction-static={b.mem_fraction_static}. Raise --mem-fraction-static "
+                f"above {suggested:.3f} (minimum viable = 1 - available/pre = {minimum:.4f}). "
+                "If using speculative decoding, draft weights are now counted.",
+            )
+        profiled = int(rest * GiB) // b.sizing_cell_bytes // b.page_size * b.page_size
+        self.sizes["profiled_tokens"] = profiled
+        if profiled <= 0:
+            return StartupFailure(
+                "kv_pool", "kv", "Not enough memory. Please try to increase --mem-fraction-static."
+            )
+        n = profiled
+        user = self.settings.max_total_tokens
+        if user is not None:
+            if user > profiled:
+                self.notes.append(
+                    (
+                        "kv",
+                        f"max_total_tokens={user} is larger than the profiled value {profiled}. "
+                        "Use the profiled value instead.",
+                    )
+                )
+            n = min(n, user) // b.page_size * b.page_size
+            self.sizes["max_total_tokens_capped"] = user < profiled
+        self.tokens = n
+        self.reqs = self._resolve_max_num_reqs(n, "kv")
+        self.sizes.update({"max_total_num_tokens": n, "max_num_reqs": self.reqs})
+        return None
+
+    def _resolve_max_num_reqs(self, tokens: int, stage: str) -> int:
+        """0.5.23 `resolve_max_num_reqs` (one DP group)."""
+        estimated = max(min(int(tokens / self.base.context_len * 512), 4096), 2048)
+        cap = self._running_cap()
+        if cap is None:
+            return min(estimated, tokens // 2)
+        requested = max(1, cap)
+        reqs = min(requested, tokens // 2)
+        if reqs < requested:
+            self.notes.append(
+                (
+                    stage,
+                    f"max_running_requests was reduced from the requested {requested} to {reqs} "
+                    "(per dp worker) due to the available KV cache capacity.",
+                )
+            )
+        return reqs
+
+    def _allocate_pool_padded(self) -> StartupFailure | None:
+        """The request table (with its padding row), then the target pool in its own geometry.
+
+        With post-capture sizing the pool is address space only: one page per buffer is backed.
+        """
+        b = self.base
+        n, r = self.tokens, self.reqs
+        rows = r + self.release.req_pool_padding
+        req_gib = rows * (b.context_len + 4 + b.spec_draft_tokens) * 4 / GiB
+        _, elem = kv_dtype_for(self.settings, self.profile)
+        att = self.profile.attention
+        k, v = kv_split_gib(att, b.tp, elem, n + b.page_size)
+        kv = k + (v or 0.0)
+        self.sizes.update(
+            {"req_to_token_gib": req_gib, "kv_gib": kv, "k_gib": k if v else None, "v_gib": v}
+        )
+        if self.avail < req_gib:
+            return _oom("alloc_oom", "kv", req_gib, self.avail, "req_to_token")
+        self.avail -= req_gib
+        used = kv
+        if b.post_capture:
+            buffers = 2 * att.layers if att.kind == "mha" else att.layers
+            self.backed_gib = buffers * VMM_GRANULARITY / GiB
+            used = self.backed_gib
+        if self.avail < used:
+            return _oom("alloc_oom", "kv", used, self.avail, "kv")
+        self.avail -= used
+        return self._limits(r)
+
+    def _draft_pool_now(self) -> StartupFailure | None:
+        """0.5.23: the draft's pool follows the target's (same tokens, its own geometry)."""
+        if not self.base.spec:
+            return None
+        return self._draft_pool()
+
+    # ---- graphs -----------------------------------------------------------------------------
 
     def _reserve_workspace(self) -> StartupFailure | None:
         work = self.profile.cuda_graph.workspace_gib
@@ -547,11 +936,28 @@ class _Planner:
         self.sizes["avail_before_graphs_gib"] = self.avail
         return None
 
+    def _capture_prefill(self) -> StartupFailure | None:
+        """0.5.23: the target's prefill graph (breakable backend), before decode."""
+        tokens = self._prefill_tokens_fitting()
+        graph = prefill_graph_memory_gib(self.profile, tokens)
+        self.sizes["prefill_graph_gib"] = graph
+        if graph > self.avail:
+            tried = min(graph - self.avail + 0.25, graph)
+            return _oom("graph_capture_oom", "prefill_graphs", tried, self.avail, "prefill graph")
+        self.avail -= graph
+        self.sizes["avail_before_decode_graphs_gib"] = self.avail
+        return None
+
+    def _prefill_tokens_fitting(self) -> tuple[int, ...]:
+        """The prefill token counts, cut to what the request table times the context holds."""
+        limit = self.reqs * self.base.context_len
+        return tuple(t for t in self.base.prefill_capture_tokens if t <= limit)
+
     def _capture_graphs(self) -> StartupFailure | None:
-        """The target model's CUDA graphs (none with --disable-cuda-graph)."""
+        """The target model's decode (or verify) CUDA graphs (none when disabled)."""
         b = self.base
         s = self.settings
-        if s.disable_cuda_graph:
+        if s.decode_graph_disabled:
             self.sizes.update({"graph_gib": 0.0, "avail_after_graphs_gib": self.avail})
             return None
         sizes = capture_batch_sizes(b.cuda_graph_max_bs, b.spec, self.reqs, s.cuda_graph_bs)
@@ -564,8 +970,10 @@ class _Planner:
         self.sizes["avail_after_graphs_gib"] = self.avail
         return None
 
+    # ---- draft ------------------------------------------------------------------------------
+
     def _draft_model(self) -> StartupFailure | None:
-        """With speculative decoding, the draft model's weights, KV pool and CUDA graphs."""
+        """0.5.9: the draft model's weights, KV pool and CUDA graphs, out of the headroom."""
         if self.base.spec:
             failure = self._draft_weights() or self._draft_pool() or self._draft_graphs()
             if failure is not None:
@@ -592,9 +1000,17 @@ class _Planner:
 
     def _draft_pool(self) -> StartupFailure | None:
         draft = self.profile.draft
-        dkv = (self.tokens + self.base.page_size) * self.sizes["draft_cell_bytes"] / GiB
-        half = dkv / 2 if draft is not None and draft.attention.kind == "mha" else None
-        self.sizes.update({"draft_kv_gib": dkv, "draft_k_gib": half, "draft_v_gib": half})
+        rows = self.tokens + self.base.page_size
+        if self.release.draft_before_profile and draft is not None:
+            _, elem = kv_dtype_for(self.settings, self.profile)
+            dk, dv = kv_split_gib(draft.attention, self.base.tp, elem, rows)
+            dkv, dk_or_none = dk + (dv or 0.0), (dk if dv is not None else None)
+            half_v = dv
+        else:
+            dkv = rows * self.sizes["draft_cell_bytes"] / GiB
+            half = dkv / 2 if draft is not None and draft.attention.kind == "mha" else None
+            dk_or_none, half_v = half, half
+        self.sizes.update({"draft_kv_gib": dkv, "draft_k_gib": dk_or_none, "draft_v_gib": half_v})
         if dkv > self.avail:
             return _oom("alloc_oom", "draft_kv", dkv, self.avail, "draft kv")
         self.avail -= dkv
@@ -605,7 +1021,7 @@ class _Planner:
         b = self.base
         sizes: tuple[int, ...] = ()
         dgraph = 0.0
-        if not self.settings.disable_cuda_graph:
+        if not self.settings.decode_graph_disabled:
             sizes = self.sizes["capture_bs"]
             dgraph = draft_graph_memory_gib(self.profile, sizes, b.spec_steps, b.spec_topk)
         self.sizes.update({"draft_capture_bs": sizes, "draft_graph_gib": dgraph})
@@ -614,41 +1030,233 @@ class _Planner:
         self.avail -= dgraph
         return None
 
+    def _draft_graphs_by_phase(self) -> StartupFailure | None:
+        """0.5.23: the draft's prefill graph (every rank), then decode (steps > 1) and extend.
+
+        Decode + extend together cost what 0.5.9's one draft graph cost: decode takes
+        (steps − 1)/steps of it, extend 1/steps.
+        """
+        b = self.base
+        if not b.spec:
+            self.sizes["avail_final_gib"] = self.avail
+            return None
+        draft = self.profile.draft
+        prefill = draft.prefill_graph_gib if draft and b.prefill_capture_tokens else 0.0
+        sizes: tuple[int, ...] = ()
+        total = 0.0
+        if not self.settings.decode_graph_disabled:
+            sizes = self.sizes.get("capture_bs", ())
+            total = draft_graph_memory_gib(self.profile, sizes, b.spec_steps, b.spec_topk)
+        steps = max(b.spec_steps, 1)
+        decode = total * (steps - 1) / steps
+        extend = total - decode
+        self.sizes.update(
+            {
+                "draft_capture_bs": sizes,
+                "draft_graph_gib": total,
+                "draft_prefill_graph_gib": prefill,
+                "draft_decode_graph_gib": decode,
+                "draft_extend_graph_gib": extend,
+            }
+        )
+        need = prefill + total
+        if need > self.avail:
+            return _oom("graph_capture_oom", "draft_graphs", need, self.avail, "draft graph")
+        self.avail -= need
+        self.sizes["avail_final_gib"] = self.avail
+        return None
+
+    # ---- 0.5.23 post-capture sizing ---------------------------------------------------------
+
+    def _post_capture_resize(self) -> StartupFailure | None:
+        """SGLANG_ENABLE_POST_CAPTURE_KV_SIZING: size the pool from what capture left, keeping
+        P·(1 − f) free; the pool only shrinks (kv_pool_runtime.compute_post_capture_kv_resize)."""
+        b = self.base
+        if not b.post_capture:
+            return None
+        headroom = b.p_gib * (1 - b.mem_fraction_static)
+        if not self.settings.decode_graph_disabled and b.cuda_graph_max_bs < self.reqs:
+            self.notes.append(
+                (
+                    "post_capture",
+                    f"Post-capture KV sizing: decode CUDA graph max_bs={b.cuda_graph_max_bs} < "
+                    f"max_running_requests={self.reqs}; reserving activation headroom",
+                )
+            )
+            headroom = max(headroom, self._activation_reserve_mib() / 1024)
+        budget = int(max(0.0, self.avail - headroom) * GiB) + int(self.backed_gib * GiB)
+        n = budget // b.sizing_cell_bytes // b.page_size * b.page_size
+        n = min(n, self.tokens)
+        if n <= 0:
+            return StartupFailure(
+                "kv_pool",
+                "post_capture",
+                "Not enough memory. Please try to increase --mem-fraction-static.",
+            )
+        backed = self._backed_gib(n)
+        self.avail -= backed - self.backed_gib
+        reqs = min(self.reqs, self._resolve_max_num_reqs(n, "post_capture"))
+        if reqs < self.reqs:
+            self.notes.append(
+                (
+                    "post_capture",
+                    f"Post-capture KV sizing: max_running_requests {self.reqs} -> {reqs}",
+                )
+            )
+        self.tokens, self.reqs = n, reqs
+        max_req_len = min(b.context_len - 1, n - 1)
+        self.sizes.update(
+            {
+                "post_capture_tokens": n,
+                "post_capture_kv_gib": backed,
+                "avail_after_post_capture_gib": self.avail,
+                "max_total_num_tokens": n,
+                "max_running_requests": reqs,
+                "max_req_input_len": max_req_len - 5,
+                "avail_final_gib": self.avail,
+            }
+        )
+        return None
+
+    def _activation_reserve_mib(self) -> float:
+        """0.5.23 `pre_capture_activation_reserve_mb`."""
+        b = self.base
+        tokens = (
+            max(b.chunked_prefill_size, 2048)
+            if b.chunked_prefill_size > 0
+            else max(b.max_prefill_tokens, 2048)
+        )
+        reserve = 512 + tokens * 1.5 + b.tp * self.settings.pp_size / 8 * 1024
+        if self.profile.hardware.gpu_memory_mib > 60 * 1024:
+            reserve = max(reserve, 10 * 1024)
+        return reserve
+
+    def _backed_gib(self, tokens: int) -> float:
+        """Bytes the VMM arena backs for `tokens`: each K/V buffer rounded up to a granule."""
+        b = self.base
+        att = self.profile.attention
+        _, elem = kv_dtype_for(self.settings, self.profile)
+        heads = max(1, att.kv_heads // b.tp)
+        rows = tokens + b.page_size
+        spans = [rows * heads * att.head_dim * max(elem, 1)] * att.layers
+        spans += [rows * heads * (att.v_head_dim or att.head_dim) * max(elem, 1)] * att.layers
+        granule = VMM_GRANULARITY
+        return sum(-(-span // granule) * granule for span in spans) / GiB
+
+    # ---- host cache -------------------------------------------------------------------------
+
     def _hicache(self) -> StartupFailure | None:
-        """HiCache's host pool: its size, then SGLang's three ways of refusing it."""
+        """HiCache's host pool (and the draft's, 0.5.23): its size, then the release's refusals."""
         s = self.settings
         b = self.base
         n = self.tokens
         _, elem = kv_dtype_for(s, self.profile)
         spt = host_bytes_per_token(self.profile.attention, b.tp, elem)
         self.sizes["host_cache_per_token_bytes"] = spt
+        available = self.profile.hardware.host_ram_available_gb * 1e9
+        auto = self.release.hicache_auto_size and s.hicache_size <= 0 and s.hicache_ratio is None
+        if auto:
+            return self._hicache_auto(available, spt)
         if s.hicache_size > 0:
             tokens = int(s.hicache_size * 1e9 // spt)
         else:
-            tokens = int(n * s.hicache_ratio)
+            ratio = s.hicache_ratio if s.hicache_ratio is not None else 2.0
+            tokens = int(n * ratio)
         tokens = (tokens // b.page_size + 1) * b.page_size
         requested = tokens * spt
         self.sizes.update({"host_cache_tokens": tokens, "host_cache_gb": requested / 1e9})
-        if tokens <= n:
+        small = self._host_pool_size_check("kv", tokens)
+        if small is not None:
+            return small
+        if not self.release.host_budget_per_rank:
+            return _host_memory_failure(requested, available - HOST_RESERVE_BYTES, b.tp)
+        budget = (int(available) - HOST_RESERVE_BYTES) // b.tp
+        self.sizes["host_budget_gb"] = budget / 1e9
+        if requested > budget:
+            return _host_refused(requested, budget)
+        left = (int(available) - b.tp * requested - HOST_RESERVE_BYTES) // b.tp
+        return self._draft_host_pool(tokens, left)
+
+    def _host_pool_size_check(self, label: str, tokens: int) -> StartupFailure | None:
+        """0.5.9 refuses a host pool not larger than the device pool; 0.5.23 warns."""
+        if tokens > self.tokens:
+            return None
+        if self.release.host_pool_must_exceed_device:
             return StartupFailure(
                 "hicache_too_small",
                 "hicache",
                 "The host memory should be larger than the device memory with the current protocol",
             )
-        available = self.profile.hardware.host_ram_available_gb * 1e9 - HOST_RESERVE_BYTES
-        return _host_memory_failure(requested, available, b.tp)
+        self.notes.append(
+            (
+                "hicache",
+                f"HiCache {label} host pool ({tokens} tokens) is smaller than the device pool "
+                f"({self.tokens} tokens);L2 cache effectiveness is reduced.Consider increasing "
+                "--hicache-ratio (or --hicache-size) for higher L2 cache hit rate.",
+            )
+        )
+        return None
+
+    def _draft_host_pool(self, tokens: int, budget: int) -> StartupFailure | None:
+        """0.5.23: the draft's host pool has the target host pool's token count."""
+        draft = self.profile.draft
+        if not (self.release.draft_host_pool and self.base.spec and draft is not None):
+            return None
+        _, elem = kv_dtype_for(self.settings, self.profile)
+        requested = tokens * host_bytes_per_token(draft.attention, self.base.tp, elem)
+        self.sizes.update({"host_draft_tokens": tokens, "host_draft_gb": requested / 1e9})
+        if requested > budget:
+            return _host_refused(requested, budget)
+        return None
+
+    def _hicache_auto(self, available: float, spt: int) -> StartupFailure | None:
+        """0.5.23 auto-sizing: the ratio shrinks until the pools fit fraction × the rank's share."""
+        s = self.settings
+        b = self.base
+        requested_ratio = 1.2 if s.hicache_host_memory_mode == "buffer_only" else 2.0
+        fraction = s.hicache_host_memory_fraction
+        fraction = 0.8 if fraction is None else fraction
+        per_rank = (int(available) - HOST_RESERVE_BYTES) // b.tp
+        budget = int(per_rank * fraction)
+        device = int(((self.sizes.get("kv_gib") or 0.0) + (self.sizes.get("draft_kv_gib") or 0.0))
+                     * GiB)  # fmt: skip
+        ratio = min(requested_ratio, budget * (1 - HICACHE_AUTO_SLACK) / max(device, 1))
+        if ratio <= 0:
+            return StartupFailure(
+                "host_memory",
+                "hicache",
+                "No host memory is left for HiCache after the 10 GiB reserve; set --hicache-ratio "
+                "or --hicache-size explicitly.",
+            )
+        self.sizes.update(
+            {"host_auto_ratio": (requested_ratio, ratio), "host_budget_gb": budget / 1e9}
+        )
+        tokens = (int(self.tokens * ratio) // b.page_size + 1) * b.page_size
+        requested = tokens * spt
+        self.sizes.update({"host_cache_tokens": tokens, "host_cache_gb": requested / 1e9})
+        small = self._host_pool_size_check("kv", tokens)
+        if small is not None:
+            return small
+        if requested > budget:
+            return _host_refused(requested, budget)
+        return self._draft_host_pool(tokens, budget - requested)
+
+
+def _host_refused(requested: float, available: float) -> StartupFailure:
+    return StartupFailure(
+        "host_memory",
+        "hicache",
+        f"Not enough host memory available. Requesting {requested / 1e9:.2f} GB but "
+        f"only have {available / 1e9:.2f} GB free. Please reduce the size of the "
+        "hierarchical cache.",
+    )
 
 
 def _host_memory_failure(requested: float, available: float, tp: int) -> StartupFailure | None:
-    """Too little host RAM: refused up front, or the OOM killer takes the ranks that don't fit."""
+    """0.5.9: too little host RAM is refused up front, or the OOM killer takes the ranks that
+    don't fit (each rank checks against the whole box)."""
     if requested > available:
-        return StartupFailure(
-            "host_memory",
-            "hicache",
-            f"Not enough host memory available. Requesting {requested / 1e9:.2f} GB but "
-            f"only have {available / 1e9:.2f} GB free. Please reduce the size of the "
-            "hierarchical cache.",
-        )
+        return _host_refused(requested, available)
     ranks_fit = int(available // requested) if requested > 0 else tp
     if ranks_fit < tp:
         return StartupFailure(
@@ -730,9 +1338,10 @@ def predict(
     prefill_tokens: int | None = None,
     decode_batch: int | None = None,
     seed: int = 0,
+    version: SglangVersion | str | None = None,
 ) -> Prediction:
     """Startup sizes plus the mean worst-case transient for a prefill chunk and a decode batch."""
-    plan = plan_startup(profile, settings, seed=seed)
+    plan = plan_startup(profile, settings, seed=seed, version=version)
     chunk = plan.chunked_prefill_size if plan.chunked_prefill_size > 0 else plan.max_prefill_tokens
     tokens = prefill_tokens if prefill_tokens is not None else chunk
     bs = decode_batch if decode_batch is not None else (plan.max_running_requests or 1)

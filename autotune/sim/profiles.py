@@ -16,6 +16,8 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
+from autotune.sim.versions import DEFAULT, VERSIONS
+
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "configs" / "sim"
 
 
@@ -57,6 +59,7 @@ class ModelSpec:
     weights_tp: int
     context_length: int
     kv_fp8_checkpoint: bool = False
+    quant: str = ""
 
 
 @dataclass(frozen=True)
@@ -74,16 +77,21 @@ class Draft:
     accept_length: float
     graph_base_gib: float
     graph_mib_per_token: float
+    prefill_graph_gib: float = 0.0
 
 
 @dataclass(frozen=True)
 class CudaGraph:
-    """graph GiB = base + per_size × (#captured sizes) + per_token × max_bs × tokens_per_bs."""
+    """graph GiB = base + per_size × (#captured sizes) + per_token × max_bs × tokens_per_bs;
+    the prefill graph (SGLang 0.5.23) likewise over its captured token counts."""
 
     base_gib: float
     mib_per_size: float
     mib_per_token: float
     workspace_gib: float
+    prefill_base_gib: float = 0.0
+    prefill_mib_per_size: float = 0.0
+    prefill_mib_per_token: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -121,6 +129,7 @@ class Startup:
     hicache_s_per_gb: float
     server_start_s: float
     warmup_s: float
+    prefill_graph_capture_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -144,6 +153,7 @@ class Profile:
     startup: Startup
     variation: Variation
     source: str = ""
+    sglang_version: str = DEFAULT.name
 
 
 T = TypeVar("T")
@@ -214,6 +224,7 @@ _TOP = {
     "timing",
     "startup",
     "variation",
+    "sglang_version",
 }
 
 
@@ -232,6 +243,11 @@ def profile_from_dict(doc: Mapping[str, Any], source: str = "") -> Profile:
         if not isinstance(att_table, dict):
             raise ProfileError("[draft.attention]: missing table")
         draft = _build(Draft, dt, "draft", attention=_attention(att_table, "draft.attention"))
+    version = doc.get("sglang_version", DEFAULT.name)
+    if not isinstance(version, str) or version not in VERSIONS:
+        raise ProfileError(
+            f"sglang_version: expected one of {', '.join(VERSIONS)}, got {version!r}"
+        )
     hardware = _build(Hardware, _table(doc, "hardware"), "hardware")
     if hardware.gpu_count <= 0 or hardware.gpu_memory_mib <= 0:
         raise ProfileError("hardware.gpu_count/gpu_memory_mib: must be positive")
@@ -248,6 +264,7 @@ def profile_from_dict(doc: Mapping[str, Any], source: str = "") -> Profile:
         startup=_build(Startup, _table(doc, "startup"), "startup"),
         variation=_build(Variation, _table(doc, "variation"), "variation"),
         source=source,
+        sglang_version=version,
     )
 
 

@@ -1,4 +1,4 @@
-"""Continuous batching over a finite token pool, in real time, as SGLang 0.5.9 schedules.
+"""Continuous batching over a finite token pool, in real time, as SGLang schedules.
 
 One asyncio task runs the loop: form a prefill batch if the PrefillAdder rules admit anything
 (max running requests, free + evictable − reserved tokens, chunked prefill, max prefill tokens),
@@ -6,7 +6,8 @@ otherwise run one decode step for every running request. Each forward sleeps its
 and may OOM (transient peak > free memory after startup). After each step the new tokens are
 handed to the waiting HTTP handlers in one pass (one wake-up per request per step, no per-token
 tasks). When decode runs out of pool, requests are retracted back to the queue and the line SGLang
-prints is logged. Prefill/Decode lines are logged at SGLang's cadence.
+prints is logged. Prefill/Decode lines are logged at SGLang's cadence in the release's text
+(`logwriter.Lines`); under 0.5.23 a prefill that fits a captured prefill graph says so.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from autotune.sim import tokens
-from autotune.sim.logwriter import LogWriter, fmt_decode, fmt_prefill, fmt_retract
+from autotune.sim.logwriter import Lines, LogWriter, fmt_retract
 from autotune.sim.model import (
     CLIP_MAX_NEW_TOKENS,
     StartupPlan,
@@ -52,6 +53,9 @@ class Request:
     text_parts: list[str] = field(default_factory=list)
     cached_tokens: int = 0
     retractions: int = 0
+    verify_ct: int = 0
+    correct_drafts: int = 0
+    drafts_histogram: list[int] = field(default_factory=list)
     finished: bool = False
     finish_reason: str | None = None
     error: str | None = None
@@ -114,6 +118,8 @@ class Stats:
     cache_hit_rate: float = 0.0
     new_token_ratio: float = 0.0
     spec_accept_length: float = 0.0
+    spec_forward_total: int = 0
+    spec_accept_total: int = 0
     cuda_graph: bool = False
     ttft: Histogram = field(default_factory=Histogram)
     e2e: Histogram = field(default_factory=Histogram)
@@ -138,9 +144,12 @@ class Scheduler:
         radix_cache: bool = True,
         on_oom: FatalHandler | None = None,
         on_peak: Callable[[float], None] | None = None,
+        lines: Lines | None = None,
     ) -> None:
         assert plan.max_total_num_tokens is not None and plan.max_running_requests is not None
         self.profile = profile
+        self.lines = lines if lines is not None else Lines()
+        self.max_prefill_graph = max(plan.prefill_capture_tokens, default=0)
         self.plan = plan
         self.log = log
         self.pool = plan.max_total_num_tokens
@@ -397,9 +406,23 @@ class Scheduler:
         self._last_prefill_log = now
         self._last_prefill_tokens = new_tokens
         usage = self.used_tokens / self.pool
+        pending = sum(r.fill_target for r in self.waiting)
+        if self.chunked is not None:
+            pending += self.chunked.fill_target - self.chunked.filled
+        graph = 0 < new_tokens <= self.max_prefill_graph
         self.log.rank(
             0,
-            fmt_prefill(n, new_tokens, cached, usage, running_before, len(self.waiting), tput),
+            self.lines.prefill(
+                n,
+                new_tokens,
+                cached,
+                usage,
+                running_before,
+                len(self.waiting),
+                tput,
+                graph,
+                pending,
+            ),
         )
         self._gauges(usage)
         total = self.stats.prompt_tokens or 1
@@ -421,6 +444,15 @@ class Scheduler:
         p = (mean - 1.0) / max(draft - 1, 1)
         k = 1 + sum(1 for _ in range(draft - 1) if self.spec_rng.random() < p)
         return min(k, req.remaining)
+
+    def _count_verify(self, req: Request, k: int) -> None:
+        """Per-request speculative counts (0.5.23's meta_info spec_* fields)."""
+        req.verify_ct += 1
+        req.correct_drafts += k - 1
+        width = max(self.plan.spec_draft_tokens, 1)
+        if len(req.drafts_histogram) < width:
+            req.drafts_histogram.extend([0] * (width - len(req.drafts_histogram)))
+        req.drafts_histogram[min(k - 1, width - 1)] += 1
 
     def _retract(self, need: int) -> None:
         order = sorted(
@@ -481,9 +513,14 @@ class Scheduler:
                 done.append(req)
                 continue
             k = self._tokens_this_step(req)
+            if self.plan.spec:
+                self._count_verify(req, k)
             produced += k
             self._accept_sum += k
             self._accept_n += 1
+            if self.plan.spec:
+                self.stats.spec_forward_total += 1
+                self.stats.spec_accept_total += k
             self._emit(req, k, now)
             if req.remaining <= 0:
                 done.append(req)
@@ -513,7 +550,8 @@ class Scheduler:
         self._accept_n = 0
         usage = self.used_tokens / self.pool
         self.log.rank(
-            0, fmt_decode(bs, self.used_tokens, usage, graph, tput, len(self.waiting), accept)
+            0,
+            self.lines.decode(bs, self.used_tokens, usage, graph, tput, len(self.waiting), accept),
         )
         self._gauges(usage)
         self.stats.gen_throughput = tput

@@ -3,8 +3,11 @@
 The startup stages live in `StartupSequence`; this module runs them, then the HTTP server and
 the scheduler. Once uvicorn's lines are out, SIGTERM stops the server like uvicorn (exit 0) until
 the first request (warm-up included); after it, like SGLang's TokenizerManager: drain, then
-SIGKILL itself. A runtime OOM prints the scheduler's exception and the main process's SIGQUIT
-line, then SIGKILLs the process, as SGLang's kill_process_tree does.
+0.5.9 SIGKILLs itself (rc −9) while 0.5.23 shuts the schedulers down, stops uvicorn and exits 0.
+A runtime OOM prints the scheduler's exception and the main process's SIGQUIT line, then SIGKILLs
+the process, as SGLang's kill_process_tree does. A scheduler killed after startup (the
+`oom-kill` fault) is noticed by 0.5.23's SubprocessWatchdog, which brings the tree down; 0.5.9
+keeps serving HTTP with a dead scheduler.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import os
 import signal
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NoReturn
 
 from aiohttp import web
 
@@ -25,11 +29,13 @@ from autotune.sim.httpapi import ServerState, build_app
 from autotune.sim.model import GiB, StartupPlan
 from autotune.sim.profiles import Profile
 from autotune.sim.scheduler import Request, Scheduler
-from autotune.sim.startup import StartupSequence
+from autotune.sim.startup import StartupSequence, resolved_args
 from autotune.sim.tokens import encode
+from autotune.sim.versions import get_version
 
 DRAIN_POLL_S = 1.0
 HEARTBEAT_S = 0.5
+WATCHDOG_INTERVAL_S = 1.0
 
 
 def visible_gpus(env: Mapping[str, str], tp: int, gpu_count: int) -> list[int]:
@@ -62,6 +68,11 @@ class SimServer(StartupSequence):
         self.profile = profile
         self.env = env
         self.faults = faultmod.resolve(cmd.sim)
+        self.release = get_version(cmd.sim.version)
+        self.lines = lw.lines_for(self.release.name)
+        self.timings: dict[str, float] = {}
+        self.graph_times: dict[str, float] = {}
+        self.argv = cmd.argv
         self.log = log or lw.LogWriter(self.s.tp_size)
         self.scale = cmd.sim.time_scale
         self.pid = os.getpid()
@@ -130,7 +141,12 @@ class SimServer(StartupSequence):
             await self._warmup(state)
         state.status = "Up"
         self.log.main("The server is fired up and ready to roll!")
+        killer = None
+        if self.faults.oom_kill_after_s is not None:
+            killer = asyncio.create_task(self._oom_kill(self.faults.oom_kill_after_s))
         await self.stop_event.wait()
+        if killer is not None:
+            killer.cancel()
         state.scheduler.stop()
         sched_task.cancel()
         await runner.cleanup()
@@ -148,6 +164,7 @@ class SimServer(StartupSequence):
             radix_cache=not s.disable_radix_cache,
             on_oom=self._runtime_oom,
             on_peak=self._on_peak,
+            lines=self.lines,
         )
         return ServerState(
             settings=s,
@@ -157,6 +174,10 @@ class SimServer(StartupSequence):
             log=self.log,
             faults=self.faults.health_faults,
             on_first_request=self._first_request,
+            release=self.release,
+            resolved_args=resolved_args(self.release, s, plan, self.cmd.sim.seed),
+            launch_command=" ".join(self.argv),
+            startup_time=self.engine_startup_time(),
         )
 
     async def _start_http(self, state: ServerState) -> web.AppRunner:
@@ -205,36 +226,70 @@ class SimServer(StartupSequence):
         remaining = max(free - (peak - tried), 0.01)
         remaining = min(remaining, tried * 0.9)
         self.scheduler_exception(
-            list(range(self.s.tp_size)), lw.RUN_FRAMES, self.oom_text(tried, remaining)
+            list(range(self.s.tp_size)), self.lines.run_frames, self.oom_text(tried, remaining)
         )
-        self.log.main(
-            "SIGQUIT received. signum=None, frame=None. It usually means one child failed."
-        )
+        self._sigquit_from_child()
+
+    def _sigquit_from_child(self) -> NoReturn:
+        """The main process's SIGQUIT handler: the running-phase one once a request installed it
+        (warm-up included), else the launch-phase one; then the whole tree is killed."""
+        if self.state is not None and self.state.first_request_seen:
+            self.log.main(
+                "SIGQUIT received. signum=None, frame=None. It usually means one child failed."
+            )
+        else:
+            self.log.main(
+                "Received sigquit from a child process. It usually means the child failed."
+            )
+        self.kill_tree()
         self.die()
 
+    async def _oom_kill(self, after_s: float) -> None:
+        """The `oom-kill` fault: the OS OOM killer SIGKILLs scheduler rank 0 while serving."""
+        await asyncio.sleep(after_s)
+        state = self.state
+        assert state is not None
+        if self.release.subprocess_watchdog:
+            await asyncio.sleep(WATCHDOG_INTERVAL_S)
+            self.log.main(lw.fmt_watchdog_crash("scheduler_0", self.pid + 1, -9))
+            self._sigquit_from_child()
+        state.scheduler.stop()
+        if self.writer is not None and self.gpus:
+            used = int(self.static_gib * GiB)
+            self.writer.set_used({g: (0 if i == 0 else used) for i, g in enumerate(self.gpus)})
+
     # ---- signals ------------------------------------------------------------------------------
+
+    def _uvicorn_stop(self) -> None:
+        """uvicorn's shutdown, then launch_server's `finally: kill_process_tree(...)`: exit 0."""
+        self.log.uvicorn("Shutting down")
+        self.log.uvicorn("Waiting for application shutdown.")
+        self.log.uvicorn("Application shutdown complete.")
+        self.log.uvicorn(f"Finished server process [{self.pid}]")
+        self.kill_tree(include_parent=False)
+        if self.writer is not None:
+            self.writer.release()
+        self.exit_code = 0
+        if self.stop_event is not None:
+            self.stop_event.set()
 
     def _sigterm(self) -> None:
         state = self.state
         if state is None or not state.first_request_seen:
-            self.log.uvicorn("Shutting down")
-            self.log.uvicorn("Waiting for application shutdown.")
-            self.log.uvicorn("Application shutdown complete.")
-            self.log.uvicorn(f"Finished server process [{self.pid}]")
-            if self.writer is not None:
-                self.writer.release()
-            self.exit_code = 0
-            if self.stop_event is not None:
-                self.stop_event.set()
+            self._uvicorn_stop()
             return
         if state.status == "ShuttingDown":
             return
         self.log.main(
             "SIGTERM received. signum=15 frame=None. Draining requests and shutting down..."
         )
-        skip_drain = state.status == "UnHealthy" or self.env.get("SGL_FORCE_SHUTDOWN") == "1"
+        unhealthy = state.status == "UnHealthy"
+        forced = self.env.get("SGL_FORCE_SHUTDOWN") == "1"
         state.status = "ShuttingDown"
-        if skip_drain:
+        if self.release.graceful_exit_code is not None:
+            asyncio.get_running_loop().create_task(self._drain_and_stop(unhealthy, forced))
+            return
+        if unhealthy or forced:
             self.die()
         asyncio.get_running_loop().create_task(self._drain())
 
@@ -252,3 +307,30 @@ class SimServer(StartupSequence):
             )
             await asyncio.sleep(DRAIN_POLL_S)
         self.die()
+
+    async def _drain_and_stop(self, unhealthy: bool, forced: bool) -> None:
+        """0.5.23's sigterm_watchdog: drain (or force), ShutdownReq to the schedulers, then the
+        uvicorn stop hook; the process exits with the release's graceful code."""
+        state = self.state
+        assert state is not None
+        sch = state.scheduler
+        await asyncio.sleep(DRAIN_POLL_S)
+        if unhealthy:
+            self.log.main("Signal SIGTERM received while health check failed. Force exiting.")
+        elif forced:
+            self.log.main("Signal SIGTERM received while force shutdown flag set. Force exiting.")
+        else:
+            for _ in range(100_000):
+                rids = [r.rid for r in list(sch.running) + list(sch.waiting) if not r.health]
+                self.log.main(
+                    f"Gracefully exiting... Remaining number of requests {len(rids)}. "
+                    f"Remaining requests remaining_rids={rids}."
+                )
+                if not sch.busy:
+                    break
+                await asyncio.sleep(DRAIN_POLL_S)
+        sch.stop()
+        self.kill_tree(include_parent=False)
+        self._uvicorn_stop()
+        code = self.release.graceful_exit_code
+        self.exit_code = 0 if code is None else code

@@ -1,16 +1,20 @@
 """The startup sequence of one simulated SGLang server, and how it dies when a stage fails.
 
-`StartupSequence` walks the StartupPlan stage by stage in SGLang 0.5.9's order, printing each
-rank's lines and sleeping each phase's profile duration divided by --sim-time-scale (the printed
-`elapsed=` values are the unscaled, real-world durations). A failing stage prints the scheduler's
-exception and dies the SGLang way: the main process logs the SIGQUIT it got from the child and
-SIGKILLs itself. GPU state files follow every allocation.
+`StartupSequence` walks the StartupPlan stage by stage in the simulated release's order (see
+`model`), printing each rank's lines in that release's text (`logwriter.lines_for`) and sleeping
+each phase's profile duration divided by --sim-time-scale (the printed `elapsed=` values are the
+unscaled, real-world durations). A failing stage prints the scheduler's exception and dies the
+SGLang way: the main process logs the SIGQUIT it got from the child and SIGKILLs itself (0.5.23
+logs its `kill_process_tree` call first); a scheduler the OS OOM killer takes during startup is
+reported by the main process, which then exits 1. GPU state files follow every allocation.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import random
+import shlex
 import signal
 import sys
 from collections.abc import Mapping, Sequence
@@ -19,9 +23,10 @@ from typing import NoReturn
 from autotune.sim import gpustate
 from autotune.sim import logwriter as lw
 from autotune.sim.faults import FaultSet
-from autotune.sim.flags import CommandLine, ServerSettings
-from autotune.sim.model import GiB, StartupPlan, plan_startup
+from autotune.sim.flags import NEWER_SETTINGS, CommandLine, ServerSettings
+from autotune.sim.model import GiB, StartupPlan, plan_startup, unbalanced_ranks
 from autotune.sim.profiles import Profile
+from autotune.sim.versions import SglangVersion
 
 DRAFT_ARCH = {
     "EAGLE3": "LlamaForCausalLMEagle3",
@@ -29,6 +34,25 @@ DRAFT_ARCH = {
     "NEXTN": "DeepseekV3ForCausalLMNextN",
     "STANDALONE": "LlamaForCausalLM",
 }
+Frames = Sequence[tuple[str, int, str, str]]
+LAUNCH_WARNING = (
+    "/usr/local/lib/python3.12/dist-packages/sglang/launch_server.py:71: UserWarning: "
+    "'python -m sglang.launch_server' is still supported, but 'sglang serve' is the recommended "
+    "entrypoint.\n  Example: sglang serve --model-path <model> [options]\n  warnings.warn("
+)
+PREFILL_GRAPH_OFF = (
+    "Disable prefill CUDA graph because cuda_graph_config resolved prefill.backend='disabled' "
+    "(e.g. via --cuda-graph-backend-prefill=disabled or auto-disable rules)."
+)
+GRAPH_PHASES = (
+    "prefill",
+    "decode",
+    "target_verify",
+    "draft_prefill",
+    "draft_decode",
+    "draft_extend",
+)
+TOKENIZER_OVERHEAD_S = 1.5
 
 
 class StartupSequence:
@@ -40,12 +64,17 @@ class StartupSequence:
     env: Mapping[str, str]
     faults: FaultSet
     log: lw.LogWriter
+    release: SglangVersion
+    lines: lw.Lines
     scale: float
     pid: int
     gpus: list[int]
     writer: gpustate.GpuStateWriter | None
     plan: StartupPlan | None
     static_gib: float
+    timings: dict[str, float]
+    graph_times: dict[str, float]
+    argv: Sequence[str]
 
     async def phase(self, seconds: float) -> float:
         """Sleep a startup phase; returns the real-world duration it stands for."""
@@ -69,24 +98,60 @@ class StartupSequence:
         os.kill(self.pid, signal.SIGKILL)
         os._exit(137)  # not reached
 
-    def scheduler_exception(
-        self, ranks: Sequence[int], frames: Sequence[tuple[str, int, str, str]], final: str
-    ) -> None:
+    def kill_tree(self, include_parent: bool = True) -> None:
+        """The main process's `kill_process_tree` log line, where the release prints one."""
+        line = self.lines.kill_tree(self.pid, include_parent)
+        if line is not None:
+            self.log.main(line)
+
+    def scheduler_exception(self, ranks: Sequence[int], frames: Frames, final: str) -> None:
         for r in ranks:
             self.log.rank(r, "Scheduler hit an exception: " + lw.traceback_block(frames, final))
 
-    def crash_startup(
-        self, ranks: Sequence[int], frames: Sequence[tuple[str, int, str, str]], final: str
-    ) -> NoReturn:
+    def crash_startup(self, ranks: Sequence[int], frames: Frames, final: str) -> NoReturn:
         self.scheduler_exception(ranks, frames, final)
         self.log.main("Received sigquit from a child process. It usually means the child failed.")
+        self.kill_tree()
         self.die()
 
     def oom_text(self, tried: float, free: float) -> str:
         total = self.profile.hardware.gpu_memory_mib / 1024
         in_use = total - free
-        graphs = self.plan.graph_gib if self.plan and self.plan.graph_gib else 0.0
+        plan = self.plan
+        graphs = 0.0
+        if plan is not None:
+            graphs = sum(plan.graph_phases().values()) if plan.spec else (plan.graph_gib or 0.0)
+            graphs += 0.0 if plan.spec else (plan.prefill_graph_gib or 0.0)
         return lw.fmt_oom_error(tried, total, free, in_use, graphs)
+
+    def scheduler_died(self, rank: int) -> NoReturn:
+        """The OS OOM killer took scheduler `rank` before it reported ready: the main process
+        says so (0.5.9: `Rank i scheduler is dead`; 0.5.23: a RuntimeError) and exits 1."""
+        if self.release.subprocess_watchdog:
+            self.kill_tree(include_parent=False)
+            self.log.raw(
+                lw.traceback_block(
+                    lw.MAIN_INIT_FRAMES_0523,
+                    f"RuntimeError: {lw.fmt_died_during_init(rank, -9)}",
+                )
+            )
+            self.die(1)
+        self.log.main(f"Rank {rank} scheduler is dead. Please check if there are relevant logs.")
+        self.log.main("Exit code: -9")
+        self.log.raw(
+            lw.traceback_block(
+                (
+                    (
+                        "/usr/local/lib/python3.12/dist-packages/sglang/srt/entrypoints/engine.py",
+                        892,
+                        "_wait_for_scheduler_ready",
+                        "data = scheduler_pipe_readers[i].recv()",
+                    ),
+                ),
+                "EOFError",
+            )
+        )
+        self.die(1)
 
     # ---- stages -------------------------------------------------------------------------------
 
@@ -94,79 +159,153 @@ class StartupSequence:
         plan = self._make_plan()
         await self._init_distributed(plan)
         await self._model_weights(plan)
-        await self._kv_pool(plan)
-        await self._capture(plan, draft=False)
-        if plan.spec:
-            await self._draft(plan)
+        if self.release.draft_before_profile:
+            if plan.spec:
+                await self._draft_weights(plan)
+            await self._kv_pool(plan)
+            await self._capture_prefill(plan)
+            await self._capture(plan, draft=False)
+            if plan.spec:
+                await self._draft_graphs(plan)
+            self._post_capture(plan)
+        else:
+            await self._kv_pool(plan)
+            await self._capture(plan, draft=False)
+            if plan.spec:
+                await self._draft(plan)
         self._log_summary(plan)
         if self.s.enable_hierarchical_cache:
             await self._hicache(plan)
         self.set_used(self._static_used(plan))
+        self._log_startup_timings()
 
     def _make_plan(self) -> StartupPlan:
         """Print the server args, then plan startup against the GPU memory others hold now."""
         s = self.s
-        self.log.main(f"server_args=ServerArgs({self._args_repr()})")
-        if s.spec and s.max_running_requests is None:
-            self.log.main(
-                "Max running requests is reset to 48 for speculative decoding. You can override "
-                "this by explicitly setting --max-running-requests."
-            )
         foreign: list[float] = []
         if self.writer is not None:
             used = gpustate.foreign_used_bytes(self.writer.directory, self.gpus, self.pid)
             foreign = [b / GiB for b in used]
-        plan = plan_startup(self.profile, s, foreign_gib=foreign, seed=self.cmd.sim.seed)
+        plan = plan_startup(
+            self.profile,
+            s,
+            foreign_gib=foreign,
+            seed=self.cmd.sim.seed,
+            version=self.release,
+            env=self.env,
+        )
         self.plan = plan
+        if self.release.server_args_dict:
+            if s.spec and s.max_running_requests is None:
+                self._spec_warning()
+            self.log.main(f"server_args={self._args_dict(plan)}")
+        else:
+            self.log.main(f"server_args=ServerArgs({self._args_repr()})")
+            if s.spec and s.max_running_requests is None:
+                self._spec_warning()
         return plan
 
+    def _spec_warning(self) -> None:
+        self.log.main(
+            "Max running requests is reset to 48 for speculative decoding. You can override "
+            "this by explicitly setting --max-running-requests."
+        )
+
     async def _init_distributed(self, plan: StartupPlan) -> None:
-        """The init stage; dies on a bad TP size (or too few GPUs) or too long a context."""
+        """The init stage; dies on a bad TP size (or too few GPUs), unbalanced free memory
+        (0.5.23) or too long a context."""
         s = self.s
         log = self.log
         st = self.profile.startup
         fail = plan.failure
-        log.every_rank(lw.fmt_init_begin())
+        log.every_rank(self.lines.init_begin())
         if (fail is not None and fail.kind == "bad_tp") or len(self.gpus) < s.tp_size:
             await self.phase(st.init_distributed_s * 0.1)
             self.crash_startup(
                 [len(self.gpus)] if len(self.gpus) < s.tp_size else [0],
-                lw.SCHEDULER_INIT_FRAMES,
+                self.lines.init_frames,
                 "RuntimeError: CUDA error: invalid device ordinal\nCUDA kernel errors might be "
                 "asynchronously reported at some other API call, so the stacktrace below might be "
                 "incorrect.",
             )
         elapsed = await self.phase(st.init_distributed_s)
+        self.timings["init"] = elapsed
         self.set_used(plan.init_mem_usage_gib)
-        log.every_rank(lw.fmt_init_end(elapsed, plan.init_mem_usage_gib))
+        log.every_rank(self.lines.init_end(elapsed, plan.init_mem_usage_gib))
+        if fail is not None and fail.kind == "tp_imbalance":
+            ranks = unbalanced_ranks(plan.p_per_rank)
+            final = f"RuntimeError: {fail.message}"
+            self.crash_startup(ranks, self.lines.init_frames, final)
         for w in plan.warnings:
             log.rank(0, w)
+        for note in plan.notes_at("init"):
+            log.rank(0, note)
+        baseline = self.lines.memory_baseline(0.0)
+        if baseline is not None:
+            log.every_rank(baseline)
         if fail is not None and fail.kind == "context_too_long":
-            self.crash_startup([0], lw.SCHEDULER_INIT_FRAMES, f"ValueError: {fail.message}")
+            self.crash_startup([0], self.lines.init_frames, f"ValueError: {fail.message}")
 
     async def _model_weights(self, plan: StartupPlan) -> None:
         """The target model's weight load, between its begin and end lines."""
-        self.log.every_rank(lambda r: lw.fmt_load_begin(plan.p_per_rank[r]))
+        self.log.every_rank(lambda r: self.lines.load_begin(plan.p_per_rank[r]))
         elapsed_w = await self._load_weights(plan)
+        self.timings["load_weight"] = elapsed_w
         self.set_used(plan.init_mem_usage_gib + plan.weights_gib)
         self.log.every_rank(
-            lambda r: lw.fmt_load_end(
+            lambda r: self.lines.load_end(
                 elapsed_w,
                 self.profile.model.architecture,
                 f"torch.{self.profile.model.dtype}",
+                self.profile.model.quant,
                 plan.p_per_rank[r] - plan.weights_gib,
                 plan.weights_gib,
             )
         )
 
+    async def _draft_weights(self, plan: StartupPlan) -> None:
+        """0.5.23: the draft's baseline and weight load, right after the target's."""
+        log = self.log
+        baseline = self.lines.memory_baseline(0.0)
+        if baseline is not None:
+            log.every_rank(baseline)
+        log.every_rank(lambda r: self.lines.load_begin(plan.p_per_rank[r] - plan.weights_gib))
+        elapsed = await self.phase(self.profile.startup.draft_load_s)
+        self.timings["load_weight"] = self.timings.get("load_weight", 0.0) + elapsed
+        fail = plan.failure
+        if fail is not None and fail.stage == "draft_weights":
+            self.crash_startup(
+                list(range(self.s.tp_size)),
+                (*self.lines.init_frames, *self.lines.load_frames),
+                self.oom_text(fail.tried_gib, fail.free_gib),
+            )
+        assert plan.draft_weights_gib is not None and plan.avail_after_draft_weights_gib is not None
+        algo = self.s.speculative_algorithm or "EAGLE3"
+        drop = plan.p_gib - plan.avail_after_draft_weights_gib
+        log.every_rank(
+            lambda r: self.lines.load_end(
+                elapsed,
+                DRAFT_ARCH.get(algo, "LlamaForCausalLMEagle3"),
+                f"torch.{self.profile.model.dtype}",
+                "",
+                plan.p_per_rank[r] - drop,
+                plan.draft_weights_gib or 0.0,
+            )
+        )
+        self.set_used(plan.init_mem_usage_gib + drop)
+
     async def _kv_pool(self, plan: StartupPlan) -> None:
-        """The KV pool allocation, then the workspace (its failure ends the stage too)."""
+        """The KV pool allocation (0.5.23: then the draft's), then the workspace (its failure
+        ends the stage too)."""
         s = self.s
         log = self.log
         fail = plan.failure
-        log.rank(0, f"Using KV cache dtype: {plan.kv_dtype}")
+        kv_dtype = self.lines.kv_dtype(plan.kv_dtype)
+        if kv_dtype is not None:
+            log.rank(0, kv_dtype)
         if (
-            s.max_total_tokens is not None
+            not self.release.draft_before_profile
+            and s.max_total_tokens is not None
             and plan.profiled_tokens is not None
             and s.max_total_tokens > plan.profiled_tokens
         ):
@@ -175,28 +314,56 @@ class StartupSequence:
                 f"max_total_tokens={s.max_total_tokens} is larger than the profiled value "
                 f"{plan.profiled_tokens}. Use the profiled value instead.",
             )
-        await self.phase(self.profile.startup.kv_alloc_s)
+        elapsed = await self.phase(self.profile.startup.kv_alloc_s)
+        self.timings["kv_cache_allocation"] = elapsed
         if fail is not None and fail.stage == "kv":
             self._fail_pool(fail.kind, fail.message, fail.tried_gib, fail.free_gib)
+        for note in plan.notes_at("kv"):
+            log.every_rank(note)
         assert plan.max_total_num_tokens is not None and plan.avail_after_pool_gib is not None
+        tokens = plan.profiled_tokens if plan.post_capture else plan.max_total_num_tokens
         log.every_rank(
-            lw.fmt_kv_allocated(plan.max_total_num_tokens, plan.kv_gib, plan.k_gib, plan.v_gib)
+            self.lines.kv_allocated(
+                tokens or 0, plan.kv_gib, plan.k_gib, plan.v_gib, plan.kv_dtype, plan.post_capture
+            )
         )
-        log.every_rank(lw.fmt_pool_end(plan.avail_after_pool_gib))
+        log.every_rank(self.lines.pool_end(plan.avail_after_pool_gib))
         self.set_used(plan.init_mem_usage_gib + plan.p_gib - plan.avail_after_pool_gib)
+        if self.release.draft_before_profile and plan.spec:
+            await self._draft_pool(plan)
         if fail is not None and fail.stage == "workspace":
             self.crash_startup(
                 list(range(s.tp_size)),
-                lw.SCHEDULER_INIT_FRAMES,
+                self.lines.init_frames,
                 self.oom_text(fail.tried_gib, fail.free_gib),
             )
+
+    async def _draft_pool(self, plan: StartupPlan) -> None:
+        """The draft's KV pool (same token count, its own geometry) and its pool-end line."""
+        fail = plan.failure
+        await self.phase(self.profile.startup.kv_alloc_s * 0.2)
+        if fail is not None and fail.stage == "draft_kv":
+            self.crash_startup(
+                list(range(self.s.tp_size)),
+                (*self.lines.init_frames, *self.lines.pool_frames[:1]),
+                self.oom_text(fail.tried_gib, fail.free_gib),
+            )
+        assert plan.max_total_num_tokens is not None and plan.avail_after_draft_pool_gib is not None
+        tokens = plan.profiled_tokens if plan.post_capture else plan.max_total_num_tokens
+        self.log.every_rank(
+            self.lines.kv_allocated(
+                tokens or 0, plan.draft_kv_gib, plan.draft_k_gib, plan.draft_v_gib, plan.kv_dtype
+            )
+        )
+        self.log.every_rank(self.lines.pool_end(plan.avail_after_draft_pool_gib))
+        self.set_used(plan.init_mem_usage_gib + plan.p_gib - plan.avail_after_draft_pool_gib)
 
     def _log_summary(self, plan: StartupPlan) -> None:
         assert plan.max_total_num_tokens is not None
         assert plan.avail_final_gib is not None and plan.max_running_requests is not None
         self.log.rank(
             0,
-            lw.fmt_summary(
+            self.lines.summary(
                 plan.max_total_num_tokens,
                 plan.chunked_prefill_size,
                 plan.max_prefill_tokens,
@@ -218,14 +385,16 @@ class StartupSequence:
         )
         if self.faults.hang_weight_load:
             await asyncio.Event().wait()
-        if self.faults.crash_mid_load:
+        if self.faults.crash_mid_load or self.faults.oom_kill_startup:
             await self.phase(st.weight_load_s / 2)
             self.log.raw(
                 f"Loading safetensors checkpoint shards:  50% Completed | {shards // 2}/{shards}"
             )
+            if self.faults.oom_kill_startup:
+                self.scheduler_died(0)
             self.crash_startup(
                 [0],
-                (*lw.SCHEDULER_INIT_FRAMES, *lw.LOAD_FRAMES),
+                (*self.lines.init_frames, *self.lines.load_frames),
                 "safetensors_rust.SafetensorError: Error while deserializing header: "
                 "MetadataIncompleteBuffer",
             )
@@ -234,7 +403,7 @@ class StartupSequence:
             await self.phase(st.weight_load_s * 0.9)
             self.crash_startup(
                 list(range(self.s.tp_size)),
-                (*lw.SCHEDULER_INIT_FRAMES, *lw.LOAD_FRAMES),
+                (*self.lines.init_frames, *self.lines.load_frames),
                 self.oom_text(fail.tried_gib, fail.free_gib),
             )
         elapsed_w = await self.phase(st.weight_load_s)
@@ -247,12 +416,47 @@ class StartupSequence:
 
     def _fail_pool(self, kind: str, message: str, tried: float, free: float) -> NoReturn:
         ranks = list(range(self.s.tp_size))
-        frames = (*lw.SCHEDULER_INIT_FRAMES, *lw.POOL_FRAMES)
+        lines = self.lines
+        frames = (*lines.init_frames, *lines.pool_frames)
+        if kind == "kv_budget":
+            self.crash_startup(ranks, (*frames, *lines.budget_frames), f"ValueError: {message}")
         if kind == "kv_pool":
-            self.crash_startup(ranks, frames, f"RuntimeError: {message}")
+            self.crash_startup(ranks, (*frames, *lines.tokens_frames), f"RuntimeError: {message}")
         if kind == "pool_too_small":
-            self.crash_startup([0], lw.SCHEDULER_INIT_FRAMES, f"AssertionError: {message}")
+            self.crash_startup([0], lines.init_frames, f"AssertionError: {message}")
         self.crash_startup(ranks, frames, self.oom_text(tried, free))
+
+    async def _capture_prefill(self, plan: StartupPlan) -> None:
+        """0.5.23: the target's prefill CUDA graph (or the line saying it is off)."""
+        log = self.log
+        tokens = tuple(
+            t
+            for t in plan.prefill_capture_tokens
+            if t <= (plan.max_num_reqs or 0) * plan.context_len
+        )
+        if not tokens:
+            log.every_rank(PREFILL_GRAPH_OFF)
+            return
+        before = plan.avail_before_graphs_gib
+        assert before is not None
+        shape = lw.CaptureShape(tokens=tokens)
+        log.every_rank(self.lines.capture_begin(before, "target", "prefill", shape))
+        duration = self.profile.startup.prefill_graph_capture_s
+        fail = plan.failure
+        if fail is not None and fail.stage == "prefill_graphs":
+            await self.phase(duration * 0.3)
+            self.crash_startup(
+                list(range(self.s.tp_size)),
+                (*self.lines.init_frames, *self.lines.graph_frames),
+                self.oom_text(fail.tried_gib, fail.free_gib),
+            )
+        elapsed = await self.phase(duration)
+        self.graph_times["prefill"] = elapsed
+        graph = plan.prefill_graph_gib or 0.0
+        after = before - graph
+        log.raw(self.lines.capture_bar(tokens, after, elapsed, "prefill"))
+        log.every_rank(self.lines.capture_end(elapsed, graph, after, "target", "prefill", shape))
+        self.set_used(plan.init_mem_usage_gib + plan.p_gib - after)
 
     async def _capture(self, plan: StartupPlan, draft: bool) -> None:
         log = self.log
@@ -260,29 +464,41 @@ class StartupSequence:
         fail = plan.failure
         stage = "draft_graphs" if draft else "graphs"
         sizes = plan.draft_capture_bs if draft else plan.capture_bs
-        before = plan.avail_after_draft_pool_gib if draft else plan.avail_before_graphs_gib
-        if self.s.disable_cuda_graph:
+        if draft:
+            before = plan.avail_after_draft_pool_gib
+        elif self.release.prefill_graphs:
+            before = plan.avail_before_decode_graphs_gib
+        else:
+            before = plan.avail_before_graphs_gib
+        if self.s.decode_graph_disabled:
             return
         assert before is not None
-        log.every_rank(lw.fmt_capture_begin(before))
-        log.rank(0, lw.fmt_capture_bs(sizes))
+        phase = "verify" if plan.spec else "decode"
+        shape = lw.CaptureShape(bs=tuple(sizes), per_req=plan.spec_draft_tokens if plan.spec else 1)
+        log.every_rank(self.lines.capture_begin(before, "target", phase, shape))
+        bs_line = self.lines.capture_bs(sizes)
+        if bs_line is not None:
+            log.rank(0, bs_line)
         duration = st.draft_graph_capture_s if draft else st.graph_capture_s
         if fail is not None and fail.stage == stage:
             await self.phase(duration * 0.3)
             err = self.oom_text(fail.tried_gib, fail.free_gib)
             cause = err.split(": ", 1)[1]
-            final = f"Exception: Capture cuda graph failed: {cause}\n{lw.CAPTURE_ADVICE}"
-            self.crash_startup(
-                list(range(self.s.tp_size)), (*lw.SCHEDULER_INIT_FRAMES, *lw.GRAPH_FRAMES), final
-            )
+            final = f"Exception: Capture cuda graph failed: {cause}\n{self.lines.capture_advice}"
+            frames: lw.Frames = (*self.lines.init_frames, *self.lines.graph_frames)
+            if self.release.prefill_graphs:
+                frames = (*frames, *lw.DECODE_GRAPH_FRAMES_0523)
+            self.crash_startup(list(range(self.s.tp_size)), frames, final)
         elapsed = await self.phase(duration)
+        self.graph_times["target_verify" if plan.spec else "decode"] = elapsed
         graph = (plan.draft_graph_gib if draft else plan.graph_gib) or 0.0
         after = before - graph
-        log.raw(lw.fmt_capture_bar(sizes, after, elapsed))
-        log.every_rank(lw.fmt_capture_end(elapsed, graph, after))
+        log.raw(self.lines.capture_bar(sizes, after, elapsed, "decode"))
+        log.every_rank(self.lines.capture_end(elapsed, graph, after, "target", phase, shape))
         self.set_used(plan.init_mem_usage_gib + plan.p_gib - after)
 
     async def _draft(self, plan: StartupPlan) -> None:
+        """0.5.9: the draft model after the target's graphs (weights, KV, graphs)."""
         log = self.log
         st = self.profile.startup
         fail = plan.failure
@@ -328,54 +544,239 @@ class StartupSequence:
         self.set_used(plan.init_mem_usage_gib + plan.p_gib - plan.avail_after_draft_pool_gib)
         await self._capture(plan, draft=True)
 
+    async def _draft_graphs(self, plan: StartupPlan) -> None:
+        """0.5.23: the draft's prefill graph (every rank), then decode and extend (TP0 only)."""
+        log = self.log
+        st = self.profile.startup
+        fail = plan.failure
+        assert plan.avail_after_graphs_gib is not None
+        avail = plan.avail_after_graphs_gib
+        parts: list[tuple[str, float, lw.CaptureShape, bool]] = []
+        if plan.prefill_capture_tokens:
+            limit = (plan.max_num_reqs or 0) * plan.context_len
+            tokens = tuple(t for t in plan.prefill_capture_tokens if t <= limit)
+            prefill = plan.draft_prefill_graph_gib or 0.0
+            parts.append(("prefill", prefill, lw.CaptureShape(tokens=tokens), True))
+        if not self.s.decode_graph_disabled:
+            bs = tuple(plan.draft_capture_bs)
+            decode = lw.CaptureShape(bs=bs, per_req=plan.spec_topk)
+            extend = lw.CaptureShape(bs=bs, per_req=plan.spec_draft_tokens)
+            if plan.spec_steps > 1:
+                parts.append(("decode", plan.draft_decode_graph_gib or 0.0, decode, False))
+            parts.append(("extend", plan.draft_extend_graph_gib or 0.0, extend, False))
+        duration = st.draft_graph_capture_s / max(len(parts), 1)
+        for phase, gib, shape, every in parts:
+            emit = log.every_rank if every else (lambda text: log.rank(0, text))
+            emit(self.lines.capture_begin(avail, "draft", phase, shape))
+            if fail is not None and fail.stage == "draft_graphs":
+                await self.phase(duration * 0.3)
+                self.crash_startup(
+                    list(range(self.s.tp_size)),
+                    (*self.lines.init_frames, *self.lines.graph_frames),
+                    self.oom_text(fail.tried_gib, fail.free_gib),
+                )
+            elapsed = await self.phase(duration)
+            self.graph_times[f"draft_{phase}"] = elapsed
+            avail -= gib
+            emit(self.lines.capture_end(elapsed, gib, avail, "draft", phase, shape))
+            self.set_used(plan.init_mem_usage_gib + plan.p_gib - avail)
+
+    def _post_capture(self, plan: StartupPlan) -> None:
+        """0.5.23 SGLANG_ENABLE_POST_CAPTURE_KV_SIZING: the pool sized after capture."""
+        if not plan.post_capture:
+            return
+        fail = plan.failure
+        for note in plan.notes_at("post_capture"):
+            self.log.every_rank(note)
+        if fail is not None and fail.stage == "post_capture":
+            self.crash_startup(
+                list(range(self.s.tp_size)),
+                (*self.lines.init_frames, *self.lines.tokens_frames[-1:]),
+                f"RuntimeError: {fail.message}",
+            )
+        assert plan.post_capture_tokens is not None
+        assert plan.avail_after_post_capture_gib is not None
+        for line in lw.fmt_post_capture(
+            plan.post_capture_tokens,
+            plan.kv_dtype,
+            plan.post_capture_kv_gib or 0.0,
+            plan.avail_after_post_capture_gib,
+        ):
+            self.log.every_rank(line)
+
     async def _hicache(self, plan: StartupPlan) -> None:
         fail = plan.failure
-        gb = plan.host_cache_gb or 0.0
+        gb = (plan.host_cache_gb or 0.0) + (plan.host_draft_gb or 0.0)
         await self.phase(self.profile.startup.hicache_s_per_gb * gb)
+        self.timings["hicache"] = self.profile.startup.hicache_s_per_gb * gb
         ranks = list(range(self.s.tp_size))
+        lines = self.lines
+        if self.release.host_budget_per_rank:
+            self._hicache_lines(plan)
+            if fail is not None:
+                self.crash_startup(ranks, lines.hicache_frames, f"ValueError: {fail.message}")
+            return
         if fail is None:
-            self.log.every_rank(lw.fmt_hicache(gb))
+            self.log.every_rank(lw.fmt_hicache(plan.host_cache_gb or 0.0))
             return
         if fail.kind == "host_oom_killer":
             for r in range(fail.rank):
-                self.log.rank(r, lw.fmt_hicache(gb))
-            self.log.main(
-                f"Rank {fail.rank} scheduler is dead. Please check if there are relevant logs."
-            )
-            self.log.main("Exit code: -9")
-            self.log.raw(
-                lw.traceback_block(
-                    (
-                        (
-                            "/usr/local/lib/python3.12/dist-packages/sglang/srt/entrypoints/engine.py",
-                            892,
-                            "_wait_for_scheduler_ready",
-                            "data = scheduler_pipe_readers[i].recv()",
-                        ),
-                    ),
-                    "EOFError",
+                self.log.rank(r, lw.fmt_hicache(plan.host_cache_gb or 0.0))
+            self.scheduler_died(fail.rank)
+        if fail.kind == "hicache_too_small":
+            self.crash_startup(ranks, lines.hicache_frames, f"AssertionError: {fail.message}")
+        self.crash_startup(ranks, lines.hicache_frames, f"ValueError: {fail.message}")
+
+    def _hicache_lines(self, plan: StartupPlan) -> None:
+        """0.5.23's host-pool lines on every rank, as far as allocation got."""
+        log = self.log
+        if plan.host_auto_ratio is not None and plan.host_budget_gb is not None:
+            requested, ratio = plan.host_auto_ratio
+            device = (plan.kv_gib or 0.0) + (plan.draft_kv_gib or 0.0)
+            fraction = self.s.hicache_host_memory_fraction
+            log.every_rank(
+                lw.fmt_hicache_auto(
+                    requested,
+                    ratio,
+                    plan.host_budget_gb * 1e9 / GiB,
+                    0.8 if fraction is None else fraction,
+                    plan.tp,
+                    device * ratio,
                 )
             )
-            self.die(1)
-        if fail.kind == "hicache_too_small":
-            self.crash_startup(
-                ranks,
-                (*lw.SCHEDULER_INIT_FRAMES[:2], *lw.HICACHE_FRAMES),
-                f"AssertionError: {fail.message}",
+        for note in plan.notes_at("hicache"):
+            log.every_rank(note)
+        fail = plan.failure
+        if plan.host_cache_tokens is None or (fail is not None and plan.host_draft_gb is None):
+            return
+        log.every_rank(self.lines.hicache(plan.host_cache_gb or 0.0, plan.host_cache_tokens))
+        if plan.host_draft_gb is not None and fail is None:
+            log.every_rank(
+                self.lines.hicache(plan.host_draft_gb, plan.host_draft_tokens or 0, "draft")
             )
-        self.crash_startup(
-            ranks,
-            (*lw.SCHEDULER_INIT_FRAMES[:2], *lw.HICACHE_FRAMES),
-            f"ValueError: {fail.message}",
-        )
+
+    def _log_startup_timings(self) -> None:
+        """0.5.23's main-process `Engine startup timings` line (the MAX over ranks)."""
+        timings = self.startup_timings()
+        line = self.lines.startup_timings(timings, self.graph_phase_times())
+        if line is not None:
+            self.log.main(line)
+
+    def graph_phase_times(self) -> dict[str, float]:
+        return {phase: self.graph_times.get(phase, 0.0) for phase in GRAPH_PHASES}
+
+    def startup_timings(self) -> dict[str, float]:
+        """The engine-level startup_time dict (seconds, real-world)."""
+        t = self.timings
+        graphs = sum(self.graph_phase_times().values())
+        e2e = sum(t.values()) + graphs
+        return {
+            "load_weight": t.get("load_weight", 0.0),
+            "kv_cache_allocation": t.get("kv_cache_allocation", 0.0),
+            "scheduler_e2e": e2e,
+            "tokenizer_e2e": e2e + TOKENIZER_OVERHEAD_S,
+        }
+
+    def engine_startup_time(self) -> dict[str, object]:
+        """0.5.23's engine-level startup_time dict, in `build_engine_startup_time`'s key order."""
+        t = self.startup_timings()
+        return {
+            "load_weight": t["load_weight"],
+            "kv_cache_allocation": t["kv_cache_allocation"],
+            "scheduler_e2e": t["scheduler_e2e"],
+            "cuda_graph": self.graph_phase_times(),
+            "tokenizer_e2e": t["tokenizer_e2e"],
+        }
 
     def _args_repr(self) -> str:
         parts = []
         for k, v in self.s.__dict__.items():
-            if k == "noted":
+            if k == "noted" or k in NEWER_SETTINGS:
                 continue
             parts.append(f"{k}={v!r}")
         parts.extend(f"{k}={v!r}" for k, v in self.s.noted.items())
         return ", ".join(parts)
 
-    # ---- serving ------------------------------------------------------------------------------
+    def _args_dict(self, plan: StartupPlan) -> dict[str, object]:
+        return resolved_args(self.release, self.s, plan, self.cmd.sim.seed)
+
+    def launch_command(self) -> str:
+        return shlex.join(self.argv)
+
+
+_SETTING_TO_DEST = {
+    "cuda_graph_max_bs": "cuda_graph_max_bs_decode",
+    "cuda_graph_bs": "cuda_graph_bs_decode",
+}
+
+
+def resolved_args(
+    release: SglangVersion, s: ServerSettings, plan: StartupPlan, seed: int
+) -> dict[str, object]:
+    """0.5.23's `server_args.resolved_dict()`: every ServerArgs field in order, the flags as
+    given, and the values resolution picks that the simulator models."""
+    out: dict[str, object] = dict(release.fields)
+    for key, value in s.__dict__.items():
+        if key == "noted":
+            continue
+        dest = _SETTING_TO_DEST.get(key, key)
+        if dest in out:
+            out[dest] = list(value) if isinstance(value, tuple) else value
+    for key, value in s.noted.items():
+        out[key] = value
+    decode_bs = list(plan.capture_bs) if s.max_running_requests is not None else None
+    if not decode_bs and not s.decode_graph_disabled:
+        from autotune.sim.model import capture_batch_sizes
+
+        decode_bs = list(
+            capture_batch_sizes(plan.cuda_graph_max_bs, plan.spec, 1 << 30, s.cuda_graph_bs)
+        )
+    graph_keys = {
+        "tc_compiler": "eager",
+        "max_context_size": None,
+        "full_prefill_max_req": None,
+        "full_prefill_prefix_chunk_tokens": None,
+        "max_seq_len": None,
+    }
+    out.update(
+        {
+            "tokenizer_path": s.tokenizer_path or s.model_path,
+            "served_model_name": s.served_model_name or s.model_path,
+            "mem_fraction_static": plan.mem_fraction_static,
+            "chunked_prefill_size": plan.chunked_prefill_size,
+            "page_size": plan.page_size,
+            "device": "cuda",
+            "random_seed": random.Random(seed).randrange(1 << 30),
+            "enable_dp_attention": False,
+            "cuda_graph_config": {
+                "decode": {
+                    "backend": "disabled" if s.decode_graph_disabled else "full",
+                    "max_bs": plan.cuda_graph_max_bs,
+                    "bs": decode_bs,
+                    **graph_keys,
+                },
+                "prefill": {
+                    "backend": "breakable" if plan.prefill_capture_tokens else "disabled",
+                    "max_bs": max(plan.prefill_capture_tokens, default=None),
+                    "bs": list(plan.prefill_capture_tokens) or None,
+                    **graph_keys,
+                },
+            },
+        }
+    )
+    if s.spec:
+        out.update(
+            {
+                "max_running_requests": s.max_running_requests or 48,
+                "speculative_num_steps": plan.spec_steps,
+                "speculative_eagle_topk": plan.spec_topk,
+                "speculative_num_draft_tokens": plan.spec_draft_tokens,
+            }
+        )
+    if s.enable_hierarchical_cache or "hicache_ratio" in out:
+        explicit = s.hicache_ratio is not None or s.hicache_size > 0
+        if out.get("hicache_ratio") is None:
+            out["hicache_ratio"] = 1.2 if s.hicache_host_memory_mode == "buffer_only" else 2.0
+        if explicit:
+            out["hicache_host_memory_fraction"] = None
+    return out

@@ -49,7 +49,7 @@ def test_operator_command_line_parses() -> None:
     cmd = parse_command_line(OPERATOR)
     s = cmd.settings
     assert (s.tp_size, s.mem_fraction_static, s.max_running_requests) == (8, 0.88, 48)
-    assert s.enable_hierarchical_cache and s.hicache_size == 48.0
+    assert s.enable_hierarchical_cache and s.hicache_size == 48
     assert s.spec
     assert s.noted["tool_call_parser"] == "kimi_k2"
     assert s.noted["trust_remote_code"] is True
@@ -97,17 +97,71 @@ def test_rejected_like_argparse_with_exit_2(argv: list[str]) -> None:
 
 def test_flag_table_is_versioned() -> None:
     old = {f.name for f in flags_for((0, 5, 9))}
-    new = {f.name for f in flags_for((0, 5, 23))}
+    new = {f.name for f in flags_for("0.5.23")}
     assert "--cuda-graph-max-bs" in old and "--cuda-graph-max-bs" not in new
     assert "--cuda-graph-max-bs-decode" in new and "--cuda-graph-max-bs-decode" not in old
+    tp9 = next(f for f in flags_for("0.5.9") if f.dest == "tensor_parallel_size")
+    tp23 = next(f for f in flags_for("0.5.23") if f.dest == "tp_size")
+    assert tp9.names == ("--tensor-parallel-size", "--tp-size")
+    assert tp23.names == ("--tp-size", "--tensor-parallel-size")
     assert parse_version("0.4.6.post5") == (0, 4, 6, 5)
 
 
 def test_new_spelling_maps_to_old_field_on_new_versions() -> None:
     cmd = parse_command_line(
-        ["--model", "m", "--cuda-graph-max-bs-decode", "16"], version=(0, 5, 14)
+        ["--model", "m", "--cuda-graph-max-bs-decode", "16", "--tp", "8"], version="0.5.23"
     )
     assert cmd.settings.cuda_graph_max_bs == 16
+    assert cmd.settings.tp_size == 8
+    assert cmd.sim.version == "0.5.23"
+
+
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.23"])
+def test_hicache_size_is_an_int_flag(version: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        parse_command_line(["--model", "m", "--hicache-size", "48"], version).settings.hicache_size
+        == 48
+    )
+    with pytest.raises(SystemExit) as exc:
+        parse_command_line(["--model", "m", "--hicache-size", "24.5"], version)
+    assert exc.value.code == 2
+    assert "argument --hicache-size: invalid int value: '24.5'" in capsys.readouterr().err
+
+
+def test_removed_flag_is_ambiguous_in_0523(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_command_line(["--model", "m", "--cuda-graph-max-bs", "8"], "0.5.23")
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, " \
+        "--cuda-graph-max-bs-prefill" in err  # fmt: skip
+
+
+def test_sim_version_flag_and_profile_default(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_command_line(["--model", "m"]).sim.version == "0.5.9"
+    assert parse_command_line(["--model", "m"], default_version="0.5.23").sim.version == "0.5.23"
+    named = parse_command_line(["--model", "m", "--sim-version", "0.5.23"], default_version="0.5.9")
+    assert named.sim.version == "0.5.23"
+    assert named.argv == ("--model", "m")
+    with pytest.raises(SystemExit):
+        parse_command_line(["--model", "m", "--sim-version", "0.5.14"])
+    assert "argument --sim-version: invalid choice: '0.5.14'" in capsys.readouterr().err
+
+
+def test_deprecated_flag_warns_like_0523(capsys: pytest.CaptureFixture[str]) -> None:
+    cmd = parse_command_line(["--model", "m", "--disable-cuda-graph"], "0.5.23")
+    assert cmd.settings.decode_graph_disabled and cmd.settings.prefill_graph_disabled
+    assert (
+        "'--disable-cuda-graph' is deprecated and will be removed in a future release. Use "
+        "'--cuda-graph-backend-{decode,prefill}=disabled' instead." in capsys.readouterr().err
+    )
+
+
+def test_human_readable_ints_in_0523() -> None:
+    s = parse_command_line(["--model", "m", "--max-total-tokens", "128k"], "0.5.23").settings
+    assert s.max_total_tokens == 128_000
+    with pytest.raises(SystemExit):
+        parse_command_line(["--model", "m", "--max-total-tokens", "128k"], "0.5.9")
 
 
 def test_all_shipped_profiles_load() -> None:
@@ -135,3 +189,14 @@ def test_profile_errors_name_the_key() -> None:
     doc["attention"]["kind"] = "gqa"
     with pytest.raises(ProfileError, match=r"attention\.kind"):
         profile_from_dict(doc)
+    doc["attention"]["kind"] = "mha"
+    doc["sglang_version"] = "0.5.14"
+    with pytest.raises(ProfileError, match=r"sglang_version: expected one of 0\.5\.9, 0\.5\.23"):
+        profile_from_dict(doc)
+
+
+def test_kimi_profile_speaks_059_on_the_operators_gpus() -> None:
+    prof = load_profile("kimi-k2.5-tp8-96g")
+    assert prof.sglang_version == "0.5.9"
+    assert prof.hardware.gpu_name.startswith("NVIDIA RTX PRO 6000 Blackwell")
+    assert prof.hardware.gpu_memory_mib == 97_887

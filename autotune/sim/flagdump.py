@@ -1,0 +1,182 @@
+"""Write a flag table (`flagtable_X_Y_Z.py`) from a real SGLang's own parser.
+
+Run it with the Python that has that SGLang installed (it imports nothing of autotune):
+
+    /path/to/sglang-venv/bin/python autotune/sim/flagdump.py > autotune/sim/flagtable_0_5_23.py
+    .venv/bin/ruff format autotune/sim/flagtable_0_5_23.py
+
+`--stub-torchvision` installs an empty `torchvision` package first, for a CPU-only venv where
+no torchvision matches torch (SGLang's VLM configs import it; the parser does not use it).
+For an older release unpack its wheel and put it first on PYTHONPATH.
+
+The table holds every action `ServerArgs.add_cli_args` declares (option strings in SGLang's
+order, dest, value type by name, nargs, choices, default) and `ServerArgs`' fields in order with
+their raw defaults, which the startup `server_args=` line and `/server_info` list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import importlib.abc
+import importlib.machinery
+import importlib.metadata
+import sys
+import types
+from typing import Any
+
+_PLAIN = (type(None), bool, int, float, str)
+
+
+def _stub_torchvision() -> None:
+    import sglang  # noqa: F401
+
+    with contextlib.suppress(ImportError):  # transformers looks for torchvision on import
+        import transformers  # noqa: F401
+
+    class _Stub(types.ModuleType):
+        def __getattr__(self, name: str) -> Any:
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return type(name, (), {"__init__": lambda s, *a, **k: None})
+
+    class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+            if name.split(".")[0] == "torchvision":
+                return importlib.machinery.ModuleSpec(name, self, is_package=True)
+            return None
+
+        def create_module(self, spec: Any) -> Any:
+            return _Stub(spec.name)
+
+        def exec_module(self, module: Any) -> None:
+            module.__path__ = []
+
+    sys.meta_path.insert(0, _Finder())
+
+
+def plain(value: Any) -> Any:
+    """A value Python's repr can write back: primitives, lists/tuples/dicts of them."""
+    if isinstance(value, _PLAIN):
+        return value
+    if isinstance(value, list | tuple):
+        return type(value)(plain(v) for v in value)
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if not isinstance(value, type) and field_names(type(value)):
+        return {name: plain(getattr(value, name)) for name in field_names(type(value))}
+    return repr(value)
+
+
+def field_defaults(cls: type) -> list[tuple[str, Any]]:
+    """A dataclass's fields and their declared defaults (None where there is none)."""
+    out = []
+    for f in dataclasses.fields(cls):
+        value: Any = None
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        out.append((f.name, value))
+    return out
+
+
+def field_names(cls: type) -> tuple[str, ...]:
+    """A dataclass's or msgspec Struct's field names, in order (SGLang 0.5.23 uses Structs)."""
+    struct_fields = getattr(cls, "__struct_fields__", None)
+    if struct_fields is not None:
+        return tuple(struct_fields)
+    if dataclasses.is_dataclass(cls):
+        return tuple(f.name for f in dataclasses.fields(cls))
+    return ()
+
+
+ACTIONS = {
+    "_StoreAction": "store",
+    "_StoreTrueAction": "store_true",
+    "_StoreFalseAction": "store_false",
+    "_StoreConstAction": "store_const",
+    "BooleanOptionalAction": "bool_optional",
+    "LoRAPathAction": "lora_paths",
+    "DeprecatedAction": "deprecated",
+    "DeprecatedStoreTrueAction": "deprecated_true",
+    "DeprecatedStoreConstAction": "deprecated_const",
+    "DeprecatedAliasStoreAction": "deprecated_alias",
+}
+
+
+def flag_entry(action: argparse.Action) -> str:
+    kind = ACTIONS.get(type(action).__name__)
+    if kind is None:
+        raise SystemExit(f"flagdump: unknown action {type(action).__name__} for {action.dest}")
+    parts = [repr(tuple(action.option_strings)), repr(action.dest)]
+    if kind != "store":
+        parts.append(f"action={kind!r}")
+    if action.type is not None:
+        parts.append(f"type={getattr(action.type, '__name__', repr(action.type))!r}")
+    if action.nargs is not None:
+        parts.append(f"nargs={action.nargs!r}")
+    if action.choices is not None:
+        choices = [plain(c) for c in action.choices]
+        if isinstance(action.choices, set | frozenset):  # SGLang's order is the hash order
+            choices.sort(key=repr)
+        parts.append(f"choices={tuple(choices)!r}")
+    default = plain(action.default)
+    if default is not None:
+        parts.append(f"default={default!r}")
+    const = getattr(action, "const_value", None) if kind == "deprecated_const" else action.const
+    if const is not None and kind not in ("store_true", "store_false", "deprecated_true"):
+        parts.append(f"const={plain(const)!r}")
+    new_flag = getattr(action, "new_flag", None)
+    if new_flag:
+        parts.append(f"new_flag={new_flag!r}")
+    error = getattr(action, "error_message", None)
+    if error:
+        parts.append(f"error_message={error!r}")
+    return f"    Flag({', '.join(parts)}),"
+
+
+def main() -> int:
+    if "--stub-torchvision" in sys.argv[1:]:
+        _stub_torchvision()
+    from sglang.srt.server_args import ServerArgs, prepare_server_args
+
+    version = importlib.metadata.version("sglang")
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    actions = [a for a in parser._actions if not isinstance(a, argparse._HelpAction)]
+    try:
+        raw: Any = prepare_server_args(["--model-path", "MODEL"])
+        fields = [(name, plain(getattr(raw, name, None))) for name in field_names(ServerArgs)]
+    except Exception:  # an older release resolves at construction and needs an accelerator
+        fields = [(name, plain(value)) for name, value in field_defaults(ServerArgs)]
+    fields = [(name, None if name == "model_path" else value) for name, value in fields]
+    out = [
+        f'"""SGLang {version}\'s launch_server flags and ServerArgs fields, from its own parser.',
+        "",
+        "Written by `autotune/sim/flagdump.py`; regenerate it rather than editing it.",
+        '"""',
+        "",
+        "# ruff: noqa: E501",
+        "# fmt: off",
+        "from autotune.sim.flagspec import Flag",
+        "",
+        f"VERSION = {version!r}",
+        "",
+        "FLAGS: tuple[Flag, ...] = (",
+        *(flag_entry(a) for a in actions),
+        ")",
+        "",
+        "FIELDS: tuple[tuple[str, object], ...] = (",
+        *(f"    ({name!r}, {value!r})," for name, value in fields),
+        ")",
+        "# fmt: on",
+        "",
+    ]
+    sys.stdout.write("\n".join(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
