@@ -2,23 +2,33 @@
 
 A server's argv reaches its pidfile and the report, so the values of the key flags and every
 given secret are masked in it first (`masked_argv`). SGLang also prints its arguments at startup
-(`server_args=ServerArgs(..., api_key='...')`), so a server log written straight to disk holds
-the API key. Once the server is gone, autotune rewrites its log with every occurrence masked
-(`scrub_file`); the log is read line by line (a key never spans a line), and a file without the
-key is left untouched.
+(`server_args=ServerArgs(..., api_key='...')`, 0.5.23 included, and it reads the key from no
+environment variable), so a log written straight to disk would hold the API key while the
+server runs. A server launched with a secret therefore writes into a pipe, and a small writer
+process (`python -P masking.py LOG FD`, this file run as a script: `mask_stream`) masks every
+secret before a byte reaches the log file. The writer runs in a session of its own, ignores
+every signal but SIGKILL and only ends when the server's last process has closed the pipe, so it
+can neither stop nor block a server whose autotune died; the lifecycle (`server.lifecycle`)
+waits for it, or kills it, at the teardown and lists it in the pidfile for a resume.
+
+Once the server is gone, autotune also rewrites its log with every occurrence masked
+(`scrub_file`: the logs of servers started before the writer existed, orphans); the log is read
+line by line (a key never spans a line), and a file without the key is left untouched.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Collection, Iterable
+import signal
+import sys
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 
 MASK = "***"
 SECRET_FLAGS = ("--api-key", "--admin-api-key")
 _PATTERNS = (
-    re.compile(r"(api[_-]key\s*[=:]\s*['\"]?)(?![\"']?\$)([^'\",\s)]+)", re.IGNORECASE),
+    re.compile(r"(api[_-]key['\"]?\s*[=:]\s*['\"]?)(?![\"']?\$)([^'\",\s)}]+)", re.IGNORECASE),
     re.compile(r"(--api-key[= ]\s*)(?![\"']?\$)(\S+)"),
     re.compile(r"(Bearer\s+)([A-Za-z0-9._~+/=-]+)", re.IGNORECASE),
     re.compile(r"(\w+://[^:/@\s]+:)([^@\s]+)(@)"),
@@ -79,7 +89,8 @@ def scrub_file(path: Path, secret: str) -> int:
         return 0
     mask = MASK.encode()
     tmp = path.with_name(path.name + ".scrub")
-    with open(path, "rb") as src, open(tmp, "wb") as dst:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
         for line in src:
             dst.write(line.replace(needle, mask))
         dst.flush()
@@ -103,3 +114,79 @@ def redact_text(text: str, url: str) -> str:
     creds = url.partition("://")[2].rpartition("@")[0]
     password = creds.partition(":")[2]
     return mask_secrets(text, [password])
+
+
+# ------------------------------------------------------------------------------------------------
+# The live log's writer
+# ------------------------------------------------------------------------------------------------
+
+_READ = 1 << 16
+
+
+class StreamMask:
+    """Masks secrets in a byte stream cut anywhere: `feed` returns what can be written now and
+    holds back the few bytes at the end that could be the start of a secret."""
+
+    def __init__(self, secrets: Iterable[bytes]) -> None:
+        self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+        self._held = b""
+
+    def feed(self, data: bytes) -> bytes:
+        buf = self._held + data
+        for secret in self._secrets:
+            buf = buf.replace(secret, MASK.encode())
+        hold = 0
+        for secret in self._secrets:
+            for k in range(min(len(secret) - 1, len(buf)), hold, -1):
+                if buf.endswith(secret[:k]):
+                    hold = k
+                    break
+        self._held = buf[len(buf) - hold :] if hold else b""
+        return buf[: len(buf) - hold] if hold else buf
+
+    def end(self) -> bytes:
+        """What is still held, once the stream is over (it was no secret after all)."""
+        rest, self._held = self._held, b""
+        return rest
+
+
+def mask_stream(src: int, log: Path, secrets: Sequence[bytes]) -> int:
+    """Copy `src` into `log` (appended, created owner-only) with every secret masked, until
+    end of file; a write that fails (a full disk) drops its bytes, as SGLang's logging does,
+    and reading goes on, so the server never blocks on its output. Returns the bytes dropped."""
+    out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    mask = StreamMask(secrets)
+    dropped = 0
+    while True:
+        try:
+            data = os.read(src, _READ)
+        except OSError:
+            break
+        chunk = mask.feed(data) if data else mask.end()
+        if chunk:
+            try:
+                os.write(out, chunk)
+            except OSError:
+                dropped += len(chunk)
+        if not data:
+            break
+    os.close(out)
+    return dropped
+
+
+def _writer_main(argv: Sequence[str]) -> int:
+    """`masking.py LOG FD`: the secrets arrive NUL-separated on descriptor FD (never on the
+    command line or in the environment), the server's output on stdin."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_IGN)
+    log, fd = Path(argv[0]), int(argv[1])
+    raw = b""
+    while chunk := os.read(fd, _READ):
+        raw += chunk
+    os.close(fd)
+    mask_stream(0, log, [s for s in raw.split(b"\0") if s])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_writer_main(sys.argv[1:]))

@@ -151,6 +151,7 @@ def base_command(server: ServerConfig, backend: str) -> tuple[str, ...]:
             "--sim-seed",
             str(server.sim_seed),
             *(("--sim-time-scale", render(scale)) if scale is not None else ()),
+            *(("--sim-version", server.sim_version) if server.sim_version else ()),
         )
     return server.command
 

@@ -22,6 +22,7 @@ from typing import Literal, TypeAlias
 from autotune.config.workload import WorkloadSpec, workload_from_dict
 from autotune.errors import ConfigError, UsageError
 from autotune.sim.profiles import ProfileError, load_profile
+from autotune.sim.versions import VERSIONS as SIM_VERSIONS
 
 SHIPPED_STUDIES = Path(__file__).resolve().parents[1] / "studies"
 """The example studies that ship inside the package (`autotune/studies/NAME.toml`); a study of
@@ -81,6 +82,8 @@ class ServerConfig:
     sim_profile: str
     sim_time_scale: float | None
     sim_seed: int
+    sim_version: str | None
+    """The SGLang release the simulator speaks (`--sim-version`); None: the profile's."""
     limits: Limits
 
 
@@ -273,6 +276,7 @@ def _server(t: _Table) -> ServerConfig:
         "sim_profile",
         "sim_time_scale",
         "sim_seed",
+        "sim_version",
         "limits",
     )
     backend: Backend = (
@@ -320,8 +324,20 @@ def _server(t: _Table) -> ServerConfig:
         sim_profile=_sim_profile(t),
         sim_time_scale=t.positive("sim_time_scale") if "sim_time_scale" in t else None,
         sim_seed=t.integer("sim_seed", default=0, low=0),
+        sim_version=_sim_version(t),
         limits=limits,
     )
+
+
+def _sim_version(t: _Table) -> str | None:
+    if "sim_version" not in t:
+        return None
+    version = t.string("sim_version")
+    if version not in SIM_VERSIONS:
+        raise ConfigError(
+            t.key("sim_version"), f"{version!r}: use one of {', '.join(SIM_VERSIONS)}"
+        )
+    return version
 
 
 def _non_negative(t: _Table, k: str, *, default: float) -> float:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from autotune.server import flagprobe
 from autotune.sim.flags import build_parser
+from autotune.sim.profiles import ProfileError, load_profile
 
 RENAMED = {
     "--cuda-graph-max-bs": "--cuda-graph-max-bs-decode (SGLang 0.5.14+; the old flag is gone "
@@ -45,8 +46,29 @@ class FlagReport:
     """Whose parser checked it (`SGLang 0.5.23 (/usr/bin/python3)`), "" when none could."""
 
 
-def sim_parser() -> argparse.ArgumentParser | None:
-    return build_parser()
+def sim_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser | None:
+    """The simulator's parser for the release the command asks for (`--sim-version`, else its
+    profile's `sglang_version`)."""
+    return build_parser(_sim_release(list(argv)))
+
+
+def _sim_release(argv: list[str]) -> str | None:
+    def value(flag: str) -> str | None:
+        for i, token in enumerate(argv):
+            if token == flag and i + 1 < len(argv):
+                return argv[i + 1]
+            if token.startswith(flag + "="):
+                return token.split("=", 1)[1]
+        return None
+
+    version = value("--sim-version")
+    if version:
+        return version
+    profile = value("--sim-profile")
+    try:
+        return load_profile(profile).sglang_version if profile else None
+    except (ProfileError, OSError):
+        return None
 
 
 def study_python(argv: Sequence[str]) -> str:
@@ -72,12 +94,13 @@ def inspect_argvs(
     """One report per command line, all checked by one parser (one SGLang import)."""
     if not argvs:
         return []
-    if parser_factory is not None or backend == "sim":
-        parser = (parser_factory or sim_parser)()
+    if parser_factory is not None:
+        parser = parser_factory()
         if parser is None:
             return [FlagReport() for _ in argvs]
-        who = "the simulator's flag table" if parser_factory is None else "the given parser"
-        return [_report(flagprobe.examine(parser, flags_of(a)), who) for a in argvs]
+        return [_report(flagprobe.examine(parser, flags_of(a)), "the given parser") for a in argvs]
+    if backend == "sim":
+        return [_sim_report(a) for a in argvs]
     python = study_python(argvs[0])
     raw = _probe(python, [flags_of(a) for a in argvs])
     if raw is None or "reports" not in raw:
@@ -85,6 +108,13 @@ def inspect_argvs(
     who = f"SGLang {raw.get('version', '?')} ({python})"
     reports = raw["reports"]
     return [_report(r, who) for r in (reports if isinstance(reports, list) else [])]
+
+
+def _sim_report(argv: Sequence[str]) -> FlagReport:
+    parser = sim_parser(argv)
+    if parser is None:
+        return FlagReport()
+    return _report(flagprobe.examine(parser, flags_of(argv)), "the simulator's flag table")
 
 
 def inspect_argv(

@@ -80,14 +80,61 @@ MEMORY_CAUSES = frozenset(
 """Causes `autotune.logparse.outcome.classify` calls a startup OOM (the rest: start errors)."""
 
 
+TRIAL_REQUESTS = 1500
+"""Requests one trial's workload serves (the allocator's growth counts them)."""
+STRESS_CONTEXT = 4096
+"""Live context per running request in the stress phase, in tokens (no more than the pool)."""
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """Where the world differs from the memory model the search fits (all off by default).
+
+    growth_mib_per_request: the allocator's footprint grows while serving, so free memory
+        shrinks by this much per request served (never given back during the run).
+    rank_imbalance_gib: the last rank has this much less free memory than rank 0 (a foreign
+        process); the pool is sized by the least, rank 0's log shows its own figures.
+    peak_tail_dof: the forward peak's run-to-run variation is Student-t with these degrees of
+        freedom (same sd as `activation.variation`) instead of normal; 0 = normal.
+    context_mib_per_1k_tokens: every forward's peak grows by this much per 1,000 tokens of live
+        context in the batch (`STRESS_CONTEXT` per running request, at most the pool).
+    spike_probability, spike_factor: once in that many stress phases, one forward peaks at
+        (1 + spike_factor) times its draw.
+    """
+
+    growth_mib_per_request: float = 0.0
+    rank_imbalance_gib: float = 0.0
+    peak_tail_dof: float = 0.0
+    context_mib_per_1k_tokens: float = 0.0
+    spike_probability: float = 0.0
+    spike_factor: float = 0.0
+
+    @property
+    def on(self) -> bool:
+        return self != Mismatch()
+
+
+MISMATCH = Mismatch(
+    growth_mib_per_request=0.2,
+    rank_imbalance_gib=0.5,
+    peak_tail_dof=5.0,
+    context_mib_per_1k_tokens=4.0,
+    spike_probability=0.02,
+    spike_factor=0.5,
+)
+"""The world `scripts/bench_search.py --mismatch` runs every profile in."""
+
+
 @dataclass(frozen=True)
 class Bench:
-    """One profile's study: its search space, baseline, constraints and launch flags."""
+    """One profile's study: its search space, baseline, constraints and launch flags, and the
+    world's mismatches with the model."""
 
     profile: Profile
     spec: bool
     search: SearchConfig
     constraints: Constraints
+    mismatch: Mismatch = Mismatch()
 
     @property
     def study_config(self) -> StudyConfig:
@@ -101,6 +148,7 @@ class Bench:
             sim_profile=self.profile.name,
             sim_time_scale=None,
             sim_seed=0,
+            sim_version=None,
             limits=Limits(),
         )
         return StudyConfig(
@@ -118,7 +166,9 @@ class Bench:
         )
 
 
-def bench_for(profile: Profile, *, min_headroom_gib: float = 0.5) -> Bench:
+def bench_for(
+    profile: Profile, *, min_headroom_gib: float = 0.5, mismatch: Mismatch | None = None
+) -> Bench:
     """The study an operator would write for this box: fraction, requests, host cache."""
     tp = profile.hardware.gpu_count
     spec = profile.draft is not None and profile.draft.algorithm.startswith("EAGLE")
@@ -147,7 +197,13 @@ def bench_for(profile: Profile, *, min_headroom_gib: float = 0.5) -> Bench:
             "hicache_size": 48 if spec else 0,
         },
     )
-    return Bench(profile, spec, search, Constraints(min_headroom_gib=min_headroom_gib))
+    return Bench(
+        profile,
+        spec,
+        search,
+        Constraints(min_headroom_gib=min_headroom_gib),
+        mismatch or Mismatch(),
+    )
 
 
 def server_settings(bench: Bench, params: Mapping[str, Scalar]) -> ServerSettings:
@@ -167,27 +223,31 @@ def server_settings(bench: Bench, params: Mapping[str, Scalar]) -> ServerSetting
     )
 
 
-def ledger_of(plan: StartupPlan) -> Ledger:
-    """What the log of this startup shows, at the log's precision."""
+def ledger_of(plan: StartupPlan, rank0_extra_gib: float = 0.0) -> Ledger:
+    """What the log of this startup shows, at the log's precision: rank 0's free-memory figures,
+    `rank0_extra_gib` more than the least rank's the plan holds."""
 
     def r2(x: float | None) -> float | None:
         return round(x, 2) if x is not None else None
 
+    def free(x: float | None) -> float | None:
+        return r2(x + rank0_extra_gib) if x is not None else None
+
     final = plan.avail_final_gib if plan.ok else None
     return Ledger(
-        p_gib=r2(plan.p_gib),
+        p_gib=free(plan.p_gib),
         weights_gib=r2(plan.weights_gib),
-        avail_after_weights_gib=r2(plan.avail_after_weights_gib),
+        avail_after_weights_gib=free(plan.avail_after_weights_gib),
         max_total_num_tokens=plan.max_total_num_tokens,
         kv_gib=r2(plan.kv_gib),
         draft_weights_gib=r2(plan.draft_weights_gib),
         draft_kv_gib=r2(plan.draft_kv_gib),
         req_to_token_gib=r2(plan.req_to_token_gib),
-        avail_after_pool_gib=r2(plan.avail_after_pool_gib),
+        avail_after_pool_gib=free(plan.avail_after_pool_gib),
         graph_gib=r2(plan.graph_gib),
         draft_graph_gib=r2(plan.draft_graph_gib),
-        avail_after_graphs_gib=r2(final),
-        available_gpu_mem_gib=r2(final),
+        avail_after_graphs_gib=free(final),
+        available_gpu_mem_gib=free(final),
         host_cache_gb=r2(plan.host_cache_gb) if plan.ok else None,
         host_cache_tokens=plan.host_cache_tokens if plan.ok else None,
         max_running_requests=plan.max_running_requests,
@@ -214,22 +274,108 @@ class Launch:
 
 def stable(bench: Bench, params: Mapping[str, Scalar]) -> tuple[bool, int]:
     """Ground truth: (stable with probability ≥ STABLE_P, capacity in tokens)."""
-    plan = plan_startup(bench.profile, server_settings(bench, params))
+    p, tokens = p_stable(bench, params)
+    return p >= STABLE_P, tokens
+
+
+def p_stable(bench: Bench, params: Mapping[str, Scalar], soak: float = 1.0) -> tuple[float, int]:
+    """(probability that a launch starts and passes a stress phase `soak` times as long with
+    the required headroom, capacity in tokens); the world's mismatches included."""
+    plan = _plan(bench, params)
     if not plan.ok or plan.avail_final_gib is None or plan.max_total_num_tokens is None:
-        return False, 0
-    limit = plan.avail_final_gib - bench.constraints.min_headroom_gib
-    p = _p_pass(bench.profile, plan.chunked_prefill_size, 0, limit) * _p_pass(
-        bench.profile, 0, plan.max_running_requests or 1, limit
-    )
-    return p >= STABLE_P, plan.max_total_num_tokens
+        return 0.0, 0
+    w = bench.mismatch
+    growth = _growth_gib(w, soak)
+    limit = plan.avail_final_gib - growth - bench.constraints.min_headroom_gib
+    prefill, decode = _forward_means(bench, plan)
+    n = round(STRESS_FORWARDS * soak)
+    sigma = bench.profile.activation.variation
+    fp = _forward_cdf(limit / prefill, sigma, w.peak_tail_dof)
+    fd = _forward_cdf(limit / decode, sigma, w.peak_tail_dof)
+    plain = fp**n * fd**n
+    q = 1.0 - (1.0 - w.spike_probability) ** soak if w.spike_probability > 0 else 0.0
+    if q <= 0:
+        return plain, plan.max_total_num_tokens
+    k = 1.0 + w.spike_factor
+    sp = _forward_cdf(limit / (prefill * k), sigma, w.peak_tail_dof)
+    sd = _forward_cdf(limit / (decode * k), sigma, w.peak_tail_dof)
+    spiked = 0.5 * fp ** (n - 1) * sp * fd**n + 0.5 * fp**n * fd ** (n - 1) * sd
+    return (1.0 - q) * plain + q * spiked, plan.max_total_num_tokens
 
 
-def _p_pass(profile: Profile, tokens: int, seqs: int, limit: float) -> float:
-    mean = transient_peak_gib(profile, tokens, seqs)
-    sigma = profile.activation.variation
+def _forward_cdf(ratio: float, sigma: float, dof: float) -> float:
+    """P(one forward's peak ≤ ratio × its mean): the multiplier is 1 + sigma·X, X of unit
+    variance, normal or (dof ≥ 3) Student-t."""
     if sigma <= 0:
-        return 1.0 if mean <= limit else 0.0
-    return phi((limit / mean - 1.0) / sigma) ** STRESS_FORWARDS
+        return 1.0 if ratio >= 1.0 else 0.0
+    z = (ratio - 1.0) / sigma
+    if dof <= 0:
+        return phi(z)
+    return student_cdf(z / math.sqrt((dof - 2.0) / dof), int(dof))
+
+
+def student_cdf(t: float, dof: int) -> float:
+    """Student's t CDF for an integer number of degrees of freedom (Abramowitz & Stegun
+    26.7.3–4, closed form)."""
+    theta = math.atan(abs(t) / math.sqrt(dof))
+    c2 = math.cos(theta) ** 2
+    if dof % 2 == 1:
+        term, total = math.cos(theta), 0.0
+        if dof > 1:
+            total = term
+            for k in range(1, (dof - 3) // 2 + 1):
+                term *= c2 * (2 * k) / (2 * k + 1)
+                total += term
+        a = 2.0 / math.pi * (theta + math.sin(theta) * total)
+    else:
+        term, total = 1.0, 1.0
+        for k in range(1, (dof - 2) // 2 + 1):
+            term *= c2 * (2 * k - 1) / (2 * k)
+            total += term
+        a = math.sin(theta) * total
+    return 0.5 + math.copysign(0.5 * a, t)
+
+
+def _forward_multiplier(rng: random.Random, sigma: float, dof: float) -> float:
+    if sigma <= 0:
+        return 1.0
+    x = rng.gauss(0.0, 1.0)
+    if dof > 0:
+        chi2 = rng.gammavariate(dof / 2.0, 2.0)
+        x = x / math.sqrt(chi2 / dof) * math.sqrt((dof - 2.0) / dof)
+    return max(0.0, 1.0 + sigma * x)
+
+
+def _forward_means(bench: Bench, plan: StartupPlan) -> tuple[float, float]:
+    """Mean peak (GiB) of one full-chunk prefill forward and of one full decode forward, with
+    the live context of the batch (`STRESS_CONTEXT` tokens per running request, no more than
+    the pool holds) when the world's peak grows with it."""
+    prof = bench.profile
+    r = plan.max_running_requests or 1
+    extra = 0.0
+    per_k = bench.mismatch.context_mib_per_1k_tokens
+    if per_k > 0:
+        live = min(plan.max_total_num_tokens or 0, r * STRESS_CONTEXT)
+        extra = per_k * live / 1000.0 / 1024.0
+    prefill = transient_peak_gib(prof, plan.chunked_prefill_size, 0) + extra
+    decode = transient_peak_gib(prof, 0, r) + extra
+    return prefill, decode
+
+
+def _growth_gib(w: Mismatch, soak: float) -> float:
+    """What the allocator's footprint grew by over a workload `soak` times a trial's."""
+    return w.growth_mib_per_request * TRIAL_REQUESTS * soak / 1024.0
+
+
+def _plan(bench: Bench, params: Mapping[str, Scalar], seed: int = 0) -> StartupPlan:
+    """The startup, with one rank short of `rank_imbalance_gib` when the world has it (the MIN
+    over ranks sizes the pool; that rank is the last)."""
+    tp = bench.profile.hardware.gpu_count
+    short = bench.mismatch.rank_imbalance_gib
+    foreign = [0.0] * (tp - 1) + [short] if tp > 1 and short > 0 else []
+    return plan_startup(
+        bench.profile, server_settings(bench, params), foreign_gib=foreign, seed=seed
+    )
 
 
 def best_stable(bench: Bench) -> int:
@@ -239,11 +385,16 @@ def best_stable(bench: Bench) -> int:
     return max((tokens for ok, tokens in (stable(bench, p) for p in points) if ok), default=0)
 
 
-def launch(bench: Bench, params: Mapping[str, Scalar], seed: int) -> tuple[Launch, Result]:
-    """Run one simulated trial and build the result `autotune.study.storage.tell` stores."""
+def launch(
+    bench: Bench, params: Mapping[str, Scalar], seed: int, soak: float = 1.0
+) -> tuple[Launch, Result]:
+    """Run one simulated trial and build the result `autotune.study.storage.tell` stores;
+    `soak` makes the workload that many times a trial's (confirm's soak)."""
     prof = bench.profile
-    plan = plan_startup(prof, server_settings(bench, params), seed=seed)
-    ledger = ledger_of(plan)
+    w = bench.mismatch
+    plan = _plan(bench, params, seed)
+    shown = w.rank_imbalance_gib if prof.hardware.gpu_count > 1 else 0.0
+    ledger = ledger_of(plan, shown)
     tokens = plan.max_total_num_tokens or 0
     record: dict[str, object] = {"params": dict(params), "ledger": ledger.to_dict()}
     truth, _ = stable(bench, params)
@@ -258,22 +409,44 @@ def launch(bench: Bench, params: Mapping[str, Scalar], seed: int) -> tuple[Launc
         return _done(bench, params, outcome, reason, tokens, measured, record, truth)
     rng = random.Random(seed * 7 + 3)
     r = plan.max_running_requests or 1
-    peak = 0.0
-    for _ in range(STRESS_FORWARDS):
-        peak = max(peak, transient_peak_gib(prof, plan.chunked_prefill_size, 0, rng))
-        peak = max(peak, transient_peak_gib(prof, 0, r, rng))
+    peak = _stress_peak(bench, plan, rng, soak)
+    growth = _growth_gib(w, soak)
     free = plan.avail_final_gib or 0.0
-    if peak > free:
+    if peak + growth > free:
         reason = (
             "runtime_oom (torch_oom): torch.OutOfMemoryError: CUDA out of memory. "
-            f"Tried to allocate {peak - free + 0.01:.2f} GiB"
+            f"Tried to allocate {peak + growth - free + 0.01:.2f} GiB"
         )
         measured = Measured(tokens, 0.0, True, False, None, None, None, None)
         return _done(bench, params, "runtime_oom", reason, tokens, measured, record, truth)
     tput = decode_throughput(prof, r, plan.spec)
-    record["stress_peak_gib"] = round(peak, 3)
-    measured = Measured(tokens, tput, False, False, 0.0, round(free - peak, 3), None, None)
+    record["stress_peak_gib"] = round(peak + growth, 3)
+    head = round(free - peak - growth, 3)
+    measured = Measured(tokens, tput, False, False, 0.0, head, None, None)
     return _done(bench, params, "ok", "", tokens, measured, record, truth)
+
+
+def _stress_peak(bench: Bench, plan: StartupPlan, rng: random.Random, soak: float) -> float:
+    """The largest forward peak of a stress phase: `STRESS_FORWARDS` full-chunk prefills and as
+    many full decode batches (× `soak`), each with its run-to-run variation, one of them a
+    spike when the world has them."""
+    w = bench.mismatch
+    sigma = bench.profile.activation.variation
+    prefill, decode = _forward_means(bench, plan)
+    n = round(STRESS_FORWARDS * soak)
+    spike = -1
+    if w.spike_probability > 0:
+        q = 1.0 - (1.0 - w.spike_probability) ** soak
+        if rng.random() < q:
+            spike = rng.randrange(2 * n)
+    peak = 0.0
+    for i in range(n):
+        for kind, mean in enumerate((prefill, decode)):
+            m = _forward_multiplier(rng, sigma, w.peak_tail_dof)
+            if 2 * i + kind == spike:
+                m *= 1.0 + w.spike_factor
+            peak = max(peak, mean * m)
+    return peak
 
 
 def _done(

@@ -414,3 +414,25 @@ def test_bad_command_line_values(
 def test_run_without_study_is_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run"]) == 2
     assert "--study" in capsys.readouterr().err
+
+
+def test_the_simulator_speaks_the_release_the_study_names(
+    study_file: Callable[[str], Path],
+) -> None:
+    from autotune.config.space import base_command
+    from autotune.errors import ConfigError
+    from autotune.server.flagcheck import check_argv
+
+    text = VALID.replace('backend = "sim"', 'backend = "sim"\nsim_version = "0.5.23"')
+    cfg = load_study(study_file(text))
+    program = base_command(cfg.server, "sim")
+    assert program[-2:] == ("--sim-version", "0.5.23")
+    # the release's own parser: 0.5.23 has no --cuda-graph-max-bs any more, 0.5.9 has
+    old = [*program[:-2], "--model-path", "m", "--cuda-graph-max-bs", "8"]
+    new = [*program, "--model-path", "m", "--cuda-graph-max-bs", "8"]
+    assert check_argv(old, backend="sim") == []
+    assert check_argv(new, backend="sim") != []
+    with pytest.raises(ConfigError, match=r"server\.sim_version"):
+        load_study(
+            study_file(VALID.replace('backend = "sim"', 'backend = "sim"\nsim_version = "9"'))
+        )
