@@ -3,7 +3,7 @@
 A profile describes one box and one model: GPUs, host RAM, the memory CUDA and NCCL take before
 weights, weights per GPU, attention geometry (bytes per token follow from it), an optional draft
 model, CUDA-graph and activation memory laws, step times, startup phase durations and run-to-run
-variation. Every key is documented in docs/sim-profiles.md. Profiles ship in configs/sim/*.toml
+variation. Every key is documented in docs/sim-profiles.md. Profiles ship in autotune/sim/shipped/*.toml
 and are chosen by name (file stem) or by path. Unknown keys and wrong types are errors, so a
 typo in a profile fails loudly instead of silently simulating a different machine.
 """
@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from autotune.sim.versions import DEFAULT, VERSIONS
 
-PROFILE_DIR = Path(__file__).resolve().parents[2] / "configs" / "sim"
+PROFILE_DIR = Path(__file__).resolve().parent / "shipped"
 
 
 class ProfileError(ValueError):
@@ -269,12 +269,12 @@ def profile_from_dict(doc: Mapping[str, Any], source: str = "") -> Profile:
 
 
 def list_profiles(directory: Path = PROFILE_DIR) -> list[str]:
-    """Names of the shipped profiles (file stems under configs/sim/)."""
+    """Names of the shipped profiles (file stems under autotune/sim/shipped/)."""
     return sorted(p.stem for p in directory.glob("*.toml"))
 
 
 def load_profile(name_or_path: str | Path, directory: Path = PROFILE_DIR) -> Profile:
-    """Load a profile by name (configs/sim/NAME.toml) or by path to a TOML file."""
+    """Load a profile by name (autotune/sim/shipped/NAME.toml) or by path to a TOML file."""
     text = str(name_or_path)
     path = Path(text)
     if not (text.endswith(".toml") or path.is_file()):
