@@ -3,9 +3,10 @@
 A profile describes one box and one model: GPUs, host RAM, the memory CUDA and NCCL take before
 weights, weights per GPU, attention geometry (bytes per token follow from it), an optional draft
 model, CUDA-graph and activation memory laws, step times, startup phase durations and run-to-run
-variation. Every key is documented in docs/sim-profiles.md. Profiles ship in autotune/sim/shipped/*.toml
-and are chosen by name (file stem) or by path. Unknown keys and wrong types are errors, so a
-typo in a profile fails loudly instead of silently simulating a different machine.
+variation. Every key is documented in docs/sim-profiles.md. Profiles ship in
+autotune/sim/shipped/*.toml and are chosen by name (file stem) or by path. Unknown keys and
+wrong types are errors, so a typo in a profile fails loudly instead of silently simulating a
+different machine.
 """
 
 from __future__ import annotations
