@@ -19,6 +19,7 @@ MODULES = (
     "autotune.cli.explain",
     "autotune.cli.export",
     "autotune.cli.confirm",
+    "autotune.cli.init",
 )
 
 

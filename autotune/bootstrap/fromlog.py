@@ -1,0 +1,117 @@
+"""What one server log tells `init`: the last start's arguments and memory ledger, and the serving
+lines.
+
+A log may hold several starts (a journal over restarts); the arguments and the ledger are the
+last start's (from its `server_args=` line on), the serving lines are every start's: traffic is
+traffic. The `server_args=` line is read by `logparse.lines.read_server_args` (0.5.23's resolved
+dict and 0.5.9's `ServerArgs(…)` repr, literals only, never evaluated).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.bootstrap.sizing import implied_fraction
+from autotune.errors import UsageError
+from autotune.logparse.ledger import Ledger, build_ledger
+from autotune.logparse.lines import Batch, Kind, ParsedLog, parse_lines, read_server_args
+from autotune.logparse.outcome import Verdict, classify
+from autotune.logparse.serving import ServingSummary, summarize
+
+
+@dataclass(frozen=True)
+class LogFacts:
+    path: Path
+    args: Mapping[str, Any]
+    """The last start's `server_args=` values ({} when the log does not show the line)."""
+    args_format: str
+    """`dict` (0.5.23's resolved dict), `ServerArgs` (0.5.9's repr) or ``."""
+    ledger: Ledger
+    verdict: Verdict
+    serving: ServingSummary
+    batches: tuple[Batch, ...]
+    """The serving lines of every start, without the server's own warmup before "ready"."""
+    starts: int
+    startup_s: float | None
+    """From the `server_args=` line to "fired up and ready", when both carry a time."""
+
+    @property
+    def release(self) -> str | None:
+        """The simulated SGLang release whose formats the log's `server_args=` line has."""
+        return {"dict": "0.5.23", "ServerArgs": "0.5.9"}.get(self.args_format)
+
+    @property
+    def shown_fraction(self) -> float | None:
+        """`mem_fraction_static` as the log's `server_args=` line shows it."""
+        value = self.args.get("mem_fraction_static")
+        if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < 1:
+            return float(value)
+        return self.ledger.mem_fraction_static
+
+    @property
+    def fraction(self) -> float | None:
+        """The fraction the log's start used: shown, else what its pool implies."""
+        shown = self.shown_fraction
+        return shown if shown is not None else implied_fraction(self.ledger)
+
+
+def read_log(path: Path) -> ParsedLog:
+    if not path.is_file():
+        raise UsageError(f"--from-log {path}: no such file; give the path of an SGLang server log")
+    try:
+        with open(path, encoding="utf-8", errors="replace", newline="\n") as fh:
+            return parse_lines(fh)
+    except OSError as exc:
+        raise UsageError(f"--from-log {path}: cannot read it ({exc.strerror})") from None
+
+
+def log_facts(path: Path) -> LogFacts:
+    log = read_log(path)
+    starts = log.of(Kind.SERVER_ARGS)
+    first_line = starts[-1].line_no if starts else 0
+    events = tuple(e for e in log.events if e.line_no >= first_line)
+    ledger = build_ledger(events)
+    if not starts and ledger.p_gib is None and not log.batches:
+        raise UsageError(
+            f"--from-log {path}: no server_args, memory or batch line SGLang prints; "
+            "give the log of a server start (journalctl -u UNIT > server.log)"
+        )
+    args = read_server_args(starts[-1].text) if starts else {}
+    ready = next((e for e in events if e.kind is Kind.READY), None)
+    startup_s = None
+    if starts and ready and starts[-1].time is not None and ready.time is not None:
+        startup_s = max(ready.time - starts[-1].time, 0.0)
+    batches = _serving(log)
+    return LogFacts(
+        path=path,
+        args=args,
+        args_format=(starts[-1].label or "") if starts else "",
+        ledger=ledger,
+        verdict=classify(events),
+        serving=summarize(batches, log.events),
+        batches=batches,
+        starts=len(starts),
+        startup_s=startup_s,
+    )
+
+
+def _serving(log: ParsedLog) -> tuple[Batch, ...]:
+    """Batch lines outside each start's own warmup (from `server_args=` to "fired up")."""
+    marks = sorted(
+        [(e.line_no, 1) for e in log.of(Kind.SERVER_ARGS)]
+        + [(e.line_no, 0) for e in log.of(Kind.READY)]
+    )
+    starting = [(line, kind) for line, kind in marks]
+    out: list[Batch] = []
+    at = 0
+    inside = False
+    for batch in log.batches:
+        while at < len(starting) and starting[at][0] <= batch.line_no:
+            inside = starting[at][1] == 1
+            at += 1
+        if not inside:
+            out.append(batch)
+    return tuple(out)

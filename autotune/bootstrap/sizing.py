@@ -1,0 +1,439 @@
+"""The search space and the baseline: the current memory settings, and the ranges a log's ledger
+allows.
+
+With a log that shows the pool (P, A, the KV line, the free memory after startup) the
+`mem_fraction_static` range runs from the lowest fraction whose pool holds one prefill chunk to
+the highest whose reserve `P·(1 − f)` still holds what the log shows came after the pool: the
+request table, the CUDA graphs, the draft (up to 0.5.9 its weights, KV and graphs) and the
+workspaces, i.e. where the predicted free memory after startup reaches 0
+(`memory.arithmetic.Arithmetic.at`). The transient peak under load comes on top; the search
+finds it. Without such a log the ranges are set around the current values and say so. The grid
+is anchored on the baseline, so a fraction SGLang chose itself (0.827) stays on it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from autotune.config.studyfile import Scalar
+from autotune.logparse.ledger import Ledger
+from autotune.logparse.semantics import rules
+from autotune.memory.arithmetic import GIB, Arithmetic, arithmetic, kv_gib
+
+STEP = 0.01
+LOWEST, HIGHEST = 0.05, 0.99
+SPAN = 0.30
+"""The widest fraction range: further below the top a launch only gives up capacity."""
+MAX_SLOTS = 4096
+MRR_FACTORS = (2 / 3, 1.0, 4 / 3, 2.0, 8 / 3)
+"""max_running_requests choices around the current value (48 → 32, 48, 64, 96, 128)."""
+
+
+@dataclass(frozen=True)
+class Current:
+    """The operator's memory settings and where each came from."""
+
+    fraction: float | None = None
+    fraction_from: str = ""
+    max_running_requests: int | None = None
+    mrr_from: str = ""
+    hicache_on: bool = False
+    hicache_size: int | float | None = None
+    """GB per rank; None (with `hicache_on`) when the cache is sized by --hicache-ratio."""
+    hicache_from: str = ""
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One `[search]` entry: its TOML value, the comments above it and its baseline."""
+
+    name: str
+    value: str
+    comments: tuple[str, ...] = ()
+    baseline: Scalar | None = None
+    baseline_note: str = ""
+
+
+@dataclass(frozen=True)
+class Space:
+    knobs: tuple[Knob, ...]
+    memory_notes: tuple[str, ...] = field(default_factory=tuple)
+    """What the log's ledger says, for the comment above `[search]`."""
+
+
+def _gib(x: float) -> str:
+    return f"{x:.2f} GiB"
+
+
+def _on_grid(x: float, anchor: float, up: bool) -> float:
+    k = (x - anchor) / STEP
+    n = math.ceil(k - 1e-6) if up else math.floor(k + 1e-6)
+    return round(anchor + n * STEP, 4)
+
+
+def _fraction_text(low: float, high: float) -> str:
+    return f"{{ low = {low:g}, high = {high:g}, step = {STEP:g} }}"
+
+
+def _bounded(low: float, high: float, anchor: float) -> tuple[float, float]:
+    low = max(low, _on_grid(LOWEST, anchor, up=True))
+    high = min(high, _on_grid(HIGHEST, anchor, up=False))
+    if high <= low:
+        high = round(low + STEP, 4)
+    return low, high
+
+
+def implied_fraction(ledger: Ledger) -> float | None:
+    """The fraction a log's pool implies when its `server_args=` line does not show it:
+    `1 − (A − budget)/P`, the budget being the KV lines the version sizes from it (0.5.18+ with
+    the draft's pool folded in). Good to about 0.0005 from the two-decimal figures."""
+    p, a, kv = ledger.p_gib, ledger.avail_after_weights_gib, ledger.kv_gib
+    if not p or a is None or kv is None or not ledger.max_total_num_tokens:
+        return None
+    if ledger.kv_va_gib is not None or ledger.max_total_tokens_cap is not None:
+        return None  # the pool did not come from the budget
+    if rules(ledger.semantics).draft_in_budget:
+        kv += ledger.draft_kv_gib or 0.0
+    f = 1.0 - (a - kv) / p
+    return round(f, 3) if 0.0 < f < 1.0 else None
+
+
+Failure = tuple[float, str]
+"""A start the log shows failing for its fraction: (f, "lower") ran out of GPU memory after the
+pool, (f, "raise") had no room for one, (f, "at_most") ran out under load."""
+
+
+def _exclude(
+    low: float, high: float, b: float | None, failed: Failure | None, anchor: float
+) -> tuple[float, float, float | None, str | None]:
+    """The range (and baseline) without the side of a failed start."""
+    if failed is None:
+        return low, high, b, None
+    f, way = failed
+    if way == "lower":
+        high = min(high, _on_grid(f - STEP / 2, anchor, up=False))
+        why = f"the log's start at {f:g} ran out of GPU memory: the range stays below it"
+    elif way == "at_most":
+        high = min(high, _on_grid(f + STEP / 2, anchor, up=False))
+        why = (
+            f"the log's server ran out of GPU memory under load at {f:g}: the range tops out there"
+        )
+    else:
+        low = max(low, _on_grid(f + STEP / 2, anchor, up=True))
+        why = f"the log's start at {f:g} had no room for a KV pool: the range stays above it"
+    if high <= low:
+        high = round(low + STEP, 4)
+    if b is not None and not low <= b <= high:
+        b = None
+        why += ", so the baseline is left to the sampler"
+    return low, high, b, why
+
+
+def fraction_knob(
+    current: Current,
+    ledger: Ledger | None,
+    log_fraction: float | None,
+    failed: Failure | None = None,
+) -> Knob:
+    b = current.fraction
+    arith = (
+        arithmetic(ledger, log_fraction)
+        if ledger is not None and log_fraction is not None
+        else None
+    )
+    if arith is not None and arith.tokens:
+        return _fraction_from_ledger(current, arith, ledger, failed)  # type: ignore[arg-type]
+    comments: list[str] = []
+    if ledger is not None and ledger.p_gib and ledger.avail_after_weights_gib is not None:
+        floor = 1.0 - ledger.avail_after_weights_gib / ledger.p_gib
+        anchor = b if b is not None else 0.0
+        low = _on_grid(floor + STEP / 2, anchor, up=True)
+        high = _on_grid(max(low + 0.1, 0.94, (b or low) + 0.04), anchor, up=False)
+        comments.append(
+            f"the log shows P = {_gib(ledger.p_gib)} and A = "
+            f"{_gib(ledger.avail_after_weights_gib)} but no KV pool: below f = {floor:.3f} "
+            "nothing is left for one; the top is the usual 0.94, not sized from the log"
+        )
+    elif b is not None:
+        low = _on_grid(max(0.5, b - 0.08), b, up=True)
+        high = _on_grid(min(0.97, b + 0.06), b, up=False)
+        comments.append(
+            "no log to size it from: from 0.08 below to 0.06 above the current value "
+            "(autotune init --from-log server.log sizes it from the memory ledger)"
+        )
+    else:
+        low, high = 0.80, 0.94
+        comments.append(
+            "the command leaves mem_fraction_static to SGLang and there is no log to show what "
+            "it chose: the usual range for large models (--from-log sizes it)"
+        )
+    anchor = b if b is not None else low
+    low, high = _bounded(low, high, anchor)
+    if b is not None:
+        low, high = min(low, b), max(high, b)
+    low, high, b, why = _exclude(low, high, b, failed, anchor)
+    if why:
+        comments.append(why)
+    return Knob(
+        name="mem_fraction_static",
+        value=_fraction_text(low, high),
+        comments=(
+            "fraction of the free GPU memory measured before the weights load (P); the KV pool "
+            "is A − P·(1 − f), A being what the weights left (docs/sglang-memory.md)",
+            *comments,
+        ),
+        baseline=b,
+        baseline_note=current.fraction_from,
+    )
+
+
+def _fraction_from_ledger(
+    current: Current, arith: Arithmetic, ledger: Ledger, failed: Failure | None
+) -> Knob:
+    p, a, f0 = arith.p_gib, arith.avail_after_weights_gib, arith.fraction
+    b = current.fraction if current.fraction is not None else f0
+    chunk = ledger.chunked_prefill_size if (ledger.chunked_prefill_size or 0) > 0 else None
+    need = chunk or 1
+    floor = 1.0 - (a - need * arith.cell_bytes / GIB) / p
+    low = _on_grid(floor, b, up=True)
+    while arith.at(low).tokens < need and low < HIGHEST:
+        low = round(low + STEP, 4)
+    lowest_pool = low
+    headroom = arith.headroom
+    comments = [
+        "fraction of the free GPU memory measured before the weights load (P); the KV pool "
+        "is A − P·(1 − f), A being what the weights left (docs/sglang-memory.md)",
+        f"low {{low}}: the lowest fraction whose pool holds one prefill chunk "
+        f"({need:,} tokens): {{low_tokens:,}} tokens",
+    ]
+    if headroom is not None:
+        per_f = arith.free_per_fraction_gib
+        top = f0 + headroom.free / per_f if per_f > 0 else HIGHEST
+        high = _on_grid(top, b, up=False)
+        while (arith.at(high).static_free_gib or 0.0) < 0 and high > low:
+            high = round(high - STEP, 4)
+        held = [f"the request table ({_gib(headroom.request_table)})"]
+        held.append(f"the CUDA graphs ({_gib(headroom.graphs)})")
+        if headroom.draft:
+            held.append(f"the draft ({_gib(headroom.draft)})")
+        held.append(f"workspaces ({_gib(max(headroom.other, 0.0))})")
+        comments.append(
+            "high {high}: the highest fraction whose reserve P·(1 − f) still holds "
+            + ", ".join(held)
+            + ": {high_free} predicted free after startup; the load's transient peak comes on "
+            "top, and the search finds how much of it the traffic needs"
+        )
+    else:
+        high = _on_grid(min(HIGHEST, max(b, f0) + 0.05), b, up=False)
+        comments.append(
+            "high {high}: the log stops before the CUDA graphs, so the reserve they need is "
+            "unknown: 0.05 above the log's fraction"
+        )
+    low, high = _bounded(low, high, b)
+    if high - low > SPAN + 1e-9:
+        low = _on_grid(high - SPAN, b, up=True)
+        comments[1] = (
+            f"low {{low}}: {SPAN:g} below the top; the pool holds one prefill chunk ({need:,} "
+            f"tokens) from {lowest_pool:g} up, but lower fractions only give up capacity"
+        )
+    low, high = min(low, b), max(high, b)
+    anchor = b
+    low, high, kept, why = _exclude(low, high, b, failed, anchor)
+    if why:
+        comments.append(why)
+    at_low, at_high = arith.at(low), arith.at(high)
+    free_high = at_high.static_free_gib
+    text = [
+        c.format(
+            low=f"{low:g}",
+            high=f"{high:g}",
+            low_tokens=at_low.tokens,
+            high_free=_gib(free_high) if free_high is not None else "?",
+        )
+        for c in comments
+    ]
+    note = current.fraction_from
+    if b != f0:
+        note += f"; the log's start used {f0:g}"
+    if kept is not None:
+        at_b = arith.at(b)
+        tokens_b = arith.tokens if b == f0 and arith.tokens else at_b.tokens
+        free_b = headroom.free if b == f0 and headroom is not None else at_b.static_free_gib
+        text.append(
+            f"at the baseline {b:g}: {tokens_b:,} tokens"
+            + (f", {_gib(free_b)} free after startup" if free_b is not None else "")
+            + f"; at {high:g}: {at_high.tokens:,} tokens"
+        )
+    return Knob(
+        name="mem_fraction_static",
+        value=_fraction_text(low, high),
+        comments=tuple(text),
+        baseline=kept,
+        baseline_note=note,
+    )
+
+
+def _nice(x: float) -> int:
+    return max(round(x / 8.0) * 8, 8) if x >= 16 else max(round(x), 1)
+
+
+def mrr_knob(current: Current, peak_running: int | None, pool_tokens: int | None) -> Knob:
+    c = current.max_running_requests
+    comments = [
+        "request slots: they size the request table and the captured CUDA-graph batches, "
+        "not the KV pool"
+    ]
+    if c is None:
+        choices = [32, 64, 128, 256]
+        comments.append(
+            "the command leaves it to SGLang (it derives it from the pool) and no log shows "
+            "the value: common choices, no baseline"
+        )
+    else:
+        choices = sorted({_nice(c * m) for m in MRR_FACTORS if m != 1.0} | {c})
+        choices = [v for v in choices if v <= max(MAX_SLOTS, c)]
+        comments.append(f"around the current {c}: ⅔×, 1×, 4⁄3×, 2×, 8⁄3×")
+    if peak_running is not None:
+        filled = (
+            "" if c is None or peak_running >= c else "; more slots only matter under more load"
+        )
+        plural = "s" if peak_running != 1 else ""
+        comments.append(
+            f"the log's serving lines ran at most {peak_running} request{plural} at once{filled}"
+        )
+    if pool_tokens:
+        comments.append(
+            f"the pool ({pool_tokens:,} tokens at the baseline) holds the context of every "
+            "running request"
+        )
+    return Knob(
+        name="max_running_requests",
+        value="{ choices = [" + ", ".join(str(v) for v in choices) + "] }",
+        comments=tuple(comments),
+        baseline=c,
+        baseline_note=current.mrr_from,
+    )
+
+
+def hicache_knob(
+    current: Current,
+    ledger: Ledger | None,
+    high_fraction: float | None,
+    arith: Arithmetic | None,
+    host_failed: str | None = None,
+) -> Knob | None:
+    """`host_failed`: the log's start failed for its host cache, "shrink" (host RAM) or "grow"
+    (0.5.9: not larger than the GPU pool)."""
+    h = current.hicache_size
+    if not current.hicache_on or not h:
+        return None
+    size = int(h) if float(h).is_integer() else h
+    options: set[int | float] = {0, size, size * 2}
+    half = size / 2
+    options.add(int(half) if float(half).is_integer() else half)
+    comments = [
+        "host GB per rank for the hierarchical cache; 0 turns it off",
+        f"around the current {size:g}: off, ½×, 1×, 2×",
+    ]
+    baseline: int | float | None = size
+    if host_failed == "shrink":
+        options = {v for v in options if v < size}
+        baseline = None
+        comments.append(
+            f"the log's start with {size:g} GB ran out of host memory: only smaller sizes, and "
+            "the baseline is left to the sampler"
+        )
+    elif host_failed == "grow":
+        options = {v for v in options if v == 0 or v > size}
+        baseline = None
+        comments.append(
+            f"the log's start with {size:g} GB had a host pool no larger than the GPU pool: "
+            "only larger sizes (or off), and the baseline is left to the sampler"
+        )
+    sem = rules(ledger.semantics if ledger is not None else None)
+    if arith is not None and sem.host_smaller_fatal and current.fraction is not None:
+        at_b = arith.at(current.fraction)
+        device_gb = kv_gib(at_b.tokens, arith.kv_cell_bytes or arith.cell_bytes) * GIB / 1e9
+        small = sorted(v for v in options if 0 < v <= device_gb)
+        if small:
+            options -= set(small)
+            comments.append(
+                f"left out {', '.join(f'{v:g}' for v in small)}: SGLang {sem.name} refuses a "
+                f"host pool not larger than the GPU pool ({device_gb:.1f} GB at the baseline)"
+            )
+        if high_fraction is not None:
+            cell = arith.kv_cell_bytes or arith.cell_bytes
+            top_gb = kv_gib(arith.at(high_fraction).tokens, cell) * GIB / 1e9
+            if any(0 < v <= top_gb for v in options):
+                comments.append(
+                    f"at f = {high_fraction:g} the GPU pool is {top_gb:.1f} GB: a host cache "
+                    "no larger fails to start there"
+                )
+    budget = ledger.host_budget_gb if ledger is not None else None
+    if budget:
+        over = sorted(v for v in options if v > budget)
+        if over:
+            options -= set(over)
+            comments.append(
+                f"left out {', '.join(f'{v:g}' for v in over)}: above the host budget of "
+                f"{budget:.0f} GB per rank"
+            )
+    if baseline is not None:
+        options.add(size)
+    ranks = (ledger.ranks or ledger.tp_size) if ledger is not None else None
+    if ranks and ranks > 1:
+        comments.append(
+            f"each of the {ranks} ranks pins its own: {max(options) * ranks:g} GB of host RAM at "
+            "the top; drop values the host cannot hold"
+        )
+    return Knob(
+        name="hicache_size",
+        value="{ choices = [" + ", ".join(f"{v:g}" for v in sorted(options)) + "] }",
+        comments=tuple(comments),
+        baseline=baseline,
+        baseline_note=current.hicache_from,
+    )
+
+
+def memory_notes(ledger: Ledger, arith: Arithmetic | None) -> tuple[str, ...]:
+    """The ledger in a few comment lines."""
+    out: list[str] = []
+    if ledger.p_gib is not None:
+        line = f"P = {_gib(ledger.p_gib)} free per GPU before the weights"
+        if ledger.weights_gib is not None:
+            line += f", weights {_gib(ledger.weights_gib)}"
+        if ledger.avail_after_weights_gib is not None:
+            line += f", A = {_gib(ledger.avail_after_weights_gib)} after them"
+        out.append(line)
+    if ledger.max_total_num_tokens and ledger.kv_gib is not None:
+        line = f"KV pool {ledger.max_total_num_tokens:,} tokens in {_gib(ledger.kv_gib)}"
+        if arith is not None:
+            line += f": {arith.cell_bytes:,.0f} bytes per token"
+        if ledger.draft_kv_gib:
+            line += f" (+ the draft's {_gib(ledger.draft_kv_gib)})"
+        out.append(line)
+    parts = []
+    if ledger.graph_gib is not None:
+        parts.append(f"CUDA graphs {_gib(ledger.graph_gib)}")
+    if ledger.draft_weights_gib:
+        parts.append(f"draft weights {_gib(ledger.draft_weights_gib)}")
+    if ledger.draft_graph_gib:
+        parts.append(f"draft graphs {_gib(ledger.draft_graph_gib)}")
+    free = (
+        ledger.available_gpu_mem_gib
+        if ledger.available_gpu_mem_gib is not None
+        else ledger.avail_after_graphs_gib
+    )
+    if free is not None:
+        parts.append(f"free after startup {_gib(free)}")
+    if parts:
+        out.append(", ".join(parts))
+    if arith is not None:
+        out.append(
+            f"at f = {arith.fraction:g} the reserve P·(1 − f) is {_gib(arith.reserve_gib)}; "
+            f"each 0.01 of f moves {_gib(arith.free_per_fraction_gib * STEP)} from it into the pool"
+        )
+    if ledger.semantics:
+        out.append(f"memory rules of SGLang {ledger.semantics} ({ledger.semantics_from})")
+    return tuple(out)

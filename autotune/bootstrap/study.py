@@ -1,0 +1,560 @@
+"""A study file from the operator's command, unit and log: composed, written as commented TOML,
+validated, then written.
+
+The command (from `--from-cmd` or `--from-unit`) is authoritative for the program and the flags;
+a log alone gives the flags its `server_args=` line shows (see `flagtable`). The memory settings
+(`mem_fraction_static`, `max_running_requests`, the host cache) leave the flags for `[search]`
+and `[baseline]`: from the command when it sets them, else from what the log's start used. The
+log's ledger sizes the space (`sizing`), its serving lines sketch the workload (`traffic`).
+`host`, `port` and the API keys are never copied: autotune binds each trial itself, and a key
+belongs in an environment variable (`workload.api_key_env`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from autotune.bootstrap import tomltext as t
+from autotune.bootstrap.flagtable import FlagTable, SplitArgs, flag_table, split_args
+from autotune.bootstrap.fromlog import LogFacts, log_facts
+from autotune.bootstrap.sizing import (
+    Current,
+    Failure,
+    Knob,
+    fraction_knob,
+    hicache_knob,
+    memory_notes,
+    mrr_knob,
+)
+from autotune.bootstrap.sources import Launch, launch_from_command, launch_from_unit
+from autotune.bootstrap.traffic import sketch
+from autotune.config.space import flag_tokens
+from autotune.config.studyfile import (
+    FlagValue,
+    StudyConfig,
+    check_study_name,
+    load_study,
+    param_name,
+)
+from autotune.errors import AutotuneError, HarnessError, UsageError
+from autotune.logparse.outcome import Outcome
+from autotune.memory.arithmetic import Arithmetic, arithmetic
+from autotune.server import flagcheck
+from autotune.server.flagcheck import FlagReport
+
+DEFAULT_COMMAND = ("python", "-m", "sglang.launch_server")
+FLAG_NAME = re.compile(r"^[a-z][a-z0-9]*([_-][a-z0-9]+)*$")
+"""What `server.flags` accepts as a key (config.studyfile)."""
+ADDRESS = ("host", "port")
+SECRETS = ("api_key", "admin_api_key")
+HICACHE_SWITCHES = ("enable_hierarchical_cache", "enable_hicache")
+STEADY_S = 900.0
+
+Inspect = Callable[[Sequence[str]], FlagReport]
+TableFor = Callable[[str, str | None], FlagTable]
+
+
+def _inspect(argv: Sequence[str]) -> FlagReport:
+    return flagcheck.inspect_argv(argv, backend="sglang")
+
+
+@dataclass(frozen=True)
+class Sources:
+    name: str
+    from_log: Path | None = None
+    from_unit: Path | None = None
+    from_cmd: str | None = None
+    steady_s: float = STEADY_S
+    sim_profile: str | None = None
+
+
+@dataclass(frozen=True)
+class Draft:
+    text: str
+    warnings: tuple[str, ...] = ()
+    summary: str = ""
+    flags: tuple[tuple[str, FlagValue], ...] = field(default_factory=tuple)
+
+
+# ------------------------------------------------------------------------------------------------
+# The command: flags, canonical names, the settings that are searched
+# ------------------------------------------------------------------------------------------------
+
+
+def launch_from_log(facts: LogFacts, table: FlagTable) -> tuple[Launch, SplitArgs]:
+    """The flags a log's `server_args=` line shows, and what else it showed."""
+    split = split_args(facts.args, table)
+    launch = Launch(
+        command=DEFAULT_COMMAND,
+        flags=split.flags,
+        origin=f"{facts.path.name} (server_args)",
+        notes=(
+            f"the log does not name the program: {' '.join(DEFAULT_COMMAND)} is a guess; set "
+            "server.command to the Python that has SGLang, or give --from-cmd/--from-unit with "
+            "the log",
+        ),
+    )
+    return launch, split
+
+
+def canonical(launch: Launch, inspect: Inspect) -> tuple[Launch, list[str], list[str]]:
+    """The flags spelled as SGLang's parser names them, when SGLang imports for the command's
+    Python; (launch, comment lines, warnings)."""
+    argv = list(launch.command)
+    for name, value in launch.flags:
+        argv += flag_tokens(name, value) if value is not False else [f"--{name}"]
+    report = inspect(argv)
+    notes: list[str] = []
+    if not report.checked_by:
+        python = flagcheck.study_python(argv)
+        notes.append(f"SGLang does not import in {python}: flags kept as spelled")
+        return launch, notes, []
+    renamed = {given[2:]: name[2:] for given, name in report.canonical.items()}
+    flags = tuple((renamed.get(n, n), v) for n, v in launch.flags)
+    note = f"flags checked by {report.checked_by}"
+    if renamed:
+        note += (
+            "; spelled as it names them ("
+            + ", ".join(f"--{a} → --{b}" for a, b in renamed.items())
+            + ")"
+        )
+    notes.append(note)
+    warnings = [f"SGLang's parser: {p}" for p in report.problems]
+    return replace(launch, flags=flags), [*notes, *warnings], warnings
+
+
+def _number(name: str, value: FlagValue, integer: bool) -> float | int:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or (integer and not float(value).is_integer()):  # type: ignore[arg-type]
+        kind = "a whole number" if integer else "a number"
+        raise UsageError(f"--{name.replace('_', '-')} {value!r}: expected {kind}")
+    return int(value) if integer else float(value)  # type: ignore[arg-type]
+
+
+def take_settings(
+    launch: Launch, facts: LogFacts | None
+) -> tuple[Current, tuple[tuple[str, FlagValue], ...], list[str]]:
+    """The memory settings out of the flags: (current settings, the other flags, notes)."""
+    fraction = mrr = size = None
+    on = False
+    kept: list[tuple[str, FlagValue]] = []
+    notes: list[str] = []
+    seen: set[str] = set()
+    from_log = launch.origin.endswith("(server_args)")
+
+    def given(flag: str) -> str:
+        return f"{flag} on the log's server_args line" if from_log else f"the command's --{flag}"
+
+    for name, value in launch.flags:
+        p = param_name(name)
+        if p in seen:
+            notes.append(f"--{name} is given twice (as {name}); the first is kept")
+            continue
+        seen.add(p)
+        if p == "mem_fraction_static":
+            fraction = float(_number(p, value, integer=False))
+        elif p == "max_running_requests":
+            mrr = int(_number(p, value, integer=True))
+        elif p == "hicache_size":
+            size = _number(p, value, integer=False)
+        elif p in HICACHE_SWITCHES and value is True:
+            on = True
+            kept.append((name, value))
+        elif p in ADDRESS:
+            notes.append(
+                f"the command sets --{name} {value}; autotune binds each trial's server to "
+                "server.host and a free port itself"
+            )
+        elif p in SECRETS:
+            notes.append(
+                f"the command has --{name}: its value is not copied; keep the key in an "
+                "environment variable and name it in workload.api_key_env"
+            )
+        elif not FLAG_NAME.match(name):
+            notes.append(f"--{name} cannot be a server.flags key; add it by hand")
+        else:
+            kept.append((name, value))
+    fraction_from = given("mem-fraction-static") if fraction is not None else ""
+    mrr_from = given("max-running-requests") if mrr is not None else ""
+    if facts is not None:
+        logged = facts.fraction
+        if fraction is None and logged is not None:
+            fraction, fraction_from = logged, "what SGLang chose at the log's start"
+            if facts.shown_fraction is None:
+                fraction_from = (
+                    "what the log's pool implies (1 − (A − KV)/P); its server_args line does "
+                    "not show the value"
+                )
+        if mrr is None:
+            logged_mrr = facts.args.get("max_running_requests")
+            if isinstance(logged_mrr, int) and not isinstance(logged_mrr, bool) and logged_mrr > 0:
+                mrr, mrr_from = logged_mrr, "what SGLang chose at the log's start (server_args)"
+            elif facts.ledger.max_running_requests:
+                mrr = facts.ledger.max_running_requests
+                mrr_from = "what the log's start ran with (its summary line)"
+    if fraction is None:
+        fraction_from = ""
+    hicache_from = given("hicache-size") if size is not None else ""
+    searched_host = on and bool(size)
+    if searched_host:
+        kept = [(n, v) for n, v in kept if param_name(n) not in HICACHE_SWITCHES]
+    elif size is not None:
+        kept.append(("hicache-size", size))
+    if on and not size:
+        notes.append(
+            "the hierarchical cache is on and sized by --hicache-ratio: hicache_size is not "
+            "searched (search it to size the cache in GB instead)"
+        )
+    current = Current(
+        fraction=fraction,
+        fraction_from=fraction_from,
+        max_running_requests=mrr,
+        mrr_from=mrr_from,
+        hicache_on=searched_host,
+        hicache_size=size if searched_host else None,
+        hicache_from=hicache_from,
+    )
+    return current, tuple(kept), notes
+
+
+# ------------------------------------------------------------------------------------------------
+# Composing the text
+# ------------------------------------------------------------------------------------------------
+
+
+def _limits(facts: LogFacts | None, steady_s: float) -> list[str]:
+    startup = 1800
+    why = "a big model's start from a cold disk can take longer: raise it then"
+    if facts is not None and facts.startup_s and facts.startup_s > 60:
+        startup = max(1800, math.ceil(3 * facts.startup_s / 60) * 60)
+        why = f"3× the log's start ({facts.startup_s:.0f} s), at least 30 minutes"
+    workload = max(3600, int(2 * steady_s + 900))
+    return [
+        "[server.limits]",
+        *t.comment(f"startup_s: launch to ready; {why}"),
+        f"startup_s = {startup}",
+        "# stall_s: no new log line for this long during startup = hung",
+        f"stall_s = {max(600, startup // 3)}",
+        f"workload_s = {workload}",
+        "# a big model's server takes a while to exit and give its memory back",
+        "stop_grace_s = 60",
+        "release_s = 300",
+    ]
+
+
+def _knob_lines(knobs: Sequence[Knob]) -> tuple[list[str], list[str]]:
+    search: list[str] = ["[search]"]
+    baseline: list[str] = ["[baseline]"]
+    for knob in knobs:
+        search += t.comments(knob.comments)
+        search.append(f"{knob.name} = {knob.value}")
+        if knob.baseline is not None:
+            if knob.baseline_note:
+                baseline += t.comment(knob.baseline_note)
+            baseline.append(f"{knob.name} = {t.value(knob.baseline)}")
+        else:
+            baseline += t.comment(f"{knob.name}: no current value known; the sampler picks it")
+    return search, baseline
+
+
+def _workload(facts: LogFacts | None, current: Current, steady_s: float) -> list[str]:
+    ledger = facts.ledger if facts is not None else None
+    traffic = sketch(
+        facts.batches if facts is not None else (),
+        peak_running=facts.serving.max_running if facts is not None else None,
+        slots=current.max_running_requests,
+        chunk=ledger.chunked_prefill_size if ledger is not None else None,
+        context_len=ledger.context_len if ledger is not None else None,
+    )
+    where = (
+        f"sketched from {facts.path.name}'s serving lines"
+        if facts is not None and facts.batches
+        else "a generic load (no serving lines to sketch it from)"
+    )
+    return [
+        "[workload]",
+        *t.comment(
+            f"{where}: replace it with your own traffic where you know it better "
+            "(docs/study-file.md, [workload])"
+        ),
+        *t.comments(traffic.comments),
+        'api = "generate"',
+        "stream = true",
+        "ignore_eos = true",
+        "seed = 1",
+        f"input_len = {traffic.input_len.toml()}",
+        f"output_len = {traffic.output_len.toml()}",
+        "request_timeout_s = 1800",
+        "drain_timeout_s = 600",
+        "",
+        "[[workload.phases]]",
+        'kind = "warmup"',
+        "requests = 4",
+        "concurrency = 2",
+        "",
+        "[[workload.phases]]",
+        'kind = "steady"',
+        'name = "traffic"',
+        f"concurrency = {traffic.concurrency}",
+        f"duration_s = {steady_s:g}",
+        "",
+        "[[workload.phases]]",
+        "# the transient peak: a full batch of full prefill chunks at once (docs/sglang-memory.md)",
+        'kind = "stress"',
+        "rounds = 3",
+    ]
+
+
+def _header(src: Sources, launch: Launch, facts: LogFacts | None) -> list[str]:
+    used = [launch.origin]
+    if facts is not None and facts.path.name not in launch.origin:
+        used.append(f"{facts.path.name} (memory ledger, serving lines)")
+    lines = t.comment(f"Written by `autotune init {src.name}` from {' and '.join(used)}.")
+    lines += t.comment(
+        "Each value says where it came from; check the workload above all, it is a sketch. "
+        "The keys: docs/study-file.md; the memory arithmetic: docs/sglang-memory.md."
+    )
+    lines += [
+        "#",
+        f"#   autotune run --study {src.name}                 # on the box, with real SGLang",
+        f"#   autotune run --study {src.name} --backend sim   # a rehearsal on the simulator",
+    ]
+    return lines
+
+
+def _description(flags: Sequence[tuple[str, FlagValue]], origin: str) -> str:
+    origin = origin.split(" (")[0]
+    by = {param_name(n): v for n, v in flags}
+    model = by.get("model_path") or by.get("model") or "the model"
+    tp = by.get("tp_size") or by.get("tp") or by.get("tensor_parallel_size")
+    where = f" TP{tp}" if tp else ""
+    return f"{model}{where}: the most KV capacity that survives the load (from {origin})"
+
+
+def compose(
+    src: Sources,
+    *,
+    inspect: Inspect = _inspect,
+    table_for: TableFor = flag_table,
+) -> Draft:
+    """The study text for `src` (not yet validated)."""
+    check_study_name(src.name)
+    if src.from_unit is not None and src.from_cmd is not None:
+        raise UsageError("give --from-unit or --from-cmd, not both")
+    if src.from_unit is None and src.from_cmd is None and src.from_log is None:
+        raise UsageError(
+            "name what to start from: --from-log LOG, --from-unit UNIT or --from-cmd CMD"
+        )
+    facts = log_facts(src.from_log) if src.from_log is not None else None
+    flag_notes: list[str] = []
+    warnings: list[str] = []
+    split: SplitArgs | None = None
+    if src.from_unit is not None or src.from_cmd is not None:
+        launch = (
+            launch_from_unit(src.from_unit)
+            if src.from_unit is not None
+            else launch_from_command(src.from_cmd or "")
+        )
+        launch, flag_notes, warnings = canonical(launch, inspect)
+    else:
+        assert facts is not None
+        if not facts.args:
+            raise UsageError(
+                f"--from-log {src.from_log}: the log has no server_args line to read the flags "
+                "from; add --from-cmd or --from-unit"
+            )
+        table = table_for(DEFAULT_COMMAND[0], facts.release)
+        launch, split = launch_from_log(facts, table)
+        flag_notes = [f"read from the log's server_args line with {table.source}"]
+    current, flags, setting_notes = take_settings(launch, facts)
+    notes_all = [*launch.notes, *setting_notes]
+    warnings += [n for n in notes_all if "by hand" in n or "not copied" in n]
+
+    ledger = facts.ledger if facts is not None else None
+    log_f = facts.fraction if facts is not None else None
+    arith = arithmetic(ledger, log_f) if ledger is not None and log_f is not None else None
+    f_knob = fraction_knob(current, ledger, log_f, _failure(facts))
+    high = _high_of(f_knob)
+    knobs = [
+        f_knob,
+        mrr_knob(
+            current,
+            facts.serving.max_running if facts is not None else None,
+            _pool_at(arith, current.fraction),
+        ),
+    ]
+    host = hicache_knob(current, ledger, high, arith, _host_failure(facts))
+    if host is not None:
+        knobs.append(host)
+    search, baseline = _knob_lines(knobs)
+
+    lines = _header(src, launch, facts)
+    lines.append(f"description = {t.string(_description(flags, launch.origin))}")
+    lines += ["", "[server]", 'backend = "sglang"']
+    lines += t.comment(f"the program part of {launch.origin}")
+    lines.append(f"command = {t.value(list(launch.command))}")
+    lines += t.comments(n for n in notes_all if "program" in n)
+    lines += [
+        "# autotune binds each trial's server here, on a free port",
+        'host = "127.0.0.1"',
+        "port = 0",
+    ]
+    lines += t.comment(
+        "the simulator's profile for a rehearsal (--backend sim); configs/sim/ lists them"
+    )
+    lines.append(
+        f"sim_profile = {t.string(src.sim_profile)}"
+        if src.sim_profile
+        else '# sim_profile = "kimi-k2.5-tp8-96g"'
+    )
+    if facts is not None and facts.release:
+        lines += t.comment("the release the log's format shows, for the simulator to speak")
+        lines.append(f"sim_version = {t.string(facts.release)}")
+    lines += ["", "[server.flags]"]
+    lines += t.comment(
+        f"every flag of {launch.origin} except the searched ones ([search]) and the address"
+    )
+    lines += t.comments(flag_notes)
+    lines += t.comments(n for n in notes_all if "program" not in n)
+    for name, value in flags:
+        lines.append(f"{t.key(name)} = {t.value(value)}")
+    if split is not None and split.resolved:
+        lines += t.comment(
+            "resolved by SGLang itself at the log's start (defaults it worked out for that box "
+            "and model), not pinned; uncomment one to pin it:"
+        )
+        lines += [f"# {line}" for line in split.resolved]
+    if split is not None and split.unexpressible:
+        lines += t.comment("in the log but not expressible as a flag here; add by hand if needed:")
+        lines += [f"# {line}" for line in split.unexpressible]
+    if launch.env or launch.secret_env:
+        lines += ["", "[server.env]", *t.comment(f"from {launch.origin}")]
+        for k, v in launch.env:
+            lines.append(f"{t.key(k)} = {t.string(v)}")
+        for k in launch.secret_env:
+            lines += t.comment(
+                f"{k}: set there but not copied (a secret); export it before autotune run, "
+                "the server inherits autotune's environment"
+            )
+    lines += ["", *_limits(facts, src.steady_s), ""]
+    if ledger is not None:
+        notes = memory_notes(ledger, arith)
+        if notes:
+            lines += t.comment(f"the memory {facts.path.name if facts else 'log'} shows:")
+            lines += t.comments(notes)
+        if facts is not None and facts.verdict.outcome not in (Outcome.READY, Outcome.STOPPED):
+            lines += t.comment(
+                f"the log's start ended as {facts.verdict.outcome}"
+                + (f" ({facts.verdict.cause})" if facts.verdict.cause else "")
+            )
+    lines += [*search, "", *baseline, ""]
+    lines += _workload(facts, current, src.steady_s)
+    lines += [
+        "",
+        "[constraints]",
+        "no_oom = true",
+        "max_error_rate = 0.01",
+        "# keep this much GPU memory free at the worst moment of the load",
+        "min_headroom_gib = 1.0",
+        "",
+        "[budget]",
+        "# every restart of a big model costs minutes: about a night",
+        "n_trials = 20",
+        "timeout_s = 36000",
+        "",
+        "[sampler]",
+        "# capacity-aware: fits SGLang's memory arithmetic to the ledgers seen so far",
+        "# (docs/search.md)",
+        'name = "capacity"',
+        "seed = 0",
+        "",
+    ]
+    summary = _summary(flags, knobs, launch)
+    return Draft(
+        text="\n".join(lines), warnings=tuple(dict.fromkeys(warnings)), summary=summary, flags=flags
+    )
+
+
+HOST_CAUSES = frozenset({"host_memory", "host_oom_killer", "hicache_too_small"})
+TOO_LOW_CAUSES = frozenset({"no_kv_room", "pool_too_small"})
+
+
+def _failure(facts: LogFacts | None) -> Failure | None:
+    """The log's start failing for its fraction, and which way that pushes."""
+    if facts is None or facts.fraction is None:
+        return None
+    outcome, cause = facts.verdict.outcome, facts.verdict.cause
+    if outcome is Outcome.RUNTIME_OOM:
+        return facts.fraction, "at_most"
+    if outcome is not Outcome.STARTUP_OOM or cause in HOST_CAUSES:
+        return None
+    return facts.fraction, "raise" if cause in TOO_LOW_CAUSES else "lower"
+
+
+def _host_failure(facts: LogFacts | None) -> str | None:
+    if facts is None or facts.verdict.cause not in HOST_CAUSES:
+        return None
+    return "grow" if facts.verdict.cause == "hicache_too_small" else "shrink"
+
+
+def _pool_at(arith: Arithmetic | None, fraction: float | None) -> int | None:
+    """The pool's tokens at `fraction`: the log's own count at its fraction, else predicted."""
+    if arith is None or fraction is None:
+        return None
+    if fraction == arith.fraction and arith.tokens:
+        return arith.tokens
+    return arith.at(fraction).tokens
+
+
+def _high_of(knob: Knob) -> float | None:
+    m = re.search(r"high = ([0-9.]+)", knob.value)
+    return float(m.group(1)) if m else None
+
+
+def _summary(flags: Sequence[tuple[str, FlagValue]], knobs: Sequence[Knob], launch: Launch) -> str:
+    parts = [f"{len(flags)} flags from {launch.origin}"]
+    for k in knobs:
+        parts.append(f"{k.name} {k.value.strip('{} ')}")
+    return "; ".join(parts)
+
+
+# ------------------------------------------------------------------------------------------------
+# Validating and writing
+# ------------------------------------------------------------------------------------------------
+
+
+def default_out(name: str) -> Path:
+    return Path("configs") / f"{name}.toml"
+
+
+def write_study(draft: Draft, out: Path, *, name: str, force: bool = False) -> StudyConfig:
+    """Validate `draft` with `load_study` and write it to `out`; nothing is written when it does
+    not validate (a bug: `HarnessError`) or `out` exists without `force` (`UsageError`)."""
+    if out.exists() and not force:
+        raise UsageError(f"{out} exists; pass --force to overwrite it, or --out PATH")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot create its folder ({exc.strerror})") from None
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(draft.text, encoding="utf-8")
+        try:
+            cfg = load_study(tmp, name)
+        except AutotuneError as exc:
+            raise HarnessError(
+                f"autotune init wrote a study that does not validate ({exc}); this is a bug, "
+                "please report it with the command you ran"
+            ) from None
+        os.replace(tmp, out)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot write it ({exc.strerror})") from None
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return cfg

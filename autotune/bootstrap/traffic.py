@@ -1,0 +1,158 @@
+"""A workload sketched from a log's Prefill and Decode lines.
+
+* concurrency: the most requests in the server at one line, running, being prefilled and queued
+  (what the clients asked for at the busiest moment);
+* prompt lengths: each Prefill line's tokens per new sequence (`#new-token` + `#cached-token`
+  over `#new-seq`). A prompt longer than one prefill chunk shows as several lines, so long
+  prompts read short: the sketch says so when the lengths reach the chunk;
+* answer lengths: a Decode line's `#token` over `#running-req` is the mean context of the
+  running requests, about prompt + half the answer, so the answer is about twice the difference;
+* the prefix cache's share of prompt tokens says whether the traffic reuses prefixes.
+
+Without serving lines it is a generic chat load around the request slots, and says so. Either
+way it is a sketch: the comments ask for the operator's own traffic.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from autotune.logparse.lines import Batch
+
+MAX_CONCURRENCY = 4096
+
+
+@dataclass(frozen=True)
+class Lengths:
+    mean: int
+    std: int
+    low: int
+    high: int
+
+    def toml(self) -> str:
+        if self.std <= 0 or self.low >= self.high:
+            return f'{{ dist = "fixed", value = {self.mean} }}'
+        return (
+            f'{{ dist = "lognormal", mean = {self.mean}, std = {self.std}, '
+            f"min = {self.low}, max = {self.high} }}"
+        )
+
+
+@dataclass(frozen=True)
+class Traffic:
+    concurrency: int
+    input_len: Lengths
+    output_len: Lengths
+    comments: tuple[str, ...]
+
+
+def _prompt_sizes(batches: Sequence[Batch]) -> tuple[list[float], float | None]:
+    sizes: list[float] = []
+    new = cached = 0
+    for b in batches:
+        if b.phase != "prefill" or not b.new_seq or b.new_tokens is None:
+            continue
+        total = b.new_tokens + (b.cached_tokens or 0)
+        sizes += [total / b.new_seq] * b.new_seq
+        new += b.new_tokens
+        cached += b.cached_tokens or 0
+    share = cached / (new + cached) if new + cached else None
+    return sizes, share
+
+
+def _contexts(batches: Sequence[Batch]) -> list[float]:
+    return [
+        b.tokens / b.running
+        for b in batches
+        if b.phase == "decode" and b.running and b.tokens is not None and b.tokens > 0
+    ]
+
+
+def _busiest(batches: Sequence[Batch]) -> int:
+    """The most requests in the server at one line: running + queued (+ those a Prefill line
+    admits, which are counted in neither)."""
+    most = 0
+    for b in batches:
+        here = (b.running or 0) + (b.queued or 0)
+        if b.phase == "prefill":
+            here += b.new_seq or 0
+        most = max(most, here)
+    return most
+
+
+def sketch(
+    batches: Sequence[Batch],
+    *,
+    peak_running: int | None,
+    slots: int | None,
+    chunk: int | None,
+    context_len: int | None,
+) -> Traffic:
+    sizes, cached_share = _prompt_sizes(batches)
+    contexts = _contexts(batches)
+    comments: list[str] = []
+    busiest = _busiest(batches)
+    if busiest:
+        concurrency = min(busiest, MAX_CONCURRENCY)
+        comments.append(
+            f"concurrency {concurrency}: the most requests the log shows in the server at once "
+            f"(running, being prefilled and queued; at most {peak_running or 0} running)"
+        )
+    else:
+        concurrency = min(max(slots or 32, 2), MAX_CONCURRENCY)
+        comments.append(
+            f"concurrency {concurrency}: no serving lines in the log; enough clients to fill "
+            "the request slots"
+        )
+    if len(sizes) >= 3:
+        mean = statistics.fmean(sizes)
+        inputs = Lengths(
+            mean=max(round(mean), 1),
+            std=round(statistics.pstdev(sizes)),
+            low=max(int(min(sizes)), 1),
+            high=max(int(max(sizes)), 1),
+        )
+        comments.append(
+            f"prompts: {len(sizes)} requests in the Prefill lines, {inputs.mean:,} tokens each "
+            f"on average ({inputs.low:,} to {inputs.high:,} per line)"
+        )
+        if chunk and chunk > 0 and inputs.high >= 0.9 * chunk:
+            comments.append(
+                f"prompts longer than one prefill chunk ({chunk:,}) span several lines, so the "
+                "real prompts may be longer"
+            )
+    else:
+        inputs = Lengths(mean=2000, std=1500, low=100, high=16000)
+        comments.append("prompts: not in the log; a generic chat mix")
+    outputs: Lengths | None = None
+    if contexts and len(sizes) >= 3:
+        answer = 2.0 * (statistics.median(contexts) - inputs.mean)
+        if answer >= 16:
+            mean_out = round(min(answer, 16384))
+            outputs = Lengths(
+                mean=mean_out,
+                std=max(mean_out // 4, 1),
+                low=max(mean_out // 4, 1),
+                high=mean_out * 2,
+            )
+            comments.append(
+                f"answers: about {mean_out:,} tokens, from the Decode lines' tokens per running "
+                "request (prompt + half the answer)"
+            )
+    if outputs is None:
+        outputs = Lengths(mean=512, std=128, low=64, high=2048)
+        comments.append("answers: the log does not show their length; 512 tokens on average")
+    if context_len and inputs.high + outputs.high > context_len:
+        high = max(context_len - outputs.high, 1)
+        inputs = Lengths(
+            inputs.mean if inputs.mean <= high else high, inputs.std, min(inputs.low, high), high
+        )
+    if cached_share is not None and cached_share >= 0.2:
+        comments.append(
+            f"{cached_share:.0%} of prompt tokens came from the prefix cache: the traffic "
+            "reuses prefixes (multi-turn sessions, shared system prompts); [workload.sessions] "
+            "models that (docs/study-file.md)"
+        )
+    return Traffic(concurrency, inputs, outputs, tuple(comments))
