@@ -1,29 +1,72 @@
 """The memory ledger of one server start: where each GiB of a GPU went, read from its log.
 
-SGLang prints its accounting per rank (reference §4.2): free memory before weights (P), weights,
-the KV pool, the pool end, CUDA graphs, then a TP0 summary line. `build_ledger` turns those events
-into one `Ledger`. Choices, all from reference §1:
+SGLang prints its accounting per rank: free memory before weights (P), weights, the KV pool, the
+pool end, CUDA graphs, then a TP0 summary line. `build_ledger` turns those events into one
+`Ledger`. Choices:
 
 * P and every "avail" figure take the MIN over ranks, because SGLang sizes the pool from the
   tightest GPU and the tightest GPU is the one that runs out first; usages take the MAX.
-* Speculative decoding prints `Load weight end` and `KV Cache is allocated` twice per rank, target
-  first, then draft; graph captures are labelled `target`/`draft` from 0.5.14, and before that a
-  capture after the rank's second weight load belongs to the draft.
+* Speculative decoding prints `Load weight end` twice per rank, target first, then draft. Up to
+  0.5.9 the draft loads after the target's graphs; from 0.5.18 it loads before the KV pool is
+  sized, so `avail_after_weights_gib` (A, what the pool was sized from) is what the *last* load
+  before the first KV line left. `semantics` names the rule set (`logparse.semantics`) and
+  `semantics_from` what in the log chose it.
+* KV lines before a rank's first `Memory pool end` are the target's (`Full`/`SWA`/aux pools by
+  their label); the draft's come after it (0.5.9: after its weights; 0.5.18+: its own pool end).
+  `KV Cache VA upper bound` (post-capture sizing) is reserved address space, not memory; the
+  `Post-capture KV sizing: KV cache allocated` line then gives the pool.
+* Graph captures are labelled with their role from 0.5.18 (`target prefill|decode|verify`,
+  `draft prefill|decode|extend`), kept per phase under SGLang's own names (`graph_phases`: prefill,
+  decode, target_verify, draft_prefill, draft_decode, draft_extend, as `/server_info` reports
+  them); before that a capture after the rank's second weight load belongs to the draft.
 * The request table is not printed; it is what the pool took beyond its KV lines:
   `avail after the last weight load − KV lines − "Memory pool end" avail` (two-decimal precision).
+* HiCache host pools are per rank; the target's (`kv`, `full`, `swa`) and the draft's (`draft`,
+  `draft_swa`) are counted apart, the same rank's lines summed.
 * Every field is None when the log does not show it; nothing is guessed from defaults.
 
-`/server_info` (reference §5) carries the same sizes; `ledger_from_server_info` reads them and
-`cross_check` names the fields on which log and server disagree.
+`/server_info` carries the same sizes; `ledger_from_server_info` reads both of its shapes (0.5.9:
+`memory_usage.graph` one number; 0.5.18+: a dict per phase) and `cross_check` names the fields on
+which log and server disagree.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from autotune.logparse.lines import Event, Kind, rank_order
+from autotune.logparse.lines import POOL_AUX, POOL_SWA, Event, Kind, rank_order, read_server_args
+from autotune.logparse.semantics import detect
+
+GRAPH_PHASES = (
+    "prefill",
+    "decode",
+    "target_verify",
+    "draft_prefill",
+    "draft_decode",
+    "draft_extend",
+)
+"""SGLang's graph memory phases (`model_executor/graph_memory_usage.py`), in its order."""
+DRAFT_PHASES = frozenset(p for p in GRAPH_PHASES if p.startswith("draft_"))
+
+# A capture line's role (`logparse.lines`) -> SGLang's phase name. 0.5.9's unlabelled decode
+# capture is "decode", its piecewise (prefill) capture "prefill".
+_PHASE_OF_ROLE = {
+    "target prefill": "prefill",
+    "target decode": "decode",
+    "target verify": "target_verify",
+    "draft prefill": "draft_prefill",
+    "draft decode": "draft_decode",
+    "draft extend": "draft_extend",
+    "draft": "draft_decode",
+    "target": "decode",
+    "decode": "decode",
+    "prefill": "prefill",
+    "piecewise": "prefill",
+    "verify": "target_verify",
+    "": "decode",
+}
 
 
 @dataclass(frozen=True)
@@ -52,9 +95,46 @@ class Ledger:
     context_len: int | None = None
     model_type: str | None = None
     ranks: int | None = None
+    # Which rules the figures follow, and what the log showed besides the sizes above.
+    semantics: str | None = None
+    semantics_from: str | None = None
+    sglang_version: str | None = None
+    graph_phases: dict[str, float] | None = field(default=None, hash=False)
+    """Graph memory per SGLang phase (target + draft, max over ranks), GiB."""
+    graph_max_bs: int | None = None
+    """The largest decode (or verify) batch captured."""
+    prefill_graph_max_tokens: int | None = None
+    kv_va_gib: float | None = None
+    """Post-capture sizing: the address space first reserved for the pool (not memory)."""
+    swa_kv_gib: float | None = None
+    swa_tokens: int | None = None
+    aux_kv_gib: float | None = None
+    mamba_gib: float | None = None
+    canary_gib: float | None = None
+    draft_host_cache_gb: float | None = None
+    host_free_gb: float | None = None
+    """The host-memory error's "only have Y GB free" (per rank in 0.5.23, the machine's before)."""
+    host_requested_gb: float | None = None
+    host_budget_gb: float | None = None
+    """0.5.23 auto-sizing: one rank's host budget, `(available − 10 GiB) ÷ ranks`, decimal GB."""
+    host_ranks: int | None = None
+    mem_fraction_static: float | None = None
+    page_size: int | None = None
+    tp_size: int | None = None
+    pp_size: int | None = None
+    dp_size: int | None = None
+    speculative_algorithm: str | None = None
+    speculative_num_draft_tokens: int | None = None
+    max_total_tokens_cap: int | None = None
+    """`--max-total-tokens` as the server_args line shows it."""
+    hicache_ratio: float | None = None
+    hicache_size_gb: float | None = None
+    startup_timings: dict[str, float] | None = field(default=None, hash=False)
+    """`Engine startup timings (s)` (0.5.18+): load_weight, kv_cache_allocation, scheduler_e2e,
+    tokenizer_e2e and `cuda_graph.<phase>`, seconds."""
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe: numbers, strings and None only."""
+        """JSON-safe: numbers, strings, None and flat dicts of numbers only."""
         return asdict(self)
 
     @classmethod
@@ -73,26 +153,38 @@ class Ledger:
 
 @dataclass
 class _Rank:
-    """What one rank printed, in order; roles follow the weight loads (target, then draft)."""
+    """What one rank printed, in order; roles follow the weight loads (target, then draft) and
+    the pool ends (target pool, then the draft's)."""
 
     loads_begun: int = 0
     loads_done: int = 0
+    pool_ends: int = 0
     p: float | None = None
     weights: float | None = None
     after_weights: float | None = None
+    sized_from: float | None = None
     draft_weights: float | None = None
+    draft_before_pool: bool = False
     last_load_avail: float | None = None
     kv_since_load: float = 0.0
-    kv_lines: int = 0
+    kv_main_lines: int = 0
     kv: float | None = None
     kv_tokens: int | None = None
     kv_dtype: str | None = None
+    kv_va: float | None = None
+    swa_kv: float | None = None
+    swa_tokens: int | None = None
+    aux_kv: float | None = None
     draft_kv: float | None = None
     req_to_token: float | None = None
     after_pool: float | None = None
+    phases: dict[str, float] = field(default_factory=dict)
     graph: float | None = None
     draft_graph: float | None = None
     after_graphs: float | None = None
+    post_kv: float | None = None
+    post_tokens: int | None = None
+    post_draft_kv: float | None = None
     model_type: str | None = None
 
     def add(self, event: Event) -> None:
@@ -103,39 +195,84 @@ class _Rank:
             if self.loads_begun == 1:
                 self.p = v.get("avail_gib")
         elif kind is Kind.WEIGHT_LOAD_END:
-            self.loads_done += 1
-            self.last_load_avail = v.get("avail_gib")
-            self.kv_since_load = 0.0
-            if self.loads_done == 1:
-                self.weights, self.after_weights = v.get("usage_gib"), v.get("avail_gib")
-                self.model_type = event.label or None
-            elif self.loads_done == 2:
-                self.draft_weights = v.get("usage_gib")
+            self._weights(event)
         elif kind is Kind.KV_ALLOCATED:
-            self.kv_lines += 1
-            gib = v.get("kv_gib")
-            self.kv_since_load += gib or 0.0
-            if self.kv_lines == 1:
-                self.kv, self.kv_dtype = gib, event.label or None
-                tokens = v.get("tokens")
-                self.kv_tokens = int(tokens) if tokens is not None else None
-            elif self.kv_lines == 2:
-                self.draft_kv = gib
+            self._kv(event)
         elif kind is Kind.MEMORY_POOL_END:
+            self.pool_ends += 1
             avail = v.get("avail_gib")
             if self.after_pool is None:
                 self.after_pool = avail
-                if avail is not None and self.last_load_avail is not None and self.kv_lines:
+                if avail is not None and self.last_load_avail is not None and self.kv_main_lines:
                     rest = self.last_load_avail - self.kv_since_load - avail
                     self.req_to_token = round(max(rest, 0.0), 2)
         elif kind is Kind.GRAPH_CAPTURE_END:
-            usage = v.get("usage_gib") or 0.0
-            draft = "draft" in event.label or (not event.label and self.loads_done >= 2)
-            if draft:
-                self.draft_graph = (self.draft_graph or 0.0) + usage
-            else:
-                self.graph = (self.graph or 0.0) + usage
-            self.after_graphs = v.get("avail_gib", self.after_graphs)
+            self._graph(event)
+        elif kind is Kind.POST_CAPTURE:
+            if event.label == "kv":
+                self.post_kv = v.get("kv_gib")
+                tokens = v.get("tokens")
+                self.post_tokens = int(tokens) if tokens is not None else None
+                self.after_graphs = v.get("avail_gib", self.after_graphs)
+            elif event.label == "draft_kv":
+                self.post_draft_kv = (self.post_draft_kv or 0.0) + v.get("kv_gib", 0.0)
+
+    def _weights(self, event: Event) -> None:
+        v = event.values
+        self.loads_done += 1
+        self.last_load_avail = v.get("avail_gib")
+        self.kv_since_load = 0.0
+        if self.loads_done == 1:
+            self.weights, self.after_weights = v.get("usage_gib"), v.get("avail_gib")
+            self.model_type = event.label or None
+        elif self.loads_done == 2:
+            self.draft_weights = v.get("usage_gib")
+        if not self.kv_main_lines and not self.pool_ends:
+            self.sized_from = v.get("avail_gib")  # A: the last load before the pool
+            self.draft_before_pool = self.loads_done >= 2
+
+    def _kv(self, event: Event) -> None:
+        v = event.values
+        gib = v.get("kv_gib")
+        pool = v.get("pool", 0.0)
+        if v.get("va_upper_bound"):
+            if self.kv_va is None and not self.pool_ends:
+                self.kv_va = gib
+                tokens = v.get("tokens")
+                self.kv_tokens = int(tokens) if tokens is not None else self.kv_tokens
+                self.kv_dtype = event.label or self.kv_dtype
+                self.kv_main_lines += 1
+            return  # reserved address space, not memory
+        self.kv_since_load += gib or 0.0
+        if self.pool_ends:  # the draft's pool (0.5.18+: its own; 0.5.9: after its weights)
+            self.draft_kv = (self.draft_kv or 0.0) + (gib or 0.0)
+        elif pool == POOL_SWA:
+            self.swa_kv = gib
+            tokens = v.get("tokens")
+            self.swa_tokens = int(tokens) if tokens is not None else None
+        elif pool == POOL_AUX:
+            self.aux_kv = (self.aux_kv or 0.0) + (gib or 0.0)
+        else:
+            self.kv_main_lines += 1
+            if self.kv_main_lines == 1:
+                self.kv, self.kv_dtype = gib, event.label or None
+                tokens = v.get("tokens")
+                self.kv_tokens = int(tokens) if tokens is not None else None
+            elif self.kv_main_lines == 2:
+                self.draft_kv = gib  # two unlabelled lines before the pool end
+
+    def _graph(self, event: Event) -> None:
+        v = event.values
+        usage = v.get("usage_gib") or 0.0
+        role = event.label
+        legacy_draft = not role and self.loads_done >= 2 and not self.draft_before_pool
+        phase = "draft_decode" if legacy_draft else _PHASE_OF_ROLE.get(role, "decode")
+        self.phases[phase] = round(self.phases.get(phase, 0.0) + usage, 2)
+        if phase in DRAFT_PHASES:
+            self.draft_graph = (self.draft_graph or 0.0) + usage
+        else:
+            self.graph = (self.graph or 0.0) + usage
+        self.after_graphs = v.get("avail_gib", self.after_graphs)
 
 
 def _low(values: Iterable[float | None]) -> float | None:
@@ -152,54 +289,203 @@ def _int(value: float | None) -> int | None:
     return int(value) if value is not None else None
 
 
+def _phases(ordered: list[_Rank]) -> dict[str, float] | None:
+    seen = {p for r in ordered for p in r.phases}
+    if not seen:
+        return None
+    return {
+        p: round(max(r.phases.get(p, 0.0) for r in ordered), 2) for p in GRAPH_PHASES if p in seen
+    }
+
+
+@dataclass
+class _Host:
+    """The HiCache host pools one rank printed (the first rank that printed any)."""
+
+    rank: str | None = None
+    gb: float | None = None
+    tokens: float | None = None
+    draft_gb: float | None = None
+
+    def add(self, event: Event) -> None:
+        if self.rank is None:
+            self.rank = event.rank
+        elif event.rank != self.rank:
+            return
+        gb = event.values.get("gb")
+        if event.label in ("draft", "draft_swa"):
+            self.draft_gb = round((self.draft_gb or 0.0) + (gb or 0.0), 2)
+            return
+        self.gb = round((self.gb or 0.0) + (gb or 0.0), 2)
+        if self.tokens is None and event.label in ("kv", "full", ""):
+            self.tokens = event.values.get("tokens")
+
+
+def _scalar(args: Mapping[str, Any], key: str, kind: type) -> Any:
+    value = args.get(key)
+    if isinstance(value, bool) or value is None:
+        return None
+    if kind is str:
+        return str(value) if isinstance(value, str) else None
+    if isinstance(value, int | float):
+        return kind(value)
+    return None
+
+
+def _from_server_args(event: Event | None) -> dict[str, Any]:
+    """The fields a `server_args=` line gives; never its secrets (only these keys are read)."""
+    if event is None:
+        return {}
+    args = read_server_args(event.text)
+    hicache = _scalar(args, "hicache_size", float)
+    out = {
+        "mem_fraction_static": _scalar(args, "mem_fraction_static", float),
+        "page_size": _scalar(args, "page_size", int),
+        "tp_size": _scalar(args, "tp_size", int),
+        "pp_size": _scalar(args, "pp_size", int),
+        "dp_size": _scalar(args, "dp_size", int),
+        "speculative_algorithm": _scalar(args, "speculative_algorithm", str),
+        "speculative_num_draft_tokens": _scalar(args, "speculative_num_draft_tokens", int),
+        "max_total_tokens_cap": _scalar(args, "max_total_tokens", int),
+        "hicache_ratio": _scalar(args, "hicache_ratio", float),
+        "hicache_size_gb": hicache if hicache else None,
+        "chunked_prefill_size": _scalar(args, "chunked_prefill_size", int),
+        "max_prefill_tokens": _scalar(args, "max_prefill_tokens", int),
+        "max_running_requests": _scalar(args, "max_running_requests", int),
+    }
+    if not args.get("enable_hierarchical_cache"):
+        out["hicache_ratio"] = out["hicache_size_gb"] = None
+    return out
+
+
 def build_ledger(events: Iterable[Event]) -> Ledger:
     """The ledger shown by a log's events (from `logparse`); fields the log lacks stay None."""
+    events = tuple(events)
     ranks: dict[str, _Rank] = {}
     summary: Mapping[str, float] = {}
-    host_gb: float | None = None
-    host_tokens: float | None = None
+    host = _Host()
+    first: dict[Kind, Event] = {}
     mrr_reduced: float | None = None
     kv_dtype: str | None = None
+    graph_bs: float | None = None
     for event in events:
         kind = event.kind
-        if kind is Kind.KV_DTYPE:
+        if kind not in first:
+            first[kind] = event
+        if kind in _PER_RANK:
+            ranks.setdefault(event.rank, _Rank()).add(event)
+        elif kind is Kind.KV_DTYPE:
             kv_dtype = kv_dtype or event.label or None
         elif kind is Kind.SCHEDULER_SUMMARY:
             summary = summary or event.values
         elif kind is Kind.HOST_CACHE:
-            if host_gb is None:
-                host_gb, host_tokens = event.values.get("gb"), event.values.get("tokens")
+            host.add(event)
         elif kind is Kind.MRR_REDUCED:
             mrr_reduced = event.values.get("value")
-        elif kind in _PER_RANK:
+        elif kind is Kind.GRAPH_BATCH_SIZES:
+            graph_bs = graph_bs or event.values.get("max_bs")
+        if kind is Kind.POST_CAPTURE and event.label == "max_running_requests":
+            mrr_reduced = event.values.get("value", mrr_reduced)
+        if kind is Kind.POST_CAPTURE and event.label in ("kv", "draft_kv"):
             ranks.setdefault(event.rank, _Rank()).add(event)
     ordered = [ranks[r] for r in sorted(ranks, key=rank_order)]
     ref = ordered[0] if ordered else _Rank()
+    rules, chosen_by = detect(events, any(r.draft_before_pool for r in ordered))
     mrr = summary.get("max_running_requests", mrr_reduced)
-    return Ledger(
+    post = ref.post_kv is not None
+    args = _from_server_args(first.get(Kind.SERVER_ARGS))
+    led = Ledger(
         p_gib=_low(r.p for r in ordered),
         weights_gib=_high(r.weights for r in ordered),
-        avail_after_weights_gib=_low(r.after_weights for r in ordered),
-        max_total_num_tokens=_int(summary.get("max_total_num_tokens", ref.kv_tokens)),
-        kv_gib=ref.kv,
+        avail_after_weights_gib=_low(r.sized_from for r in ordered),
+        max_total_num_tokens=_int(
+            summary.get("max_total_num_tokens", ref.post_tokens if post else ref.kv_tokens)
+        ),
+        kv_gib=ref.post_kv if post else ref.kv,
         kv_dtype=ref.kv_dtype or kv_dtype,
         draft_weights_gib=_high(r.draft_weights for r in ordered),
-        draft_kv_gib=ref.draft_kv,
+        draft_kv_gib=ref.post_draft_kv if ref.post_draft_kv is not None else ref.draft_kv,
         req_to_token_gib=_high(r.req_to_token for r in ordered),
         avail_after_pool_gib=_low(r.after_pool for r in ordered),
         graph_gib=_high(r.graph for r in ordered),
         draft_graph_gib=_high(r.draft_graph for r in ordered),
         avail_after_graphs_gib=_low(r.after_graphs for r in ordered),
         available_gpu_mem_gib=summary.get("available_gpu_mem"),
-        host_cache_gb=host_gb,
-        host_cache_tokens=_int(host_tokens),
+        host_cache_gb=host.gb,
+        host_cache_tokens=_int(host.tokens),
         max_running_requests=_int(mrr),
         chunked_prefill_size=_int(summary.get("chunked_prefill_size")),
         max_prefill_tokens=_int(summary.get("max_prefill_tokens")),
         context_len=_int(summary.get("context_len")),
         model_type=ref.model_type,
         ranks=len(ordered) or None,
+        semantics=rules.name if rules else None,
+        semantics_from=chosen_by or None,
+        sglang_version=e.label if (e := first.get(Kind.VERSION)) else None,
+        graph_phases=_phases(ordered),
+        graph_max_bs=_int(_graph_max_bs(events) or graph_bs),
+        prefill_graph_max_tokens=_int(_prefill_max_tokens(events)),
+        kv_va_gib=ref.kv_va,
+        swa_kv_gib=ref.swa_kv,
+        swa_tokens=ref.swa_tokens,
+        aux_kv_gib=ref.aux_kv,
+        mamba_gib=_first_value(first, Kind.MAMBA_ALLOCATED, "gib"),
+        canary_gib=_canary(events),
+        draft_host_cache_gb=host.draft_gb,
+        host_free_gb=_first_value(first, Kind.HOST_MEMORY, "free_gb"),
+        host_requested_gb=_first_value(first, Kind.HOST_MEMORY, "requested_gb"),
+        host_budget_gb=_host_budget(first.get(Kind.HICACHE_AUTOSIZE)),
+        host_ranks=_int(_first_value(first, Kind.HICACHE_AUTOSIZE, "ranks")),
+        startup_timings=dict(t.values) if (t := first.get(Kind.STARTUP_TIMINGS)) else None,
     )
+    return led.merged(Ledger(**{k: v for k, v in args.items() if v is not None}))
+
+
+def _first_value(first: Mapping[Kind, Event], kind: Kind, key: str) -> float | None:
+    event = first.get(kind)
+    return event.values.get(key) if event is not None else None
+
+
+def _graph_max_bs(events: Iterable[Event]) -> float | None:
+    sizes = [
+        e.values["max_bs"]
+        for e in events
+        if e.kind in (Kind.GRAPH_CAPTURE_BEGIN, Kind.GRAPH_CAPTURE_END)
+        and "max_bs" in e.values
+        and not e.label.startswith("draft")
+    ]
+    return max(sizes) if sizes else None
+
+
+def _prefill_max_tokens(events: Iterable[Event]) -> float | None:
+    sizes = [
+        e.values["max_tokens"]
+        for e in events
+        if e.kind is Kind.GRAPH_CAPTURE_BEGIN and "max_tokens" in e.values
+    ]
+    return max(sizes) if sizes else None
+
+
+def _canary(events: Iterable[Event]) -> float | None:
+    return next(
+        (
+            e.values.get("gib")
+            for e in events
+            if e.kind is Kind.POST_CAPTURE and e.label == "canary"
+        ),
+        None,
+    )
+
+
+def _host_budget(event: Event | None) -> float | None:
+    """`HiCache auto-sizing: …; X GiB host memory per rank (fraction F, …)`: X is F of the
+    rank's budget, in GiB; the budget in decimal GB."""
+    if event is None:
+        return None
+    per_rank, fraction = event.values.get("per_rank_gib"), event.values.get("fraction")
+    if per_rank is None or not fraction:
+        return None
+    return round(per_rank * (1 << 30) / 1e9 / fraction, 2)
 
 
 _PER_RANK = frozenset(
@@ -225,8 +511,28 @@ def _number(data: Mapping[str, Any], key: str) -> float | None:
     return float(value)
 
 
+def graph_usage(memory_usage: Mapping[str, Any]) -> dict[str, float] | None:
+    """`memory_usage.graph` in either shape, as GiB per SGLang phase: 0.5.18+'s dict
+    (`{prefill, decode, target_verify, draft_prefill, draft_decode, draft_extend}`, target and
+    draft summed per phase) as it is, 0.5.9's one number (the target's decode graphs) as
+    `{"decode": x}`. None when absent or unreadable."""
+    graph = memory_usage.get("graph")
+    if isinstance(graph, Mapping):
+        phases = {str(k): float(v) for k, v in graph.items() if _is_number(v)}
+        return phases or None
+    if isinstance(graph, int | float) and not isinstance(graph, bool):
+        return {"decode": float(graph)}
+    return None
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def ledger_from_server_info(info: Mapping[str, Any]) -> Ledger:
-    """The sizes `/server_info` reports (top level and `internal_states[0]`, reference §5)."""
+    """The sizes `/server_info` reports: the resolved arguments at the top level, and
+    `internal_states[0]` (DP rank 0's scheduler): `memory_usage` {weight, kvcache,
+    token_capacity, graph; 0.5.18+ also startup_available and token_capacity_swa}."""
     states = info.get("internal_states")
     state: Mapping[str, Any] = (
         states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
@@ -242,15 +548,27 @@ def ledger_from_server_info(info: Mapping[str, Any]) -> Ledger:
     context = _number(info, "context_length")
     if context is None:
         context = _number(info, "context_len")
+    phases = graph_usage(mem)
+    graph = draft_graph = None
+    if phases is not None:
+        graph = round(sum(v for k, v in phases.items() if k not in DRAFT_PHASES), 3)
+        if any(k in DRAFT_PHASES for k in phases):
+            draft_graph = round(sum(v for k, v in phases.items() if k in DRAFT_PHASES), 3)
+    version = info.get("version")
     return Ledger(
         max_total_num_tokens=_int(tokens),
         weights_gib=_number(mem, "weight"),
         kv_gib=_number(mem, "kvcache"),
-        graph_gib=_number(mem, "graph"),
+        graph_gib=graph,
+        draft_graph_gib=draft_graph,
+        graph_phases=phases,
+        available_gpu_mem_gib=_number(mem, "startup_available"),
+        swa_tokens=_int(_number(mem, "token_capacity_swa")),
         max_running_requests=_int(mrr),
         chunked_prefill_size=_int(_number(info, "chunked_prefill_size")),
         max_prefill_tokens=_int(_number(info, "max_prefill_tokens")),
         context_len=_int(context),
+        sglang_version=version if isinstance(version, str) and version else None,
     )
 
 
@@ -259,6 +577,8 @@ _CHECKED = (
     "weights_gib",
     "kv_gib",
     "graph_gib",
+    "draft_graph_gib",
+    "available_gpu_mem_gib",
     "max_running_requests",
     "chunked_prefill_size",
     "max_prefill_tokens",
@@ -269,16 +589,32 @@ _CHECKED = (
 def cross_check(
     from_log: Ledger, from_server: Ledger, gib_tolerance: float = 0.05
 ) -> tuple[str, ...]:
-    """Fields shown by both sources that disagree, as `name: log=X server=Y` lines.
+    """Fields shown by both sources that disagree, as `name: log=X server=Y` lines; graph
+    memory is also compared phase by phase (`graph_phases.decode: …`).
 
     GiB figures may differ by `gib_tolerance` (the log rounds to two decimals); counts must match.
+    A server that reports graph memory as one number (0.5.9) reports the target's decode graphs
+    only, so its total is compared with the log's decode phase, not with every capture.
     """
     problems: list[str] = []
+    server_phases = from_server.graph_phases or {}
+    one_number = set(server_phases) == {"decode"} and from_server.draft_graph_gib is None
     for name in _CHECKED:
         a, b = getattr(from_log, name), getattr(from_server, name)
-        if a is None or b is None:
+        if a is None or b is None or (one_number and name == "graph_gib"):
             continue
         tolerance = gib_tolerance if name.endswith("_gib") else 0
         if abs(a - b) > tolerance:
             problems.append(f"{name}: log={a} server={b}")
+    log_phases = from_log.graph_phases or {}
+    for phase, b in server_phases.items():
+        a = log_phases.get(phase)
+        if a is None and b == 0.0:
+            continue  # a phase the server never captured
+        if a is None and phase in DRAFT_PHASES and phase != "draft_prefill":
+            continue  # draft decode/extend lines are TP0's (log_info_on_rank0); may be cut
+        if a is None:
+            a = 0.0 if log_phases else None
+        if a is not None and abs(a - b) > gib_tolerance:
+            problems.append(f"graph_phases.{phase}: log={a} server={b}")
     return tuple(problems)

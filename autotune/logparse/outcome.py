@@ -1,10 +1,12 @@
 """How a server run ended, and the log lines that prove it.
 
-The exit code is never evidence: SGLang SIGKILLs its own process tree on a clean stop as well as
-on a crash (reference §4.5, §7.3). The outcome comes from the log, plus the few facts only the
-harness knows (it stopped the server, a phase ran out of time, the log stalled, the process is
-gone). Precedence: a failure line beats everything; the line's position relative to "fired up"
-decides startup vs runtime; without a failure line the harness's facts decide.
+The exit code is never evidence: SGLang SIGKILLs its own process tree on a crash (and, up to
+0.5.9, on a clean stop). The outcome comes from the log, plus the few facts only the harness
+knows (it stopped the server, a phase ran out of time, the log stalled, the process is gone).
+Precedence: a failure line beats everything; whether the server was serving when it came (after
+"fired up", or after batch lines, serving-only lines or serving-loop frames) decides startup vs
+runtime; without a failure line the harness's facts decide. Every "out of memory" line is an OOM
+(`logparse.lines.OOM_KINDS`); a SIGKILLed scheduler (exit code -9) is the host's OOM killer.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from autotune.logparse.lines import FAILURE_KINDS, Event, Kind
+from autotune.logparse.lines import FAILURE_KINDS, OOM_KINDS, SERVING_KINDS, Batch, Event, Kind
 
 
 class Outcome(StrEnum):
@@ -122,9 +124,7 @@ class RunFacts:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
-_OOM_KINDS = frozenset(
-    {Kind.TORCH_OOM, Kind.CUDA_ERROR_OOM, Kind.PREFILL_OOM, Kind.DECODE_OOM, Kind.NCCL_ERROR}
-)
+_OOM_KINDS = OOM_KINDS | {Kind.NCCL_ERROR}
 _STARTUP_MEMORY_KINDS = frozenset({Kind.NO_KV_ROOM, Kind.POOL_TOO_SMALL, Kind.HOST_MEMORY})
 # The most specific cause wins when several failure lines appear (a traceback ends in an
 # `…Error:` line after the `Scheduler hit an exception` line that announced it).
@@ -135,19 +135,25 @@ _PRIORITY = (
     Kind.GRAPH_CAPTURE_FAILED,
     Kind.TORCH_OOM,
     Kind.CUDA_ERROR_OOM,
+    Kind.TRITON_OOM,
     Kind.PREFILL_OOM,
     Kind.DECODE_OOM,
+    Kind.ALLOC_OOM,
+    Kind.REQ_SLOTS_OOM,
+    Kind.OOM,
     Kind.NCCL_ERROR,
     Kind.WATCHDOG_TIMEOUT,
     Kind.HICACHE_TOO_SMALL,
     Kind.WARMUP_FAILED,
     Kind.RANK_DEAD,
+    Kind.SUBPROCESS_CRASHED,
     Kind.ERROR,
     Kind.SCHEDULER_EXCEPTION,
     Kind.SIGQUIT,
 )
 _RANK = {kind: i for i, kind in enumerate(_PRIORITY)}
 _MAX_EVIDENCE = 8
+SIGKILL = -9.0
 
 
 def _is_memory(event: Event, failures: Sequence[Event]) -> bool:
@@ -159,13 +165,45 @@ def _is_memory(event: Event, failures: Sequence[Event]) -> bool:
 
 
 def _host_oom_killed(deciding: Event, events: Sequence[Event]) -> bool:
-    """A rank SIGKILLed (exit code -9) after the scheduler summary line, i.e. while the ranks
-    pin their host cache: the kernel's OOM killer (reference §3, §4.5), a host-memory failure."""
+    """A process SIGKILLed: the kernel's OOM killer, a host-memory failure.
+
+    0.5.18+ says so itself (`Rank i scheduler died during initialization (exit code: -9). If
+    exit code is -9 (SIGKILL), a common cause is the OS OOM killer.`; after startup the
+    subprocess watchdog's `Subprocess scheduler_i (pid=…) crashed with exit code -9.`). 0.5.9
+    printed `Rank i scheduler is dead.` and the code on the next line; there a -9 counts only
+    after the scheduler summary line, i.e. while the ranks pin their host cache."""
+    if deciding.kind is Kind.SUBPROCESS_CRASHED:
+        return deciding.values.get("code") == SIGKILL
     if deciding.kind is not Kind.RANK_DEAD:
         return False
+    if "code" in deciding.values:
+        return deciding.values["code"] == SIGKILL
     summary = next((e for e in events if e.kind is Kind.SCHEDULER_SUMMARY), None)
-    killed = any(e.kind is Kind.EXIT_CODE and e.values.get("code") == -9 for e in events)
+    killed = any(e.kind is Kind.EXIT_CODE and e.values.get("code") == SIGKILL for e in events)
     return killed and summary is not None and summary.line_no < deciding.line_no
+
+
+def _serving(deciding: Event, events: Sequence[Event], batches: Sequence[Batch]) -> bool:
+    """Whether the server was serving when `deciding` was printed, shown by the log itself: the
+    line is one only a serving scheduler prints (`Prefill out of memory`, the subprocess
+    watchdog, …), a Prefill/Decode batch line or a retraction came before it, or a traceback
+    frame of the serving loop or forward pass sits before it or in the traceback that follows
+    it (up to the next line with a prefix)."""
+    if deciding.kind in SERVING_KINDS:
+        return True
+    first = next(iter(batches), None)  # batches come in line order (a list, tuple or deque)
+    if first is not None and first.line_no < deciding.line_no:
+        return True
+    after = False
+    for e in events:
+        if e.line_no < deciding.line_no:
+            if e.kind in SERVING_KINDS:
+                return True
+        elif e.line_no > deciding.line_no:
+            if e.time is not None and e.kind is not Kind.SERVING_FRAME:
+                break  # the next prefixed line ends the traceback
+            after = after or e.kind is Kind.SERVING_FRAME
+    return after
 
 
 def _evidence(deciding: Event, failures: Sequence[Event]) -> tuple[str, ...]:
@@ -174,12 +212,17 @@ def _evidence(deciding: Event, failures: Sequence[Event]) -> tuple[str, ...]:
     return tuple(e.text.strip() for e in [deciding, *others][:_MAX_EVIDENCE])
 
 
-def classify(events: Sequence[Event], facts: RunFacts | None = None) -> Verdict:
-    """The outcome of a run from its log events (`logparse`) and the harness's facts.
+def classify(
+    events: Sequence[Event], facts: RunFacts | None = None, batches: Sequence[Batch] = ()
+) -> Verdict:
+    """The outcome of a run from its log events and batch lines (`logparse`) and the harness's
+    facts.
 
-    With no facts (a log file read after the fact) the log alone decides: a ready log without a
-    failure is `ready`, or `stopped` if it shows SIGTERM; a log that neither became ready nor
-    failed is `unknown`.
+    A failure is a runtime one when it comes after "fired up", or when the log shows the server
+    was serving (`_serving`: batch lines, serving-only lines, serving-loop frames) — a log
+    excerpt may not hold the ready line. With no facts (a log file read after the fact) the log
+    alone decides: a ready log without a failure is `ready`, or `stopped` if it shows SIGTERM; a
+    log that neither became ready nor failed is `unknown`.
     """
     facts = facts or RunFacts()
     ready = next((e for e in events if e.kind is Kind.READY), None)
@@ -199,10 +242,12 @@ def classify(events: Sequence[Event], facts: RunFacts | None = None) -> Verdict:
         if deciding.kind is Kind.WATCHDOG_TIMEOUT:
             return Verdict(Outcome.HANG, "watchdog_timeout", evidence)
         after_ready = ready is not None and deciding.line_no > ready.line_no
-        if not after_ready and _host_oom_killed(deciding, events):
-            return Verdict(Outcome.STARTUP_OOM, "host_oom_killer", evidence)
+        serving = after_ready or _serving(deciding, events, batches)
+        if _host_oom_killed(deciding, events):
+            outcome = Outcome.RUNTIME_OOM if serving else Outcome.STARTUP_OOM
+            return Verdict(outcome, "host_oom_killer", evidence)
         memory = _is_memory(deciding, failures)
-        if after_ready:
+        if serving:
             outcome = Outcome.RUNTIME_OOM if memory else Outcome.CRASH
         else:
             outcome = Outcome.STARTUP_OOM if memory else Outcome.STARTUP_ERROR

@@ -1,7 +1,8 @@
 """Startup phases of an SGLang server and the log events that move it from one to the next.
 
-Reference §7.2: distributed init → weight load → KV pool → CUDA-graph capture → (with speculative
-decoding ≤0.5.13, the same again for the draft model) → host cache → HTTP up and warm-up → ready.
+Distributed init → weight load → KV pool → CUDA-graph capture → (with speculative decoding up to
+0.5.9, the same again for the draft model; from 0.5.18 the draft loads right after the target,
+before the KV pool) → host cache → HTTP up and warm-up → ready.
 Pure: `next_phase` maps (phase, event) to the new phase; the server handle keeps the clock.
 """
 
@@ -35,14 +36,23 @@ _ENTERS: Mapping[Kind, Phase] = {
     Kind.WEIGHT_LOAD_BEGIN: Phase.WEIGHT_LOAD,
     Kind.WEIGHT_LOAD_END: Phase.KV_POOL,
     Kind.KV_DTYPE: Phase.KV_POOL,
+    Kind.SWA_POOL: Phase.KV_POOL,
+    Kind.MAMBA_ALLOCATED: Phase.KV_POOL,
+    Kind.KV_CAP_IGNORED: Phase.KV_POOL,
     Kind.KV_ALLOCATED: Phase.KV_POOL,
     Kind.MEMORY_POOL_END: Phase.KV_POOL,
     Kind.GRAPH_CAPTURE_BEGIN: Phase.GRAPH_CAPTURE,
     Kind.GRAPH_CAPTURING: Phase.GRAPH_CAPTURE,
+    Kind.GRAPH_BATCH_SIZES: Phase.GRAPH_CAPTURE,
     Kind.DEEPGEMM_JIT: Phase.GRAPH_CAPTURE,
+    Kind.POST_CAPTURE: Phase.GRAPH_CAPTURE,
+    Kind.POOL_BELOW_CONTEXT: Phase.HOST_CACHE,
     Kind.SCHEDULER_SUMMARY: Phase.HOST_CACHE,
+    Kind.HOST_HEADROOM: Phase.HOST_CACHE,
     Kind.HICACHE_AUTOSIZE: Phase.HOST_CACHE,
+    Kind.HICACHE_SMALLER: Phase.HOST_CACHE,
     Kind.HOST_CACHE: Phase.HOST_CACHE,
+    Kind.STARTUP_TIMINGS: Phase.WARMUP,
     Kind.SERVER_PROCESS: Phase.WARMUP,
     Kind.UVICORN_RUNNING: Phase.WARMUP,
     Kind.READY: Phase.READY,

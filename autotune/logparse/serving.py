@@ -1,7 +1,8 @@
-"""What the Prefill/Decode lines say about a server under load, summed up (reference §4.3).
+"""What the Prefill/Decode lines say about a server under load, summed up.
 
 The batch lines are a time series (running and queued requests, token usage, throughput, CUDA
-graph on/off, speculative accept length); retractions come as their own lines. `summarize` folds
+graph on/off, speculative accept length and rate, 0.5.18+'s pending prefill tokens); retractions
+and per-request OOM aborts come as their own lines. `summarize` folds
 them into the few figures a trial record or a log reader wants. Pure.
 """
 
@@ -28,6 +29,11 @@ class ServingSummary:
     cuda_graph_share: float | None  # decode lines that ran as a captured graph
     mean_accept_len: float | None
     retractions: int
+    max_pending_tokens: int | None = None
+    """0.5.18+'s `#pending-token`: prefill tokens waiting to be scheduled, at their peak."""
+    mean_accept_rate: float | None = None
+    oom_aborts: int = 0
+    """Requests aborted because even a lone decode request did not fit (the server lives)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -43,6 +49,8 @@ def summarize(batches: Sequence[Batch], events: Iterable[Event] = ()) -> Serving
     prefill = [b for b in batches if b.phase == "prefill"]
     graphs = [b.cuda_graph for b in decode if b.cuda_graph is not None]
     accepts = [b.accept_len for b in decode if b.accept_len is not None]
+    rates = [b.accept_rate for b in decode if b.accept_rate is not None]
+    events = tuple(events)
     retracted = sum(int(e.values.get("retracted", 0)) for e in events if e.kind is Kind.RETRACT)
     retracted += sum(b.retracted or 0 for b in batches)
     return ServingSummary(
@@ -56,4 +64,7 @@ def summarize(batches: Sequence[Batch], events: Iterable[Event] = ()) -> Serving
         cuda_graph_share=round(sum(graphs) / len(graphs), 3) if graphs else None,
         mean_accept_len=round(sum(accepts) / len(accepts), 3) if accepts else None,
         retractions=retracted,
+        max_pending_tokens=_peak(b.pending_tokens for b in prefill),
+        mean_accept_rate=round(sum(rates) / len(rates), 3) if rates else None,
+        oom_aborts=sum(1 for e in events if e.kind is Kind.REQUEST_OOM_ABORT),
     )

@@ -1,14 +1,22 @@
-"""SGLang's memory arithmetic for one launch, from its ledger (reference/sglang.md §1).
+"""SGLang's memory arithmetic for one launch, from its ledger, in the rules of its version.
 
 `mem_fraction_static` f is a fraction of P, the free memory per GPU measured before the weights
 load. The KV pool gets `A − P·(1 − f)` GiB, A being what the weights left; the reserve `P·(1 − f)`
-is the headroom that must hold everything allocated later: the request table, the draft model,
-CUDA graphs, workspaces, and the transient peak of the forward pass. `max_running_requests` does
-not size the pool; it sizes only the request table and the captured CUDA-graph batches.
+is the headroom that must hold everything allocated later: the request table, CUDA graphs,
+workspaces and the transient peak of the forward pass. `max_running_requests` does not size the
+pool; it sizes only the request table and the captured CUDA-graph batches.
 
-`Arithmetic.at(f)` says what another fraction would give, holding P, A, the bytes per token and
-every post-pool allocation fixed (they do not depend on f): the pool moves by `P·Δf` GiB and the
-free memory by the same amount the other way (plus the draft's share of KV).
+Where the draft model goes depends on the version (`logparse.semantics`): up to 0.5.9 its
+weights, KV pool and graphs come out of the reserve, and the pool is sized with the target's own
+bytes per token; from 0.5.18 its weights are in A and an EAGLE draft's layers are folded into the
+bytes per token the pool is sized with (`cell + int(cell·L_draft/L_target)`), so its KV is inside
+the pool budget. Two cells follow: the *sizing* cell (the budget ÷ tokens) and the GPU bytes each
+pool token really takes (target + draft KV lines). The draft is counted once, in whichever of the
+two the version puts it.
+
+`Arithmetic.at(f)` says what another fraction would give, holding P, A, both cells and every
+post-pool allocation fixed (they do not depend on f): the pool moves by `P·Δf` GiB of budget, and
+the free memory by that times the GPU bytes per token over the sizing cell.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autotune.logparse.ledger import Ledger
+from autotune.logparse.semantics import Semantics, rules
 
 GIB = float(1 << 30)
 PAGE = 1
@@ -38,6 +47,90 @@ def cell_from_kv(kv_size_gib: float, tokens: int) -> float:
 def tokens_for(budget_gib: float, cell_bytes: float) -> int:
     """Usable tokens a KV budget of `budget_gib` holds."""
     return max(int(budget_gib * GIB) // round(cell_bytes), 0)
+
+
+FOLDING_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "FROZEN_KV_MTP"})
+"""Speculative algorithms whose draft layers 0.5.18+ fold into the target's bytes per token
+(`is_eagle()` or `is_standalone()`; NEXTN is EAGLE). DFLASH/DSPARK scale the cell by the draft's
+own bytes per token, which the draft's KV line shows; NGRAM has no draft model."""
+LOG_ROUNDING_GIB = 0.005
+
+
+def target_cell(ledger: Ledger) -> float | None:
+    """Bytes per token of the target's pool, from its KV line."""
+    if ledger.max_total_num_tokens and ledger.kv_gib:
+        return cell_from_kv(ledger.kv_gib, ledger.max_total_num_tokens)
+    return None
+
+
+def draft_kv_ratio(ledger: Ledger) -> float:
+    """The draft pool's bytes per target pool byte (same token count), from the KV lines."""
+    if ledger.kv_gib and ledger.draft_kv_gib is not None:
+        return ledger.draft_kv_gib / ledger.kv_gib
+    return 0.0
+
+
+def folds_draft(ledger: Ledger, semantics: Semantics) -> bool:
+    """Whether the pool of this launch was sized with the draft folded into the cell."""
+    if not semantics.draft_in_budget:
+        return False
+    algo = (ledger.speculative_algorithm or "").upper()
+    if algo:
+        return algo != "NGRAM" and algo != "NONE"
+    return ledger.draft_kv_gib is not None or ledger.draft_weights_gib is not None
+
+
+def implied_cell(ledger: Ledger, fraction: float) -> float | None:
+    """`(A − P·(1 − f))·2^30 ÷ N`: the bytes per token the pool was sized with, as the log's own
+    figures imply; None where N did not come from that budget (a `--max-total-tokens` cap,
+    post-capture resizing) or a figure is missing."""
+    p, a, n = ledger.p_gib, ledger.avail_after_weights_gib, ledger.max_total_num_tokens
+    if p is None or a is None or not n or ledger.kv_va_gib is not None:
+        return None
+    if ledger.max_total_tokens_cap is not None and n >= ledger.max_total_tokens_cap:
+        return None
+    rest = a - p * (1.0 - fraction)
+    return rest * GIB / n if rest > 0 else None
+
+
+def sizing_cell(
+    ledger: Ledger, fraction: float, semantics: Semantics | None = None
+) -> float | None:
+    """The bytes per token SGLang divided this launch's KV budget by.
+
+    Up to 0.5.9, and without a folding draft, the target's own cell (its KV line). From 0.5.18
+    with an EAGLE-type draft, `cell + int(cell·L_draft/L_target)`. The layer counts are not in
+    the log, so there are two readings: the fold the draft's KV line implies (it assumes the
+    draft's per-layer KV equals the target's, which holds for EAGLE/MTP heads), and the budget
+    the log shows, `(A − P·(1 − f)) ÷ N`. Where they agree within what two printed decimals
+    allow, both are averaged by their precision; where they do not (an MHA head on an MLA
+    target: the fold follows the target's layers, not the head's own pool), the budget's."""
+    sem = semantics or rules(ledger.semantics)
+    base = target_cell(ledger)
+    if base is None or not folds_draft(ledger, sem):
+        return base
+    ratio = draft_kv_ratio(ledger)
+    assumed = base + int(base * ratio) if ratio else None
+    implied = implied_cell(ledger, fraction)
+    n = ledger.max_total_num_tokens
+    if implied is None or not n:
+        return assumed if assumed is not None else base
+    rest = implied * n / GIB
+    implied_err = implied * LOG_ROUNDING_GIB * (2.0 - fraction) / rest + 1.0
+    if assumed is None or ledger.kv_gib is None:
+        return max(implied, base)
+    # the target cell and the draft's share are each read from a two-decimal KV line
+    assumed_err = 2.0 * base * LOG_ROUNDING_GIB / ledger.kv_gib + 1.0
+    if abs(assumed - implied) <= implied_err + assumed_err:
+        wa, wi = assumed_err**-2, implied_err**-2
+        return (assumed * wa + implied * wi) / (wa + wi)
+    return max(implied, base)
+
+
+def gpu_cell(ledger: Ledger) -> float | None:
+    """GPU bytes each pool token takes: the target's pool plus the draft's (their KV lines)."""
+    base = target_cell(ledger)
+    return base * (1.0 + draft_kv_ratio(ledger)) if base is not None else None
 
 
 @dataclass(frozen=True)
@@ -77,12 +170,20 @@ class Arithmetic:
     avail_after_weights_gib: float
     weights_gib: float | None
     cell_bytes: float
+    """The sizing cell: bytes per token the KV budget is divided by (fitted, or from the log)."""
     cell_exact: bool
     tokens: int | None
     kv_logged_gib: float | None
     draft_ratio: float
+    """GPU bytes per pool token beyond the sizing cell, relative to it: the free memory lost per
+    GiB of budget is `1 + draft_ratio`. Up to 0.5.9 the draft's KV per target KV byte (its pool
+    has the same tokens and comes out of the reserve); from 0.5.18 the draft is already in the
+    sizing cell, so only the difference between its real pool and the fold remains (about 0)."""
     headroom: Headroom | None
     stress_peak_gib: float | None
+    kv_cell_bytes: float | None = None
+    """The target pool's own bytes per token (its KV line); None falls back to `cell_bytes`."""
+    semantics: str = "0.5.9"
 
     @property
     def reserve_gib(self) -> float:
@@ -103,16 +204,23 @@ class Arithmetic:
             return None
         return self.headroom.free - self.stress_peak_gib
 
+    @property
+    def free_per_fraction_gib(self) -> float:
+        """GiB of free GPU memory one unit of f takes (the draft counted once)."""
+        return self.p_gib * (1.0 + self.draft_ratio)
+
     def at(self, fraction: float) -> AtFraction:
-        """What `fraction` would give, all else equal."""
+        """What `fraction` would give, all else equal. `kv_gib` is the target pool as its KV line
+        would print it."""
         budget = self.avail_after_weights_gib - self.p_gib * (1.0 - fraction)
         tokens = tokens_for(budget, self.cell_bytes)
-        kv = kv_gib(tokens, self.cell_bytes)
+        pool_cell = self.kv_cell_bytes or self.cell_bytes
+        kv = kv_gib(tokens, pool_cell)
         static_free = None
         peak_free = None
         if self.headroom is not None and self.tokens is not None:
-            now_kv = kv_gib(self.tokens, self.cell_bytes)
-            static_free = self.headroom.free - (kv - now_kv) * (1.0 + self.draft_ratio)
+            moved = kv_gib(tokens, self.cell_bytes) - kv_gib(self.tokens, self.cell_bytes)
+            static_free = self.headroom.free - moved * (1.0 + self.draft_ratio)
             if self.stress_peak_gib is not None:
                 peak_free = static_free - self.stress_peak_gib
         return AtFraction(
@@ -130,7 +238,7 @@ class Arithmetic:
         free = self.free_at_peak_gib
         if free is None:
             return None
-        room = (free - min_free_at_peak_gib) / (self.p_gib * (1.0 + self.draft_ratio))
+        room = (free - min_free_at_peak_gib) / self.free_per_fraction_gib
         n = math.floor((self.fraction + room) / step + 1e-9)
         return round(n * step, 6)
 
@@ -144,16 +252,29 @@ def arithmetic(
 ) -> Arithmetic | None:
     """The arithmetic of one launch; None when the log did not show P and A.
 
-    `cell_bytes` (bytes per token) is best fitted across launches (`cell_from_fit`); without it
-    the cell is read from the KV line, good to the two decimals SGLang prints.
+    `cell_bytes` (the sizing cell, bytes per token) is best fitted across launches
+    (`cell_from_fit`); without it the cell comes from the log (`sizing_cell`), good to the two
+    decimals SGLang prints. The ledger's `semantics` says where the draft goes.
     """
     p, a = ledger.p_gib, ledger.avail_after_weights_gib
     if p is None or a is None:
         return None
+    sem = rules(ledger.semantics)
     exact = cell_bytes is not None
-    cell = cell_bytes if cell_bytes is not None else _cell_from_kv_line(ledger, p, a, fraction)
+    cell = cell_bytes if cell_bytes is not None else sizing_cell(ledger, fraction, sem)
     if cell is None or cell <= 0:
         return None
+    pool_cell = target_cell(ledger)
+    per_token = gpu_cell(ledger)
+    if per_token is not None and pool_cell is not None and not exact:
+        ratio = per_token / cell - 1.0
+    elif per_token is not None and pool_cell is not None:
+        # a fitted sizing cell: keep the log's ratio of GPU bytes to sizing bytes
+        logged = sizing_cell(ledger, fraction, sem) or pool_cell
+        ratio = per_token / logged - 1.0
+        pool_cell = pool_cell * cell / logged
+    else:
+        ratio = 0.0
     return Arithmetic(
         fraction=fraction,
         p_gib=p,
@@ -163,9 +284,11 @@ def arithmetic(
         cell_exact=exact,
         tokens=ledger.max_total_num_tokens,
         kv_logged_gib=ledger.kv_gib,
-        draft_ratio=(ledger.draft_kv_gib or 0.0) / ledger.kv_gib if ledger.kv_gib else 0.0,
-        headroom=_headroom(ledger, p * (1.0 - fraction)),
+        draft_ratio=ratio,
+        headroom=_headroom(ledger, p * (1.0 - fraction), sem),
         stress_peak_gib=stress_peak_gib,
+        kv_cell_bytes=pool_cell,
+        semantics=sem.name,
     )
 
 
@@ -193,13 +316,10 @@ def cell_from_fit(points: Sequence[tuple[float, int, float]]) -> float | None:
     return float(snapped) if abs(snapped - cell) <= max(4e-4 * cell, 8.0) else cell
 
 
-def _cell_from_kv_line(ledger: Ledger, p: float, a: float, f: float) -> float | None:
-    if ledger.max_total_num_tokens and ledger.kv_gib:
-        return cell_from_kv(ledger.kv_gib, ledger.max_total_num_tokens)
-    return None
-
-
-def _headroom(ledger: Ledger, reserve: float) -> Headroom | None:
+def _headroom(ledger: Ledger, reserve: float, sem: Semantics) -> Headroom | None:
+    """Where the reserve went. Up to 0.5.9 it holds the draft's weights, KV and graphs; from
+    0.5.18 the draft's weights are in A and its KV in the pool budget, so only its graphs are
+    in the reserve (`draft_weights` and `draft_kv` are then 0 here)."""
     free = (
         ledger.available_gpu_mem_gib
         if ledger.available_gpu_mem_gib is not None
@@ -213,11 +333,14 @@ def _headroom(ledger: Ledger, reserve: float) -> Headroom | None:
         ledger.draft_kv_gib or 0.0,
         ledger.draft_graph_gib or 0.0,
     )
+    in_pool = 0.0
+    if sem.draft_in_budget:
+        in_pool, dw, dk = dk, 0.0, 0.0
     graphs = ledger.graph_gib or 0.0
     # the pool's own rounding (the padding page) shows up as a few hundredths here
     kv_overshoot = 0.0
     if ledger.avail_after_weights_gib is not None and ledger.kv_gib is not None:
-        kv_overshoot = ledger.kv_gib - (ledger.avail_after_weights_gib - reserve)
+        kv_overshoot = ledger.kv_gib + in_pool - (ledger.avail_after_weights_gib - reserve)
     other = reserve - kv_overshoot - table - dw - dk - dg - graphs - free
     return Headroom(
         reserve=reserve,

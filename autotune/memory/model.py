@@ -1,18 +1,28 @@
 """The memory model: SGLang's own arithmetic, fitted to the ledgers of the launches seen so far.
 
-Nothing here reads a simulator profile or a GPU; it learns from what trials recorded (reference
-§1, with the names of `autotune.logparse.ledger.Ledger`):
+Nothing here reads a simulator profile or a GPU; it learns from what trials recorded (with the
+names of `autotune.logparse.ledger.Ledger`), in the rules of the SGLang version the logs show
+(`autotune.logparse.semantics`):
 
-* The KV pool is `N(f) = ⌊(f·P − W)·2^30 / cell⌋`, linear in `mem_fraction_static` f. With two
-  launches at different f the slope and offset come straight from their token counts; with one,
-  the slope is `P·2^30 / cell` and the cell (bytes per token) is read from the KV line.
-* Everything allocated after the pool (request table, workspaces, CUDA graphs, draft weights,
-  draft graphs) is the *overhead* O. It does not depend on f; it grows with the request slots
-  (max_running_requests) through the request table (slots × context × 4 B) and the captured
-  CUDA-graph batch sizes. Static free memory after startup is `A − KV(N)·(1 + draft) − O(r)`.
+* The KV pool is `N(f) = ⌊(f·P − W)·2^30 / cell⌋`, linear in `mem_fraction_static` f; `cell` is
+  the *sizing* cell, what SGLang divides the budget by. With two launches at different f the
+  slope and offset come straight from their token counts; with one, the slope is
+  `P·2^30 / cell` and the cell is the version's: the target's KV line up to 0.5.9, that plus the
+  folded EAGLE draft from 0.5.18 (`arithmetic.sizing_cell`).
+* Each pool token takes `kv_cell_bytes` of GPU memory: the target's and the draft's KV lines
+  together. It is measured, never derived from the sizing cell, so the draft is counted once in
+  either version (up to 0.5.9 it is outside the sizing cell, from 0.5.18 inside it).
+* Everything allocated after the pool (request table, workspaces, CUDA graphs, and up to 0.5.9
+  the draft's weights and graphs) is the *overhead* O. It does not depend on f; it grows with
+  the request slots (max_running_requests) through the request table (slots × context × 4 B) and
+  the captured CUDA-graph batch sizes. Static free memory after startup is `A − N·kv_cell − O(r)`.
 * Under load a transient peak comes on top (prefill activations, decode batches). It is measured
   in the stress phase (GPU peak minus static use) and fitted against max_running_requests and the
   prefill chunk. A runtime OOM says the peak exceeded the static free memory of that launch.
+* Host RAM for HiCache follows the version's rule: up to 0.5.18 "only have Y GB free" is the
+  machine's (all ranks share it) and a host pool not larger than the GPU pool stops the start
+  (0.5.9); in 0.5.23 Y is one rank's budget and a small pool is only a warning. The draft's host
+  pool (0.5.18+) holds as many tokens as the target's and is counted with it.
 * A setting is stable when `static free − stress peak ≥ required headroom`; every figure carries
   a standard deviation, so the OOM edge comes with its uncertainty.
 """
@@ -28,7 +38,8 @@ import numpy as np
 
 from autotune.logparse.ledger import Ledger
 from autotune.logparse.outcome import Outcome
-from autotune.memory.arithmetic import GIB, cell_from_kv, kv_gib
+from autotune.logparse.semantics import Semantics, rules
+from autotune.memory.arithmetic import GIB, gpu_cell, kv_gib, sizing_cell
 
 GiB = GIB
 LOG_ROUNDING_GIB = 0.005
@@ -126,9 +137,29 @@ class Observation:
 
     @property
     def host_free_gb(self) -> float | None:
-        """Host RAM SGLang said it had, from a failed host-cache allocation."""
+        """Host RAM SGLang said it had, from a failed host-cache allocation ("only have Y GB
+        free": the ledger's figure, else the failure text)."""
+        if self.ledger.host_free_gb is not None:
+            return self.ledger.host_free_gb
         m = _HOST_FREE.search(self.reason)
         return float(m.group(1)) if m else None
+
+    @property
+    def semantics(self) -> Semantics:
+        return rules(self.ledger.semantics)
+
+    @property
+    def host_budget_gb(self) -> float | None:
+        """One rank's host budget in 0.5.23's terms, `(available − 10 GiB) ÷ ranks`: the
+        auto-sizing line's figure, or a failure's Y plus the host pools that launch had already
+        booked on the rank (a draft pool checks after the target's pool took its share)."""
+        led = self.ledger
+        if led.host_budget_gb is not None:
+            return led.host_budget_gb
+        free = self.host_free_gb
+        if free is None or not self.semantics.host_free_per_rank:
+            return None
+        return free + (led.host_cache_gb or 0.0) + (led.draft_host_cache_gb or 0.0)
 
 
 @dataclass(frozen=True)
@@ -234,12 +265,19 @@ class MemoryModel:
     weights_gib: float | None = None
     avail_after_weights: Estimate | None = None
     cell_bytes: float | None = None
+    """The sizing cell: bytes per token SGLang divides the KV budget by (0.5.18+: with the EAGLE
+    draft folded in)."""
     tokens_slope: float | None = None
     """Tokens per unit of mem_fraction_static (P·2^30/cell)."""
     tokens_offset: float | None = None
     tokens_sd: float = 0.0
     draft_ratio: float = 0.0
-    """Draft KV bytes per target KV byte (same token count)."""
+    """Draft KV bytes per target KV byte (same token count), as the KV lines show it."""
+    kv_cell_bytes: float | None = None
+    """GPU bytes each pool token takes, target and draft pools together (the KV lines): what
+    the static free memory loses per token. None: `cell_bytes` (no draft)."""
+    semantics: str = "0.5.9"
+    """The SGLang rule set the observations follow (`logparse.semantics`)."""
     slot_gib: float = 0.0
     """Request-table GiB per request slot."""
     graph: Line | None = None
@@ -250,7 +288,12 @@ class MemoryModel:
     peak_floors: tuple[tuple[Setting, float], ...] = ()
     """Runtime OOMs: (setting, static free) — that setting's peak exceeded that free memory."""
     host_bytes_per_token: float | None = None
+    host_draft_ratio: float = 0.0
+    """Draft host pool GB per target host pool GB (0.5.18+; same token count)."""
     host_free_gb: float | None = None
+    """The least "only have Y GB free" a host-cache failure reported."""
+    host_budget_gb: float | None = None
+    """0.5.23: one rank's host budget, the least seen."""
     ranks: int = 1
     observations: int = 0
     probe_offset: Estimate = Estimate(0.0, 0.0)
@@ -284,7 +327,7 @@ class MemoryModel:
         a = self.avail_after_weights
         if n is None or o is None or a is None or self.cell_bytes is None:
             return None
-        kv_cell = self.cell_bytes * (1.0 + self.draft_ratio)
+        kv_cell = self.kv_cell_bytes or self.cell_bytes
         kv = Estimate(kv_gib(n.mean, kv_cell), n.sd * kv_cell / GiB)
         return a.minus(kv).minus(o).minus(self.probe_offset)
 
@@ -305,13 +348,22 @@ class MemoryModel:
 
     def oom_edge(self, fc: Forecast, min_headroom_gib: float) -> Estimate | None:
         """The mem_fraction_static at which the stress headroom falls to `min_headroom_gib`, for
-        the other settings of `fc`: free memory shrinks by P·(1 + draft) GiB per unit of f."""
+        the other settings of `fc`: free memory shrinks by P·(GPU bytes per token ÷ sizing
+        cell) GiB per unit of f, the draft counted once."""
         head = fc.headroom
         if head is None or self.p_gib is None:
             return None
-        per_unit = self.p_gib.mean * (1.0 + self.draft_ratio)
+        per_unit = self.p_gib.mean * self.free_per_budget
         f = fc.setting.mem_fraction + (head.mean - min_headroom_gib) / per_unit
         return Estimate(f, head.sd / per_unit)
+
+    @property
+    def free_per_budget(self) -> float:
+        """GiB of free GPU memory lost per GiB of KV budget: 1 + the draft up to 0.5.9 (its pool
+        is outside the budget), about 1 from 0.5.18 (it is inside)."""
+        if self.cell_bytes and self.kv_cell_bytes:
+            return self.kv_cell_bytes / self.cell_bytes
+        return 1.0
 
     def forecast(
         self, s: Setting, *, default_slots: int | None, default_chunk: int | None
@@ -336,18 +388,32 @@ class MemoryModel:
                 f"{self.p_gib.mean if self.p_gib else 0:.2f} GiB is below the weights"
             )
         if s.hicache_gb > 0:
-            per_token = self.host_bytes_per_token or self.cell_bytes
-            if per_token and tokens is not None:
-                host_tokens = s.hicache_gb * 1e9 / per_token
-                if host_tokens <= tokens.mean:
-                    return (
-                        f"host cache {s.hicache_gb:g} GB holds {host_tokens:,.0f} tokens, "
-                        f"not more than the GPU pool's {tokens.mean:,.0f}"
-                    )
-            if self.host_free_gb is not None and s.hicache_gb * self.ranks > self.host_free_gb:
+            return self._host_blocked(s, tokens)
+        return None
+
+    def _host_blocked(self, s: Setting, tokens: Estimate | None) -> str | None:
+        """The version's host rules for `--hicache-size` GB per rank (and the draft's pool of the
+        same tokens beside it)."""
+        sem = rules(self.semantics)
+        per_token = self.host_bytes_per_token or self.cell_bytes
+        if sem.host_smaller_fatal and per_token and tokens is not None:
+            host_tokens = s.hicache_gb * 1e9 / per_token
+            if host_tokens <= tokens.mean:
                 return (
-                    f"host RAM: {self.ranks} × {s.hicache_gb:g} GB > {self.host_free_gb:g} GB free"
+                    f"host cache {s.hicache_gb:g} GB holds {host_tokens:,.0f} tokens, "
+                    f"not more than the GPU pool's {tokens.mean:,.0f}"
                 )
+        need = s.hicache_gb * (1.0 + self.host_draft_ratio)
+        draft = " (with the draft's pool)" if self.host_draft_ratio else ""
+        if sem.host_free_per_rank:
+            if self.host_budget_gb is not None and need > self.host_budget_gb:
+                return (
+                    f"host RAM: {need:g} GB per rank{draft} > {self.host_budget_gb:g} GB per "
+                    f"rank free"
+                )
+            return None
+        if self.host_free_gb is not None and need * self.ranks > self.host_free_gb:
+            return f"host RAM: {self.ranks} × {need:g} GB{draft} > {self.host_free_gb:g} GB free"
         return None
 
     def describe(self) -> str:
@@ -415,9 +481,12 @@ class PeakModel:
 def fit(observations: Iterable[Observation]) -> MemoryModel:
     """Fit every part the observations allow; parts without data stay None."""
     obs = list(observations)
+    sem = _semantics(obs)
     with_tokens = [o for o in obs if o.tokens and o.ledger.kv_gib]
     p = _mean_estimate(o.ledger.p_gib for o in obs)
-    cell = _cell_bytes(with_tokens)
+    cell = _sizing_cell(with_tokens, sem)
+    per_token = _gpu_cell(with_tokens)
+    consumed = per_token / cell if per_token and cell else None
     slope, offset, tokens_sd = _tokens_line(with_tokens, p, cell)
     if (
         slope is not None
@@ -425,6 +494,8 @@ def fit(observations: Iterable[Observation]) -> MemoryModel:
         and _distinct(o.setting.mem_fraction for o in with_tokens) >= 2
     ):
         cell = p.mean * GiB / slope
+        if consumed is not None:
+            per_token = cell * consumed  # the fitted cell, the logged draft share
     started = [o for o in obs if o.started and o.tokens and o.ledger.kv_gib is not None]
     slot_gib = _slot_gib(obs)
     graph, other = _overhead(started, cell, slot_gib)
@@ -437,6 +508,8 @@ def fit(observations: Iterable[Observation]) -> MemoryModel:
         tokens_offset=offset,
         tokens_sd=tokens_sd,
         draft_ratio=_draft_ratio(with_tokens),
+        kv_cell_bytes=per_token,
+        semantics=sem.name,
         slot_gib=slot_gib,
         graph=graph,
         other_overhead=other,
@@ -447,11 +520,21 @@ def fit(observations: Iterable[Observation]) -> MemoryModel:
             if Outcome.of(o.outcome).fails_at_runtime and o.static_free_gib is not None
         ),
         host_bytes_per_token=_host_bytes_per_token(obs),
+        host_draft_ratio=_host_draft_ratio(obs),
         host_free_gb=min((f for o in obs if (f := o.host_free_gb) is not None), default=None),
-        ranks=max((o.ledger.ranks or 1 for o in obs), default=1),
+        host_budget_gb=min((b for o in obs if (b := o.host_budget_gb) is not None), default=None),
+        ranks=max((o.ledger.host_ranks or o.ledger.ranks or 1 for o in obs), default=1),
         observations=len(obs),
         probe_offset=_probe_offset(obs),
     )
+
+
+def _semantics(obs: Sequence[Observation]) -> Semantics:
+    """The rule set most observations name (a study runs one SGLang); 0.5.9's when none does."""
+    names = [o.ledger.semantics for o in obs if o.ledger.semantics]
+    if not names:
+        return rules(None)
+    return rules(max(sorted(set(names)), key=names.count))
 
 
 def _probe_offset(obs: Sequence[Observation]) -> Estimate:
@@ -487,13 +570,21 @@ def _mean_estimate(values: Iterable[float | None]) -> Estimate | None:
     return Estimate(float(np.mean(present)), max(spread, LOG_ROUNDING_GIB))
 
 
-def _cell_bytes(obs: Sequence[Observation]) -> float | None:
-    """Bytes per token from the KV line (largest pool first)."""
-    if not obs:
-        return None
-    o = max(obs, key=lambda x: x.ledger.kv_gib or 0.0)
-    assert o.tokens and o.ledger.kv_gib
-    return cell_from_kv(o.ledger.kv_gib, o.tokens)
+def _largest_pool(obs: Sequence[Observation]) -> Observation | None:
+    return max(obs, key=lambda x: x.ledger.kv_gib or 0.0) if obs else None
+
+
+def _sizing_cell(obs: Sequence[Observation], sem: Semantics) -> float | None:
+    """Bytes per token the budget was divided by, from the largest pool (its KV line is the most
+    precise), in the version's rules: the draft folded in from 0.5.18."""
+    o = _largest_pool(obs)
+    return sizing_cell(o.ledger, o.setting.mem_fraction, sem) if o is not None else None
+
+
+def _gpu_cell(obs: Sequence[Observation]) -> float | None:
+    """GPU bytes per pool token, target and draft KV lines together (largest pool)."""
+    o = _largest_pool(obs)
+    return gpu_cell(o.ledger) if o is not None else None
 
 
 def _tokens_line(
@@ -631,6 +722,15 @@ def _peak_model(obs: Sequence[Observation]) -> PeakModel | None:
         slots_seen=tuple(sorted({int(r) for r in rs})),
         chunks_seen=tuple(sorted({int(c) for c in cs})),
     )
+
+
+def _host_draft_ratio(obs: Sequence[Observation]) -> float:
+    rows = [
+        o.ledger.draft_host_cache_gb / o.ledger.host_cache_gb
+        for o in obs
+        if o.ledger.host_cache_gb and o.ledger.draft_host_cache_gb is not None
+    ]
+    return float(np.median(rows)) if rows else 0.0
 
 
 def _host_bytes_per_token(obs: Sequence[Observation]) -> float | None:

@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.logparse.ledger import graph_usage
+
 
 @dataclass(frozen=True)
 class Answer:
@@ -39,8 +41,10 @@ def request(
     api_key: str | None = None,
     payload: Mapping[str, Any] | None = None,
     timeout_s: float = 10.0,
+    limit: int = 1 << 20,
 ) -> Answer:
-    """GET (or POST JSON when `payload` is given); never raises for network trouble."""
+    """GET (or POST JSON when `payload` is given); never raises for network trouble. At most
+    `limit` bytes of the body are read."""
     headers = {"Accept": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
@@ -51,7 +55,7 @@ def request(
     req = urllib.request.Request(url, data=data, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            body = resp.read(1 << 20)
+            body = resp.read(limit)
             return Answer(200 <= resp.status < 300, resp.status, f"HTTP {resp.status}", body)
     except urllib.error.HTTPError as exc:
         return Answer(False, exc.code, f"HTTP {exc.code}")
@@ -82,18 +86,44 @@ def probe_ready(base_url: str, api_key: str | None, timeout_s: float) -> Answer:
     )
 
 
+SERVER_INFO_LIMIT = 64 << 20
+"""0.5.23's `/server_info` repeats the ~20 KB resolved-argument dict once per DP rank (and may
+carry step-time tables); a 1 MiB cut would leave JSON that does not parse."""
+
+
 def server_info(base_url: str, api_key: str | None, timeout_s: float = 10.0) -> dict[str, Any]:
     """`/server_info` (or the deprecated `/get_server_info`) as a dict; {} when unavailable.
     It lists every server argument, so key fields are masked before anyone can store it."""
     for route in ("/server_info", "/get_server_info"):
-        answer = request(f"{base_url}{route}", api_key=api_key, timeout_s=timeout_s)
-        if answer.ok:
-            try:
-                data = json.loads(answer.body)
-            except ValueError:
-                return {}
-            return masked(data) if isinstance(data, dict) else {}
+        answer = request(
+            f"{base_url}{route}", api_key=api_key, timeout_s=timeout_s, limit=SERVER_INFO_LIMIT
+        )
+        if not answer.ok:
+            continue
+        try:
+            data = json.loads(answer.body)
+        except ValueError:
+            continue
+        if isinstance(data, dict):
+            return dict(masked(data))
     return {}
+
+
+def memory_usage(info: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each DP rank's `internal_states[i].memory_usage`, with `graph` always GiB per phase:
+    0.5.18+ reports a dict (`prefill`, `decode`, `target_verify`, `draft_prefill`,
+    `draft_decode`, `draft_extend`), 0.5.9 one number (its decode graphs), read as
+    `{"decode": x}` (`logparse.ledger.graph_usage`)."""
+    states = info.get("internal_states")
+    out: list[dict[str, Any]] = []
+    for state in states if isinstance(states, list) else []:
+        usage = state.get("memory_usage") if isinstance(state, dict) else None
+        if not isinstance(usage, dict):
+            continue
+        row = dict(usage)
+        row["graph"] = graph_usage(usage)
+        out.append(row)
+    return out
 
 
 def masked(value: Any) -> Any:

@@ -34,6 +34,48 @@ FAILED_AT_F093 = {
     "avail_after_graphs_gib": 0.82,
 }
 
+V0523: dict[str, Any] = {
+    "semantics": "0.5.23",
+    "p_gib": 94.03,
+    "weights_gib": 72.33,
+    "draft_weights_gib": 0.81,
+    "avail_after_weights_gib": 20.89,  # A: after the draft too, which loads before the pool
+    "max_total_num_tokens": 144416,  # ⌊(20.89 − 94.03 × 0.12)·2^30 ÷ 71,424⌋: the folded cell
+    "kv_gib": 9.45,
+    "draft_kv_gib": 0.28,  # the EAGLE3 head's own MHA pool, K 0.14 + V 0.14
+    "req_to_token_gib": 0.05,
+    "avail_after_pool_gib": 11.39,
+    "graph_gib": 3.70,  # target prefill 0.50 + target verify 3.20
+    "draft_graph_gib": 0.75,  # draft prefill (every rank) + decode and extend (TP0)
+    "graph_phases": {
+        "prefill": 0.5,
+        "target_verify": 3.2,
+        "draft_prefill": 0.2,
+        "draft_decode": 0.3,
+        "draft_extend": 0.25,
+    },
+    "graph_max_bs": 48,
+    "prefill_graph_max_tokens": 8192,
+    "avail_after_graphs_gib": 6.68,
+    "available_gpu_mem_gib": 6.68,
+    "host_cache_gb": 20.3,
+    "host_cache_tokens": 288833,
+    "draft_host_cache_gb": 0.59,
+    "host_budget_gb": 977.37,  # 728.2 GiB is 0.8 of one rank's (1830.4 − 10) ÷ 2 GiB
+    "host_ranks": 2,
+    "max_running_requests": 48,
+    "context_len": 262144,
+    "mem_fraction_static": 0.88,
+    "page_size": 1,
+    "speculative_algorithm": "EAGLE3",
+    "speculative_num_draft_tokens": 4,
+    "hicache_ratio": 2.0,
+    "model_type": "DeepseekV3ForCausalLM",
+    "ranks": 2,
+}
+SERVED_0523 = {"semantics": "0.5.23", "kv_gib": 9.45, "available_gpu_mem_gib": 6.68}
+FRAGMENT = {"semantics": None, "p_gib": None, "kv_gib": None}
+
 ROWS: list[tuple[str, Outcome, str, dict[str, Any]]] = [
     (
         "v0_5_9_kimi_tp8_eagle3.log",
@@ -188,6 +230,118 @@ ROWS: list[tuple[str, Outcome, str, dict[str, Any]]] = [
     ("runtime_crash.log", Outcome.CRASH, "error", FAILED_AT_F093),
     ("runtime_watchdog.log", Outcome.HANG, "watchdog_timeout", FAILED_AT_F093),
     ("stopped_after_serving.log", Outcome.STOPPED, "sigterm", FAILED_AT_F093),
+    # 0.5.23 and 0.5.18, rendered from those releases' format strings
+    # (tests/fixtures/render_sglang_logs.py): Kimi-K2-like MLA target, EAGLE3 head with MHA KV.
+    ("v0_5_23_eagle3_hicache_tp2.log", Outcome.READY, "ready", V0523),
+    (
+        "v0_5_23_post_capture_tp1.log",
+        Outcome.READY,
+        "ready",
+        {
+            "semantics": "0.5.23",
+            "kv_va_gib": 109.96,  # the address space reserved first
+            "kv_gib": 105.91,  # what post-capture sizing then backed
+            "max_total_num_tokens": 867614,
+            "canary_gib": 0.5,
+            "max_running_requests": 3800,
+            "graph_phases": {"prefill": 0.9, "decode": 1.1},
+            "graph_max_bs": 512,
+            "available_gpu_mem_gib": 14.39,
+            "host_cache_gb": 56.86,  # smaller than the GPU pool: only a warning in 0.5.23
+            "host_cache_tokens": 433808,
+            "speculative_algorithm": None,
+            "draft_kv_gib": None,
+        },
+    ),
+    (
+        "v0_5_23_startup_rank_killed.log",
+        Outcome.STARTUP_OOM,
+        "host_oom_killer",
+        {"semantics": "0.5.23", "host_cache_gb": 20.3},
+    ),
+    (
+        "v0_5_23_startup_rank_exit1.log",
+        Outcome.STARTUP_ERROR,
+        "rank_dead",
+        {"draft_weights_gib": 0.81},
+    ),
+    (
+        "v0_5_23_startup_no_kv_room.log",
+        Outcome.STARTUP_OOM,
+        "no_kv_room",
+        {"avail_after_weights_gib": 20.89, "mem_fraction_static": 0.7, "kv_gib": None},
+    ),
+    ("v0_5_23_startup_not_enough_memory.log", Outcome.STARTUP_OOM, "no_kv_room", {"kv_gib": None}),
+    (
+        "v0_5_23_startup_graph_capture_oom.log",
+        Outcome.STARTUP_OOM,
+        "graph_capture_failed",
+        {"kv_gib": 9.45, "draft_kv_gib": 0.28, "graph_gib": None},
+    ),
+    (
+        "v0_5_23_startup_host_memory.log",
+        Outcome.STARTUP_OOM,
+        "host_memory",
+        {"host_free_gb": 799.94, "host_requested_gb": 800.0, "hicache_size_gb": 800.0},
+    ),
+    (
+        "v0_5_23_startup_warmup_failed.log",
+        Outcome.STARTUP_ERROR,
+        "warmup_failed",
+        {"available_gpu_mem_gib": 6.68},
+    ),
+    ("v0_5_23_runtime_subprocess_killed.log", Outcome.RUNTIME_OOM, "host_oom_killer", SERVED_0523),
+    ("v0_5_23_runtime_subprocess_crash.log", Outcome.CRASH, "subprocess_crashed", SERVED_0523),
+    ("v0_5_23_runtime_cuda_driver_oom.log", Outcome.RUNTIME_OOM, "cuda_error_oom", SERVED_0523),
+    ("v0_5_23_runtime_triton_oom.log", Outcome.RUNTIME_OOM, "triton_oom", SERVED_0523),
+    ("v0_5_23_runtime_cublas_oom.log", Outcome.RUNTIME_OOM, "oom", SERVED_0523),
+    ("v0_5_23_runtime_req_slots_oom.log", Outcome.RUNTIME_OOM, "req_slots_oom", SERVED_0523),
+    ("v0_5_23_runtime_watchdog.log", Outcome.HANG, "watchdog_timeout", SERVED_0523),
+    ("v0_5_23_fragment_prefill_oom.log", Outcome.RUNTIME_OOM, "prefill_oom", FRAGMENT),
+    ("v0_5_23_fragment_decode_oom.log", Outcome.RUNTIME_OOM, "decode_oom", FRAGMENT),
+    ("v0_5_23_fragment_alloc_oom.log", Outcome.RUNTIME_OOM, "alloc_oom", FRAGMENT),
+    ("v0_5_23_fragment_forward_torch_oom.log", Outcome.RUNTIME_OOM, "torch_oom", FRAGMENT),
+    (
+        "v0_5_18_eagle3_hicache_tp2.log",
+        Outcome.READY,
+        "ready",
+        {
+            **V0523,
+            "semantics": "0.5.18",
+            "host_cache_gb": 48.0,
+            "host_cache_tokens": 683061,
+            "draft_host_cache_gb": 1.4,
+            "hicache_size_gb": 48.0,
+            "hicache_ratio": None,
+            "host_budget_gb": None,
+            "host_ranks": None,
+            "page_size": None,
+        },
+    ),
+    (
+        "v0_5_18_startup_host_memory.log",
+        Outcome.STARTUP_OOM,
+        "host_memory",
+        {
+            "semantics": "0.5.18",
+            "host_cache_gb": 700.0,
+            "host_free_gb": 12.31,
+            "host_requested_gb": 20.4,
+            "draft_host_cache_gb": None,
+        },
+    ),
+    (
+        "v0_5_18_startup_rank_killed.log",
+        Outcome.STARTUP_OOM,
+        "host_oom_killer",
+        {"semantics": "0.5.18", "kv_gib": 9.45},
+    ),
+    (
+        "v0_5_18_runtime_decode_oom.log",
+        Outcome.RUNTIME_OOM,
+        "decode_oom",
+        {"semantics": "0.5.18", "draft_weights_gib": 0.81},
+    ),
 ]
 
 
@@ -198,7 +352,7 @@ def test_every_fixture_has_a_row() -> None:
 @pytest.mark.parametrize(("name", "outcome", "cause", "expected"), ROWS, ids=[r[0] for r in ROWS])
 def test_fixture(name: str, outcome: Outcome, cause: str, expected: dict[str, Any]) -> None:
     log = parse_text((LOGS / name).read_text(errors="replace"))
-    verdict = classify(log.events)
+    verdict = classify(log.events, batches=log.batches)
     assert (verdict.outcome, verdict.cause) == (outcome, cause)
     if outcome not in (Outcome.UNKNOWN,):
         assert verdict.evidence, "every decided outcome carries the lines that prove it"

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from autotune.logparse.ledger import Ledger, build_ledger, cross_check, ledger_from_server_info
+from autotune.logparse.ledger import (
+    Ledger,
+    build_ledger,
+    cross_check,
+    graph_usage,
+    ledger_from_server_info,
+)
 from autotune.logparse.lines import parse_text
 
 SERVER_INFO = {
@@ -73,3 +80,88 @@ def test_merged_fills_only_missing_fields() -> None:
     log = Ledger(kv_gib=10.42, max_running_requests=None)
     merged = log.merged(Ledger(kv_gib=99.0, max_running_requests=48))
     assert (merged.kv_gib, merged.max_running_requests) == (10.42, 48)
+
+
+# -- 0.5.18+: memory_usage.graph per phase ---------------------------------------------------
+
+SERVER_INFO_0523 = {
+    "mem_fraction_static": 0.88,
+    "chunked_prefill_size": 8192,
+    "max_total_num_tokens": 144416,
+    "internal_states": [
+        {
+            "memory_usage": {
+                "weight": 72.33,
+                "kvcache": 9.451,
+                "startup_available": 6.68,
+                "token_capacity": 144416,
+                "token_capacity_swa": None,
+                "graph": {
+                    "prefill": 0.5,
+                    "decode": 0.0,
+                    "target_verify": 3.2,
+                    "draft_prefill": 0.2,
+                    "draft_decode": 0.3,
+                    "draft_extend": 0.25,
+                },
+            },
+            "effective_max_running_requests_per_dp": 48,
+        }
+    ],
+    "version": "0.5.23",
+}
+LOGS = Path(__file__).parent.parent / "fixtures" / "logs"
+
+
+def test_server_info_graph_per_phase() -> None:
+    got = ledger_from_server_info(SERVER_INFO_0523)
+    assert got.graph_phases is not None and got.graph_phases["target_verify"] == 3.2
+    assert (got.graph_gib, got.draft_graph_gib) == (3.7, 0.75)
+    assert got.available_gpu_mem_gib == 6.68 and got.sglang_version == "0.5.23"
+    assert graph_usage({"graph": 3.75}) == {"decode": 3.75}
+    assert graph_usage({"graph": "n/a"}) is None and graph_usage({}) is None
+
+
+def test_cross_check_reads_both_shapes() -> None:
+    log = build_ledger(parse_text((LOGS / "v0_5_23_eagle3_hicache_tp2.log").read_text()).events)
+    assert cross_check(log, ledger_from_server_info(SERVER_INFO_0523)) == ()
+    states = SERVER_INFO_0523["internal_states"]
+    assert isinstance(states, list)
+    usage = dict(states[0]["memory_usage"])
+    usage["graph"] = {**usage["graph"], "target_verify": 2.2}
+    bad = {**SERVER_INFO_0523, "internal_states": [{**states[0], "memory_usage": usage}]}
+    problems = cross_check(log, ledger_from_server_info(bad))
+    assert [p.split(":")[0] for p in problems] == ["graph_gib", "graph_phases.target_verify"]
+    # 0.5.9's one number is the decode graphs: checked against that phase only
+    old = build_ledger(parse_text((LOGS / "v0_5_13_dtype_tp2.log").read_text()).events)
+    assert old.graph_phases is not None and set(old.graph_phases) == {"decode", "prefill"}
+    decode = old.graph_phases["decode"]
+    assert cross_check(old, ledger_from_server_info(_info_0_5_9(decode))) == ()
+    assert cross_check(old, ledger_from_server_info(_info_0_5_9(decode + 1))) != ()
+
+
+def _info_0_5_9(graph: float) -> dict[str, object]:
+    return {"internal_states": [{"memory_usage": {"graph": graph}}]}
+
+
+def test_health_reads_memory_usage_in_both_shapes() -> None:
+    from autotune.server.health import memory_usage
+
+    states = SERVER_INFO_0523["internal_states"]
+    assert isinstance(states, list)
+    info = {**SERVER_INFO_0523, "internal_states": [*states, {"memory_usage": {"graph": 1.5}}, 7]}
+    rows = memory_usage(info)
+    assert [r["graph"] for r in rows] == [states[0]["memory_usage"]["graph"], {"decode": 1.5}]
+    assert memory_usage({}) == []
+
+
+def test_the_ledger_names_its_rules_and_keeps_no_secret() -> None:
+    text = (
+        "[2026-11-20 14:00:00] server_args={'model_path': '/m', 'api_key': 'sk-123', "
+        "'mem_fraction_static': 0.9, 'speculative_algorithm': None}\n"
+        "[2026-11-20 14:00:01 TP0] Init parallel begin.\n"
+    )
+    led = build_ledger(parse_text(text).events)
+    assert led.semantics == "0.5.23" and led.semantics_from is not None
+    assert led.mem_fraction_static == 0.9 and "sk-123" not in json.dumps(led.to_dict())
+    assert Ledger.from_dict(json.loads(json.dumps(led.to_dict()))) == led

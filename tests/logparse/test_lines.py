@@ -258,3 +258,240 @@ def test_event_lines(line: str, kind: Kind | None, values: dict[str, float], lab
 )
 def test_junk_is_ignored(line: str) -> None:
     assert parse_line(line) is None
+
+
+# -- 0.5.18 and 0.5.23 lines (format strings: autotune.logparse.formats) ----------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "kind", "values", "label"),
+    [
+        (
+            TP0 + "Capture target prefill CUDA graph begin. backend=breakable, num_tokens=[4, 8, "
+            "8192], avail mem=10.05 GB",
+            Kind.GRAPH_CAPTURE_BEGIN,
+            {"avail_gib": 10.05, "max_tokens": 8192},
+            "target prefill",
+        ),
+        (
+            TP0 + "Capture target verify CUDA graph end. bs=[1, 2, 48], elapsed=88.00 s, mem "
+            "usage=3.20 GB, avail mem=7.43 GB.",
+            Kind.GRAPH_CAPTURE_END,
+            {"usage_gib": 3.2, "max_bs": 48, "count": 3},
+            "target verify",
+        ),
+        (
+            TP0 + "Capture target decode CPU graph end. bs=[1, 2], elapsed=1.00 s, mem usage=0.00 "
+            "GB, avail mem=100.00 GB.",
+            Kind.GRAPH_CAPTURE_END,
+            {"max_bs": 2},
+            "target decode",
+        ),
+        (
+            TP0 + "Capture draft extend CUDA graph end. step=0, elapsed=3.00 s, mem usage=0.10 GB, "
+            "avail mem=5.70 GB.",
+            Kind.GRAPH_CAPTURE_END,
+            {"usage_gib": 0.1},
+            "draft extend",
+        ),
+        (
+            TP0 + "Capture draft decode CUDA graph begin. backend=full, num_tokens_per_req=1, "
+            "bs=[1, 2, 48], avail mem=6.30 GB",
+            Kind.GRAPH_CAPTURE_BEGIN,
+            {"max_bs": 48, "tokens_per_req": 1},
+            "draft decode",
+        ),
+        (
+            TP0 + "Capture cuda graph bs [1, 2, 4, 8, 160]",
+            Kind.GRAPH_BATCH_SIZES,
+            {"max_bs": 160, "count": 5},
+            "",
+        ),
+        (
+            "Capturing prefill shape (num_tokens=8192 avail_mem=7.50 GB):   0%|",
+            Kind.GRAPH_CAPTURING,
+            {"num_tokens": 8192, "avail_gib": 7.5},
+            "prefill",
+        ),
+        (
+            TP0 + "KV Cache VA upper bound. dtype: torch.bfloat16, #tokens: 900000, K size: 54.98 "
+            "GB, V size: 54.98 GB",
+            Kind.KV_ALLOCATED,
+            {"va_upper_bound": 1, "kv_gib": 109.96, "pool": 0},
+            "torch.bfloat16",
+        ),
+        (
+            TP0 + "SWA KV Cache is allocated. dtype: torch.bfloat16, #tokens: 80000, K size: 0.50 "
+            "GB, V size: 0.50 GB",
+            Kind.KV_ALLOCATED,
+            {"pool": 1, "tokens": 80000},
+            "torch.bfloat16",
+        ),
+        (
+            TP0
+            + "MiniMax MSA-v1 main NVFP4 KV Cache is allocated. dtype: torch.uint8, #tokens: 10,"
+            " KV size: 1.00 GB",
+            Kind.KV_ALLOCATED,
+            {"pool": 2},
+            "torch.uint8",
+        ),
+        (
+            TP0 + "Mamba Cache is allocated. max_mamba_cache_size: 512, conv_state size: 0.25GB, "
+            "ssm_state size: 1.50GB ",
+            Kind.MAMBA_ALLOCATED,
+            {"gib": 1.75, "slots": 512},
+            "",
+        ),
+        (
+            TP0 + "Post-capture KV sizing: KV cache allocated. dtype: torch.bfloat16, #tokens: "
+            "867614, KV size: 105.91 GB, avail mem=14.39 GB",
+            Kind.POST_CAPTURE,
+            {"tokens": 867614, "kv_gib": 105.91, "avail_gib": 14.39},
+            "kv",
+        ),
+        (
+            TP0 + "Load weight end. Committed real weights after CUDA graph capture in 12.50 s "
+            "(capture overlap window 30.00 s, startup overlap total 480.00 s)",
+            Kind.WEIGHT_COMMIT,
+            {"elapsed_s": 12.5},
+            "",
+        ),
+        (
+            TP0 + "Memory baseline taken. mem usage=1.55 GB",
+            Kind.MEMORY_BASELINE,
+            {"usage_gib": 1.55},
+            "",
+        ),
+        (
+            MAIN + "Engine startup timings (s): load_weight=312.40, kv_cache_allocation=1.20, "
+            "scheduler_e2e=400.10, cuda_graph={prefill=30.00, decode=45.00}, tokenizer_e2e=405.00",
+            Kind.STARTUP_TIMINGS,
+            {"load_weight": 312.4, "cuda_graph.decode": 45.0, "tokenizer_e2e": 405.0},
+            "",
+        ),
+        (
+            TP0 + "Allocating draft hierarchical KV host pool: 288833 tokens, 0.59 GB host memory.",
+            Kind.HOST_CACHE,
+            {"tokens": 288833, "gb": 0.59},
+            "draft",
+        ),
+        (
+            TP0 + "Allocating kv hierarchical KV host pool: 10 tokens, 1.00 GB host memory, packed "
+            "MTP KV layers: target_layers=61, draft_layers=1, total_layers=62.",
+            Kind.HOST_CACHE,
+            {"tokens": 10, "gb": 1.0},
+            "kv",
+        ),
+        (
+            TP0 + "Allocating 1.20 GB host memory for hierarchical Mamba cache (64 state slots, "
+            "layout=layer_first).",
+            Kind.HOST_CACHE,
+            {"gb": 1.2},
+            "other",
+        ),
+        (
+            TP0 + "HiCache host KV pool (100 tokens) is smaller than the device pool (200 tokens);"
+            "L2 cache effectiveness is reduced.",
+            Kind.HICACHE_SMALLER,
+            {"tokens": 100},
+            "",
+        ),
+        (
+            TP0 + "HiCache auto-sizing: ratio 2.000 -> 1.500; 716.0 GiB host memory per rank "
+            "(fraction 0.80, 8 ranks on this host), host pools 19.5 GiB.",
+            Kind.HICACHE_AUTOSIZE,
+            {"ratio": 1.5, "per_rank_gib": 716.0, "ranks": 8},
+            "",
+        ),
+        (
+            "ValueError: Not enough host memory for V4 paged pool c4. Requesting 12.00 GB but only "
+            "have 3.50 GB free.",
+            Kind.HOST_MEMORY,
+            {"requested_gb": 12.0, "free_gb": 3.5},
+            "",
+        ),
+        (
+            MAIN + "Subprocess detokenizer (pid=77) crashed with exit code 1. Triggering SIGQUIT "
+            "for cleanup...",
+            Kind.SUBPROCESS_CRASHED,
+            {"code": 1, "pid": 77},
+            "detokenizer",
+        ),
+        (
+            TP0 + "DetokenizerManager watchdog timeout (self.watchdog_timeout=300.0, "
+            "self.soft=False)",
+            Kind.WATCHDOG_TIMEOUT,
+            {},
+            "",
+        ),
+        (MAIN + "Initialization failed. Please see the error messages above.", Kind.ERROR, {}, ""),
+        (
+            '  File "/x/sglang/srt/managers/scheduler.py", line 2109, in event_loop_overlap',
+            Kind.SERVING_FRAME,
+            {},
+            "event_loop_overlap",
+        ),
+        ('  File "/x/sglang/srt/managers/scheduler.py", line 568, in __init__', None, {}, ""),
+        ("Successfully installed sglang-0.5.21", Kind.VERSION, {}, "0.5.21"),
+        (MAIN + "sglang version: 0.5.23", Kind.VERSION, {}, "0.5.23"),
+    ],
+)
+def test_0_5_23_event_lines(
+    line: str, kind: Kind | None, values: dict[str, float], label: str
+) -> None:
+    test_event_lines(line, kind, values, label)
+
+
+@pytest.mark.parametrize(
+    ("line", "fields"),
+    [
+        (
+            TP0
+            + "Prefill batch [12], #new-seq: 8, #new-token: 8192, #cached-token: 0, token usage: "
+            "0.31, #running-req: 44, #queue-req: 12, #pending-token: 61000, #replay-token: 128, "
+            "cuda graph: False, input throughput (token/s): 19000.25",
+            dict(pending_tokens=61000, running=44, input_throughput=19000.25, cuda_graph=False),
+        ),
+        (
+            TP0 + "Prefill batch, #new-seq: 1, #new-token: 7, #cached-token: 0, full token usage: "
+            "0.10, swa token usage: 0.20, #running-req: 0, #queue-req: 0, #pending-token: 9, "
+            "#bootstrap-req: 0, #inflight-req: 0, #optimistic-req: 0, cuda graph: True, input "
+            "throughput (token/s): 1.00, est. prefill TFLOPS/s (per GPU): 3.21",
+            dict(pending_tokens=9, token_usage=0.10, cuda_graph=True, input_throughput=1.0),
+        ),
+        (
+            TP0 + "Decode batch, #running-req: 48, #token: 52311, token usage: 0.36, accept len: "
+            "2.71, accept rate: 0.57, cap len: 3.00, block accept len: 2.50, cuda graph: True, gen "
+            "throughput (token/s): 1520.33, #queue-req: 0",
+            dict(accept_len=2.71, accept_rate=0.57, tokens=52311, gen_throughput=1520.33),
+        ),
+        (
+            TP0 + "Decode batch, #running-req: 4, #token: 100, token usage: 0.01, cpu graph: True, "
+            "gen throughput (token/s): 9.00, #queue-req: 0",
+            dict(cuda_graph=True, running=4),
+        ),
+        (
+            TP0 + "Decode batch, #running-req: 3, #full token: 100, full token usage: 0.20, #swa "
+            "token: 50, swa token usage: 0.50, cuda graph: True, gen throughput (token/s): 50.00, "
+            "#queue-req: 0",
+            dict(tokens=100, token_usage=0.20),
+        ),
+    ],
+)
+def test_0_5_23_batch_lines(line: str, fields: dict[str, object]) -> None:
+    test_batch_lines(line, fields)
+
+
+def test_server_args_lines_of_both_shapes() -> None:
+    from autotune.logparse.lines import read_server_args
+
+    new = MAIN + "server_args={'model_path': '/m', 'mem_fraction_static': 0.88, 'tp_size': 8, "
+    new += "'cuda_graph_config': {'decode': {'max_bs': 512}}, 'api_key': 'sk-1'}"
+    old = MAIN + "server_args=ServerArgs(model_path='/m', mem_fraction_static=0.88, tp_size=8, "
+    old += "lora_paths=SomeObject(1), api_key=None)"
+    cut = old[:95]
+    assert event(new).label == "dict" and event(old).label == "ServerArgs"
+    assert read_server_args(new)["cuda_graph_config"] == {"decode": {"max_bs": 512}}
+    got = read_server_args(old)
+    assert got["mem_fraction_static"] == 0.88 and "lora_paths" not in got
+    assert read_server_args(cut)["mem_fraction_static"] == 0.88
