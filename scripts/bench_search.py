@@ -29,7 +29,7 @@ import statistics
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import optuna
@@ -40,11 +40,37 @@ from autotune.errors import UsageError
 from autotune.search.capacity import DONE_ATTR
 from autotune.sim.profiles import list_profiles, load_profile
 from autotune.study.samplers import SAMPLER_FACTORIES, make_sampler
-from autotune.testing.oracle import Bench, Launch, bench_for, best_stable, run_trial
+from autotune.testing.oracle import (
+    MISMATCH,
+    Bench,
+    Launch,
+    Mismatch,
+    bench_for,
+    best_stable,
+    run_trial,
+)
 
 DEFAULT_SAMPLERS = ("capacity", "tpe", "random", "gp", "walkdown")
 BENCH_PROFILES = Path(__file__).resolve().parent / "bench_profiles"
 """Boxes of the benchmark's own besides the shipped simulator profiles (loaded by path)."""
+
+
+MISMATCH_KEYS = tuple(f.name for f in fields(Mismatch))
+
+
+def mismatch_of(keys: str) -> Mismatch:
+    """The world of `--mismatch KEYS`: every key of `MISMATCH` ("all"), the named ones, or none."""
+    if not keys:
+        return Mismatch()
+    if keys == "all":
+        return MISMATCH
+    names = [k.strip() for k in keys.split(",") if k.strip()]
+    unknown = [k for k in names if k not in MISMATCH_KEYS]
+    if unknown:
+        raise SystemExit(f"--mismatch: unknown {', '.join(unknown)}; one of {MISMATCH_KEYS}")
+    if "spike_probability" in names or "spike_factor" in names:
+        names += ["spike_probability", "spike_factor"]
+    return replace(Mismatch(), **{k: getattr(MISMATCH, k) for k in names})
 
 
 def default_profiles() -> list[str]:
@@ -180,7 +206,17 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="start every study from this mem_fraction_static instead of the profile's baseline",
     )
+    ap.add_argument(
+        "--mismatch",
+        nargs="?",
+        const="all",
+        default="",
+        metavar="KEYS",
+        help="run every profile in a world that differs from the model: all of "
+        f"{', '.join(MISMATCH_KEYS)} (or the comma-separated ones named)",
+    )
     args = ap.parse_args(argv)
+    world = mismatch_of(args.mismatch)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     profiles = [p for p in args.profiles.split(",") if p] or default_profiles()
     samplers = []
@@ -199,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     for prof_name in profiles:
         profile = load_profile(prof_name)
         prof_name = profile.name
-        bench = bench_for(profile, min_headroom_gib=args.min_headroom)
+        bench = bench_for(profile, min_headroom_gib=args.min_headroom, mismatch=world)
         if args.baseline_fraction is not None:
             baseline = {**bench.search.baseline, "mem_fraction_static": args.baseline_fraction}
             bench = replace(bench, search=replace(bench.search, baseline=baseline))
@@ -210,7 +246,9 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(study_run(name, bench, best, seed, args.budget, args.workers))
     print(
         f"{len(profiles)} profiles × {args.seeds} seeds, budget {args.budget} launches, "
-        f"{args.workers} worker(s), headroom ≥ {args.min_headroom:g} GiB; "
+        f"{args.workers} worker(s), headroom ≥ {args.min_headroom:g} GiB"
+        + (f", mismatch: {world}" if world.on else "")
+        + "; "
         f"{time.perf_counter() - t0:.0f} s"
     )
     for line in summarize(runs, args.budget, args.workers) + per_profile(runs, args.budget):

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from autotune.config.studyfile import Scalar
 from autotune.memory.model import Forecast, MemoryModel, Setting, fit
+from autotune.search.calibration import calibrate
 from autotune.search.points import (
     CHUNK,
     FRACTION,
@@ -70,6 +71,9 @@ class Goal:
     """An uncertain setting is worth a launch from this probability of being stable."""
     explore: bool = True
     """Whether throughput is an objective (explore requests and host cache at the edge)."""
+    accept_p: float = 0.9
+    """A launch that held counts as stable when the model expects it to hold again with this
+    probability (a thin margin that held once is not stability)."""
 
 
 @dataclass(frozen=True)
@@ -314,34 +318,68 @@ class _Planner:
         self.pending = pending
         self.goal = goal
         self.model = fit(p.observation for p in known if p.observation is not None)
-        # stable: held, and nothing needing no more GPU memory failed (a repeat of the same
-        # fraction, requests and chunk that ran out of headroom disqualifies it)
-        stable = [
+        self.cal = calibrate(known)
+        self.bounds = [p for p in known if p.memory_failure and not _contradicted(p, known)]
+        """Failures that bound the search: each rules out every setting needing at least as
+        much memory of its kind. A GPU-memory failure that a launch needing at least as much
+        memory contradicts (it held) is noise of the peak, not a bound: it widens the model's
+        margins instead (`calibration`)."""
+        started = [p for p in known if p.observation and p.observation.started]
+        last = started[-1] if started else known[-1]
+        assert last.observation is not None
+        self.default_slots = last.observation.slots
+        self.default_chunk = last.observation.chunk
+        # held: kept the headroom, and nothing needing no more GPU memory failed (a repeat of
+        # the same fraction, requests and chunk that ran out of headroom disqualifies it)
+        held = [
             p
             for p in known
             if p.feasible and p.observation and p.observation.tokens and not self._beaten(p)
         ]
-        # the most capacity; among launches within launch jitter of it, the fastest
-        top = max((tokens_of(p) for p in stable), default=0)
-        level = [p for p in stable if tokens_of(p) >= top * (1 - SAME_CAPACITY)]
-        self.best = max(level, key=lambda p: (p.throughput, tokens_of(p)), default=None)
-        started = [p for p in known if p.observation and p.observation.started]
-        self.ref = self.best or (started[-1] if started else known[-1])
+        # stable: held, and the model (widened by its misses) expects it to hold again; one
+        # stress phase that happened to pass at the edge is not stability
+        stable = [p for p in held if self._proven(p)]
+        self.best = _best_of(stable)
+        self.cap = tokens_of(self.best) if self.best else 0
+        unproven = [p for p in held if p not in stable and tokens_of(p) > self.cap]
+        self.thin = _best_of(unproven)
+        """The most capacity that held but that the model does not call stable yet."""
+        self.ref = self.best or self.thin or last
         ref_obs = self.ref.observation
         assert ref_obs is not None
         self.default_slots = ref_obs.slots
         self.default_chunk = ref_obs.chunk
-        self.cap = tokens_of(self.best) if self.best else 0
+        self.launched_gpu = [p.observation.setting for p in known if p.observation is not None]
         self.taken = {key(p.params, names) for p in known if not _retry_once(p, known)}
         self.taken |= {key(p, names) for p in pending}
         self.floor = max((f for p in known if (f := p.floor) is not None), default=None)
         """Below this fraction the KV pool finds no room (a launch's ledger said so)."""
 
+    def _p(self, fc: Forecast) -> float:
+        """p(stable) of a forecast, its margin widened by the model's misses (`calibration`)."""
+        return self.cal.p_stable(fc, self.goal.min_headroom_gib)
+
+    def _forecast(self, s: Setting) -> Forecast:
+        return self.model.forecast(
+            s, default_slots=self.default_slots, default_chunk=self.default_chunk
+        )
+
+    def _p_of(self, p: Point) -> float:
+        assert p.observation is not None
+        return self._p(self._forecast(p.observation.setting))
+
+    def _proven(self, p: Point) -> bool:
+        """A launch that held counts as stable while the model cannot judge it (no stress peak
+        measured yet), or when it expects it to hold again with accept_p."""
+        assert p.observation is not None
+        fc = self._forecast(p.observation.setting)
+        return fc.headroom is None or self._p(fc) >= self.goal.accept_p
+
     def _beaten(self, p: Point) -> bool:
         s = p.observation.setting if p.observation else None
         for q in self.known:
             o = q.observation
-            if s is None or o is None or not q.memory_failure or host_failure(o) is not None:
+            if s is None or o is None or q not in self.bounds or host_failure(o) is not None:
                 continue
             if needs_more(s, o.setting):
                 return True
@@ -386,9 +424,7 @@ class _Planner:
         leaves the KV pool no room (at or below a fraction whose pool found none)."""
         if self.floor is not None and s.mem_fraction <= self.floor + 1e-9:
             return True
-        for p in self.known:
-            if not p.memory_failure:
-                continue
+        for p in self.bounds:
             o = p.observation
             assert o is not None
             if needs_more(s, o.setting, host=host_failure(o)):
@@ -411,10 +447,26 @@ class _Planner:
             return self._stop(report)
         cands = self.candidates()
         g = self.goal
-        scored = [(p, fc, fc.p_stable(g.min_headroom_gib)) for p, fc in cands]
-        # better by at least half a step: launch jitter moves the pool by a few tokens
+        scored = [(p, fc, self._p(fc)) for p, fc in cands]
+        # better by at least half a step: launch jitter moves the pool by a few tokens; a
+        # setting of the same GPU memory as one launched already (another host cache) teaches
+        # nothing about the edge
         slope = self.model.tokens_slope or 0.0
-        better = [x for x in scored if _fc_tokens(x[1]) > self.cap + 0.5 * slope * self._step()]
+        # more requests or a bigger chunk add no capacity, only peak and graph memory: the
+        # capacity search keeps to the reference launch's demand or less (explore goes beyond)
+        assert self.ref.observation is not None
+        ref = self.ref.observation.setting
+        better = [
+            x
+            for x in scored
+            if _fc_tokens(x[1]) > self.cap + 0.5 * slope * self._step()
+            and not any(_same_gpu(x[1].setting, s) for s in self.launched_gpu)
+            and not _more_demand(x[1].setting, ref)
+        ]
+        if self.thin is not None:
+            margin = self._margin(scored)
+            if margin is not None:
+                return margin
         safe = [x for x in better if x[2] >= g.safe_p]
         if safe:
             params, fc, p = max(safe, key=lambda x: (_fc_tokens(x[1]), -self._distance(x[0]), x[2]))
@@ -423,6 +475,9 @@ class _Planner:
             else:
                 rule = "jump" if self._steps_above_best(params) > 1 else "step"
             return self._proposal(params, fc, rule, f"p(stable) {p:.2f}")
+        noise = self._noise_retry(scored)
+        if noise is not None:
+            return noise
         doubtful = [x for x in better if x[2] >= g.probe_p]
         if doubtful:
             params, fc, p = self._bisect(doubtful)
@@ -444,17 +499,109 @@ class _Planner:
                 return explored
         return self._done(self._edge_summary(scored))
 
+    def _noise_retry(
+        self, scored: list[tuple[dict[str, Scalar], Forecast, float]]
+    ) -> Proposal | None:
+        """A failure that a launch needing at least as much memory contradicts (it held) is the
+        peak's noise, not a bound: run it once more when it is above the best stable capacity
+        and the model still gives it a chance."""
+        for p in sorted(self.known, key=lambda q: -tokens_of(q)):
+            o = p.observation
+            if o is None or p in self.bounds or not p.memory_failure or tokens_of(p) <= self.cap:
+                continue
+            if host_failure(o) is not None:
+                continue
+            runs = sum(
+                1
+                for q in self.known
+                if q.observation and _same_gpu(q.observation.setting, o.setting)
+            )
+            if runs > RETRIES:
+                continue
+            fc = self._forecast(o.setting)
+            pr = self._p(fc)
+            if pr < self.goal.probe_p:
+                continue
+            params = {k: v for k, v in p.params.items() if k in self.axes}
+            held = next(
+                q
+                for q in self.known
+                if q.feasible and q.observation and needs_more(q.observation.setting, o.setting)
+            )
+            return self._proposal(
+                params,
+                fc,
+                "retry",
+                f"trial {p.number} failed where trial {held.number}, needing at least as much "
+                f"memory, held: the peak's noise, not a bound; once more, p(stable) {pr:.2f}",
+            )
+        return None
+
+    def _margin(self, scored: list[tuple[dict[str, Scalar], Forecast, float]]) -> Proposal | None:
+        """The most capacity held with a thin margin (`thin`, then the best while p(stable) is
+        under safe_p): the same fraction with the least demand the space offers (fewest
+        requests, smallest prefill chunk), which costs no capacity and buys margin, when it
+        has not been tried and the model does not rule it out."""
+        for target in (self.thin, self.best):
+            if target is None or target.observation is None:
+                continue
+            if target is self.best and self._p_of(target) >= self.goal.safe_p:
+                continue
+            proposal = self._less_demand(target, scored)
+            if proposal is not None:
+                return proposal
+        return None
+
+    def _less_demand(
+        self, target: Point, scored: list[tuple[dict[str, Scalar], Forecast, float]]
+    ) -> Proposal | None:
+        assert target.observation is not None
+        s = target.observation.setting
+        fewer = [
+            x
+            for x in scored
+            if abs(x[1].setting.mem_fraction - s.mem_fraction) < 1e-9
+            and _less_demand(x[1].setting, s)
+            and all(
+                norm(x[0].get(n)) == norm(target.params.get(n))
+                for n in self.names
+                if n not in (FRACTION, REQUESTS, CHUNK)
+            )
+            and not any(_same_gpu(x[1].setting, o) for o in self.launched_gpu)
+            and x[2] >= self.goal.probe_p
+        ]
+        if not fewer:
+            return None
+        params, fc, p = min(
+            fewer,
+            key=lambda x: (
+                x[1].setting.max_running_requests or 0,
+                x[1].setting.chunked_prefill_size or 0,
+            ),
+        )
+        q = self._p_of(target)
+        return self._proposal(
+            params,
+            fc,
+            "margin",
+            f"trial {target.number} held with a thin margin (p(stable) {q:.2f}); the same "
+            f"fraction with less demand keeps its capacity with more headroom, p(stable) {p:.2f}",
+        )
+
     def _recheck(self) -> Proposal | None:
         """Run the best setting again while its margin is thin and it has held fewer than
         RECHECKS times: one lucky stress phase at the edge is not stability."""
         best = self.best
         if best is None or best.observation is None:
             return None
+        margin = self._margin([(params, fc, self._p(fc)) for params, fc in self.candidates()])
+        if margin is not None:
+            return margin
         s = best.observation.setting
         fc = self.model.forecast(
             s, default_slots=self.default_slots, default_chunk=self.default_chunk
         )
-        p = fc.p_stable(self.goal.min_headroom_gib)
+        p = self._p(fc)
         runs = sum(
             1
             for q in self.known
@@ -479,9 +626,7 @@ class _Planner:
             else min(fc.setting.mem_fraction for _, fc, _ in same)
         )
         fails = [
-            p.observation.setting.mem_fraction
-            for p in self.known
-            if p.memory_failure and p.observation is not None
+            p.observation.setting.mem_fraction for p in self.bounds if p.observation is not None
         ]
         top = max(fc.setting.mem_fraction for _, fc, _ in same)
         hi = min([f for f in fails if f > lo], default=top + self._step())
@@ -540,7 +685,7 @@ class _Planner:
         )
         why = (
             f"{rule} to {where}: {fc.describe()}, {self.goal.min_headroom_gib:g} GiB required; "
-            f"{note}{self._edge_text(fc)}; {best}"
+            f"{note}{self._edge_text(fc)}{self.cal.describe()}; {best}"
         )
         return Proposal(params, rule, why, forecast=fc, model=self.model)
 
@@ -571,9 +716,7 @@ class _Planner:
         if best.headroom_gib is not None:
             text += f" with {best.headroom_gib:.2f} GiB to spare under the stress peak"
         fails = [
-            (q.observation.setting.mem_fraction, q.number, q)
-            for q in self.known
-            if q.memory_failure and q.observation
+            (q.observation.setting.mem_fraction, q.number, q) for q in self.bounds if q.observation
         ]
         above = [x for x in fails if x[0] > s.mem_fraction]
         if above:
@@ -586,7 +729,7 @@ class _Planner:
                 nxt, default_slots=self.default_slots, default_chunk=self.default_chunk
             )
             if fc.headroom is not None:
-                p = fc.p_stable(self.goal.min_headroom_gib)
+                p = self._p(fc)
                 text += (
                     f"; the model puts {FRACTION}={fmt(step[0])} at headroom {fc.headroom} GiB "
                     f"(p(stable) {p:.2f}){self._edge_text(fc)}"
@@ -634,6 +777,24 @@ class _Planner:
         return round((float(f) - self.best.observation.setting.mem_fraction) / self._step())
 
 
+def _contradicted(p: Point, known: Sequence[Point]) -> bool:
+    """A GPU-memory failure where a launch needing at least as much GPU memory held."""
+    o = p.observation
+    if o is None or host_failure(o) is not None or p.push is not Push.LOWER:
+        return False
+    return any(
+        q.feasible and q.observation is not None and needs_more(q.observation.setting, o.setting)
+        for q in known
+    )
+
+
+def _best_of(points: Sequence[Point]) -> Point | None:
+    """The most capacity; among launches within launch jitter of it, the fastest."""
+    top = max((tokens_of(p) for p in points), default=0)
+    level = [p for p in points if tokens_of(p) >= top * (1 - SAME_CAPACITY)]
+    return max(level, key=lambda p: (p.throughput, tokens_of(p)), default=None)
+
+
 def _tokens_rank(s: Setting) -> float:
     return s.mem_fraction
 
@@ -646,6 +807,27 @@ def _tokens_rank_cap(planner: _Planner) -> float:
 
 def _fc_tokens(fc: Forecast) -> float:
     return fc.tokens.mean if fc.tokens is not None else 0.0
+
+
+def _more_demand(a: Setting, b: Setting) -> bool:
+    """a asks for more request slots or a bigger prefill chunk than b."""
+    ra, rb = a.max_running_requests, b.max_running_requests
+    ca, cb = a.chunked_prefill_size, b.chunked_prefill_size
+    if ra is not None and rb is not None and ra > rb:
+        return True
+    return ca is not None and cb is not None and ca > cb
+
+
+def _less_demand(a: Setting, b: Setting) -> bool:
+    """a needs less transient and graph memory than b: no more requests and no bigger chunk,
+    and less of one of them."""
+    ra, rb = a.max_running_requests, b.max_running_requests
+    ca, cb = a.chunked_prefill_size, b.chunked_prefill_size
+    if ra is None or rb is None or ra > rb:
+        return False
+    if ca is not None and cb is not None and ca > cb:
+        return False
+    return ra < rb or (ca is not None and cb is not None and ca < cb)
 
 
 def _same_gpu(a: Setting, b: Setting) -> bool:

@@ -160,8 +160,14 @@ def test_rechecks_a_best_setting_that_held_with_a_thin_margin() -> None:
     assert edge is not None and edge.static_free_gib is not None
     thin = dataclasses.replace(edge, stress_peak_gib=edge.static_free_gib - 0.58, headroom_gib=0.58)
     done[2] = dataclasses.replace(done[2], observation=thin)
-    p = plan(AXES, done, [], Goal(min_headroom_gib=0.5, explore=False))
+    goal = Goal(min_headroom_gib=0.5, explore=False)
+    # first the same fraction with the least demand: no capacity lost, more headroom
+    p = plan(AXES, done, [], goal)
+    assert p.rule == "margin"
+    assert p.params == kimi(0.9, 32)
+    done.append(point(KIMI, kimi(0.9, 32), 5))
+    p = plan(AXES, done, [], goal)
     assert p.rule == "recheck"
     assert p.params == kimi(0.9)
-    again = [*done, dataclasses.replace(done[2], number=4), dataclasses.replace(done[2], number=5)]
-    assert plan(AXES, again, [], Goal(min_headroom_gib=0.5, explore=False)).rule == "confirm"
+    again = [*done, dataclasses.replace(done[2], number=6), dataclasses.replace(done[2], number=7)]
+    assert plan(AXES, again, [], goal).rule == "confirm"
