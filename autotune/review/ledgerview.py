@@ -60,7 +60,8 @@ def _binary(head: bytes) -> bool:
 
 
 def summarize_log(log: ParsedLog) -> tuple[Ledger, Verdict, ServingSummary]:
-    return build_ledger(log.events), classify(log.events), summarize(log.batches, log.events)
+    verdict = classify(log.events, batches=log.batches)
+    return build_ledger(log.events), verdict, summarize(log.batches, log.events)
 
 
 def as_json(ledger: Ledger, verdict: Verdict, serving: ServingSummary, log: ParsedLog) -> str:

@@ -300,7 +300,7 @@ class Server:
         return self.process.poll() is not None
 
     def _verdict(self, facts: RunFacts) -> Verdict:
-        return classify(self.log.events, facts)
+        return classify(self.log.events, facts, batches=list(self.log.batches))
 
     # -- startup ----------------------------------------------------------------------------
 
