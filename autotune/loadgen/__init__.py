@@ -2,7 +2,8 @@
 
 Public API (see the modules for details):
 - `workload_from_dict(d, key="workload", *, base_dir=None) -> WorkloadSpec` validates `[workload]`;
-- `run_workload(spec, target, facts, *, is_dead, slo=None) -> WorkloadResult` drives it;
+- `run_workload(spec, target, facts, *, is_dead, slo=None, activity=None) -> WorkloadResult`
+  drives it (`Activity.owed_s()`: how long the server has owed an answer, for a hang watchdog);
 - `Target`, `ServerFacts`, `Slo`, `WorkloadResult`, `PhaseResult`, `Died`, `Summary`, `Stats`,
   `RequestRecord`, `summarize` (pure metrics over records).
 """
@@ -19,6 +20,7 @@ from autotune.config.workload import (
     workload_from_dict,
 )
 from autotune.loadgen.driver import (
+    Activity,
     Died,
     PhaseResult,
     ServerFacts,
@@ -30,6 +32,7 @@ from autotune.loadgen.driver import (
 from autotune.loadgen.metrics import RequestRecord, Slo, Stats, Summary, summarize
 
 __all__ = [
+    "Activity",
     "Api",
     "Died",
     "LengthDist",

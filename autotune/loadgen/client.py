@@ -49,6 +49,16 @@ class Endpoint:
         return Endpoint(parts.hostname, parts.port or 80, parts.path.rstrip("/"))
 
 
+class Heard:
+    """When the server last sent a byte on any connection of a client (the client's clock);
+    written by the socket callbacks, read from any thread (one float)."""
+
+    __slots__ = ("at",)
+
+    def __init__(self) -> None:
+        self.at = float("-inf")
+
+
 class _Exchange:
     __slots__ = ("done", "end_ts", "sink", "status")
 
@@ -62,8 +72,9 @@ class _Exchange:
 class Connection(asyncio.Protocol):
     """One keep-alive HTTP/1.1 connection; one request at a time."""
 
-    def __init__(self, clock: Clock = time.perf_counter) -> None:
+    def __init__(self, clock: Clock = time.perf_counter, heard: Heard | None = None) -> None:
         self.clock = clock
+        self._heard = heard if heard is not None else Heard()
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.reusable = False
@@ -110,6 +121,7 @@ class Connection(asyncio.Protocol):
             self.close()  # bytes nobody asked for: this connection is out of step
             return
         self.answered = True
+        self._heard.at = ts
         self._buf += data
         try:
             self._parse(ts)
@@ -311,6 +323,8 @@ class Client:
         self._host_line = f"Host: {self.endpoint.host}:{self.endpoint.port}\r\n{extra}"
         self._idle: list[Connection] = []
         self._all: set[Connection] = set()
+        self.heard = Heard()
+        """When the server last sent anything (a hang watchdog reads it)."""
 
     def head(
         self, method: str, path: str, body_len: int, content_type: str = "application/json"
@@ -326,7 +340,9 @@ class Client:
         try:
             _, conn = await asyncio.wait_for(
                 loop.create_connection(
-                    lambda: Connection(self.clock), self.endpoint.host, self.endpoint.port
+                    lambda: Connection(self.clock, self.heard),
+                    self.endpoint.host,
+                    self.endpoint.port,
                 ),
                 self.connect_timeout_s,
             )

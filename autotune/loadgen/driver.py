@@ -55,6 +55,19 @@ class ServerFacts:
     max_total_num_tokens: int | None = None  # the KV pool; caps a stress burst to what can run
 
 
+class Activity:
+    """What the workload is waiting for, for a hang watchdog on another thread: `owed_s()` is
+    how long requests have been out with nothing at all coming back from the server (None when
+    nothing is owed, also before the workload starts and after it ends)."""
+
+    def __init__(self) -> None:
+        self._rt: ph.Runtime | None = None
+
+    def owed_s(self) -> float | None:
+        rt = self._rt
+        return None if rt is None else rt.owed_s()
+
+
 @dataclass(frozen=True)
 class Died:
     """The server died during the workload: why, when, and what was in flight.
@@ -145,13 +158,17 @@ def run_workload(
     is_dead: Callable[[], str | None],
     slo: Slo | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    activity: Activity | None = None,
 ) -> WorkloadResult:
-    """Drive `spec` at `target` and return what users would have felt (see module docstring)."""
+    """Drive `spec` at `target` and return what users would have felt (see module docstring).
+    With `activity`, the caller can ask at any moment how long the server has owed an answer."""
     executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="autotune-is-dead")
     try:
-        return asyncio.run(_run(spec, target, facts, is_dead, slo, clock, executor))
+        return asyncio.run(_run(spec, target, facts, is_dead, slo, clock, executor, activity))
     finally:
         executor.shutdown(wait=False, cancel_futures=True)
+        if activity is not None:
+            activity._rt = None
 
 
 class _Watch:
@@ -218,6 +235,7 @@ async def _run(
     slo: Slo | None,
     clock: Callable[[], float],
     executor: concurrent.futures.Executor,
+    activity: Activity | None = None,
 ) -> WorkloadResult:
     api_key = target.api_key if target.api_key is not None else spec.api_key()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -230,6 +248,8 @@ async def _run(
         options = RequestOptions(spec.api, model, spec.stream, spec.ignore_eos, spec.temperature)
         pool = TokenPool(random.Random(f"{spec.seed}/pool"))
         rt = ph.Runtime(client, pool, options, clock, t0, spec.request_timeout_s, watch.poke)
+        if activity is not None:
+            activity._rt = rt
         results: list[PhaseResult] = []
         died: Died | None = None
         for index, phase in enumerate(spec.phases):

@@ -54,10 +54,23 @@ class Runtime:
     lost_at: float | None = None
     lost_live: list[Live] = field(default_factory=list)
     records: dict[str, list[RequestRecord]] = field(default_factory=dict)
+    # Since when the server owes an answer: set by the first request sent while nothing was
+    # owed, moved on by every byte the server sends, cleared when the last request in flight
+    # ends well. A request that failed (timeout, lost connection) leaves it standing: the
+    # server still has not answered. Read by the hang watchdog (`owed_s`) from another thread.
+    owed_since: float | None = None
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     def rel(self, t: float) -> float:
         return t - self.t0
+
+    def owed_s(self) -> float | None:
+        """Seconds for which requests were out and nothing came back; None when nothing is
+        owed (no request in flight since the last one ended well)."""
+        since = self.owed_since
+        if since is None:
+            return None
+        return self.clock() - max(since, self.client.heard.at)
 
 
 async def send_one(
@@ -76,6 +89,8 @@ async def send_one(
         nonlocal sent
         sent = reader.start = ts
         rt.live[key] = Live(plan, ts, reader)
+        if rt.owed_since is None:
+            rt.owed_since = ts
 
     try:
         async with asyncio.timeout(rt.request_timeout_s):
@@ -83,6 +98,8 @@ async def send_one(
         reader.finish(end)
         error = reader.error
         rt.lost_at = None
+        rt.live.pop(key, None)
+        rt.owed_since = None if not rt.live else max(end, rt.owed_since or end)
     except TimeoutError:
         error = f"timeout: no complete response within {rt.request_timeout_s:g} s"
         end = rt.clock()

@@ -33,9 +33,13 @@ autotune did not start is never touched.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
+import struct
 import subprocess
+import sys
+import termios
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -114,6 +118,15 @@ class LaunchSpec:
         base.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         return base
 
+    def secrets(self) -> tuple[str, ...]:
+        """What must never reach the log in clear: the API key and every secret flag's value."""
+        found = [self.api_key] if self.api_key else []
+        for i, arg in enumerate(self.argv):
+            flag, eq, value = arg.partition("=")
+            if flag in scrub.SECRET_FLAGS:
+                found.append(value if eq else (self.argv[i + 1] if i + 1 < len(self.argv) else ""))
+        return tuple(dict.fromkeys(s for s in found if s))
+
     def devices(self) -> tuple[int, ...] | None:
         if self.gpu_indices is not None:
             return self.gpu_indices
@@ -168,6 +181,147 @@ class Death:
 
 
 # ---------------------------------------------------------------------------------------------
+# The log writer
+# ---------------------------------------------------------------------------------------------
+
+WRITER_SETTLE_S = 2.0
+"""How long a server's exit waits for its log writer to write what is still in the pipe."""
+WRITER_END_S = 2.0
+"""How long the teardown waits for the log writer to end by itself once the server is gone."""
+
+
+class LogWriter:
+    """The masking writer between a server and its log (`autotune.masking`: the script
+    `masking.py LOG FD`): a process of its own session, so neither autotune's death nor a
+    signal meant for either can end it before the server. autotune keeps a read end of the pipe
+    too: it never reads it while the writer lives (it only asks how much is waiting), and takes
+    over, masking the same way, should the writer die first, so the server never blocks on a
+    full pipe or dies of a broken one. Started with `posix_spawn` and reaped here by its pid:
+    a handle dropped without `finish` (a crashed autotune) leaves nothing to warn about."""
+
+    def __init__(self, pid: int, read_fd: int, log: Path, secrets: tuple[str, ...]) -> None:
+        self.pid = pid
+        info = procs.read_proc(pid)
+        self.identity = (pid, info.start_ticks if info else 0)
+        self._read_fd = read_fd
+        self._log = log
+        self._secrets = tuple(s.encode() for s in secrets)
+        self._relay: scrub.StreamMask | None = None
+        self._closed = False
+        self._ended = False
+
+    @classmethod
+    def start(cls, log: Path, secrets: tuple[str, ...]) -> tuple[LogWriter, int]:
+        """Start the writer; returns it and the pipe's write end for the server's output."""
+        read_fd, write_fd = os.pipe()
+        keys_r, keys_w = os.pipe()
+        try:
+            os.write(keys_w, b"\0".join(s.encode() for s in secrets))
+            os.close(keys_w)
+            keys_w = -1
+            pid = os.posix_spawn(
+                sys.executable,
+                [sys.executable, "-P", str(scrub.__file__), str(log), "3"],
+                {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"},
+                file_actions=[
+                    (os.POSIX_SPAWN_DUP2, read_fd, 0),
+                    (os.POSIX_SPAWN_DUP2, keys_r, 3),  # a dup2 to another number is inherited
+                    (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                    (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
+                ],
+                setsid=True,
+            )
+        except OSError as exc:
+            for fd in (read_fd, write_fd, keys_w):
+                if fd >= 0:
+                    os.close(fd)
+            raise HarnessError(f"could not start the log writer for {log}: {exc}") from exc
+        finally:
+            os.close(keys_r)
+        return cls(pid, read_fd, log, secrets), write_fd
+
+    def alive(self) -> bool:
+        """The writer still runs (it is reaped here once it ended)."""
+        if self._ended:
+            return False
+        try:
+            done, _ = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            done = self.pid
+        self._ended = done == self.pid
+        return not self._ended
+
+    def waiting(self) -> int:
+        """Bytes in the pipe that nobody has read yet."""
+        if self._closed:
+            return 0
+        raw = fcntl.ioctl(self._read_fd, termios.FIONREAD, b"\0\0\0\0")
+        return int(struct.unpack("i", raw)[0])
+
+    def settle(self, clock: Clock, sleep: Sleep, limit_s: float = WRITER_SETTLE_S) -> None:
+        """Wait until what the server wrote is in the log: the writer ended (end of file), or
+        nothing is waiting in the pipe twice in a row; at most `limit_s`."""
+        deadline = clock() + limit_s
+        empty = 0
+        while clock() < deadline and self.alive():
+            empty = empty + 1 if self.waiting() == 0 else 0
+            if empty >= 2:
+                return
+            sleep(0.02)
+
+    def relay(self) -> None:
+        """Should the writer have died while the server runs, write what waits in the pipe to
+        the log ourselves (masked), so the server is never blocked by a full pipe."""
+        if self._closed or self.alive():
+            return
+        if self._relay is None:
+            self._relay = scrub.StreamMask(self._secrets)
+            os.set_blocking(self._read_fd, False)
+        out = b""
+        with contextlib.suppress(BlockingIOError, OSError):
+            while chunk := os.read(self._read_fd, 1 << 16):
+                out += self._relay.feed(chunk)
+        if out:
+            self._append(out)
+
+    def _append(self, data: bytes) -> None:
+        if not data:
+            return
+        with contextlib.suppress(OSError):  # a full disk drops lines, as the writer does
+            fd = os.open(self._log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+
+    def finish(self, clock: Clock, sleep: Sleep, limit_s: float) -> str:
+        """Once the server is gone: wait up to `limit_s` for the writer to end by itself, else
+        kill it (by pid and start time) and write what is left ourselves. Returns a line for
+        the teardown's record when it had to be killed ("" otherwise)."""
+        note = ""
+        deadline = clock() + limit_s
+        while self.alive() and clock() < deadline:
+            sleep(0.02)
+        if self.alive():
+            me = procs.ProcInfo(self.identity[0], 0, 0, 0, self.identity[1], "?")
+            procs.signal_verified(me, signal.SIGKILL)
+            gone_by = clock() + 5.0
+            while self.alive() and clock() < gone_by:
+                sleep(0.02)
+            note = (
+                f"log writer pid {self.identity[0]} killed: the pipe was still open "
+                f"{limit_s:g} s after the server's processes were stopped"
+            )
+        self.relay()
+        if self._relay is not None:
+            self._append(self._relay.end())
+        if not self._closed:
+            self._closed = True
+            os.close(self._read_fd)
+        return note
+
+
+# ---------------------------------------------------------------------------------------------
 # The handle
 # ---------------------------------------------------------------------------------------------
 
@@ -185,9 +339,13 @@ class Server:
         baseline: list[GpuMemory],
         clock: Clock,
         sleep: Sleep,
+        writer: LogWriter | None = None,
     ) -> None:
         self.spec = spec
         self.process = process
+        self.writer = writer
+        """The masking log writer between the server and its log (None: no secret to mask)."""
+        self._settled = False
         self.record = record
         self._record_path = record_path
         self._probe = probe
@@ -226,19 +384,35 @@ class Server:
                 probe, spec.devices(), spec.foreign_gpu, spec.foreign_wait_s, clock, sleep
             )
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(spec.log_path, "wb") as log:
-            try:
-                process = subprocess.Popen(
-                    command,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=spec.environment(),
-                    start_new_session=True,
-                    close_fds=True,
-                )
-            except OSError as exc:
-                raise HarnessError(f"could not start {command[0]!r}: {exc}") from exc
+        secrets = spec.secrets()
+        writer: LogWriter | None = None
+        try:
+            # Appending, so that a copytruncate rotation leaves no hole; owner-only.
+            out = os.open(spec.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+        except OSError as exc:
+            raise HarnessError(f"cannot write {spec.log_path}: {exc.strerror or exc}") from exc
+        try:
+            if secrets:
+                os.close(out)
+                writer, out = LogWriter.start(spec.log_path, secrets)
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=spec.environment(),
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            if writer is not None:
+                os.close(out)
+                out = -1
+                writer.finish(time.monotonic, time.sleep, 5.0)
+            raise HarnessError(f"could not start {command[0]!r}: {exc}") from exc
+        finally:
+            if out >= 0:
+                os.close(out)
         info = procs.read_proc(process.pid)
         owner_pid, owner_ticks = pidfile.owner()
         record = pidfile.PidRecord(
@@ -255,14 +429,17 @@ class Server:
             owner_pid=owner_pid,
             owner_start_ticks=owner_ticks,
             study=spec.study,
+            members=(writer.identity,) if writer is not None else (),
         )
         try:
             path = pidfile.write(spec.run_dir, record)
         except OSError as exc:
             procs.signal_group(record.pgid, record.start_ticks, signal.SIGKILL)
             process.wait()
+            if writer is not None:
+                writer.finish(clock, sleep, 5.0)
             raise HarnessError(f"could not write the pidfile in {spec.run_dir}: {exc}") from exc
-        return cls(spec, process, record, path, probe, baseline, clock, sleep)
+        return cls(spec, process, record, path, probe, baseline, clock, sleep, writer)
 
     @property
     def pid(self) -> int:
@@ -297,7 +474,19 @@ class Server:
         return summarize(self.log.batches, self.log.events)
 
     def _exited(self) -> bool:
-        return self.process.poll() is not None
+        """The main process has exited; the first time, the log writer is given a moment to
+        write what the server said last (the evidence of a crash is in those lines)."""
+        if self.process.poll() is None:
+            return False
+        if self.writer is not None and not self._settled:
+            self._settled = True
+            self.writer.settle(self._clock, self._sleep)
+        return True
+
+    def _pump(self, final: bool = False) -> None:
+        if self.writer is not None:
+            self.writer.relay()
+        self.log.pump(final=final)
 
     def _verdict(self, facts: RunFacts) -> Verdict:
         return classify(self.log.events, facts, batches=list(self.log.batches))
@@ -312,14 +501,13 @@ class Server:
         spec = self.spec
         while True:
             self._observe()
-            self.log.pump()
-            now = self._clock()
             exited = self._exited()
+            self._pump(final=exited)
+            now = self._clock()
             if self.log.failure_at is not None:
                 if exited or now - self.log.failure_at >= spec.exit_wait_s:
                     return self._finish_startup(RunFacts(exited=exited))
             elif exited:
-                self.log.pump(final=True)
                 return self._finish_startup(RunFacts(exited=True, notes=self.log.last_lines()))
             elif self.ready_line_at is not None:
                 answer = probe_ready(self.base_url, spec.api_key, spec.health_timeout_s)
@@ -385,22 +573,26 @@ class Server:
 
     # -- liveness ---------------------------------------------------------------------------
 
-    def check_alive(self) -> Death | None:
+    def check_alive(self, owed_s: float | None = None) -> Death | None:
         """None while the server serves; otherwise why not. Cheap: reads new log lines, polls
-        the process, and reads the health watch's last state (no network call here)."""
+        the process, and reads the health watch's last state (no network call here).
+
+        `owed_s` is how long the workload's requests have gone without a single byte back
+        (`loadgen.Activity`); with the log silent as long, past `stall_s`, the server is hung
+        while serving (frozen, deadlocked, or its HTTP front alive and generation stuck)."""
         if self._death is not None:
             return self._death
         self._observe()
-        self.log.pump()
+        self._pump()
         now = self._clock()
         facts: RunFacts | None = None
         if self._exited():
-            self.log.pump(final=True)
+            self._pump(final=True)
             facts = RunFacts(exited=True, notes=self.log.last_lines())
         elif self.log.failure_at is not None:
             facts = RunFacts()
         else:
-            facts = self._unhealthy(now)
+            facts = self._serving_stall(now, owed_s) or self._unhealthy(now)
         if facts is None:
             return None
         verdict = self._verdict(facts)
@@ -409,10 +601,29 @@ class Server:
         self._death = Death(verdict.outcome, verdict.cause, verdict.evidence)
         return self._death
 
-    def dead_reason(self) -> str | None:
+    def dead_reason(self, owed_s: float | None = None) -> str | None:
         """`check_alive()` as the workload driver's `is_dead` wants it."""
-        death = self.check_alive()
+        death = self.check_alive(owed_s)
         return death.describe() if death else None
+
+    def _serving_stall(self, now: float, owed_s: float | None) -> RunFacts | None:
+        """A hang while serving: requests out and nothing back from the server, and no log
+        output, both for `stall_s`. A `/health` that still answers proves nothing here (an HTTP
+        front can answer while generation is stuck); a stopped process (SIGSTOP, a debugger) is
+        named in the evidence."""
+        if owed_s is None or owed_s < self.spec.stall_s:
+            return None
+        quiet = now - self.log.last_growth
+        if quiet < self.spec.stall_s:
+            return None
+        note = (
+            f"no answer to the workload for {owed_s:.1f} s and no log output for {quiet:.1f} s "
+            f"while serving (stall_s = {self.spec.stall_s:g} s)"
+        )
+        info = procs.read_proc(self.pid)
+        if info is not None and info.state in ("T", "t", "D"):
+            note += f"; pid {self.pid} is in state {procs.describe_state(info.state)}"
+        return RunFacts(stalled="serving", notes=(note,))
 
     def _unhealthy(self, now: float) -> RunFacts | None:
         """Death by the live checks: generation failing (health route and one-token generate)
@@ -452,9 +663,12 @@ class Server:
             self._save_members()
 
     def _save_members(self) -> None:
-        """Rewrite the pidfile with every process seen, for a restarted autotune."""
+        """Rewrite the pidfile with every process seen (and the log writer), for a restarted
+        autotune."""
         main = (self.record.pid, self.record.start_ticks)
         members = tuple(key for key in self._seen.identities() if key != main)
+        if self.writer is not None:
+            members += (self.writer.identity,)
         if members == self.record.members:
             return
         self.record = replace(self.record, members=members)
@@ -470,7 +684,7 @@ class Server:
             return self._teardown
         started = self._clock()
         budget = self.spec.stop_grace_s + self.spec.release_s
-        self.log.pump()
+        self._pump()
         stop_line = self.log.lines
         was_running = not self._exited()
         if self._watch is not None:
@@ -486,8 +700,12 @@ class Server:
             self.process,
         )
         self._reap()
+        writer_note = ""
+        if self.writer is not None:  # it ends once the server's last process closed the pipe
+            self._pump()
+            writer_note = self.writer.finish(self._clock, self._sleep, WRITER_END_S)
         gpu_problems, gpu_record, port_free = self._wait_released(started, started + budget)
-        self.log.pump(final=True)
+        self._pump(final=True)
         self.log.close()
         verdict = self._final_verdict(was_running, stop_line)
         survivors = stopped.survivors
@@ -507,7 +725,7 @@ class Server:
             cause=verdict.cause,
             evidence=verdict.evidence,
             stuck=stopped.stuck(),
-            waited=(*stopped.record(), *gpu_record),
+            waited=(*stopped.record(), *gpu_record, *((writer_note,) if writer_note else ())),
             budget_s=budget,
         )
         return self._teardown

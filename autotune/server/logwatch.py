@@ -42,10 +42,10 @@ class LogWatch:
     def pump(self, final: bool = False) -> None:
         """Take in what was written since the last call; `final` also takes a last line that
         has no newline (the writer is gone)."""
-        before = self._tail.offset
+        before = self._tail.consumed
         lines = self._tail.flush() if final else self._tail.read()
         now = self._clock()
-        if self._tail.offset != before:
+        if self._tail.consumed != before:
             self.last_growth = now
         self._recent.extend(line for line in lines[-5:] if line.strip())
         for line in lines:
@@ -69,5 +69,12 @@ class LogWatch:
         """The last few non-empty lines: the only evidence when a process died silently."""
         return tuple(line.strip() for line in self._recent)
 
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What happened to the file itself while it was followed (truncated, deleted)."""
+        return tuple(self._tail.notes)
+
     def close(self) -> None:
+        """Stop following; a log deleted while the server ran is written back first."""
+        self._tail.keep()
         self._tail.close()

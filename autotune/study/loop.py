@@ -4,12 +4,15 @@ telling each trial's result to the study."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import optuna
-from optuna.exceptions import UpdateFinishedTrialError
+from optuna.exceptions import StorageInternalError, UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.config.space import grid
 from autotune.config.studyfile import (
@@ -112,6 +115,65 @@ class Interrupted(Exception):
     """The operator stopped the run (Ctrl-C or SIGTERM); the current trial is recorded."""
 
 
+STORAGE_ERRORS = (SQLAlchemyError, StorageInternalError)
+"""What the study storage raises when it cannot be reached or is locked."""
+STORAGE_PATIENCE_S = 120.0
+"""How long the loop keeps trying a storage that fails (a lock past SQLite's busy timeout, a
+PostgreSQL restart) before the run stops."""
+
+
+class StorageFailed(Exception):
+    """The study storage failed while `trial` was asked and not yet told (RUNNING); `result`
+    is what the trial measured, None when it failed before it ran."""
+
+    def __init__(self, trial: optuna.trial.Trial, result: Result | None, cause: Exception):
+        super().__init__(str(cause))
+        self.trial = trial
+        self.result = result
+        self.cause = cause
+
+
+StorageHandler = Callable[[StorageFailed], Result]
+"""Records a trial the storage failed on as a machine failure once the storage answers again
+(the runner: `autotune.study.runner`); raises HarnessError when it never does."""
+
+T = TypeVar("T")
+
+
+def patiently(
+    call: Callable[[], T],
+    *,
+    patience_s: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    note: Callable[[str], None] = lambda line: None,
+) -> T:
+    """`call()`, tried again while the storage fails, for up to `patience_s`; the last error
+    is raised after that (default STORAGE_PATIENCE_S). `note` hears one line the first time
+    it fails."""
+    deadline = clock() + (STORAGE_PATIENCE_S if patience_s is None else patience_s)
+    first = True
+    while True:
+        try:
+            return call()
+        except STORAGE_ERRORS as exc:
+            if clock() >= deadline:
+                raise
+            if first:
+                note(f"the study storage failed ({first_line(exc)}); trying again")
+                first = False
+            sleep(1.0)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of a storage error; Optuna's own wrapper (`StorageInternalError: An
+    exception is raised during the commit…`) gives way to the driver's error it wraps."""
+    while isinstance(exc, StorageInternalError) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 @dataclass(frozen=True)
 class LoopEnd:
     why: str
@@ -133,6 +195,8 @@ def run_loop(
     worker: Worker,
     on_told: Callable[[FrozenTrial], None] = lambda t: None,
     coordinator: Coordinator | None = None,
+    storage_failed: StorageHandler | None = None,
+    note: Callable[[str], None] = lambda line: None,
 ) -> LoopEnd:
     """Ask, run, tell until `n_trials` trials count, the time is up or the grid is done.
 
@@ -141,6 +205,10 @@ def run_loop(
     fill the budget, and a trial that would overrun the budget or repeat a running point is
     recorded as skipped instead of launched.
 
+    With `storage_failed`, a storage that fails is waited for (up to STORAGE_PATIENCE_S)
+    between trials, and a trial in flight when it fails is handed to `storage_failed`, which
+    records it as a machine failure; the loop then goes on.
+
     Raises `Interrupted` after recording the current trial when the operator stops the run, and
     `HarnessError` after several harness failures in a row (the machine, not the parameters).
     """
@@ -148,17 +216,29 @@ def run_loop(
     start = clock()
     ran = 0
     failures = 0
+
+    def budget() -> LoopEnd | str:
+        return _budget_left(study, cfg, n_trials, timeout_s, clock() - start, ran, coordinator)
+
     while True:
-        stop = _budget_left(study, cfg, n_trials, timeout_s, clock() - start, ran, coordinator)
+        stop = budget() if storage_failed is None else patiently(budget, note=note)
         if isinstance(stop, LoopEnd):
             return stop
         if stop == "again":
             continue
-        trial, result, skipped = _run_asked(study, cfg, run_one, n_trials, worker, coordinator)
+        try:
+            trial, result, skipped = _run_asked(
+                study, cfg, run_one, n_trials, worker, coordinator, patient=bool(storage_failed)
+            )
+        except StorageFailed as failed:
+            if storage_failed is None:
+                raise failed.cause from None
+            trial, result, skipped = failed.trial, storage_failed(failed), False
         if skipped and result.state != "interrupted":
             continue
         ran += 1
-        on_told(_frozen(study, trial))
+        frozen = _frozen if storage_failed is None else _patient_frozen(note)
+        on_told(frozen(study, trial))
         if result.state == "interrupted" or result.fatal == "interrupted":
             raise Interrupted(f"stopped by the operator during trial {trial.number}")
         if result.fatal:
@@ -213,32 +293,53 @@ def _run_asked(
     n_trials: int,
     worker: Worker,
     coordinator: Coordinator | None,
+    *,
+    patient: bool = False,
 ) -> tuple[optuna.trial.Trial, Result, bool]:
     """Ask a trial, run it (or skip it when another worker has it covered) and tell the study;
-    the trial, its result and whether it was skipped."""
-    trial = coordinator.ask(study) if coordinator is not None else study.ask()
+    the trial, its result and whether it was skipped. With `patient`, an ask the storage fails
+    is tried again (a trial it created before failing has no worker yet, and is failed as
+    stale by the next reap); a failure once the trial is asked raises `StorageFailed`."""
+
+    def ask() -> optuna.trial.Trial:
+        return coordinator.ask(study) if coordinator is not None else study.ask()
+
+    trial = patiently(ask) if patient else ask()
     skip = ""
-    try:
-        trial.set_user_attr(keys.WORKER, worker.to_dict())
-        if coordinator is not None:
-            skip = coordinator.claim(study, trial, n_trials)
-        result = Result("fail", "skipped", skip, None, {}) if skip else run_one(trial)
-    except KeyboardInterrupt:
-        result = Result("interrupted", "interrupted", "stopped by the operator", None, {})
-    finally:
-        if coordinator is not None:
-            coordinator.release(trial)
-    if not _tell_unless_finished(study, trial, result, cfg):
-        log.warning(
-            "trial %d was failed by another worker while it ran (its heartbeat was late); "
-            "its record stays in its trial folder",
-            trial.number,
-        )
+    result: Result | None = None
+    try:  # from here on the trial is RUNNING: a storage failure must not leave it so
+        try:
+            trial.set_user_attr(keys.WORKER, worker.to_dict())
+            if coordinator is not None:
+                skip = coordinator.claim(study, trial, n_trials)
+            result = Result("fail", "skipped", skip, None, {}) if skip else run_one(trial)
+        except KeyboardInterrupt:
+            result = Result("interrupted", "interrupted", "stopped by the operator", None, {})
+        finally:
+            if coordinator is not None:
+                coordinator.release(trial)
+        if not _tell_unless_finished(study, trial, result, cfg):
+            log.warning(
+                "trial %d was failed by another worker while it ran (its heartbeat was late); "
+                "its record stays in its trial folder",
+                trial.number,
+            )
+    except STORAGE_ERRORS as exc:
+        raise StorageFailed(trial, result, exc) from exc
     return trial, result, bool(skip)
 
 
 def _frozen(study: optuna.Study, trial: optuna.trial.Trial) -> FrozenTrial:
     return internals.fresh(study, trial)
+
+
+def _patient_frozen(
+    note: Callable[[str], None],
+) -> Callable[[optuna.Study, optuna.trial.Trial], FrozenTrial]:
+    def frozen(study: optuna.Study, trial: optuna.trial.Trial) -> FrozenTrial:
+        return patiently(lambda: internals.fresh(study, trial), note=note)
+
+    return frozen
 
 
 def _tell_unless_finished(

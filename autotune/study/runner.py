@@ -22,7 +22,7 @@ from typing import TextIO
 
 import optuna
 from optuna.exceptions import StorageInternalError
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.config.space import settings_for
@@ -35,7 +35,16 @@ from autotune.record.view import TrialView, view, views
 from autotune.search.capacity import DONE_ATTR, CapacityAwareSampler
 from autotune.server.hostcheck import results_disk_problem
 from autotune.sim.profiles import Profile, ProfileError, load_profile
-from autotune.study.loop import Interrupted, baseline_first, prepare, run_loop
+from autotune.study.loop import (
+    STORAGE_ERRORS,
+    Interrupted,
+    StorageFailed,
+    baseline_first,
+    first_line,
+    patiently,
+    prepare,
+    run_loop,
+)
 from autotune.study.objectives import best_feasible_capacity
 from autotune.study.progress import (
     Progress,
@@ -54,7 +63,14 @@ from autotune.study.workers import (
     worker_seed,
 )
 from autotune.trial.record import Result
-from autotune.trial.run import Launcher, plan_trial, run_trial, write_record
+from autotune.trial.run import (
+    Launcher,
+    plan_trial,
+    read_record,
+    rewrite_record,
+    run_trial,
+    write_record,
+)
 
 
 def run(
@@ -95,6 +111,8 @@ def run(
             worker=worker,
             on_told=night.on_told,
             coordinator=coordinator,
+            storage_failed=night.storage_failed,
+            note=lambda line: night.progress.message(f"warning: {line}"),
         )
     except (SQLAlchemyError, StorageInternalError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -134,10 +152,12 @@ class _Night:
         self.progress: Progress
         self.shown_k = 1
         """"trial k of N" of the trial in progress."""
+        self.url = ""
 
     def start(self, stream: TextIO, url: str, worker: Worker) -> None:
         """Recover, queue the first points, count what is done, and say where the study is."""
         cfg, study = self.cfg, self.study
+        self.url = url
         stopped = self.launcher.stop_orphans()
         note = "; ".join(stopped) or "no server was left running"
 
@@ -199,9 +219,77 @@ class _Night:
         write_record(record, plan.trial_dir)
         return record.result()
 
+    def storage_failed(self, failed: StorageFailed) -> Result:
+        """The storage failed while `failed.trial` was RUNNING (a lock held past SQLite's busy
+        timeout, a database restarting): once it answers again, the trial is recorded as a
+        machine failure (`harness_error`, never a parameter result; trial.json agrees, with
+        what it measured kept as `measured_outcome`) and its point is queued again. Raises
+        HarnessError, one line, when the storage does not answer within the patience."""
+        trial, number = failed.trial, failed.trial.number
+        cause = redact_text(first_line(failed.cause), self.url)
+        measured = failed.result.outcome if failed.result is not None else ""
+        reason = f"the study storage failed while the trial ran: {cause}"
+        if measured:
+            reason += f" (it measured {measured}; its point runs again)"
+        where = trial_dir(self.folder, number)
+        record = read_record(where) if measured else None
+        if record is not None:
+            record.update(
+                state="fail", outcome="harness_error", reason=reason, measured_outcome=measured
+            )
+        t0 = time.monotonic()
+        if not _fail_patiently(self.study, trial, reason, record):
+            raise HarnessError(
+                f"the study storage {redact(self.url)} failed: {cause}; trial {number} could not "
+                "be recorded (the next run marks it stale and runs its point again); run the "
+                "same command to resume"
+            )
+        if record is not None:
+            rewrite_record(where, record)
+        self.progress.message(
+            f"warning: trial {number}: {reason}; recorded as harness_error once the storage "
+            f"answered again, {time.monotonic() - t0:.0f} s later"
+        )
+        attrs: dict[str, object] = {keys.RECORD: record} if record is not None else {}
+        return Result("fail", "harness_error", reason, None, attrs)
+
     def on_told(self, t: FrozenTrial) -> None:
         _tally_add(self.tally, t)
         self.progress.trial_finished(_finished(t, self.tally, self.shown_k))
+
+
+def _fail_patiently(
+    study: optuna.Study,
+    trial: optuna.trial.Trial,
+    reason: str,
+    record: dict[str, object] | None,
+) -> bool:
+    """Fail `trial` as `harness_error` and queue its point again, retrying while the storage
+    fails (`loop.patiently`); a trial some write already finished is left as it is. False when
+    the storage never answered."""
+    done = {"told": False, "queued": False}
+
+    def attempt() -> None:
+        if not done["told"]:
+            if internals.fresh(study, trial).state.is_finished():
+                done["queued"] = True  # finished by the write that failed, or another worker
+            else:
+                trial.set_user_attr(keys.OUTCOME, "harness_error")
+                trial.set_user_attr(keys.REASON, reason)
+                if record is not None:
+                    trial.set_user_attr(keys.RECORD, record)
+                study.tell(trial, state=TrialState.FAIL)
+            done["told"] = True
+        if not done["queued"]:
+            if trial.params:
+                study.enqueue_trial(dict(trial.params))
+            done["queued"] = True
+
+    try:
+        patiently(attempt)
+    except STORAGE_ERRORS:
+        return False
+    return True
 
 
 def sampler_done(study: optuna.Study, trial: optuna.trial.Trial) -> str:

@@ -32,7 +32,7 @@ from autotune import __version__
 from autotune.config.space import Settings, address_flags, server_argv
 from autotune.config.studyfile import Limits, Scalar, StudyConfig
 from autotune.errors import HarnessError
-from autotune.loadgen import ServerFacts, Target, WorkloadSpec, run_workload
+from autotune.loadgen import Activity, ServerFacts, Target, WorkloadSpec, run_workload
 from autotune.logparse.ledger import build_ledger
 from autotune.logparse.lines import parse_lines
 from autotune.logparse.outcome import Outcome
@@ -132,6 +132,8 @@ class Stop:
     seconds: float = 0.0
     waited: tuple[str, ...] = ()
     """What the teardown waited for (processes after SIGKILL, GPU memory), for the record."""
+    log_notes: tuple[str, ...] = ()
+    """What happened to the server's log file itself (truncated, deleted and written back)."""
 
 
 class ServerRun(Protocol):
@@ -187,12 +189,15 @@ class TrialRecord:
     stress_peak_gib: float | None = None
     teardown: tuple[str, ...] = ()
     """What the teardown waited for, and how long each process took to go."""
+    log_notes: tuple[str, ...] = ()
+    """What happened to server.log itself while the server ran (rotated, deleted)."""
 
     def to_dict(self) -> dict[str, object]:
         d = asdict(self)
         d["argv"] = list(self.argv)
         d["evidence"] = list(self.evidence)
         d["teardown"] = list(self.teardown)
+        d["log_notes"] = list(self.log_notes)
         return d
 
     def measured(self) -> Measured | None:
@@ -229,7 +234,7 @@ def run_trial(
     plan: TrialPlan, launcher: Launcher, *, clock: Callable[[], float], phase: Phase
 ) -> TrialRecord:
     """Run one trial; never raises for what the server or the machine did."""
-    plan.trial_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(plan.trial_dir)
     phases: dict[str, float] = {}
     startup: Startup | None = None
     load: Load | None = None
@@ -264,7 +269,7 @@ def run_trial(
         phases["teardown"] = stop.seconds
     phases["total"] = clock() - t0
     record = _judge(plan, startup, load, interrupted, harness_error, phases)
-    record = replace(record, teardown=stop.waited)
+    record = replace(record, teardown=stop.waited, log_notes=stop.log_notes)
     if not stop.clean:
         record = replace(record, fatal=f"{FATAL_TEARDOWN}: {stop.reason}")
     elif pending and record.state != "interrupted":
@@ -383,13 +388,43 @@ def _float(v: object) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
+def private_dir(folder: Path) -> None:
+    """Create a trial folder readable by its owner only (0o700), its `trials/` parent too: the
+    server's log and the record hold the command line and what the server printed."""
+    folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(folder, 0o700)
+
+
 def write_record(record: TrialRecord, trial_dir: Path) -> Path:
-    """trial.json, written atomically (a crash leaves the old file or the new one, never half)."""
+    """trial.json (owner-only), written atomically (a crash leaves the old file or the new one,
+    never half)."""
+    return _write_json(_json_safe(record.to_dict()), trial_dir)
+
+
+def read_record(trial_dir: Path) -> dict[str, object] | None:
+    """trial.json as written, None when there is none (or it cannot be read)."""
+    try:
+        data = json.loads((trial_dir / "trial.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def rewrite_record(trial_dir: Path, record: Mapping[str, object]) -> Path:
+    """Replace trial.json with `record` (a dict read with `read_record` and changed)."""
+    return _write_json(_json_safe(record), trial_dir)
+
+
+def _write_json(data: object, trial_dir: Path) -> Path:
     path = trial_dir / "trial.json"
     tmp = path.with_suffix(".json.tmp")
     try:
-        trial_dir.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(_json_safe(record.to_dict()), indent=2, sort_keys=True) + "\n")
+        private_dir(trial_dir)
+        text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
         tmp.replace(path)
     except OSError as exc:
         raise HarnessError(f"cannot write {path}: {exc.strerror or exc}") from exc
@@ -570,15 +605,18 @@ class _LiveRun:
         target = Target(self.server.base_url, self.launcher._api_key)
         limit_s = self.launcher.limits.workload_s
         t0 = time.monotonic()
+        activity = Activity()
 
         def is_dead() -> str | None:
-            reason = self.server.dead_reason()
+            reason = self.server.dead_reason(activity.owed_s())
             if reason is None and time.monotonic() - t0 > limit_s:
                 return f"workload ran past server.limits.workload_s ({limit_s:g} s)"
             return reason
 
         with _FreeMemoryWatch(self.launcher.probe, self.server.spec.devices()) as watch:
-            result = run_workload(self.launcher.workload, target, facts, is_dead=is_dead)
+            result = run_workload(
+                self.launcher.workload, target, facts, is_dead=is_dead, activity=activity
+            )
         seconds = time.monotonic() - t0
         death = self.server.check_alive()
         overall = result.overall
@@ -607,7 +645,11 @@ class _LiveRun:
         t = self.server.stop()
         self.launcher.scrub(self.server.spec.log_path)
         return Stop(
-            clean=t.clean, reason="; ".join(t.problems), seconds=t.seconds, waited=t.waited
+            clean=t.clean,
+            reason="; ".join(t.problems),
+            seconds=t.seconds,
+            waited=t.waited,
+            log_notes=self.server.log.notes,
         )
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial
 
+from autotune.server import pidfile
 from autotune.testing import audit
 
 NAME = "rel"
@@ -217,3 +218,22 @@ def one_line(text: str) -> str:
     lines = [ln for ln in text.splitlines() if ln.strip()]
     assert len(lines) == 1, text
     return lines[0]
+
+
+def wait_for_log(
+    world: World, proc: subprocess.Popen[str], text: str, number: int = 0, timeout: float = 60
+) -> Path:
+    """Wait until trial `number`'s server.log holds `text` (the run must still be going)."""
+    log = world.study_dir / f"trials/{number:04d}/server.log"
+    deadline = time.monotonic() + timeout
+    while text not in (log.read_text(errors="replace") if log.exists() else ""):
+        assert time.monotonic() < deadline, f"{text!r} never appeared in {log}"
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    return log
+
+
+def server_record(world: World) -> pidfile.PidRecord:
+    """The pidfile of the one server the run has up now."""
+    [(_, record)] = pidfile.records(world.study_dir / "run")
+    return record

@@ -4,6 +4,7 @@ killed mid-trial, the storage is unwritable or locked, the results disk fills up
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import socket
@@ -19,7 +20,7 @@ import pytest
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.sim.gpustate import read_gpu_state, write_holder
-from tests.reliability.helpers import World, one_line
+from tests.reliability.helpers import World, one_line, wait_for_log
 
 pytestmark = pytest.mark.e2e
 GiB = 1 << 30
@@ -30,7 +31,7 @@ def _launch_failures(world: World, expected: str) -> None:
     done = world.run()
     assert done.rc == 1, done.out + done.err
     line = one_line(done.err)
-    assert "3 trials in a row failed for reasons outside the parameters" in line, line
+    assert "3 trials in a row failed for reasons outside the" in line, line
     assert expected in line, line
     trials = world.trials()
     launched = [t for t in trials if t.state != TrialState.WAITING]
@@ -348,3 +349,80 @@ def test_results_disk_fills_up_mid_trial(world: World, small_disk: Path) -> None
     assert "No space left on device" in line or "disk is full" in line, line
     assert not world.leftovers()
     _resumes_after_space_is_freed(world, ballast, n_trials=2)
+
+
+def test_storage_locked_mid_run_past_the_busy_timeout(world: World) -> None:
+    """Another process holds `BEGIN EXCLUSIVE` on study.db for 12 s while trial 0 serves
+    (SQLite's busy timeout is 5 s): the trial cannot be told when it ends. It is never left
+    RUNNING and never recorded as a parameter result: once the storage answers again it is
+    FAIL `harness_error` (trial.json agrees and keeps what it measured), its point runs again,
+    one warning line says so, and the run goes on to its budget."""
+    world.foreign_sleep()
+    world.study(duration=2, n_trials=2)
+    proc = world.start(*world.run_args())
+    wait_for_log(world, proc, "fired up and ready")
+    holder = sqlite3.connect(world.study_dir / "study.db", timeout=30)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        time.sleep(12)
+    finally:
+        holder.rollback()
+        holder.close()
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out + err
+    [line] = [ln for ln in out.splitlines() if "storage" in ln and "warning" in ln]
+    assert "trial 0: the study storage failed while the trial ran" in line, line
+    assert "database is locked" in line and "recorded as harness_error" in line, line
+    trials = world.trials()
+    first = trials[0]
+    assert (first.state, first.user_attrs["outcome"]) == (TrialState.FAIL, "harness_error")
+    assert "it measured ok; its point runs again" in first.user_attrs["reason"]
+    assert sum(t.state == TrialState.COMPLETE for t in trials) == 2
+    assert not any(t.state == TrialState.RUNNING for t in trials)
+    again = [t for t in trials[1:] if _point(t) == _point(first)]
+    assert again, "the point was not queued again"
+    record = json.loads((world.study_dir / "trials/0000/trial.json").read_text())
+    assert (record["outcome"], record["measured_outcome"]) == ("harness_error", "ok")
+    assert world.problems() == []
+
+
+CLOCK_JUMPS = """
+import atexit, os, time
+if os.environ.pop("REL_CLOCK_JUMPS", None):  # autotune only: its servers keep the real clock
+    _real, _real_ns, _mono = time.time, time.time_ns, time.monotonic
+    _t0, _seen = _mono(), [0]
+    _JUMPS = (0.0, 6 * 3600.0, -6 * 3600.0, 30 * 86400.0, -30 * 86400.0, 365 * 86400.0)
+    def _offset():
+        jump = _JUMPS[int((_mono() - _t0) / 0.4) % len(_JUMPS)]
+        _seen[0] += jump != 0.0
+        return jump
+    time.time = lambda: _real() + _offset()
+    time.time_ns = lambda: _real_ns() + int(_offset() * 1e9)
+    atexit.register(lambda: open(os.environ["REL_CLOCK_SEEN"], "w").write(str(_seen[0])))
+"""
+"""The wall clock of the autotune process jumps every 0.4 s: 6 h forward, 6 h back, a month
+either way, a year ahead; time.monotonic (and the servers' clocks) stay true."""
+
+
+def test_wall_clock_jumps_fire_no_timeout(world: World) -> None:
+    """Every time limit (startup_s 30, stall_s 1.5, the workload's 30 s, stop_grace_s, the
+    teardown budget, the readiness check) is measured on the monotonic clock: with the wall
+    clock jumping hours and months both ways all through two trials, both end `ok` and every
+    phase took what it took."""
+    site = world.folder / "clockjump"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(CLOCK_JUMPS)
+    seen = world.folder / "clock-jumps-seen"
+    world.foreign_sleep()
+    world.study(duration=3, n_trials=2)
+    env = {"PYTHONPATH": str(site), "REL_CLOCK_JUMPS": "1", "REL_CLOCK_SEEN": str(seen)}
+    done = world.run(env=env, timeout=180)
+    assert done.rc == 0, done.out + done.err
+    assert int(seen.read_text()) > 0, "the wall clock never jumped where autotune looked"
+    trials = [t for t in world.trials() if t.state != TrialState.WAITING]
+    assert [(t.state, t.user_attrs["outcome"]) for t in trials] == [(TrialState.COMPLETE, "ok")] * 2
+    for t in trials:
+        phases = t.user_attrs["record"]["phases"]
+        assert 0 < phases["total"] < 60 and phases["workload"] >= 3, phases
+        assert all(0 <= v < 60 for v in phases.values()), phases
+    assert world.problems() == []

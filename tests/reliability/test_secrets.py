@@ -3,14 +3,22 @@ redacted in every output, log text escaped in the HTML report."""
 
 from __future__ import annotations
 
+import json
+import os
 import secrets
+import signal
+import stat
+import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from optuna.trial import TrialState
 
-from tests.reliability.helpers import Done, World, one_line
+from autotune.server import procs
+from tests.reliability.helpers import Done, World, one_line, server_record
 
 pytestmark = pytest.mark.e2e
 
@@ -163,3 +171,84 @@ def test_html_report_escapes_log_text(world: World) -> None:
     pages = [p.read_text() for p in world.study_dir.rglob("*.html")]
     assert pages and all(INJECTED not in page for page in pages)
     assert any("&lt;script&gt;alert(" in page for page in pages)
+
+
+# ------------------------------------------------------------------------------------------------
+# The live log, and who may read a trial's folder
+# ------------------------------------------------------------------------------------------------
+
+
+def _writer_of(log: Path) -> procs.ProcInfo | None:
+    """The masking writer that writes `log` (its command line names the log)."""
+    for p in procs.all_procs():
+        try:
+            argv = Path(f"/proc/{p.pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"masking.py") for a in argv) and str(log).encode() in argv:
+            return p
+    return None
+
+
+def _generate(port: int, key: str) -> int:
+    body = json.dumps({"text": "hello", "sampling_params": {"max_new_tokens": 2}}).encode()
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/generate",
+        data=body,
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return int(resp.status)
+
+
+def test_api_key_is_never_in_the_live_log_even_after_autotune_dies(world: World) -> None:
+    """SGLang prints its arguments, the key among them, at startup. The server writes into a
+    pipe and a masking writer (its own session, every signal but SIGKILL ignored) writes the
+    log: the key is never in the file, not even while the server runs. autotune SIGKILLed
+    mid-trial neither stops nor blocks the server: it goes on serving and logging (masked); the
+    resume stops server and writer alike. Trial folders are 0700, logs and records 0600."""
+    key = "sk-live-" + secrets.token_hex(12)
+    env = {KEY_ENV: key}
+    world.foreign_sleep()
+    world.study(workload=f'api_key_env = "{KEY_ENV}"', duration=30, n_trials=2)
+    proc = world.start(*world.run_args(), env=env)
+    log = world.study_dir / "trials/0000/server.log"
+    deadline = time.monotonic() + 60
+    while b"Decode batch" not in (log.read_bytes() if log.exists() else b""):
+        assert key.encode() not in (log.read_bytes() if log.exists() else b"")
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.01)
+    assert b"api_key='***'" in log.read_bytes() or b"api_key=***" in log.read_bytes()
+    record = server_record(world)
+    writer = _writer_of(log)
+    assert writer is not None, "no masking writer"
+    assert writer.sid == writer.pid != record.sid  # a session of its own
+    assert (writer.pid, writer.start_ticks) in record.members  # a resume stops it too
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    time.sleep(1.0)
+    assert procs.is_alive(record.pid, record.start_ticks), "the server died with autotune"
+    assert procs.is_alive(writer.pid, writer.start_ticks), "the writer died with autotune"
+    size = log.stat().st_size
+    assert _generate(record.port, key) == 200  # still serving, and still logging
+    deadline = time.monotonic() + 10
+    while log.stat().st_size == size:
+        assert time.monotonic() < deadline, "nothing logged after autotune died"
+        time.sleep(0.05)
+    assert key.encode() not in log.read_bytes()
+    world.study(workload=f'api_key_env = "{KEY_ENV}"', duration=0.5, n_trials=2)
+    done = world.run(env=env)
+    assert done.rc == 0, done.out + done.err
+    assert "recovered trials [0]" in done.out
+    assert not procs.is_alive(writer.pid, writer.start_ticks)
+    assert world.problems() == []
+    files = [p for p in world.folder.rglob("*") if p.is_file()]
+    assert [str(p) for p in files if key.encode() in p.read_bytes()] == []
+    trials = sorted((world.study_dir / "trials").iterdir())
+    assert len(trials) >= 2
+    assert stat.S_IMODE((world.study_dir / "trials").stat().st_mode) == 0o700
+    for folder in trials:
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+        for name in ("server.log", "trial.json"):
+            if (folder / name).exists():
+                assert stat.S_IMODE((folder / name).stat().st_mode) == 0o600, folder / name

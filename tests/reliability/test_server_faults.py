@@ -8,12 +8,25 @@ checks what the study recorded, that storage and results folder agree (no lost t
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import signal
+import stat
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from optuna.trial import TrialState
 
-from tests.reliability.helpers import EAGLE, STRESS, World
+from autotune.config.studyfile import Limits
+from autotune.loadgen import workload_from_dict
+from autotune.server import pidfile
+from autotune.server.gpu import SimProbe
+from autotune.server.preflight import free_port
+from autotune.trial.run import LiveLauncher, TrialPlan, run_trial
+from tests.reliability.helpers import EAGLE, STRESS, World, server_record, wait_for_log
 
 pytestmark = pytest.mark.e2e
 
@@ -49,10 +62,16 @@ def test_broken_health_while_serving_works(world: World, fault: str) -> None:
     assert workload["overall"]["completed"] > 0 and workload["overall"]["failed"] == 0
 
 
-def test_non_oom_crash_mid_load(world: World) -> None:
+KEYED = {"workload": 'api_key_env = "REL_API_KEY"'}
+"""With an API key the server's output goes through the masking writer: the verdicts must be
+the same (the writer is given a moment to write the last lines of a dying server)."""
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["plain", "keyed"])
+def test_non_oom_crash_mid_load(world: World, keyed: bool) -> None:
     world.foreign_sleep()
-    world.study(flags='sim-fault = "crash-mid-load"')
-    done = world.run()
+    world.study(flags='sim-fault = "crash-mid-load"', **(KEYED if keyed else {}))
+    done = world.run(env={"REL_API_KEY": "sk-rel-crash-0123456789"} if keyed else None)
     assert done.rc == 0, done.err
     record = _only_trial(world, TrialState.COMPLETE, "startup_error")
     assert world.trials()[0].constraints["crash"] > 0
@@ -69,10 +88,11 @@ def test_oom_at_startup(world: World) -> None:
     assert world.trials()[0].constraints["oom"] > 0
 
 
-def test_oom_under_load(world: World) -> None:
+@pytest.mark.parametrize("keyed", [False, True], ids=["plain", "keyed"])
+def test_oom_under_load(world: World, keyed: bool) -> None:
     world.foreign_sleep()
-    world.study(phases=STRESS, baseline=0.93, flags=EAGLE)
-    done = world.run()
+    world.study(phases=STRESS, baseline=0.93, flags=EAGLE, **(KEYED if keyed else {}))
+    done = world.run(env={"REL_API_KEY": "sk-rel-oom-0123456789"} if keyed else None)
     assert done.rc == 0, done.err
     record = _only_trial(world, TrialState.COMPLETE, "runtime_oom")
     assert "CUDA out of memory" in str(record["evidence"])
@@ -119,3 +139,108 @@ def test_gpu_memory_never_released_stops_the_run_clearly(world: World) -> None:
     assert trial.state == TrialState.COMPLETE and trial.user_attrs["outcome"] == "ok"
     assert all(t.state == TrialState.WAITING for t in queued)  # nothing launched after it
     assert world.problems() == []
+
+
+# ------------------------------------------------------------------------------------------------
+# Hangs while serving: the process lives, nothing comes back
+# ------------------------------------------------------------------------------------------------
+
+
+def test_server_frozen_with_sigstop_while_serving_is_a_hang(world: World) -> None:
+    """SIGSTOP to the whole server mid-workload: alive, silent. Judged a hang within stall_s
+    (1.5 s) of the last answer, recorded as such, killed (SIGKILL ends a stopped process)."""
+    world.foreign_sleep()
+    world.study(duration=30)
+    proc = world.start(*world.run_args())
+    wait_for_log(world, proc, "Decode batch")
+    record = server_record(world)
+    os.killpg(record.pgid, signal.SIGSTOP)
+    frozen = time.monotonic()
+    out, err = proc.communicate(timeout=60)
+    ended = time.monotonic() - frozen
+    assert proc.returncode == 0, out + err
+    trial = _only_trial(world, TrialState.FAIL, "hang")
+    assert "hang (stall:serving)" in str(trial["reason"]), trial["reason"]
+    assert "no answer to the workload" in str(trial["reason"])
+    assert "state T: stopped" in str(trial["evidence"]), trial["evidence"]
+    # stall_s after the freeze, then the 1.5 s grace for SIGTERM (pending while stopped), SIGKILL
+    assert ended < 1.5 + 1.5 + 5, ended
+    assert trial["phases"]["workload"] < 1.5 + 3, trial["phases"]
+    assert any("state T: stopped" in w for w in trial["teardown"]), trial["teardown"]
+
+
+STUCK = Path(__file__).with_name("stuck_server.py")
+
+
+def test_health_answering_while_generate_hangs_is_a_hang(world: World) -> None:
+    """`/health` (and `/health_generate`) answer 200 while every `/generate` after the first few
+    hangs and the log is silent: the HTTP front is alive, generation is stuck. Judged a hang
+    within stall_s, never an `ok` trial with failed requests; the server is stopped. The stand-in
+    server (`stuck_server.py`) runs through the real trial runner and live launcher."""
+    world.foreign_sleep()
+    limits = Limits(startup_s=30, stall_s=1.5, workload_s=60, stop_grace_s=1.5, release_s=3)
+    workload = workload_from_dict(
+        {"input_len": 8, "output_len": 1, "stream": False, "request_timeout_s": 30,
+         "drain_timeout_s": 2, "phases": [{"kind": "steady", "concurrency": 2, "duration_s": 20}]}
+    )  # fmt: skip
+    study_dir = world.study_dir
+    launcher = LiveLauncher(
+        workload=workload, limits=limits, run_dir=study_dir / "run",
+        probe=SimProbe(study_dir / "sim-gpu"), extra=(), version="0.5.9", study="rel",
+    )  # fmt: skip
+    trial_dir = study_dir / "trials/0000"
+    plan = TrialPlan(
+        number=0, params={}, env={}, host="127.0.0.1", port=free_port("127.0.0.1"),
+        argv=(sys.executable, str(STUCK), "--answers", "6", "--marker", str(world.folder)),
+        trial_dir=trial_dir, limits=limits, backend="sglang",
+    )  # fmt: skip
+    t0 = time.monotonic()
+    record = run_trial(plan, launcher, clock=time.monotonic, phase=lambda _: None)
+    took = time.monotonic() - t0
+    assert (record.state, record.outcome) == ("fail", "hang"), record.reason
+    assert "hang (stall:serving)" in record.reason and "no answer to the workload" in record.reason
+    assert record.phases["workload"] < 1.5 + 3, record.phases  # not the 20 s phase, not 30 s
+    assert took < 15, took
+    assert pidfile.records(study_dir / "run") == []  # stopped and proved gone
+
+
+# ------------------------------------------------------------------------------------------------
+# The server log rotated or deleted mid-trial
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["plain", "keyed"])
+@pytest.mark.parametrize("how", ["copytruncate", "delete"])
+def test_server_log_rotated_or_deleted_mid_trial(world: World, how: str, keyed: bool) -> None:
+    """logrotate's copytruncate (three times) or `rm server.log` while the server serves: the
+    trial ends as its parameters say (no stall taken for a hang, no line read twice or lost
+    after the truncation, no hole of NULs), the record says what happened to the file, and a
+    deleted log is written back at the teardown."""
+    world.foreign_sleep()
+    world.study(duration=4, **(KEYED if keyed else {}))
+    env = {"REL_API_KEY": "sk-rel-rotate-0123456789"} if keyed else None
+    proc = world.start(*world.run_args(), env=env)
+    log = wait_for_log(world, proc, "Decode batch")
+    if how == "copytruncate":
+        for i in range(3):
+            shutil.copyfile(log, log.with_name(f"server.log.{i + 1}"))
+            os.truncate(log, 0)
+            time.sleep(0.6)
+    else:
+        log.unlink()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out + err
+    record = _only_trial(world, TrialState.COMPLETE, "ok")
+    overall = record["workload"]["overall"]  # type: ignore[index]
+    assert overall["completed"] > 0 and overall["failed"] == 0, overall
+    notes = " ".join(record["log_notes"])  # type: ignore[arg-type]
+    text = log.read_bytes()
+    if how == "copytruncate":
+        assert "server.log was truncated while the server ran (copytruncate)" in notes, notes
+        assert b"\0" not in text and text.startswith(b"[")  # appended from byte 0, no hole
+    else:
+        assert "server.log was deleted while the server ran; written back" in notes, notes
+        assert b"fired up and ready" in text and b"Decode batch" in text
+        assert stat.S_IMODE(log.stat().st_mode) == 0o600
+    if keyed:
+        assert b"sk-rel-rotate" not in text

@@ -3,13 +3,19 @@ and the audit that finds lost trials."""
 
 from __future__ import annotations
 
+import os
+import random
+import sqlite3
+import stat
 from pathlib import Path
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
-from autotune.masking import redact, redact_text, scrub_file
+from autotune.masking import StreamMask, redact, redact_text, scrub_file
 from autotune.server.hostcheck import machine_ram_gb, results_disk_problem
+from autotune.server.logtail import LogTail
 from autotune.testing import audit
 
 
@@ -61,3 +67,85 @@ def test_audit_finds_running_and_unrecorded_trials(tmp_path: Path) -> None:
     problems = audit.problems(study.get_trials(), tmp_path)
     assert any("trial.json says 'crash', the storage 'ok'" in p for p in problems)
     assert any(f"trial {running.number} is FAIL without an outcome" in p for p in problems)
+
+
+def test_tail_follows_a_truncation_even_once_the_file_grew_past_the_old_offset(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "server.log"
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    tail = LogTail(log)
+    os.write(fd, b"".join(b"[old] line %d\n" % i for i in range(10)))
+    assert len(tail.read()) == 10
+    os.truncate(log, 0)  # copytruncate, then more written than was there before
+    os.write(fd, b"".join(b"[new] line %d of the new file\n" % i for i in range(10)))
+    lines = tail.read()
+    assert lines[0] == "[new] line 0 of the new file" and len(lines) == 10, lines
+    assert "truncated while the server ran (copytruncate)" in tail.notes[0]
+    os.truncate(log, 0)
+    os.write(fd, b"[short]\n")
+    assert tail.read() == ["[short]"]
+    os.close(fd)
+    tail.close()
+
+
+def test_tail_keeps_reading_a_deleted_log_and_writes_it_back(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    tail = LogTail(log)
+    os.write(fd, b"one\n")
+    log.unlink()
+    os.write(fd, b"two\n")
+    assert tail.read() == ["one", "two"]
+    os.close(fd)
+    tail.keep()
+    tail.close()
+    assert log.read_bytes() == b"one\ntwo\n" and stat.S_IMODE(log.stat().st_mode) == 0o600
+    assert "deleted while the server ran; written back" in tail.notes[0]
+
+
+def test_stream_mask_masks_a_secret_cut_anywhere() -> None:
+    key = b"sk-unit-0123456789abcdef"
+    text = b"server_args=ServerArgs(api_key='" + key + b"')\nsk-unit-01 is no key\n" + key * 2
+    rng = random.Random(0)
+    for _ in range(500):
+        mask, out, at = StreamMask([key]), b"", 0
+        while at < len(text):
+            step = rng.randint(1, 9)
+            out += mask.feed(text[at : at + step])
+            at += step
+        assert out + mask.end() == text.replace(key, b"***")
+
+
+def test_scrubbed_log_stays_owner_only(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_bytes(b"api_key='sk-9'\n")
+    os.chmod(log, 0o600)
+    assert scrub_file(log, "sk-9") == 1
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+
+
+def test_a_trial_the_storage_never_takes_back_is_reported_not_hidden(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the patience, `_fail_patiently` gives up (False: the runner stops with one line and
+    the next run marks the trial stale); once the lock is gone it records harness_error."""
+    from autotune.study import loop, runner
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(study_name="u", storage=url)
+    study.enqueue_trial({"x": 1.0})
+    trial = study.ask()
+    trial.suggest_float("x", 0.0, 2.0)
+    monkeypatch.setattr(loop, "STORAGE_PATIENCE_S", 0.5)
+    holder = sqlite3.connect(tmp_path / "study.db", timeout=30)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        assert not runner._fail_patiently(study, trial, "storage failed", None)
+    finally:
+        holder.rollback()
+        holder.close()
+    assert runner._fail_patiently(study, trial, "storage failed", None)
+    [failed, queued] = study.get_trials()
+    assert (failed.state, failed.user_attrs["outcome"]) == (TrialState.FAIL, "harness_error")
+    assert queued.state == TrialState.WAITING
