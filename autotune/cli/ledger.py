@@ -2,17 +2,23 @@
 
 Reads a log from any SGLang version (0.4.x to 0.5.23), e.g. one copied from the production box
 or `journalctl -u sglang > server.log`, and prints where each GiB went, the effective limits,
-how the run ended with the lines that prove it, and a short summary of the serving lines.
+how the run ended with the lines that prove it, a short summary of the serving lines, and what
+other mem_fraction_static values would give (the pool, the memory left after startup, the
+lowest fraction that can hold a pool), with the rules of the SGLang release the log shows.
 With `--json` it prints one object; fields the log does not show are null.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
+from autotune.errors import UsageError
 from autotune.review.ledgerview import as_json, as_text, read_log, summarize_log
+from autotune.review.whatif import as_text as what_if_text
+from autotune.review.whatif import what_if
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -24,16 +30,30 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("logfile", type=Path, help="an SGLang server log")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--fraction",
+        type=float,
+        action="append",
+        metavar="F",
+        help="also predict this mem_fraction_static (repeatable)",
+    )
     p.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
+    for f in args.fraction or ():
+        if not 0.0 < f < 1.0:
+            raise UsageError(f"--fraction {f:g}: must be between 0 and 1")
     log = read_log(args.logfile)
     ledger, verdict, serving = summarize_log(log)
-    out = (
-        as_json(ledger, verdict, serving, log) + "\n"
-        if args.json
-        else as_text(ledger, verdict, serving)
-    )
+    other = what_if(ledger, extra=args.fraction or ())
+    if args.json:
+        doc = json.loads(as_json(ledger, verdict, serving, log))
+        doc["what_if"] = other.to_dict() if other is not None else None
+        sys.stdout.write(json.dumps(doc) + "\n")
+        return 0
+    out = as_text(ledger, verdict, serving)
+    if other is not None:
+        out += "\n" + what_if_text(other)
     sys.stdout.write(out)
     return 0

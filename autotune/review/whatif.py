@@ -1,0 +1,185 @@
+"""What other settings would give, read from one log: the pool SGLang would size and the memory
+left after startup at other `mem_fraction_static` values, the lowest fraction that can hold a
+pool, what `max_running_requests` and the CUDA-graph batch limit cost, in plain words.
+
+The arithmetic is the same one the search and `explain` use (`autotune.memory.arithmetic`), with
+the release's rules the log shows (0.5.9's order, or 0.5.18+'s draft weights before the sizing
+and the draft folded into the cell). Pure: a ledger in, rows and sentences out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from autotune.logparse.ledger import Ledger
+from autotune.memory.arithmetic import Arithmetic, arithmetic
+
+DEFAULT_STEP = 0.01
+SPAN = 4
+"""Fractions shown each side of the log's own, one step apart (more with --fraction)."""
+
+
+@dataclass(frozen=True)
+class Row:
+    fraction: float
+    tokens: int
+    kv_gib: float
+    reserve_gib: float
+    free_after_startup_gib: float | None
+    free_at_peak_gib: float | None
+    measured: bool
+    """This row is the log's own launch (its figures as printed, not predicted)."""
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    fraction: float
+    semantics: str
+    rows: tuple[Row, ...]
+    lowest_fraction: float
+    """Below this SGLang finds no room for a pool ("Not enough memory")."""
+    highest_covering_peak: float | None
+    """The highest fraction whose reserve still covers the log's transient peak, if it shows one."""
+    request_table_gib: float | None
+    graphs_gib: float | None
+    words: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        d = asdict(self)
+        d["rows"] = [asdict(r) for r in self.rows]
+        d["words"] = list(self.words)
+        return d
+
+
+def what_if(
+    ledger: Ledger,
+    *,
+    fraction: float | None = None,
+    extra: Sequence[float] = (),
+    stress_peak_gib: float | None = None,
+) -> WhatIf | None:
+    """Other settings for the launch `ledger` describes; None when the log lacks P, A or the
+    pool (a fragment, a start that died before the KV pool)."""
+    f = fraction if fraction is not None else ledger.mem_fraction_static
+    if f is None:
+        f = _fraction_from_pool(ledger)
+    if f is None:
+        return None
+    a = arithmetic(ledger, f, stress_peak_gib=stress_peak_gib)
+    if a is None:
+        return None
+    grid = {round(f + k * DEFAULT_STEP, 4) for k in range(-SPAN, SPAN + 1)}
+    grid |= {round(x, 4) for x in extra}
+    lowest = _lowest(a)
+    rows = tuple(_row(a, x) for x in sorted(grid) if 0.0 < x < 1.0 and x > lowest)
+    highest = a.highest_fraction(0.0, DEFAULT_STEP) if a.stress_peak_gib is not None else None
+    h = a.headroom
+    table = h.request_table if h is not None else None
+    graphs = h.graphs if h is not None else None
+    return WhatIf(
+        fraction=f,
+        semantics=a.semantics,
+        rows=rows,
+        lowest_fraction=lowest,
+        highest_covering_peak=highest,
+        request_table_gib=table,
+        graphs_gib=graphs,
+        words=_words(a, lowest, highest, table, graphs),
+    )
+
+
+def as_text(w: WhatIf) -> str:
+    lines = [
+        f"What other mem_fraction_static values would give (SGLang {w.semantics} rules, from "
+        f"this log's launch at {w.fraction:g}):",
+        f"  {'fraction':>8}  {'KV tokens':>10}  {'KV GiB':>7}  {'reserve':>8}  "
+        f"{'free after startup':>18}  {'free at the peak':>16}",
+    ]
+    for r in w.rows:
+        free = (
+            f"{r.free_after_startup_gib:.2f} GiB" if r.free_after_startup_gib is not None else "-"
+        )
+        peak = f"{r.free_at_peak_gib:.2f} GiB" if r.free_at_peak_gib is not None else "-"
+        mark = "  (this log)" if r.measured else ""
+        lines.append(
+            f"  {r.fraction:>8.2f}  {r.tokens:>10,}  {r.kv_gib:>7.2f}  {r.reserve_gib:>6.2f} G"
+            f"  {free:>18}  {peak:>16}{mark}"
+        )
+    lines += [f"  {s}" for s in w.words]
+    return "\n".join(lines) + "\n"
+
+
+def _row(a: Arithmetic, fraction: float) -> Row:
+    at = a.at(fraction)
+    if math.isclose(fraction, a.fraction, abs_tol=1e-9) and a.tokens is not None:
+        return Row(  # the log's own launch: its figures as printed
+            fraction=fraction,
+            tokens=a.tokens,
+            kv_gib=round(a.kv_logged_gib if a.kv_logged_gib is not None else at.kv_gib, 4),
+            reserve_gib=round(at.reserve_gib, 4),
+            free_after_startup_gib=_r(a.headroom.free if a.headroom is not None else None),
+            free_at_peak_gib=_r(a.free_at_peak_gib),
+            measured=True,
+        )
+    return Row(
+        fraction=fraction,
+        tokens=at.tokens,
+        kv_gib=round(at.kv_gib, 4),
+        reserve_gib=round(at.reserve_gib, 4),
+        free_after_startup_gib=_r(at.static_free_gib),
+        free_at_peak_gib=_r(at.free_at_peak_gib),
+        measured=False,
+    )
+
+
+def _lowest(a: Arithmetic) -> float:
+    """The pool is A − P·(1 − f): it has room only above f = 1 − A/P."""
+    return max(0.0, 1.0 - a.avail_after_weights_gib / a.p_gib) if a.p_gib > 0 else 0.0
+
+
+def _words(
+    a: Arithmetic,
+    lowest: float,
+    highest: float | None,
+    table: float | None,
+    graphs: float | None,
+) -> tuple[str, ...]:
+    out = [
+        f"The KV pool is what is free after the weights less the reserve: "
+        f"{a.avail_after_weights_gib:.2f} − {a.p_gib:.2f} × (1 − f) GiB, at "
+        f"{a.cell_bytes:,.0f} bytes per token; each 0.01 of f is {a.p_gib * 0.01:.2f} GiB, "
+        f"about {int(a.p_gib * 0.01 * 2**30 // a.cell_bytes):,} tokens.",
+        f"Below f = {lowest:.3f} there is no room for a pool: SGLang stops at startup with "
+        "'Not enough memory' (raise the fraction).",
+        "max_running_requests does not size the pool: it sizes the request table"
+        + (f" ({table:.2f} GiB here, growing with it)" if table is not None else "")
+        + " and the CUDA graphs"
+        + (f" ({graphs:.2f} GiB here, growing with the graph batch limit)" if graphs else "")
+        + ", both paid from the reserve.",
+    ]
+    if highest is not None and a.stress_peak_gib is not None:
+        out.append(
+            f"The log's transient peak ({a.stress_peak_gib:.2f} GiB above the static allocations) "
+            f"fits the reserve up to f = {highest:.2f}; above it a big prefill batch runs out of "
+            "memory."
+        )
+    else:
+        out.append(
+            "The log shows no transient peak under load, so where a large prefill batch would "
+            "run out of memory is not known from it: run a study with a stress phase."
+        )
+    return tuple(out)
+
+
+def _fraction_from_pool(ledger: Ledger) -> float | None:
+    """f from the budget when the log does not print it: the pool N·cell = A − P·(1 − f)."""
+    p, a, kv = ledger.p_gib, ledger.avail_after_weights_gib, ledger.kv_gib
+    if p is None or a is None or kv is None or p <= 0:
+        return None
+    return round(1.0 - (a - kv) / p, 3)
+
+
+def _r(v: float | None) -> float | None:
+    return round(v, 4) if v is not None else None

@@ -1,0 +1,85 @@
+"""`autotune ledger LOG` predicts other fractions from one log: checked against the simulator's
+own launches at those fractions, in 0.5.9 and 0.5.23 mode."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.simstudy import assert_none_left
+
+pytestmark = pytest.mark.e2e
+FRACTIONS = ("0.85", "0.88", "0.90", "0.93")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _launch_log(folder: Path, version: str, fraction: str) -> Path:
+    """Start the simulator at `fraction`, wait for "fired up", stop it; its log."""
+    log = folder / f"{version}-{fraction}.log"
+    argv = [sys.executable, "-m", "autotune.sim", "--sim-profile", "kimi-k2.5-tp8-96g",
+            "--sim-version", version, "--sim-time-scale", "30000",
+            "--sim-gpu-dir", str(folder / f"gpu-{version}-{fraction}"),
+            "--model-path", "moonshotai/Kimi-K2.5", "--tp-size", "8", "--trust-remote-code",
+            "--speculative-algorithm", "EAGLE3",
+            "--speculative-draft-model-path", "lightseekorg/kimi-k2.5-eagle3",
+            "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", "4", "--mem-fraction-static", fraction,
+            "--max-running-requests", "48", "--enable-hierarchical-cache", "--hicache-size", "48",
+            "--host", "127.0.0.1", "--port", str(_port())]  # fmt: skip
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while "fired up" not in log.read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.1)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return log
+
+
+def _ledger(log: Path, *extra: str) -> dict[str, object]:
+    done = subprocess.run(
+        [sys.executable, "-m", "autotune", "ledger", str(log), "--json", *extra],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert isinstance(doc, dict)
+    return doc
+
+
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.23"])
+def test_one_log_predicts_the_other_fractions(no_leftovers: Path, version: str) -> None:
+    logs = {f: _launch_log(no_leftovers, version, f) for f in FRACTIONS}
+    doc = _ledger(logs["0.88"], "--fraction", "0.85", "--fraction", "0.90", "--fraction", "0.93")
+    what = doc["what_if"]
+    assert isinstance(what, dict) and what["semantics"] == version
+    rows = {round(r["fraction"], 2): r for r in what["rows"]}
+    for f in ("0.85", "0.90", "0.93"):
+        actual = _ledger(logs[f])
+        tokens = actual["max_total_num_tokens"]
+        free = actual["available_gpu_mem_gib"] or actual["avail_after_graphs_gib"]
+        assert isinstance(tokens, int) and isinstance(free, float)
+        row = rows[float(f)]
+        assert abs(row["tokens"] - tokens) <= 0.005 * tokens, (f, row, tokens)
+        assert abs(row["free_after_startup_gib"] - free) <= 0.1, (f, row, free)
+    assert 0.7 < what["lowest_fraction"] < 0.85
+    assert any("does not size the pool" in w for w in what["words"])
+    assert_none_left(no_leftovers)
