@@ -38,17 +38,9 @@ from autotune.config.space import settings_for
 from autotune.config.studyfile import SamplerConfig
 from autotune.errors import UsageError
 from autotune.search.capacity import DONE_ATTR
-from autotune.sim.profiles import list_profiles, load_profile
+from autotune.sim.profiles import Mismatch, list_profiles, load_profile
 from autotune.study.samplers import SAMPLER_FACTORIES, make_sampler
-from autotune.testing.oracle import (
-    MISMATCH,
-    Bench,
-    Launch,
-    Mismatch,
-    bench_for,
-    best_stable,
-    run_trial,
-)
+from autotune.testing.oracle import MISMATCH, Bench, Launch, bench_for, best_stable, run_trial
 
 DEFAULT_SAMPLERS = ("capacity", "tpe", "random", "gp", "walkdown")
 BENCH_PROFILES = Path(__file__).resolve().parent / "bench_profiles"
@@ -68,7 +60,7 @@ def mismatch_of(keys: str) -> Mismatch:
     unknown = [k for k in names if k not in MISMATCH_KEYS]
     if unknown:
         raise SystemExit(f"--mismatch: unknown {', '.join(unknown)}; one of {MISMATCH_KEYS}")
-    if "spike_probability" in names or "spike_factor" in names:
+    if "spike_probability" in names or "spike_factor" in names:  # one knob, two keys
         names += ["spike_probability", "spike_factor"]
     return replace(Mismatch(), **{k: getattr(MISMATCH, k) for k in names})
 

@@ -317,9 +317,16 @@ class _Planner:
         self.known = known
         self.pending = pending
         self.goal = goal
-        self.model = fit(p.observation for p in known if p.observation is not None)
-        self.cal = calibrate(known)
         self.bounds = [p for p in known if p.memory_failure and not _contradicted(p, known)]
+        # a runtime OOM that a launch needing more memory contradicts says nothing of the peak
+        # those settings will see (the model would take it as a floor for all of them)
+        self.model = fit(
+            p.observation
+            for p in known
+            if p.observation is not None
+            and not (p.observation.outcome == "runtime_oom" and _contradicted(p, known))
+        )
+        self.cal = calibrate(known)
         """Failures that bound the search: each rules out every setting needing at least as
         much memory of its kind. A GPU-memory failure that a launch needing at least as much
         memory contradicts (it held) is noise of the peak, not a bound: it widens the model's
@@ -502,15 +509,25 @@ class _Planner:
     def _noise_retry(
         self, scored: list[tuple[dict[str, Scalar], Forecast, float]]
     ) -> Proposal | None:
-        """A failure that a launch needing at least as much memory contradicts (it held) is the
-        peak's noise, not a bound: run it once more when it is above the best stable capacity
-        and the model still gives it a chance."""
+        """A second chance for a failure above the best stable capacity that may be the peak's
+        noise rather than the edge: one that a launch needing at least as much memory
+        contradicts (it held), or a near miss (it served the whole workload, only with less
+        headroom than required). A near miss first tries the same fraction with less demand;
+        either runs once more while the model still gives it a chance."""
         for p in sorted(self.known, key=lambda q: -tokens_of(q)):
             o = p.observation
-            if o is None or p in self.bounds or not p.memory_failure or tokens_of(p) <= self.cap:
+            if o is None or not p.memory_failure or tokens_of(p) <= self.cap:
                 continue
             if host_failure(o) is not None:
                 continue
+            contradicted = p not in self.bounds
+            near = _near_miss(p)
+            if not (contradicted or near):
+                continue
+            if near and not contradicted:
+                alt = self._less_demand(p, scored, why=f"trial {p.number} missed the headroom")
+                if alt is not None:
+                    return alt
             runs = sum(
                 1
                 for q in self.known
@@ -523,18 +540,22 @@ class _Planner:
             if pr < self.goal.probe_p:
                 continue
             params = {k: v for k, v in p.params.items() if k in self.axes}
-            held = next(
-                q
-                for q in self.known
-                if q.feasible and q.observation and needs_more(q.observation.setting, o.setting)
-            )
-            return self._proposal(
-                params,
-                fc,
-                "retry",
-                f"trial {p.number} failed where trial {held.number}, needing at least as much "
-                f"memory, held: the peak's noise, not a bound; once more, p(stable) {pr:.2f}",
-            )
+            if contradicted:
+                held = next(
+                    q
+                    for q in self.known
+                    if q.feasible and q.observation and needs_more(q.observation.setting, o.setting)
+                )
+                note = (
+                    f"trial {p.number} failed where trial {held.number}, needing at least as "
+                    "much memory, held: the peak's noise, not a bound"
+                )
+            else:
+                note = (
+                    f"trial {p.number} served the workload with {o.headroom_gib:.2f} GiB left, "
+                    "short of the required headroom: one near miss of a noisy peak is not a bound"
+                )
+            return self._proposal(params, fc, "retry", f"{note}; once more, p(stable) {pr:.2f}")
         return None
 
     def _margin(self, scored: list[tuple[dict[str, Scalar], Forecast, float]]) -> Proposal | None:
@@ -553,7 +574,10 @@ class _Planner:
         return None
 
     def _less_demand(
-        self, target: Point, scored: list[tuple[dict[str, Scalar], Forecast, float]]
+        self,
+        target: Point,
+        scored: list[tuple[dict[str, Scalar], Forecast, float]],
+        why: str | None = None,
     ) -> Proposal | None:
         assert target.observation is not None
         s = target.observation.setting
@@ -579,13 +603,15 @@ class _Planner:
                 x[1].setting.chunked_prefill_size or 0,
             ),
         )
-        q = self._p_of(target)
+        if why is None:
+            q = self._p_of(target)
+            why = f"trial {target.number} held with a thin margin (p(stable) {q:.2f})"
         return self._proposal(
             params,
             fc,
             "margin",
-            f"trial {target.number} held with a thin margin (p(stable) {q:.2f}); the same "
-            f"fraction with less demand keeps its capacity with more headroom, p(stable) {p:.2f}",
+            f"{why}; the same fraction with less demand keeps its capacity with more headroom, "
+            f"p(stable) {p:.2f}",
         )
 
     def _recheck(self) -> Proposal | None:
@@ -775,6 +801,18 @@ class _Planner:
         if not isinstance(f, float | int) or self.best is None or self.best.observation is None:
             return 2
         return round((float(f) - self.best.observation.setting.mem_fraction) / self._step())
+
+
+def _near_miss(p: Point) -> bool:
+    """Served the whole workload and kept some headroom, only less than required."""
+    o = p.observation
+    return (
+        o is not None
+        and o.outcome == "ok"
+        and o.headroom_gib is not None
+        and o.headroom_gib > 0
+        and not o.feasible
+    )
 
 
 def _contradicted(p: Point, known: Sequence[Point]) -> bool:

@@ -394,7 +394,7 @@ def plan_startup(
     tp = settings.tp_size
     total = gpu_total_gib(profile)
     overhead = profile.hardware.cuda_context_gib + _jitter(profile, seed)
-    p_ranks = _free_per_rank(total, overhead, tp, foreign_gib)
+    p_ranks = _free_per_rank(total, overhead, tp, _with_imbalance(profile, tp, foreign_gib))
     chunk, max_bs = _chunk_and_graph_bs(profile, settings, release)
     dtype_name, elem = kv_dtype_for(settings, profile)
     steps, topk, draft_tokens = _spec_shape(profile, settings)
@@ -435,6 +435,16 @@ def plan_startup(
         warnings=() if release.imbalance_raises else _balance_warnings(p_ranks),
     )
     return _Planner(profile, settings, base, release, environ).run()
+
+
+def _with_imbalance(profile: Profile, tp: int, foreign_gib: Sequence[float]) -> list[float]:
+    """What other holders take on each rank, the profile's `mismatch.rank_imbalance_gib` on the
+    last rank added (TP > 1)."""
+    foreign = [foreign_gib[i] if i < len(foreign_gib) else 0.0 for i in range(tp)]
+    short = profile.mismatch.rank_imbalance_gib
+    if tp > 1 and short > 0:
+        foreign[-1] += short
+    return foreign
 
 
 def _free_per_rank(
@@ -1273,18 +1283,93 @@ def _host_memory_failure(requested: float, available: float, tp: int) -> Startup
 
 
 def transient_peak_gib(
-    profile: Profile, prefill_tokens: int, decode_seqs: int, rng: random.Random | None = None
+    profile: Profile,
+    prefill_tokens: int,
+    decode_seqs: int,
+    rng: random.Random | None = None,
+    live_tokens: int = 0,
 ) -> float:
-    """Activation peak of one forward (GiB per GPU), with run-to-run variation when rng is given."""
+    """Activation peak of one forward (GiB per GPU), with run-to-run variation when rng is given.
+
+    With the profile's `[mismatch]`: the peak grows with the batch's live context
+    (`live_tokens`, the KV tokens the running requests hold), its variation is Student-t
+    (heavy-tailed), and one forward in 1/spike_probability spikes."""
     act = profile.activation
-    peak = (
+    w = profile.mismatch
+    peak = forward_mean_gib(profile, prefill_tokens, decode_seqs, live_tokens)
+    if rng is not None and act.variation > 0:
+        x = rng.gauss(0.0, 1.0)
+        if w.peak_tail_dof > 0:
+            dof = w.peak_tail_dof
+            x *= math.sqrt((dof - 2.0) / rng.gammavariate(dof / 2.0, 2.0))
+        peak *= max(0.0, 1.0 + act.variation * x)
+    if rng is not None and w.spike_probability > 0 and rng.random() < w.spike_probability:
+        peak *= 1.0 + w.spike_factor
+    return peak
+
+
+def forward_mean_gib(
+    profile: Profile, prefill_tokens: int, decode_seqs: int, live_tokens: int = 0
+) -> float:
+    """The mean peak of one forward (GiB per GPU), the live-context term included."""
+    act = profile.activation
+    return (
         act.base_gib
         + prefill_tokens * act.prefill_mib_per_token / 1024.0
         + decode_seqs * act.decode_mib_per_seq / 1024.0
+        + profile.mismatch.context_mib_per_1k_tokens * live_tokens / 1000.0 / 1024.0
     )
-    if rng is not None and act.variation > 0:
-        peak *= max(0.0, 1.0 + rng.gauss(0.0, act.variation))
-    return peak
+
+
+def forward_cdf(
+    profile: Profile, prefill_tokens: int, decode_seqs: int, limit_gib: float, live_tokens: int = 0
+) -> float:
+    """P(one forward's peak ≤ limit_gib): the distribution `transient_peak_gib` draws from
+    (normal or Student-t variation, rare spikes)."""
+    mean = forward_mean_gib(profile, prefill_tokens, decode_seqs, live_tokens)
+    w = profile.mismatch
+    p = _multiplier_cdf(profile, limit_gib / mean if mean > 0 else math.inf)
+    if w.spike_probability <= 0:
+        return p
+    spiked = _multiplier_cdf(profile, limit_gib / (mean * (1.0 + w.spike_factor)))
+    return (1.0 - w.spike_probability) * p + w.spike_probability * spiked
+
+
+def _multiplier_cdf(profile: Profile, ratio: float) -> float:
+    sigma = profile.activation.variation
+    if sigma <= 0 or math.isinf(ratio):
+        return 1.0 if ratio >= 1.0 else 0.0
+    z = (ratio - 1.0) / sigma
+    dof = profile.mismatch.peak_tail_dof
+    if dof <= 0:
+        return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+    return student_cdf(z / math.sqrt((dof - 2.0) / dof), dof)
+
+
+def student_cdf(t: float, dof: int) -> float:
+    """Student's t CDF for an integer number of degrees of freedom (Abramowitz & Stegun
+    26.7.3–4, closed form)."""
+    theta = math.atan(abs(t) / math.sqrt(dof))
+    c2 = math.cos(theta) ** 2
+    if dof % 2 == 1:
+        term = math.cos(theta)
+        total = term if dof > 1 else 0.0
+        for k in range(1, (dof - 3) // 2 + 1):
+            term *= c2 * (2 * k) / (2 * k + 1)
+            total += term
+        a = 2.0 / math.pi * (theta + math.sin(theta) * total)
+    else:
+        term, total = 1.0, 1.0
+        for k in range(1, (dof - 2) // 2 + 1):
+            term *= c2 * (2 * k - 1) / (2 * k)
+            total += term
+        a = math.sin(theta) * total
+    return 0.5 + math.copysign(0.5 * a, t)
+
+
+def growth_gib(profile: Profile, requests: int) -> float:
+    """What the allocator's footprint grew by after serving `requests` requests."""
+    return profile.mismatch.growth_mib_per_request * requests / 1024.0
 
 
 def forward_ooms(plan: StartupPlan, peak_gib: float) -> bool:

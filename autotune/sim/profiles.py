@@ -2,11 +2,13 @@
 
 A profile describes one box and one model: GPUs, host RAM, the memory CUDA and NCCL take before
 weights, weights per GPU, attention geometry (bytes per token follow from it), an optional draft
-model, CUDA-graph and activation memory laws, step times, startup phase durations and run-to-run
-variation. Every key is documented in docs/sim-profiles.md. Profiles ship in
-autotune/sim/shipped/*.toml and are chosen by name (file stem) or by path. Unknown keys and
-wrong types are errors, so a typo in a profile fails loudly instead of silently simulating a
-different machine.
+model, CUDA-graph and activation memory laws, step times, startup phase durations, run-to-run
+variation and, off by default, where the box departs from that arithmetic (`[mismatch]`: the
+allocator growing while serving, one rank short of memory, heavy-tailed peaks, a peak growing
+with the live context, rare spikes). Every key is documented in docs/sim-profiles.md. Profiles
+ship in autotune/sim/shipped/*.toml and are chosen by name (file stem) or by path. Unknown keys
+and wrong types are errors, so a typo in a profile fails loudly instead of silently simulating
+a different machine.
 """
 
 from __future__ import annotations
@@ -141,6 +143,36 @@ class Variation:
 
 
 @dataclass(frozen=True)
+class Mismatch:
+    """Where the box differs from the memory arithmetic a search fits (`[mismatch]`, every key
+    off by default; docs/sim-profiles.md).
+
+    growth_mib_per_request: the allocator's footprint grows while serving: free memory shrinks
+        by this much per request served, never given back while the server runs.
+    rank_imbalance_gib: the last rank has this much less free memory before the weights (a
+        foreign holder); the pool is sized by the least rank (TP > 1 only).
+    peak_tail_dof: the forward peak's run-to-run variation (`activation.variation`, same sd) is
+        Student-t with this many degrees of freedom instead of normal: heavy tails (0: normal;
+        otherwise an integer ≥ 3).
+    context_mib_per_1k_tokens: every forward's peak grows by this much per 1,000 tokens of live
+        context in the batch (the KV tokens the running requests hold).
+    spike_probability, spike_factor: one forward in 1/spike_probability peaks at
+        (1 + spike_factor) times its draw (rare spikes).
+    """
+
+    growth_mib_per_request: float = 0.0
+    rank_imbalance_gib: float = 0.0
+    peak_tail_dof: int = 0
+    context_mib_per_1k_tokens: float = 0.0
+    spike_probability: float = 0.0
+    spike_factor: float = 0.0
+
+    @property
+    def on(self) -> bool:
+        return self != Mismatch()
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     description: str
@@ -155,6 +187,7 @@ class Profile:
     variation: Variation
     source: str = ""
     sglang_version: str = DEFAULT.name
+    mismatch: Mismatch = Mismatch()
 
 
 T = TypeVar("T")
@@ -226,6 +259,7 @@ _TOP = {
     "startup",
     "variation",
     "sglang_version",
+    "mismatch",
 }
 
 
@@ -249,6 +283,7 @@ def profile_from_dict(doc: Mapping[str, Any], source: str = "") -> Profile:
         raise ProfileError(
             f"sglang_version: expected one of {', '.join(VERSIONS)}, got {version!r}"
         )
+    mismatch = _mismatch(_table(doc, "mismatch")) if "mismatch" in doc else Mismatch()
     hardware = _build(Hardware, _table(doc, "hardware"), "hardware")
     if hardware.gpu_count <= 0 or hardware.gpu_memory_mib <= 0:
         raise ProfileError("hardware.gpu_count/gpu_memory_mib: must be positive")
@@ -266,7 +301,17 @@ def profile_from_dict(doc: Mapping[str, Any], source: str = "") -> Profile:
         variation=_build(Variation, _table(doc, "variation"), "variation"),
         source=source,
         sglang_version=version,
+        mismatch=mismatch,
     )
+
+
+def _mismatch(table: Mapping[str, Any]) -> Mismatch:
+    m = _build(Mismatch, table, "mismatch")
+    if m.peak_tail_dof in (1, 2):
+        raise ProfileError("mismatch.peak_tail_dof: 0 (normal) or at least 3 (finite variance)")
+    if m.spike_probability > 1:
+        raise ProfileError("mismatch.spike_probability: a probability, at most 1")
+    return m
 
 
 def list_profiles(directory: Path = PROFILE_DIR) -> list[str]:

@@ -3,7 +3,9 @@
 One asyncio task runs the loop: form a prefill batch if the PrefillAdder rules admit anything
 (max running requests, free + evictable − reserved tokens, chunked prefill, max prefill tokens),
 otherwise run one decode step for every running request. Each forward sleeps its profile step time
-and may OOM (transient peak > free memory after startup). After each step the new tokens are
+and may OOM (transient peak > free memory after startup, less what the allocator grew by while
+serving when the profile's `[mismatch]` says it grows; the peak grows with the live context and
+has heavy tails or rare spikes when it says so). After each step the new tokens are
 handed to the waiting HTTP handlers in one pass (one wake-up per request per step, no per-token
 tasks). When decode runs out of pool, requests are retracted back to the queue and the line SGLang
 prints is logged. Prefill/Decode lines are logged at SGLang's cadence in the release's text
@@ -26,6 +28,7 @@ from autotune.sim.model import (
     StartupPlan,
     decode_time_s,
     forward_ooms,
+    growth_gib,
     prefill_time_s,
     transient_peak_gib,
 )
@@ -175,6 +178,8 @@ class Scheduler:
         self.max_captured = max(plan.capture_bs) if plan.capture_bs else 0
         self.last_receive = 0.0
         self.max_peak = 0.0
+        self.served = 0
+        """Requests completed since startup (the allocator's growth counts them)."""
         self._wake = asyncio.Event()
         self._stopped = False
         self._t = 0.0
@@ -270,6 +275,7 @@ class Scheduler:
             req.own -= taken
             self.own_total -= taken
         self._release(req)
+        self.served += 1
         if not req.health:
             self.stats.requests += 1
             self.stats.e2e.observe(now - req.created)
@@ -353,7 +359,12 @@ class Scheduler:
             await asyncio.sleep(delay)
 
     def _check_oom(self, prefill_tokens: int, decode_seqs: int) -> float | None:
-        peak = transient_peak_gib(self.profile, prefill_tokens, decode_seqs, self.peak_rng)
+        """One forward's transient on top of the static memory (and of what the allocator grew
+        by while serving, `mismatch.growth_mib_per_request`); the peak when it does not fit."""
+        peak = transient_peak_gib(
+            self.profile, prefill_tokens, decode_seqs, self.peak_rng, self.used_tokens
+        )
+        peak += growth_gib(self.profile, self.served)
         if forward_ooms(self.plan, peak):
             return peak
         if peak > self.max_peak:
