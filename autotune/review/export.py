@@ -344,7 +344,7 @@ def systemd(ex: Export) -> str:
         *head[1:],
         "[Service]",
     ]
-    out += [f"Environment={_sd_quote(f'{k}={v}')}" for k, v in ex.env.items()]
+    out += [f"Environment={_sd_env(f'{k}={v}')}" for k, v in ex.env.items()]
     words = [_sd_quote(a) for a in ex.command]
     if ex.api_key_env:
         words += ["--api-key", f"${{{ex.api_key_env}}}"]
@@ -352,12 +352,26 @@ def systemd(ex: Export) -> str:
     return "\n".join(out) + "\n"
 
 
+_SD_PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_@%+=:,./-$")
+
+
 def _sd_quote(word: str) -> str:
-    """A word for ExecStart=: `%` and `$` doubled, quoted when it has spaces or quotes."""
+    """A word for ExecStart=: `%` (specifiers) and `$` (variables) doubled; double-quoted, with
+    `\\` and `"` escaped, whenever it holds anything but plain characters (a single quote would
+    otherwise open quoting and systemd would drop the whole line)."""
     w = word.replace("%", "%%").replace("$", "$$")
-    if any(c.isspace() for c in w) or '"' in w or "\\" in w or not w:
-        return '"' + w.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return w
+    if w and all(c in _SD_PLAIN for c in w):
+        return w
+    return '"' + w.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _sd_env(assignment: str) -> str:
+    """An `Environment=` assignment: `%` doubled (specifiers expand there), `$` left alone (it
+    has no meaning in Environment=), double-quoted with `\\` and `"` escaped."""
+    w = assignment.replace("%", "%%")
+    if w and all(c in _SD_PLAIN for c in w):
+        return w
+    return '"' + w.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _join(words: Sequence[str]) -> str:

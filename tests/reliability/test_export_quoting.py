@@ -163,20 +163,6 @@ def systemd_words(line: str, env: dict[str, str], *, dollars: bool = True) -> li
     return out
 
 
-SYSTEMD_QUOTE = (
-    "autotune/review/export.py `_sd_quote` quotes a word only for whitespace, a double quote or "
-    "a backslash: a single quote in an unquoted word (`--tokenizer-path /models/it's`) opens "
-    "quoting in systemd, which then drops the whole ExecStart= line (Unbalanced quoting). Fix: "
-    'quote every word that holds anything outside [A-Za-z0-9_@%+=:,./-], escaping \\ and " '
-    "inside the double quotes"
-)
-SYSTEMD_ENV = (
-    "autotune/review/export.py writes Environment= through `_sd_quote`, which doubles `$`; "
-    "systemd gives `$` no meaning in Environment=, so `$HOME` in a value arrives as `$$HOME`. "
-    "Fix: a quoting function for Environment= that doubles `%` and does not touch `$`"
-)
-
-
 def _systemd_lines(forms: dict[str, str]) -> tuple[str, list[str]]:
     lines = forms["systemd"].splitlines()
     exec_line = [ln for ln in lines if ln.startswith("ExecStart=") and ln != "ExecStart="][-1]
@@ -184,7 +170,6 @@ def _systemd_lines(forms: dict[str, str]) -> tuple[str, list[str]]:
     return exec_line[len("ExecStart=") :], envs
 
 
-@pytest.mark.xfail(strict=True, reason=SYSTEMD_QUOTE)
 def test_exported_systemd_form_runs_exactly_that_path(
     exported: tuple[World, Path, dict[str, str]], tmp_path: Path
 ) -> None:
@@ -205,7 +190,6 @@ def test_exported_systemd_form_runs_exactly_that_path(
     assert argv[1:] == _expected(forms)
 
 
-@pytest.mark.xfail(strict=True, reason=SYSTEMD_ENV)
 def test_exported_systemd_environment_is_exactly_the_study_s(
     exported: tuple[World, Path, dict[str, str]],
 ) -> None:
