@@ -249,7 +249,7 @@ def run_loop(
         if failures >= MAX_CONSECUTIVE_FAILURES:
             hint = remedy(view(_frozen(study, trial)))
             raise HarnessError(
-                f"{failures} trials in a row failed for reasons outside the searched fraction "
+                f"{failures} trials in a row failed for reasons outside the parameters "
                 f"(last: {result.reason})"
                 + (f"; what would fix it: {hint}" if hint else "")
                 + f"; see results/{cfg.name}/trials/"
