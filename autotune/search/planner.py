@@ -48,8 +48,10 @@ from autotune.search.points import (
     tokens_of,
 )
 
-EXPLORE_FLOOR = 0.9
-"""Exploring for throughput gives up at most this share of the best capacity."""
+EXPLORE_FLOOR = 0.7
+"""Exploring for throughput gives up at most this share of the best capacity: each more
+max_running_requests at the highest fraction safe for it is a point of the capacity/throughput
+front while it keeps this much."""
 MAX_CANDIDATES = 4000
 NEIGHBOURS = 2
 """Past MAX_CANDIDATES settings, axes other than the fraction keep this many values each side of

@@ -245,6 +245,7 @@ class Launch:
     feasible: bool
     stable: bool
     crashed: bool
+    throughput: float = 0.0
 
 
 def stable(bench: Bench, params: Mapping[str, Scalar]) -> tuple[bool, int]:
@@ -288,6 +289,34 @@ def best_stable(bench: Bench) -> int:
 
     points = grid(bench.search) or []
     return max((tokens for ok, tokens in (stable(bench, p) for p in points) if ok), default=0)
+
+
+def front(bench: Bench) -> list[tuple[int, float]]:
+    """The true Pareto front of the space: (capacity, decode throughput) of the stable settings
+    that no other stable setting beats on both (exhaustive; mean throughput, no jitter)."""
+    points = []
+    for params in grid(bench.search) or []:
+        ok, tokens = stable(bench, params)
+        if ok:
+            plan = _plan(bench, params)
+            r = plan.max_running_requests or 1
+            points.append((tokens, decode_throughput(bench.profile, r, plan.spec)))
+    best = {
+        (t, x)
+        for t, x in points
+        if not any(t2 >= t and x2 >= x and (t2, x2) != (t, x) for t2, x2 in points)
+    }
+    return sorted(best)
+
+
+def covered(front_points: list[tuple[int, float]], launches: list[Launch]) -> float:
+    """The share of the true front that stable, feasible launches reached: a front point counts
+    when one launch holds 99% of its capacity and 98% of its throughput."""
+    if not front_points:
+        return 0.0
+    held = [(x.tokens, x.throughput) for x in launches if x.feasible and x.stable]
+    hit = sum(any(t >= 0.99 * ft and tp >= 0.98 * fx for t, tp in held) for ft, fx in front_points)
+    return hit / len(front_points)
 
 
 def launch(
@@ -363,7 +392,8 @@ def _done(
     feasible = all(v <= 0 for v in constraint_values(m, bench.constraints).values())
     crashed = outcome != "ok"
     result = Result("complete", outcome, reason, m, attrs)
-    return Launch(dict(params), outcome, tokens, feasible, truth, crashed), result
+    launched = Launch(dict(params), outcome, tokens, feasible, truth, crashed, m.throughput_tok_s)
+    return launched, result
 
 
 def run_trial(study: optuna.Study, bench: Bench, trial: optuna.trial.Trial, seed: int) -> Launch:
