@@ -188,63 +188,65 @@ def fraction_knob(
     )
 
 
-def _fraction_from_ledger(
-    current: Current, arith: Arithmetic, ledger: Ledger, failed: Failure | None
-) -> Knob:
-    p, a, f0 = arith.p_gib, arith.avail_after_weights_gib, arith.fraction
-    b = current.fraction if current.fraction is not None else f0
+def _lowest_pool(arith: Arithmetic, ledger: Ledger, b: float) -> tuple[float, int]:
+    """The lowest fraction on `b`'s grid whose pool holds one prefill chunk, and that chunk."""
+    p, a = arith.p_gib, arith.avail_after_weights_gib
     chunk = ledger.chunked_prefill_size if (ledger.chunked_prefill_size or 0) > 0 else None
     need = chunk or 1
     floor = 1.0 - (a - need * arith.cell_bytes / GIB) / p
     low = _on_grid(floor, b, up=True)
     while arith.at(low).tokens < need and low < HIGHEST:
         low = round(low + STEP, 4)
-    lowest_pool = low
-    headroom = arith.headroom
-    comments = [
-        "fraction of the free GPU memory measured before the weights load (P); the KV pool "
-        "is A − P·(1 − f), A being what the weights left (docs/sglang-memory.md)",
-        f"low {{low}}: the lowest fraction whose pool holds one prefill chunk "
-        f"({need:,} tokens): {{low_tokens:,}} tokens",
-    ]
-    if headroom is not None:
-        per_f = arith.free_per_fraction_gib
-        top = f0 + headroom.free / per_f if per_f > 0 else HIGHEST
-        high = _on_grid(top, b, up=False)
-        while (arith.at(high).static_free_gib or 0.0) < 0 and high > low:
-            high = round(high - STEP, 4)
-        held = [f"the request table ({_gib(headroom.request_table)})"]
-        held.append(f"the CUDA graphs ({_gib(headroom.graphs)})")
-        if headroom.draft:
-            held.append(f"the draft ({_gib(headroom.draft)})")
-        held.append(f"workspaces ({_gib(max(headroom.other, 0.0))})")
-        comments.append(
-            "high {high}: the highest fraction whose reserve P·(1 − f) still holds "
-            + ", ".join(held)
-            + ": {high_free} predicted free after startup; the load's transient peak comes on "
-            "top, and the search finds how much of it the traffic needs"
-        )
-    else:
+    return low, need
+
+
+def _high_end(arith: Arithmetic, b: float, low: float) -> tuple[float, str]:
+    """The top of the fraction range, and the comment (a template) saying why."""
+    f0, headroom = arith.fraction, arith.headroom
+    if headroom is None:
         high = _on_grid(min(HIGHEST, max(b, f0) + 0.05), b, up=False)
-        comments.append(
+        return high, (
             "high {high}: the log stops before the CUDA graphs, so the reserve they need is "
             "unknown: 0.05 above the log's fraction"
         )
-    low, high = _bounded(low, high, b)
-    if high - low > SPAN + 1e-9:
-        low = _on_grid(high - SPAN, b, up=True)
-        comments[1] = (
-            f"low {{low}}: {SPAN:g} below the top; the pool holds one prefill chunk ({need:,} "
-            f"tokens) from {lowest_pool:g} up, but lower fractions only give up capacity"
-        )
-    low, high = min(low, b), max(high, b)
-    anchor = b
-    low, high, kept, why = _exclude(low, high, b, failed, anchor)
-    if why:
-        comments.append(why)
+    per_f = arith.free_per_fraction_gib
+    top = f0 + headroom.free / per_f if per_f > 0 else HIGHEST
+    high = _on_grid(top, b, up=False)
+    while (arith.at(high).static_free_gib or 0.0) < 0 and high > low:
+        high = round(high - STEP, 4)
+    held = [f"the request table ({_gib(headroom.request_table)})"]
+    held.append(f"the CUDA graphs ({_gib(headroom.graphs)})")
+    if headroom.draft:
+        held.append(f"the draft ({_gib(headroom.draft)})")
+    held.append(f"workspaces ({_gib(max(headroom.other, 0.0))})")
+    return high, (
+        "high {high}: the highest fraction whose reserve P·(1 − f) still holds "
+        + ", ".join(held)
+        + ": {high_free} predicted free after startup; the load's transient peak comes on "
+        "top, and the search finds how much of it the traffic needs"
+    )
+
+
+def _fraction_baseline_line(arith: Arithmetic, b: float, high: float) -> str:
+    """What the baseline fraction holds, next to the top of the range."""
+    f0, headroom = arith.fraction, arith.headroom
+    at_b = arith.at(b)
+    tokens_b = arith.tokens if b == f0 and arith.tokens else at_b.tokens
+    free_b = headroom.free if b == f0 and headroom is not None else at_b.static_free_gib
+    return (
+        f"at the baseline {b:g}: {tokens_b:,} tokens"
+        + (f", {_gib(free_b)} free after startup" if free_b is not None else "")
+        + f"; at {high:g}: {arith.at(high).tokens:,} tokens"
+    )
+
+
+def _fill_fraction_comments(
+    comments: list[str], arith: Arithmetic, low: float, high: float
+) -> list[str]:
+    """The comment templates with the range's ends and what they hold filled in."""
     at_low, at_high = arith.at(low), arith.at(high)
     free_high = at_high.static_free_gib
-    text = [
+    return [
         c.format(
             low=f"{low:g}",
             high=f"{high:g}",
@@ -253,18 +255,40 @@ def _fraction_from_ledger(
         )
         for c in comments
     ]
+
+
+def _fraction_from_ledger(
+    current: Current, arith: Arithmetic, ledger: Ledger, failed: Failure | None
+) -> Knob:
+    f0 = arith.fraction
+    b = current.fraction if current.fraction is not None else f0
+    low, need = _lowest_pool(arith, ledger, b)
+    lowest_pool = low
+    comments = [
+        "fraction of the free GPU memory measured before the weights load (P); the KV pool "
+        "is A − P·(1 − f), A being what the weights left (docs/sglang-memory.md)",
+        f"low {{low}}: the lowest fraction whose pool holds one prefill chunk "
+        f"({need:,} tokens): {{low_tokens:,}} tokens",
+    ]
+    high, high_comment = _high_end(arith, b, low)
+    comments.append(high_comment)
+    low, high = _bounded(low, high, b)
+    if high - low > SPAN + 1e-9:
+        low = _on_grid(high - SPAN, b, up=True)
+        comments[1] = (
+            f"low {{low}}: {SPAN:g} below the top; the pool holds one prefill chunk ({need:,} "
+            f"tokens) from {lowest_pool:g} up, but lower fractions only give up capacity"
+        )
+    low, high = min(low, b), max(high, b)
+    low, high, kept, why = _exclude(low, high, b, failed, b)
+    if why:
+        comments.append(why)
+    text = _fill_fraction_comments(comments, arith, low, high)
     note = current.fraction_from
     if b != f0:
         note += f"; the log's start used {f0:g}"
     if kept is not None:
-        at_b = arith.at(b)
-        tokens_b = arith.tokens if b == f0 and arith.tokens else at_b.tokens
-        free_b = headroom.free if b == f0 and headroom is not None else at_b.static_free_gib
-        text.append(
-            f"at the baseline {b:g}: {tokens_b:,} tokens"
-            + (f", {_gib(free_b)} free after startup" if free_b is not None else "")
-            + f"; at {high:g}: {at_high.tokens:,} tokens"
-        )
+        text.append(_fraction_baseline_line(arith, b, high))
     return Knob(
         name="mem_fraction_static",
         value=_fraction_text(low, high),
@@ -316,6 +340,74 @@ def mrr_knob(current: Current, peak_running: int | None, pool_tokens: int | None
     )
 
 
+def _host_failure_options(
+    options: set[int | float], size: int | float, host_failed: str | None, comments: list[str]
+) -> tuple[set[int | float], int | float | None]:
+    """The sizes left after a start the log shows failing for its host cache, and the
+    baseline (None when the current size failed)."""
+    if host_failed == "shrink":
+        comments.append(
+            f"the log's start with {size:g} GB ran out of host memory: only smaller sizes, and "
+            "the baseline is left to the sampler"
+        )
+        return {v for v in options if v < size}, None
+    if host_failed == "grow":
+        comments.append(
+            f"the log's start with {size:g} GB had a host pool no larger than the GPU pool: "
+            "only larger sizes (or off), and the baseline is left to the sampler"
+        )
+        return {v for v in options if v == 0 or v > size}, None
+    return options, size
+
+
+def _device_pool_limits(
+    options: set[int | float],
+    comments: list[str],
+    current: Current,
+    ledger: Ledger | None,
+    high_fraction: float | None,
+    arith: Arithmetic | None,
+) -> set[int | float]:
+    """Leave out the sizes a release refusing a host pool not larger than the GPU pool fails."""
+    sem = rules(ledger.semantics if ledger is not None else None)
+    if arith is None or not sem.host_smaller_fatal or current.fraction is None:
+        return options
+    at_b = arith.at(current.fraction)
+    device_gb = kv_gib(at_b.tokens, arith.kv_cell_bytes or arith.cell_bytes) * GIB / 1e9
+    small = sorted(v for v in options if 0 < v <= device_gb)
+    if small:
+        options -= set(small)
+        comments.append(
+            f"left out {', '.join(f'{v:g}' for v in small)}: SGLang {sem.name} refuses a "
+            f"host pool not larger than the GPU pool ({device_gb:.1f} GB at the baseline)"
+        )
+    if high_fraction is not None:
+        cell = arith.kv_cell_bytes or arith.cell_bytes
+        top_gb = kv_gib(arith.at(high_fraction).tokens, cell) * GIB / 1e9
+        if any(0 < v <= top_gb for v in options):
+            comments.append(
+                f"at f = {high_fraction:g} the GPU pool is {top_gb:.1f} GB: a host cache "
+                "no larger fails to start there"
+            )
+    return options
+
+
+def _host_budget_limit(
+    options: set[int | float], comments: list[str], ledger: Ledger | None
+) -> set[int | float]:
+    """Leave out the sizes above the host budget per rank the log shows."""
+    budget = ledger.host_budget_gb if ledger is not None else None
+    if budget:
+        over = sorted(v for v in options if v > budget)
+        if over:
+            options -= set(over)
+            comments.append(
+                f"left out {', '.join(f'{v:g}' for v in over)}: above the host budget of "
+                f"{budget:.0f} GB per rank"
+            )
+    return options
+
+
 def hicache_knob(
     current: Current,
     ledger: Ledger | None,
@@ -336,49 +428,9 @@ def hicache_knob(
         "host GB per rank for the hierarchical cache; 0 turns it off",
         f"around the current {size:g}: off, ½×, 1×, 2×",
     ]
-    baseline: int | float | None = size
-    if host_failed == "shrink":
-        options = {v for v in options if v < size}
-        baseline = None
-        comments.append(
-            f"the log's start with {size:g} GB ran out of host memory: only smaller sizes, and "
-            "the baseline is left to the sampler"
-        )
-    elif host_failed == "grow":
-        options = {v for v in options if v == 0 or v > size}
-        baseline = None
-        comments.append(
-            f"the log's start with {size:g} GB had a host pool no larger than the GPU pool: "
-            "only larger sizes (or off), and the baseline is left to the sampler"
-        )
-    sem = rules(ledger.semantics if ledger is not None else None)
-    if arith is not None and sem.host_smaller_fatal and current.fraction is not None:
-        at_b = arith.at(current.fraction)
-        device_gb = kv_gib(at_b.tokens, arith.kv_cell_bytes or arith.cell_bytes) * GIB / 1e9
-        small = sorted(v for v in options if 0 < v <= device_gb)
-        if small:
-            options -= set(small)
-            comments.append(
-                f"left out {', '.join(f'{v:g}' for v in small)}: SGLang {sem.name} refuses a "
-                f"host pool not larger than the GPU pool ({device_gb:.1f} GB at the baseline)"
-            )
-        if high_fraction is not None:
-            cell = arith.kv_cell_bytes or arith.cell_bytes
-            top_gb = kv_gib(arith.at(high_fraction).tokens, cell) * GIB / 1e9
-            if any(0 < v <= top_gb for v in options):
-                comments.append(
-                    f"at f = {high_fraction:g} the GPU pool is {top_gb:.1f} GB: a host cache "
-                    "no larger fails to start there"
-                )
-    budget = ledger.host_budget_gb if ledger is not None else None
-    if budget:
-        over = sorted(v for v in options if v > budget)
-        if over:
-            options -= set(over)
-            comments.append(
-                f"left out {', '.join(f'{v:g}' for v in over)}: above the host budget of "
-                f"{budget:.0f} GB per rank"
-            )
+    options, baseline = _host_failure_options(options, size, host_failed, comments)
+    options = _device_pool_limits(options, comments, current, ledger, high_fraction, arith)
+    options = _host_budget_limit(options, comments, ledger)
     if baseline is not None:
         options.add(size)
     ranks = (ledger.ranks or ledger.tp_size) if ledger is not None else None

@@ -136,90 +136,125 @@ def _number(name: str, value: FlagValue, integer: bool) -> float | int:
     return int(value) if integer else float(value)  # type: ignore[arg-type]
 
 
+@dataclass
+class _Taken:
+    """The memory settings read off the flags so far, the flags kept, and notes."""
+
+    fraction: float | None = None
+    mrr: int | None = None
+    size: float | int | None = None
+    on: bool = False
+    kept: list[tuple[str, FlagValue]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _take_flag(taken: _Taken, name: str, value: FlagValue) -> None:
+    """Sort one flag: a memory setting, a dropped address or secret, or a flag kept."""
+    p = param_name(name)
+    if p == "mem_fraction_static":
+        taken.fraction = float(_number(p, value, integer=False))
+    elif p == "max_running_requests":
+        taken.mrr = int(_number(p, value, integer=True))
+    elif p == "hicache_size":
+        taken.size = _number(p, value, integer=False)
+    elif p in HICACHE_SWITCHES and value is True:
+        taken.on = True
+        taken.kept.append((name, value))
+    elif p in ADDRESS:
+        taken.notes.append(
+            f"the command sets --{name} {value}; autotune binds each trial's server to "
+            "server.host and a free port itself"
+        )
+    elif p in SECRETS:
+        taken.notes.append(
+            f"the command has --{name}: its value is not copied; keep the key in an "
+            "environment variable and name it in workload.api_key_env"
+        )
+    elif not FLAG_NAME.match(name):
+        taken.notes.append(f"--{name} cannot be a server.flags key; add it by hand")
+    else:
+        taken.kept.append((name, value))
+
+
+def _take_flags(flags: Sequence[tuple[str, FlagValue]]) -> _Taken:
+    """Sort every flag, keeping the first of a flag given twice."""
+    taken = _Taken()
+    seen: set[str] = set()
+    for name, value in flags:
+        p = param_name(name)
+        if p in seen:
+            taken.notes.append(f"--{name} is given twice (as {name}); the first is kept")
+            continue
+        seen.add(p)
+        _take_flag(taken, name, value)
+    return taken
+
+
+def _fill_from_log(
+    taken: _Taken, facts: LogFacts, fraction_from: str, mrr_from: str
+) -> tuple[str, str]:
+    """Fill the fraction and MRR the flags leave unset from the log; where each came from."""
+    logged = facts.fraction
+    if taken.fraction is None and logged is not None:
+        taken.fraction, fraction_from = logged, "what SGLang chose at the log's start"
+        if facts.shown_fraction is None:
+            fraction_from = (
+                "what the log's pool implies (1 − (A − KV)/P); its server_args line does "
+                "not show the value"
+            )
+    if taken.mrr is None:
+        logged_mrr = facts.args.get("max_running_requests")
+        if isinstance(logged_mrr, int) and not isinstance(logged_mrr, bool) and logged_mrr > 0:
+            taken.mrr, mrr_from = logged_mrr, "what SGLang chose at the log's start (server_args)"
+        elif facts.ledger.max_running_requests:
+            taken.mrr = facts.ledger.max_running_requests
+            mrr_from = "what the log's start ran with (its summary line)"
+    return fraction_from, mrr_from
+
+
+def _settle_hicache(taken: _Taken) -> bool:
+    """Whether the host cache is searched; drops its switch, or keeps a lone size, as a flag."""
+    searched_host = taken.on and bool(taken.size)
+    if searched_host:
+        taken.kept = [(n, v) for n, v in taken.kept if param_name(n) not in HICACHE_SWITCHES]
+    elif taken.size is not None:
+        taken.kept.append(("hicache-size", taken.size))
+    if taken.on and not taken.size:
+        taken.notes.append(
+            "the hierarchical cache is on and sized by --hicache-ratio: hicache_size is not "
+            "searched (search it to size the cache in GB instead)"
+        )
+    return searched_host
+
+
 def take_settings(
     launch: Launch, facts: LogFacts | None
 ) -> tuple[Current, tuple[tuple[str, FlagValue], ...], list[str]]:
     """The memory settings out of the flags: (current settings, the other flags, notes)."""
-    fraction = mrr = size = None
-    on = False
-    kept: list[tuple[str, FlagValue]] = []
-    notes: list[str] = []
-    seen: set[str] = set()
     from_log = launch.origin.endswith("(server_args)")
 
     def given(flag: str) -> str:
         return f"{flag} on the log's server_args line" if from_log else f"the command's --{flag}"
 
-    for name, value in launch.flags:
-        p = param_name(name)
-        if p in seen:
-            notes.append(f"--{name} is given twice (as {name}); the first is kept")
-            continue
-        seen.add(p)
-        if p == "mem_fraction_static":
-            fraction = float(_number(p, value, integer=False))
-        elif p == "max_running_requests":
-            mrr = int(_number(p, value, integer=True))
-        elif p == "hicache_size":
-            size = _number(p, value, integer=False)
-        elif p in HICACHE_SWITCHES and value is True:
-            on = True
-            kept.append((name, value))
-        elif p in ADDRESS:
-            notes.append(
-                f"the command sets --{name} {value}; autotune binds each trial's server to "
-                "server.host and a free port itself"
-            )
-        elif p in SECRETS:
-            notes.append(
-                f"the command has --{name}: its value is not copied; keep the key in an "
-                "environment variable and name it in workload.api_key_env"
-            )
-        elif not FLAG_NAME.match(name):
-            notes.append(f"--{name} cannot be a server.flags key; add it by hand")
-        else:
-            kept.append((name, value))
-    fraction_from = given("mem-fraction-static") if fraction is not None else ""
-    mrr_from = given("max-running-requests") if mrr is not None else ""
+    taken = _take_flags(launch.flags)
+    fraction_from = given("mem-fraction-static") if taken.fraction is not None else ""
+    mrr_from = given("max-running-requests") if taken.mrr is not None else ""
     if facts is not None:
-        logged = facts.fraction
-        if fraction is None and logged is not None:
-            fraction, fraction_from = logged, "what SGLang chose at the log's start"
-            if facts.shown_fraction is None:
-                fraction_from = (
-                    "what the log's pool implies (1 − (A − KV)/P); its server_args line does "
-                    "not show the value"
-                )
-        if mrr is None:
-            logged_mrr = facts.args.get("max_running_requests")
-            if isinstance(logged_mrr, int) and not isinstance(logged_mrr, bool) and logged_mrr > 0:
-                mrr, mrr_from = logged_mrr, "what SGLang chose at the log's start (server_args)"
-            elif facts.ledger.max_running_requests:
-                mrr = facts.ledger.max_running_requests
-                mrr_from = "what the log's start ran with (its summary line)"
-    if fraction is None:
+        fraction_from, mrr_from = _fill_from_log(taken, facts, fraction_from, mrr_from)
+    if taken.fraction is None:
         fraction_from = ""
-    hicache_from = given("hicache-size") if size is not None else ""
-    searched_host = on and bool(size)
-    if searched_host:
-        kept = [(n, v) for n, v in kept if param_name(n) not in HICACHE_SWITCHES]
-    elif size is not None:
-        kept.append(("hicache-size", size))
-    if on and not size:
-        notes.append(
-            "the hierarchical cache is on and sized by --hicache-ratio: hicache_size is not "
-            "searched (search it to size the cache in GB instead)"
-        )
+    hicache_from = given("hicache-size") if taken.size is not None else ""
+    searched_host = _settle_hicache(taken)
     current = Current(
-        fraction=fraction,
+        fraction=taken.fraction,
         fraction_from=fraction_from,
-        max_running_requests=mrr,
+        max_running_requests=taken.mrr,
         mrr_from=mrr_from,
         hicache_on=searched_host,
-        hicache_size=size if searched_host else None,
+        hicache_size=taken.size if searched_host else None,
         hicache_from=hicache_from,
     )
-    return current, tuple(kept), notes
+    return current, tuple(taken.kept), taken.notes
 
 
 # ------------------------------------------------------------------------------------------------
@@ -336,13 +371,8 @@ def _description(flags: Sequence[tuple[str, FlagValue]], origin: str) -> str:
     return f"{model}{where}: the most KV capacity that survives the load (from {origin})"
 
 
-def compose(
-    src: Sources,
-    *,
-    inspect: Inspect = _inspect,
-    table_for: TableFor = flag_table,
-) -> Draft:
-    """The study text for `src` (not yet validated)."""
+def _check_sources(src: Sources) -> None:
+    """Refuse a study name or a choice of sources that cannot make a study."""
     check_study_name(src.name)
     if src.from_unit is not None and src.from_cmd is not None:
         raise UsageError("give --from-unit or --from-cmd, not both")
@@ -350,10 +380,12 @@ def compose(
         raise UsageError(
             "name what to start from: --from-log LOG, --from-unit UNIT or --from-cmd CMD"
         )
-    facts = log_facts(src.from_log) if src.from_log is not None else None
-    flag_notes: list[str] = []
-    warnings: list[str] = []
-    split: SplitArgs | None = None
+
+
+def _launch_of(
+    src: Sources, facts: LogFacts | None, inspect: Inspect, table_for: TableFor
+) -> tuple[Launch, list[str], list[str], SplitArgs | None]:
+    """The launch to study: (launch, flag notes, warnings, the log's split arguments)."""
     if src.from_unit is not None or src.from_cmd is not None:
         launch = (
             launch_from_unit(src.from_unit)
@@ -361,20 +393,20 @@ def compose(
             else launch_from_command(src.from_cmd or "")
         )
         launch, flag_notes, warnings = canonical(launch, inspect)
-    else:
-        assert facts is not None
-        if not facts.args:
-            raise UsageError(
-                f"--from-log {src.from_log}: the log has no server_args line to read the flags "
-                "from; add --from-cmd or --from-unit"
-            )
-        table = table_for(DEFAULT_COMMAND[0], facts.release)
-        launch, split = launch_from_log(facts, table)
-        flag_notes = [f"read from the log's server_args line with {table.source}"]
-    current, flags, setting_notes = take_settings(launch, facts)
-    notes_all = [*launch.notes, *setting_notes]
-    warnings += [n for n in notes_all if "by hand" in n or "not copied" in n]
+        return launch, flag_notes, warnings, None
+    assert facts is not None
+    if not facts.args:
+        raise UsageError(
+            f"--from-log {src.from_log}: the log has no server_args line to read the flags "
+            "from; add --from-cmd or --from-unit"
+        )
+    table = table_for(DEFAULT_COMMAND[0], facts.release)
+    launch, split = launch_from_log(facts, table)
+    return launch, [f"read from the log's server_args line with {table.source}"], [], split
 
+
+def _knobs_for(current: Current, facts: LogFacts | None) -> tuple[list[Knob], Arithmetic | None]:
+    """The searched knobs, and the memory arithmetic the log's ledger gives."""
     ledger = facts.ledger if facts is not None else None
     log_f = facts.fraction if facts is not None else None
     arith = arithmetic(ledger, log_f) if ledger is not None and log_f is not None else None
@@ -391,11 +423,14 @@ def compose(
     host = hicache_knob(current, ledger, high, arith, _host_failure(facts))
     if host is not None:
         knobs.append(host)
-    search, baseline = _knob_lines(knobs)
+    return knobs, arith
 
-    lines = _header(src, launch, facts)
-    lines.append(f"description = {t.string(_description(flags, launch.origin))}")
-    lines += ["", "[server]", 'backend = "sglang"']
+
+def _server_lines(
+    src: Sources, launch: Launch, facts: LogFacts | None, notes_all: Sequence[str]
+) -> list[str]:
+    """The `[server]` table."""
+    lines = ["", "[server]", 'backend = "sglang"']
     lines += t.comment(f"the program part of {launch.origin}")
     lines.append(f"command = {t.value(list(launch.command))}")
     lines += t.comments(n for n in notes_all if "program" in n)
@@ -415,7 +450,18 @@ def compose(
     if facts is not None and facts.release:
         lines += t.comment("the release the log's format shows, for the simulator to speak")
         lines.append(f"sim_version = {t.string(facts.release)}")
-    lines += ["", "[server.flags]"]
+    return lines
+
+
+def _flag_lines(
+    launch: Launch,
+    flags: Sequence[tuple[str, FlagValue]],
+    flag_notes: Sequence[str],
+    notes_all: Sequence[str],
+    split: SplitArgs | None,
+) -> list[str]:
+    """The `[server.flags]` table, with what the log resolved or could not express."""
+    lines = ["", "[server.flags]"]
     lines += t.comment(
         f"every flag of {launch.origin} except the searched ones ([search]) and the address"
     )
@@ -432,48 +478,91 @@ def compose(
     if split is not None and split.unexpressible:
         lines += t.comment("in the log but not expressible as a flag here; add by hand if needed:")
         lines += [f"# {line}" for line in split.unexpressible]
-    if launch.env or launch.secret_env:
-        lines += ["", "[server.env]", *t.comment(f"from {launch.origin}")]
-        for k, v in launch.env:
-            lines.append(f"{t.key(k)} = {t.string(v)}")
-        for k in launch.secret_env:
-            lines += t.comment(
-                f"{k}: set there but not copied (a secret); export it before autotune run, "
-                "the server inherits autotune's environment"
-            )
+    return lines
+
+
+def _env_lines(launch: Launch) -> list[str]:
+    """The `[server.env]` table, when the launch sets any environment."""
+    if not (launch.env or launch.secret_env):
+        return []
+    lines = ["", "[server.env]", *t.comment(f"from {launch.origin}")]
+    for k, v in launch.env:
+        lines.append(f"{t.key(k)} = {t.string(v)}")
+    for k in launch.secret_env:
+        lines += t.comment(
+            f"{k}: set there but not copied (a secret); export it before autotune run, "
+            "the server inherits autotune's environment"
+        )
+    return lines
+
+
+def _memory_lines(facts: LogFacts | None, arith: Arithmetic | None) -> list[str]:
+    """Comments on the memory the log shows and how its start ended."""
+    ledger = facts.ledger if facts is not None else None
+    if ledger is None:
+        return []
+    lines: list[str] = []
+    notes = memory_notes(ledger, arith)
+    if notes:
+        lines += t.comment(f"the memory {facts.path.name if facts else 'log'} shows:")
+        lines += t.comments(notes)
+    if facts is not None and facts.verdict.outcome not in (Outcome.READY, Outcome.STOPPED):
+        lines += t.comment(
+            f"the log's start ended as {facts.verdict.outcome}"
+            + (f" ({facts.verdict.cause})" if facts.verdict.cause else "")
+        )
+    return lines
+
+
+TAIL_LINES = (
+    "",
+    "[constraints]",
+    "no_oom = true",
+    "max_error_rate = 0.01",
+    "# keep this much GPU memory free at the worst moment of the load",
+    "min_headroom_gib = 1.0",
+    "",
+    "[budget]",
+    "# every restart of a big model costs minutes: about a night",
+    "n_trials = 20",
+    "timeout_s = 36000",
+    "",
+    "[sampler]",
+    "# capacity-aware: fits SGLang's memory arithmetic to the ledgers seen so far",
+    "# (docs/search.md)",
+    'name = "capacity"',
+    "seed = 0",
+    "",
+)
+"""The `[constraints]`, `[budget]` and `[sampler]` tables every composed study ends with."""
+
+
+def compose(
+    src: Sources,
+    *,
+    inspect: Inspect = _inspect,
+    table_for: TableFor = flag_table,
+) -> Draft:
+    """The study text for `src` (not yet validated)."""
+    _check_sources(src)
+    facts = log_facts(src.from_log) if src.from_log is not None else None
+    launch, flag_notes, warnings, split = _launch_of(src, facts, inspect, table_for)
+    current, flags, setting_notes = take_settings(launch, facts)
+    notes_all = [*launch.notes, *setting_notes]
+    warnings += [n for n in notes_all if "by hand" in n or "not copied" in n]
+    knobs, arith = _knobs_for(current, facts)
+    search, baseline = _knob_lines(knobs)
+
+    lines = _header(src, launch, facts)
+    lines.append(f"description = {t.string(_description(flags, launch.origin))}")
+    lines += _server_lines(src, launch, facts, notes_all)
+    lines += _flag_lines(launch, flags, flag_notes, notes_all, split)
+    lines += _env_lines(launch)
     lines += ["", *_limits(facts, src.steady_s), ""]
-    if ledger is not None:
-        notes = memory_notes(ledger, arith)
-        if notes:
-            lines += t.comment(f"the memory {facts.path.name if facts else 'log'} shows:")
-            lines += t.comments(notes)
-        if facts is not None and facts.verdict.outcome not in (Outcome.READY, Outcome.STOPPED):
-            lines += t.comment(
-                f"the log's start ended as {facts.verdict.outcome}"
-                + (f" ({facts.verdict.cause})" if facts.verdict.cause else "")
-            )
+    lines += _memory_lines(facts, arith)
     lines += [*search, "", *baseline, ""]
     lines += _workload(facts, current, src.steady_s)
-    lines += [
-        "",
-        "[constraints]",
-        "no_oom = true",
-        "max_error_rate = 0.01",
-        "# keep this much GPU memory free at the worst moment of the load",
-        "min_headroom_gib = 1.0",
-        "",
-        "[budget]",
-        "# every restart of a big model costs minutes: about a night",
-        "n_trials = 20",
-        "timeout_s = 36000",
-        "",
-        "[sampler]",
-        "# capacity-aware: fits SGLang's memory arithmetic to the ledgers seen so far",
-        "# (docs/search.md)",
-        'name = "capacity"',
-        "seed = 0",
-        "",
-    ]
+    lines += TAIL_LINES
     summary = _summary(flags, knobs, launch)
     return Draft(
         text="\n".join(lines), warnings=tuple(dict.fromkeys(warnings)), summary=summary, flags=flags

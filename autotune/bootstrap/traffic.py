@@ -82,6 +82,82 @@ def _busiest(batches: Sequence[Batch]) -> int:
     return most
 
 
+def _concurrency(
+    batches: Sequence[Batch], peak_running: int | None, slots: int | None, comments: list[str]
+) -> int:
+    """The clients to run: the busiest moment the log shows, else enough to fill the slots."""
+    busiest = _busiest(batches)
+    if busiest:
+        concurrency = min(busiest, MAX_CONCURRENCY)
+        comments.append(
+            f"concurrency {concurrency}: the most requests the log shows in the server at once "
+            f"(running, being prefilled and queued; at most {peak_running or 0} running)"
+        )
+        return concurrency
+    concurrency = min(max(slots or 32, 2), MAX_CONCURRENCY)
+    comments.append(
+        f"concurrency {concurrency}: no serving lines in the log; enough clients to fill "
+        "the request slots"
+    )
+    return concurrency
+
+
+def _input_lengths(sizes: Sequence[float], chunk: int | None, comments: list[str]) -> Lengths:
+    """The prompt lengths from the Prefill lines' sizes, else a generic chat mix."""
+    if len(sizes) < 3:
+        comments.append("prompts: not in the log; a generic chat mix")
+        return Lengths(mean=2000, std=1500, low=100, high=16000)
+    mean = statistics.fmean(sizes)
+    inputs = Lengths(
+        mean=max(round(mean), 1),
+        std=round(statistics.pstdev(sizes)),
+        low=max(int(min(sizes)), 1),
+        high=max(int(max(sizes)), 1),
+    )
+    comments.append(
+        f"prompts: {len(sizes)} requests in the Prefill lines, {inputs.mean:,} tokens each "
+        f"on average ({inputs.low:,} to {inputs.high:,} per line)"
+    )
+    if chunk and chunk > 0 and inputs.high >= 0.9 * chunk:
+        comments.append(
+            f"prompts longer than one prefill chunk ({chunk:,}) span several lines, so the "
+            "real prompts may be longer"
+        )
+    return inputs
+
+
+def _output_lengths(
+    contexts: Sequence[float], sizes: Sequence[float], inputs: Lengths, comments: list[str]
+) -> Lengths:
+    """The answer lengths from the Decode lines' contexts, else 512 tokens on average."""
+    if contexts and len(sizes) >= 3:
+        answer = 2.0 * (statistics.median(contexts) - inputs.mean)
+        if answer >= 16:
+            mean_out = round(min(answer, 16384))
+            comments.append(
+                f"answers: about {mean_out:,} tokens, from the Decode lines' tokens per running "
+                "request (prompt + half the answer)"
+            )
+            return Lengths(
+                mean=mean_out,
+                std=max(mean_out // 4, 1),
+                low=max(mean_out // 4, 1),
+                high=mean_out * 2,
+            )
+    comments.append("answers: the log does not show their length; 512 tokens on average")
+    return Lengths(mean=512, std=128, low=64, high=2048)
+
+
+def _fit_context(inputs: Lengths, outputs: Lengths, context_len: int | None) -> Lengths:
+    """The prompt lengths cut so the longest prompt and answer fit the context."""
+    if context_len and inputs.high + outputs.high > context_len:
+        high = max(context_len - outputs.high, 1)
+        return Lengths(
+            inputs.mean if inputs.mean <= high else high, inputs.std, min(inputs.low, high), high
+        )
+    return inputs
+
+
 def sketch(
     batches: Sequence[Batch],
     *,
@@ -93,62 +169,10 @@ def sketch(
     sizes, cached_share = _prompt_sizes(batches)
     contexts = _contexts(batches)
     comments: list[str] = []
-    busiest = _busiest(batches)
-    if busiest:
-        concurrency = min(busiest, MAX_CONCURRENCY)
-        comments.append(
-            f"concurrency {concurrency}: the most requests the log shows in the server at once "
-            f"(running, being prefilled and queued; at most {peak_running or 0} running)"
-        )
-    else:
-        concurrency = min(max(slots or 32, 2), MAX_CONCURRENCY)
-        comments.append(
-            f"concurrency {concurrency}: no serving lines in the log; enough clients to fill "
-            "the request slots"
-        )
-    if len(sizes) >= 3:
-        mean = statistics.fmean(sizes)
-        inputs = Lengths(
-            mean=max(round(mean), 1),
-            std=round(statistics.pstdev(sizes)),
-            low=max(int(min(sizes)), 1),
-            high=max(int(max(sizes)), 1),
-        )
-        comments.append(
-            f"prompts: {len(sizes)} requests in the Prefill lines, {inputs.mean:,} tokens each "
-            f"on average ({inputs.low:,} to {inputs.high:,} per line)"
-        )
-        if chunk and chunk > 0 and inputs.high >= 0.9 * chunk:
-            comments.append(
-                f"prompts longer than one prefill chunk ({chunk:,}) span several lines, so the "
-                "real prompts may be longer"
-            )
-    else:
-        inputs = Lengths(mean=2000, std=1500, low=100, high=16000)
-        comments.append("prompts: not in the log; a generic chat mix")
-    outputs: Lengths | None = None
-    if contexts and len(sizes) >= 3:
-        answer = 2.0 * (statistics.median(contexts) - inputs.mean)
-        if answer >= 16:
-            mean_out = round(min(answer, 16384))
-            outputs = Lengths(
-                mean=mean_out,
-                std=max(mean_out // 4, 1),
-                low=max(mean_out // 4, 1),
-                high=mean_out * 2,
-            )
-            comments.append(
-                f"answers: about {mean_out:,} tokens, from the Decode lines' tokens per running "
-                "request (prompt + half the answer)"
-            )
-    if outputs is None:
-        outputs = Lengths(mean=512, std=128, low=64, high=2048)
-        comments.append("answers: the log does not show their length; 512 tokens on average")
-    if context_len and inputs.high + outputs.high > context_len:
-        high = max(context_len - outputs.high, 1)
-        inputs = Lengths(
-            inputs.mean if inputs.mean <= high else high, inputs.std, min(inputs.low, high), high
-        )
+    concurrency = _concurrency(batches, peak_running, slots, comments)
+    inputs = _input_lengths(sizes, chunk, comments)
+    outputs = _output_lengths(contexts, sizes, inputs, comments)
+    inputs = _fit_context(inputs, outputs, context_len)
     if cached_share is not None and cached_share >= 0.2:
         comments.append(
             f"{cached_share:.0%} of prompt tokens came from the prefix cache: the traffic "
