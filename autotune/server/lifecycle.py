@@ -413,24 +413,7 @@ class Server:
         finally:
             if out >= 0:
                 os.close(out)
-        info = procs.read_proc(process.pid)
-        owner_pid, owner_ticks = pidfile.owner()
-        record = pidfile.PidRecord(
-            pid=process.pid,
-            pgid=info.pgid if info else process.pid,
-            sid=info.sid if info else process.pid,
-            start_ticks=info.start_ticks if info else 0,
-            boot_id=procs.boot_id(),
-            host=spec.host,
-            port=spec.port,
-            log_path=str(spec.log_path),
-            argv=scrub.masked_argv(command, [spec.api_key] if spec.api_key else []),
-            launched_at=time.time(),
-            owner_pid=owner_pid,
-            owner_start_ticks=owner_ticks,
-            study=spec.study,
-            members=(writer.identity,) if writer is not None else (),
-        )
+        record = _pid_record(spec, process.pid, command, writer)
         try:
             path = pidfile.write(spec.run_dir, record)
         except OSError as exc:
@@ -831,3 +814,28 @@ def _gpu_list(indices: Sequence[int]) -> str:
     if list(indices) == list(range(indices[0], indices[-1] + 1)):
         return f"GPUs {indices[0]}-{indices[-1]}"
     return "GPUs " + ", ".join(map(str, indices))
+
+
+def _pid_record(
+    spec: LaunchSpec, pid: int, command: tuple[str, ...], writer: LogWriter | None
+) -> pidfile.PidRecord:
+    """What the pidfile keeps about a server just started: who it is, who owns it, its log
+    writer, its argv with the secrets masked."""
+    info = procs.read_proc(pid)
+    owner_pid, owner_ticks = pidfile.owner()
+    return pidfile.PidRecord(
+        pid=pid,
+        pgid=info.pgid if info else pid,
+        sid=info.sid if info else pid,
+        start_ticks=info.start_ticks if info else 0,
+        boot_id=procs.boot_id(),
+        host=spec.host,
+        port=spec.port,
+        log_path=str(spec.log_path),
+        argv=scrub.masked_argv(command, [spec.api_key] if spec.api_key else []),
+        launched_at=time.time(),
+        owner_pid=owner_pid,
+        owner_start_ticks=owner_ticks,
+        study=spec.study,
+        members=(writer.identity,) if writer is not None else (),
+    )
