@@ -41,9 +41,16 @@ from pathlib import Path
 
 import optuna
 
-from autotune.config.space import settings_for
+from autotune.config.space import grid, settings_for
 from autotune.config.studyfile import Choices, SamplerConfig
 from autotune.errors import UsageError
+from autotune.review.confirm import (
+    DEFAULT_SOAK_FACTOR,
+    growth_per_trial,
+    peak_spread_gib,
+    soak_factor,
+    soak_steps,
+)
 from autotune.search.capacity import DONE_ATTR
 from autotune.sim.profiles import Mismatch, list_profiles, load_profile
 from autotune.study.samplers import SAMPLER_FACTORIES, make_sampler
@@ -55,6 +62,7 @@ from autotune.testing.oracle import (
     best_stable,
     covered,
     front,
+    launch,
     run_trial,
 )
 
@@ -98,6 +106,7 @@ class Run:
     final: float  # best stable and feasible capacity at the end / the best
     clock: float | None  # trial-durations of wall time to the target (workers mode)
     front: float = 0.0  # share of the true (capacity, throughput) front held by the end
+    soak_ok: bool | None = None  # the exported setting passes a confirm soak (None: nothing held)
 
 
 def study_run(
@@ -151,7 +160,59 @@ def study_run(
         final=max(held, default=0) / best if best else 0.0,
         clock=clock,
         front=covered(pareto, launches) if pareto else 0.0,
+        soak_ok=exported_passes_soak(bench, study, seed),
     )
+
+
+def exported_passes_soak(
+    bench: Bench, study: optuna.Study, seed: int, default_factor: float = DEFAULT_SOAK_FACTOR
+) -> bool | None:
+    """Whether the setting an export would take passes `autotune confirm`'s soak on the
+    simulated machine (one soak launch, as `autotune confirm` runs it). The setting: the
+    sampler's own best when it closed the study with one (the setting its `search_done` trial
+    confirms), else the most capacity that held. The soak is `review.confirm.soak_factor` trials
+    long (longer than the default where the trials measured growth: long enough for a steady leak
+    to eat the spare headroom), and the export backs the fraction off by
+    `review.confirm.soak_steps` (at least a step; more while the headroom kept does not cover the
+    growth over the soak)."""
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    held = [t for t in done if all(v <= 0 for v in t.constraints.values()) and t.params]
+    if not held:
+        return None
+    best = max(held, key=lambda t: (t.user_attrs.get("capacity_tokens", 0), t.number))
+    closing = [t for t in study.trials if DONE_ATTR in t.user_attrs and t.params]
+    if closing:
+        chosen = [t for t in held if t.params == closing[-1].params]
+        best = chosen[-1] if chosen else best
+    records = [t.user_attrs["record"] for t in done if isinstance(t.user_attrs.get("record"), dict)]
+    growth = growth_per_trial(records)
+    params = dict(best.params)
+    head = min(float(t.user_attrs.get("headroom_gib") or 0.0) for t in held if t.params == params)
+    required = bench.constraints.min_headroom_gib
+    factor = soak_factor(growth, head - required, default_factor)
+    p_gib = float(best.user_attrs["record"]["ledger"].get("p_gib") or 0.0)
+    step = 0.01
+    demand = ("max_running_requests", "chunked_prefill_size")
+    peaks = [
+        float(t.user_attrs["record"]["stress_peak_gib"])
+        for t in held
+        if all(t.params.get(k) == params.get(k) for k in demand)
+        and isinstance(t.user_attrs.get("record", {}).get("stress_peak_gib"), int | float)
+    ]
+    steps = soak_steps(
+        head, required, growth, factor, p_gib * step, peak_spread_gib(peaks), max(peaks, default=0)
+    )
+    fractions = grid_fractions(bench)
+    f = float(params["mem_fraction_static"]) - steps * step
+    params["mem_fraction_static"] = max(
+        (x for x in fractions if x <= f + 1e-9), default=fractions[0]
+    )
+    soaked, _ = launch(bench, params, seed * 1000 + 999, soak=factor)
+    return soaked.feasible
+
+
+def grid_fractions(bench: Bench) -> list[float]:
+    return sorted({float(p["mem_fraction_static"]) for p in grid(bench.search) or []})
 
 
 def summarize(runs: list[Run], budget: int, workers: int) -> list[str]:
@@ -159,7 +220,7 @@ def summarize(runs: list[Run], budget: int, workers: int) -> list[str]:
     head = (
         f"{'sampler':<10} {'studies':>7} {'reached':>7} {'launches med':>12} {'worst':>6} "
         f"{'crashes med':>11} {'worst':>6} {'in study':>8} {'used med':>8} {'final med':>9} "
-        f"{'final min':>9} {'front med':>9}"
+        f"{'final min':>9} {'front med':>9} {'soak ok':>7}"
     )
     if workers > 1:
         head += f" {'wall med':>8}"
@@ -180,13 +241,19 @@ def summarize(runs: list[Run], budget: int, workers: int) -> list[str]:
             f"{statistics.median(r.crashes_all for r in rs):>8g} "
             f"{statistics.median(r.used for r in rs):>8g} "
             f"{statistics.median(finals):>9.1%} {min(finals):>9.1%} "
-            f"{statistics.median(r.front for r in rs):>9.0%}"
+            f"{statistics.median(r.front for r in rs):>9.0%} "
+            f"{_share([r.soak_ok for r in rs]):>7}"
         )
         if workers > 1:
             clocks = [r.clock if r.clock is not None else budget + 1.0 for r in rs]
             line += f" {statistics.median(clocks):>8g}"
         lines.append(line)
     return lines
+
+
+def _share(flags: list[bool | None]) -> str:
+    seen = [f for f in flags if f is not None]
+    return f"{sum(seen)}/{len(seen)}" if seen else "-"
 
 
 def _launches(value: float, budget: int) -> str:

@@ -7,6 +7,11 @@ repeated as often, judged by the study's constraints. Its log and record go to
 `results/NAME/confirm/NNNN/`; the verdict is stored on the study as the user attribute
 `confirmation`, which `report`, `explain` and `export` read: a winner whose parameters have not
 passed a soak is labelled UNCONFIRMED everywhere.
+
+A trial is too short to see a slow leak: `growth_per_trial` reads what the allocator kept after
+each trial's workload, `soak_factor` makes the soak long enough that a steady leak at that rate
+would eat the setting's spare headroom, and `soak_margin_gib` is the headroom a setting needs
+beyond the required one to pass a soak that long.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import dataclasses
 import math
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -141,3 +146,84 @@ def describe(v: Mapping[str, object]) -> str:
 def _next_number(folder: Path) -> int:
     taken = [int(p.name) for p in folder.glob("[0-9][0-9][0-9][0-9]") if p.name.isdigit()]
     return max(taken, default=-1) + 1
+
+
+# ---- how long to soak, and the margin a soak needs (pure) ---------------------------------
+
+GROWTH_KEY = "growth_gib"
+"""A trial record's field: GPU memory the allocator kept once the workload was over (free at the
+workload's start minus free when it ended and the server idled), GiB."""
+LEAK_FACTOR = 1.5
+"""A soak lasts long enough that a steady leak would eat this many times the spare headroom."""
+MAX_SOAK_FACTOR = 100.0
+GROWTH_NOISE_GIB = 0.02
+"""Below this much per trial, growth is the probe's noise, not a leak."""
+
+
+def growth_per_trial(records: Iterable[Mapping[str, object]]) -> float | None:
+    """The allocator's growth over one trial's workload, the median over the trials that
+    recorded it (None when none did)."""
+    rows = sorted(
+        float(v)
+        for r in records
+        if isinstance(v := r.get(GROWTH_KEY), int | float) and not isinstance(v, bool)
+    )
+    if not rows:
+        return None
+    mid = len(rows) // 2
+    return rows[mid] if len(rows) % 2 else (rows[mid - 1] + rows[mid]) / 2
+
+
+def soak_factor(growth_gib: float | None, spare_gib: float | None, default: float) -> float:
+    """How many trials long the soak is: `default`, or, where the trials measured growth, long
+    enough that a steady leak at that rate eats `LEAK_FACTOR` times the headroom the setting
+    kept beyond the required (`spare_gib`), so a slow leak that passes a trial's workload fails
+    the soak instead of the night after."""
+    if growth_gib is None or growth_gib < GROWTH_NOISE_GIB or spare_gib is None:
+        return default
+    need = 1.0 + LEAK_FACTOR * max(spare_gib, 0.0) / growth_gib
+    return min(max(default, math.ceil(need)), MAX_SOAK_FACTOR)
+
+
+def soak_margin_gib(growth_gib: float | None, factor: float) -> float:
+    """Headroom a setting needs beyond the required one to pass a soak `factor` trials long:
+    what the allocator grows by over the part of the soak a trial did not see."""
+    if growth_gib is None or growth_gib < GROWTH_NOISE_GIB:
+        return 0.0
+    return growth_gib * max(factor - 1.0, 0.0)
+
+
+def peak_spread_gib(peaks: Iterable[float]) -> float:
+    """How far the worst stress peak the trials measured at one setting's demand rose above
+    their median: a soak several trials long meets about the worst of that many trials."""
+    rows = sorted(peaks)
+    if len(rows) < 2:
+        return 0.0
+    mid = len(rows) // 2
+    median = rows[mid] if len(rows) % 2 else (rows[mid - 1] + rows[mid]) / 2
+    return rows[-1] - median
+
+
+PEAK_NOISE = 0.05
+"""The least spread a stress peak is given (a share of it) when the trials measured it once."""
+
+
+def soak_steps(
+    headroom_gib: float,
+    required_gib: float,
+    growth_gib: float | None,
+    factor: float,
+    step_gib: float,
+    spread_gib: float = 0.0,
+    peak_gib: float = 0.0,
+) -> int:
+    """Fraction steps to back a setting off so that it passes a soak `factor` trials long: at
+    least one, more while the headroom it kept (`headroom_gib`, its worst trial) does not cover
+    the required one plus the growth over the soak plus the peak's spread (`peak_spread_gib`, at
+    least `PEAK_NOISE` of the stress peak `peak_gib`: a longer stress phase meets a higher
+    peak); each step hands `step_gib` (P × the step) back from the KV pool."""
+    spread = max(spread_gib, PEAK_NOISE * peak_gib, 0.0)
+    need = required_gib + soak_margin_gib(growth_gib, factor) + spread
+    if step_gib <= 0:
+        return 1
+    return max(1, math.ceil((need - headroom_gib) / step_gib - 1e-9))

@@ -81,6 +81,8 @@ MEMORY_CAUSES = frozenset(
 """Causes `autotune.logparse.outcome.classify` calls a startup OOM (the rest: start errors)."""
 
 
+GROWTH_KEY = "growth_gib"
+"""The record's field for what the allocator kept after the workload (GiB)."""
 TRIAL_REQUESTS = 1500
 """Requests one trial's workload serves (the allocator's growth counts them)."""
 STRESS_CONTEXT = 4096
@@ -353,6 +355,9 @@ def launch(
         return _done(bench, params, "runtime_oom", reason, tokens, measured, record, truth)
     tput = decode_throughput(prof, r, plan.spec)
     record["stress_peak_gib"] = round(peak + growth, 3)
+    # what the probe sees once the workload is over and the server idles: the memory the
+    # allocator kept (the harness's `growth_gib`, free at the workload's start minus at its end)
+    record[GROWTH_KEY] = round(growth, 3)
     head = round(free - peak - growth, 3)
     measured = Measured(tokens, tput, False, False, 0.0, head, None, None)
     return _done(bench, params, "ok", "", tokens, measured, record, truth)
