@@ -387,8 +387,10 @@ def test_storage_locked_mid_run_past_the_busy_timeout(world: World) -> None:
 
 
 CLOCK_JUMPS = """
-import atexit, os, time
+import atexit, os, time, types
 if os.environ.pop("REL_CLOCK_JUMPS", None):  # autotune only: its servers keep the real clock
+    from autotune.sim import gpustate  # the simulated GPUs' state files keep the true clock
+    gpustate.time = types.SimpleNamespace(**{k: getattr(time, k) for k in dir(time)})
     _real, _real_ns, _mono = time.time, time.time_ns, time.monotonic
     _t0, _seen = _mono(), [0]
     _JUMPS = (0.0, 6 * 3600.0, -6 * 3600.0, 30 * 86400.0, -30 * 86400.0, 365 * 86400.0)
@@ -401,7 +403,8 @@ if os.environ.pop("REL_CLOCK_JUMPS", None):  # autotune only: its servers keep t
     atexit.register(lambda: open(os.environ["REL_CLOCK_SEEN"], "w").write(str(_seen[0])))
 """
 """The wall clock of the autotune process jumps every 0.4 s: 6 h forward, 6 h back, a month
-either way, a year ahead; time.monotonic (and the servers' clocks) stay true."""
+either way, a year ahead; time.monotonic (and the servers' clocks) stay true, and so do the
+simulated GPUs' state files, which servers and autotune share as NVML's stand-in."""
 
 
 def test_wall_clock_jumps_fire_no_timeout(world: World) -> None:

@@ -244,3 +244,16 @@ def test_server_log_rotated_or_deleted_mid_trial(world: World, how: str, keyed: 
         assert stat.S_IMODE(log.stat().st_mode) == 0o600
     if keyed:
         assert b"sk-rel-rotate" not in text
+
+
+def test_scheduler_killed_while_the_http_front_answers_is_a_hang(world: World) -> None:
+    """The simulator's `oom-kill=1` on SGLang 0.5.9 (no subprocess watchdog): a second into
+    serving the OS kills scheduler rank 0; the server process, its HTTP front and `/health`
+    live on, generation stops and the log goes quiet. A hang within stall_s, not a timeout."""
+    world.foreign_sleep()
+    world.study(flags='sim-fault = "oom-kill=1"', duration=30)
+    done = world.run()
+    assert done.rc == 0, done.out + done.err
+    record = _only_trial(world, TrialState.FAIL, "hang")
+    assert "hang (stall:serving)" in str(record["reason"]), record["reason"]
+    assert record["phases"]["workload"] < 1 + 1.5 + 3, record["phases"]

@@ -1,5 +1,6 @@
-"""The soak's short variant: six simulator trials with random faults and a SIGKILL of autotune
-mid-trial; nothing may be left running, lost or recorded inconsistently."""
+"""The soak's short variant: six simulator trials with random faults (simulator faults and faults
+played on the live server), a SIGKILL of autotune mid-trial, a jumping wall clock and the review
+commands in a loop alongside; nothing may be left running, lost or recorded wrongly."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ def test_short_soak(world: World) -> None:
     assert done.returncode in (0, 1), done.stderr
     figures = json.loads(done.stdout.splitlines()[-1])
     assert figures["orphans"] == [] and figures["lost"] == [], figures
-    assert figures["inconsistent"] == [] and figures["foreign_alive"], figures
+    assert figures["wrong_records"] == [] and figures["counted_twice"] == [], figures
+    assert figures["review_problems"] == [] and figures["foreign_alive"], figures
+    assert sum(figures["review"].values()) >= 4, figures  # the review commands ran alongside
     assert figures["trials_counted"] == 6
     assert figures["events"].get("SIGKILL mid-trial", 0) >= 1  # a resume was exercised
     assert sum(n for f, n in figures["faults_injected"].items() if f != "none") >= 2
