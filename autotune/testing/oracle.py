@@ -214,7 +214,13 @@ def ledger_of(plan: StartupPlan, rank0_extra_gib: float = 0.0) -> Ledger:
     return Ledger(
         p_gib=free(plan.p_gib),
         weights_gib=r2(plan.weights_gib),
-        avail_after_weights_gib=free(plan.avail_after_weights_gib),
+        # A, what the pool is sized from: after the draft's weights too where they load first
+        # (0.5.23), as the log's last weight load before the pool shows it
+        avail_after_weights_gib=free(
+            plan.avail_after_draft_weights_gib
+            if plan.avail_after_draft_weights_gib is not None and plan.version != "0.5.9"
+            else plan.avail_after_weights_gib
+        ),
         max_total_num_tokens=plan.max_total_num_tokens,
         kv_gib=r2(plan.kv_gib),
         draft_weights_gib=r2(plan.draft_weights_gib),
