@@ -160,6 +160,7 @@ class CapacityAwareSampler(BaseSampler):
                 "stress_peak_gib": fc.stress_peak.mean if fc.stress_peak else None,
                 "stress_peak_sd": fc.stress_peak.sd if fc.stress_peak else None,
                 "model": p.model.describe() if p.model else None,
+                "kappa": p.kappa,
             }
             internals.set_system_attr(study, trial, FORECAST_ATTR, numbers)
 

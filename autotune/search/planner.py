@@ -86,6 +86,8 @@ class Proposal:
     done: str | None = None
     forecast: Forecast | None = None
     model: MemoryModel | None = field(default=None, compare=False)
+    kappa: float = 1.0
+    """How much wider than the model's own the margins were (`calibration`)."""
 
 
 def plan(
@@ -715,7 +717,7 @@ class _Planner:
             f"{rule} to {where}: {fc.describe()}, {self.goal.min_headroom_gib:g} GiB required; "
             f"{note}{self._edge_text(fc)}{self.cal.describe()}; {best}"
         )
-        return Proposal(params, rule, why, forecast=fc, model=self.model)
+        return Proposal(params, rule, why, forecast=fc, model=self.model, kappa=self.cal.kappa)
 
     def _edge_text(self, fc: Forecast) -> str:
         edge = self.model.oom_edge(fc, self.goal.min_headroom_gib)
