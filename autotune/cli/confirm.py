@@ -13,7 +13,7 @@ from autotune.errors import UsageError
 from autotune.review.confirm import (
     DEFAULT_SOAK_FACTOR,
     describe,
-    record_verdict,
+    keep_verdict,
     run_confirmation,
     soak,
 )
@@ -77,7 +77,12 @@ def handle(args: argparse.Namespace) -> int:
         out.write("confirmation interrupted: the server was stopped; nothing was recorded\n")
         return 130
     verdict["soak_factor"] = args.soak_factor
-    record_verdict(source.study, verdict)
+
+    def warn(line: str) -> None:
+        out.write(f"warning: {line}\n")
+        out.flush()
+
+    keep_verdict(source.study, verdict, url=source.url, note=warn)
     out.write(describe(verdict))
     return 0 if verdict["passed"] else 1
 

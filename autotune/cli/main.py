@@ -14,6 +14,8 @@ from typing import cast
 import autotune
 from autotune import __version__
 from autotune.errors import AutotuneError
+from autotune.masking import scrub
+from autotune.study.storage import STORAGE_ERRORS, first_line
 
 Handler = Callable[[argparse.Namespace], int]
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
@@ -55,6 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AutotuneError as exc:
         sys.stderr.write(f"autotune: error: {exc}\n")
         return exc.exit_code
+    except STORAGE_ERRORS as exc:  # a command that reads the study met a storage gone away
+        sys.stderr.write(f"autotune: error: the study storage failed: {scrub(first_line(exc))}\n")
+        return 1
     except KeyboardInterrupt:
         sys.stderr.write("autotune: interrupted\n")
         return 130

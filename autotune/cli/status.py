@@ -7,16 +7,21 @@ import sys
 from pathlib import Path
 
 import optuna
-from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.cli.common import add_study_args, resolve_config, storage_url, study_dir
 from autotune.config.studyfile import StudyConfig
-from autotune.errors import HarnessError, UsageError
+from autotune.errors import UsageError
 from autotune.masking import redact
 from autotune.review.headline import headline
 from autotune.review.source import build_review
 from autotune.review.status import render
-from autotune.study.storage import STUDY_DB, default_storage_url, load_existing
+from autotune.study.storage import (
+    STORAGE_ERRORS,
+    STUDY_DB,
+    default_storage_url,
+    load_existing,
+    storage_failure,
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,9 +41,8 @@ def handle(args: argparse.Namespace) -> int:
         study = load_existing(name, url)
         trials = study.get_trials(deepcopy=False)
         attrs = study.user_attrs
-    except SQLAlchemyError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise HarnessError(f"cannot read the study storage {redact(url)}: {first}") from exc
+    except STORAGE_ERRORS as exc:
+        raise storage_failure(exc, url, "cannot be read") from exc
     review = build_review(name, redact(url), trials, cfg=_config(args), study_attrs=attrs)
     text = render(name, redact(url), trials, headline=headline(review))
     sys.stdout.write(review.scrub(text))

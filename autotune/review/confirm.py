@@ -17,6 +17,7 @@ beyond the required one to pass a soak that long.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import sys
 import time
@@ -29,8 +30,11 @@ import optuna
 from autotune.config.space import Settings, tuned_flags
 from autotune.config.studyfile import StudyConfig
 from autotune.config.workload import Poisson, Steady, Stress
+from autotune.errors import HarnessError
 from autotune.review.source import CONFIRMATION, CONFIRMATIONS
+from autotune.study.loop import patiently
 from autotune.study.objectives import constraint_values
+from autotune.study.storage import STORAGE_ERRORS, storage_failure
 from autotune.trial.run import Launcher, live_launcher, plan_trial, run_trial, write_record
 
 DEFAULT_SOAK_FACTOR = 3.0
@@ -106,9 +110,36 @@ def run_confirmation(
         "error_rate": record.error_rate,
         "seconds": record.phases.get("total"),
         "log_path": record.log_path,
+        "folder": str(plan.trial_dir),
         "sglang_version": record.sglang_version,
         "at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
     }
+
+
+VERDICT_FILE = "verdict.json"
+
+
+def keep_verdict(
+    study: object,
+    verdict: dict[str, object],
+    *,
+    url: str,
+    note: Callable[[str], None] = lambda line: None,
+    patience_s: float | None = None,
+) -> Path:
+    """Write the verdict beside the soak's log, then store it on the study, trying again while
+    the storage fails (a PostgreSQL restart, a SQLite lock) for the run's patience; a storage
+    that never answers is one line naming the file that still holds the verdict."""
+    path = Path(str(verdict["folder"])) / VERDICT_FILE
+    path.write_text(json.dumps(verdict, indent=1, sort_keys=True) + "\n")
+    path.chmod(0o600)
+    try:
+        patiently(lambda: record_verdict(study, verdict), note=note, patience_s=patience_s)
+    except STORAGE_ERRORS as exc:
+        failure = storage_failure(exc, url, "failed")
+        kept = f"the verdict is not on the study, it is kept in {path}"
+        raise HarnessError(f"{failure}; {kept}") from exc
+    return path
 
 
 def record_verdict(study: object, verdict: dict[str, object]) -> None:

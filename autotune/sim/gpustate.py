@@ -8,14 +8,16 @@ Layout of a state directory (all JSON, every write atomic via a temp file and `o
     gpus.json           {"gpus": [{"index": 0, "total_bytes": N}, ...]}   the inventory
     proc-<pid>.json     {"pid": P, "start_time": T, "gpus": {"0": bytes, ...},
                          "totals": {"0": total_bytes, ...}, "hold_seconds": S | null,
-                         "hold_until": unix_time | null, "updated": unix_time}
+                         "hold_until": T | null, "beat": T, "boot_id": B}
 
 `start_time` is field 22 of /proc/<pid>/stat (clock ticks since boot) so a reused pid is not
 mistaken for the holder. A holder counts while its process is alive (a zombie counts as dead). A
 dead holder counts as released unless it carries `hold_seconds`: then its memory stays counted
-until `hold_until`, or, when it died without writing that (SIGKILL), until the file's last
-heartbeat (its mtime, refreshed every half second while alive) plus `hold_seconds`. No helper
-process is involved, so nothing is left behind.
+until `hold_until`, or, when it died without writing that (SIGKILL), until its last heartbeat
+(`beat`, rewritten every half second while alive) plus `hold_seconds`. Both are read on
+CLOCK_MONOTONIC, which every process on the machine shares and no wall-clock step moves, with
+the boot they belong to (`boot_id`): a hold from an earlier boot is over. No helper process is
+involved, so nothing is left behind.
 """
 
 from __future__ import annotations
@@ -141,13 +143,13 @@ def _holders(directory: Path, now: float) -> list[_Holder]:
         if not alive:
             hold = doc.get("hold_seconds")
             until = doc.get("hold_until")
-            if isinstance(until, int | float):
+            beat = doc.get("beat")
+            if doc.get("boot_id") != BOOT_ID:
+                limit = 0.0
+            elif isinstance(until, int | float):
                 limit = float(until)
-            elif isinstance(hold, int | float):
-                try:
-                    limit = path.stat().st_mtime + float(hold)
-                except FileNotFoundError:
-                    limit = 0.0
+            elif isinstance(hold, int | float) and isinstance(beat, int | float):
+                limit = float(beat) + float(hold)
             else:
                 limit = 0.0
             counted = now < limit
@@ -156,7 +158,17 @@ def _holders(directory: Path, now: float) -> list[_Holder]:
     return out
 
 
-def read_gpu_state(directory: Path, now: Callable[[], float] = time.time) -> list[SimGpu]:
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+BOOT_ID = _boot_id()
+
+
+def read_gpu_state(directory: Path, now: Callable[[], float] = time.monotonic) -> list[SimGpu]:
     """Every simulated GPU in `directory` with the memory live (or held) processes use."""
     directory = Path(directory)
     if not directory.is_dir():
@@ -187,7 +199,7 @@ def foreign_used_bytes(directory: Path, indices: list[int], exclude_pid: int) ->
 
 def prune(directory: Path) -> None:
     """Delete files of holders that are dead and no longer held (best effort)."""
-    for h in _holders(Path(directory), time.time()):
+    for h in _holders(Path(directory), time.monotonic()):
         if h.expired:
             with contextlib.suppress(FileNotFoundError):
                 (Path(directory) / f"{PREFIX}{h.pid}.json").unlink()
@@ -219,13 +231,13 @@ class GpuStateWriter:
         self.set_used({i: used_bytes for i in self.totals})
 
     def heartbeat(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.utime(self.path)
+        if self.path.exists():
+            self._write(None)
 
     def release(self) -> None:
         """The process is exiting: drop the entry, or stamp the end of the hold."""
         if self.hold_seconds:
-            self._write(time.time() + self.hold_seconds)
+            self._write(time.monotonic() + self.hold_seconds)
             return
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
@@ -238,7 +250,8 @@ class GpuStateWriter:
             "totals": {str(i): t for i, t in self.totals.items()},
             "hold_seconds": self.hold_seconds,
             "hold_until": hold_until,
-            "updated": time.time(),
+            "beat": time.monotonic(),
+            "boot_id": BOOT_ID,
         }
         _write_json(self.path, doc)
 

@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import optuna
-from optuna.exceptions import StorageInternalError, UpdateFinishedTrialError
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
-from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.config.space import grid
 from autotune.config.studyfile import (
@@ -27,7 +26,7 @@ from autotune.record import internals, keys
 from autotune.record.remedy import remedy
 from autotune.record.view import view
 from autotune.study.objectives import constraint_values, objective_values
-from autotune.study.storage import Worker, counted
+from autotune.study.storage import STORAGE_ERRORS, Worker, counted, first_line
 from autotune.study.workers import Coordinator
 from autotune.trial.record import Result
 
@@ -115,8 +114,6 @@ class Interrupted(Exception):
     """The operator stopped the run (Ctrl-C or SIGTERM); the current trial is recorded."""
 
 
-STORAGE_ERRORS = (SQLAlchemyError, StorageInternalError)
-"""What the study storage raises when it cannot be reached or is locked."""
 STORAGE_PATIENCE_S = 120.0
 """How long the loop keeps trying a storage that fails (a lock past SQLite's busy timeout, a
 PostgreSQL restart) before the run stops."""
@@ -163,15 +160,6 @@ def patiently(
                 note(f"the study storage failed ({first_line(exc)}); trying again")
                 first = False
             sleep(1.0)
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of a storage error; Optuna's own wrapper (`StorageInternalError: An
-    exception is raised during the commit…`) gives way to the driver's error it wraps."""
-    while isinstance(exc, StorageInternalError) and exc.__cause__ is not None:
-        exc = exc.__cause__
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 @dataclass(frozen=True)

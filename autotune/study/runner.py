@@ -21,9 +21,7 @@ from pathlib import Path
 from typing import TextIO
 
 import optuna
-from optuna.exceptions import StorageInternalError
 from optuna.trial import FrozenTrial, TrialState
-from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.config.space import settings_for
 from autotune.config.studyfile import Fixed, StudyConfig
@@ -36,11 +34,9 @@ from autotune.search.capacity import DONE_ATTR, CapacityAwareSampler
 from autotune.server.hostcheck import results_disk_problem
 from autotune.sim.profiles import Profile, ProfileError, load_profile
 from autotune.study.loop import (
-    STORAGE_ERRORS,
     Interrupted,
     StorageFailed,
     baseline_first,
-    first_line,
     patiently,
     prepare,
     run_loop,
@@ -54,7 +50,15 @@ from autotune.study.progress import (
     workload_plan,
 )
 from autotune.study.samplers import make_sampler
-from autotune.study.storage import Worker, counted, open_study, recover
+from autotune.study.storage import (
+    STORAGE_ERRORS,
+    Worker,
+    counted,
+    first_line,
+    open_study,
+    recover,
+    storage_failure,
+)
 from autotune.study.workers import (
     Coordinator,
     current_worker,
@@ -114,10 +118,8 @@ def run(
             storage_failed=night.storage_failed,
             note=lambda line: night.progress.message(f"warning: {line}"),
         )
-    except (SQLAlchemyError, StorageInternalError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        first = redact_text(first, url)
-        raise HarnessError(f"the study storage {redact(url)} failed: {first}") from exc
+    except STORAGE_ERRORS as exc:
+        raise storage_failure(exc, url, "failed") from exc
     except Interrupted as exc:
         night.progress.close()
         stream.write(

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import optuna
 import sqlalchemy
-from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
+from optuna.exceptions import ExperimentalWarning, StorageInternalError, UpdateFinishedTrialError
 from optuna.samplers import BaseSampler
 from optuna.storages import BaseStorage, RDBStorage
 from optuna.trial import FrozenTrial, TrialState
@@ -35,7 +35,7 @@ from autotune.config.studyfile import (
     Heartbeat,
     StudyConfig,
 )
-from autotune.errors import UsageError
+from autotune.errors import HarnessError, UsageError
 from autotune.masking import redact, redact_text
 from autotune.record import internals, keys
 from autotune.record.view import view
@@ -50,6 +50,26 @@ log = logging.getLogger("autotune.study.storage")
 # ------------------------------------------------------------------------------------------------
 # Storage and samplers
 # ------------------------------------------------------------------------------------------------
+
+
+STORAGE_ERRORS = (SQLAlchemyError, StorageInternalError)
+"""What the study storage raises when it cannot be reached or is locked."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of a storage error; Optuna's own wrapper (`StorageInternalError: An
+    exception is raised during the commit…`) gives way to the driver's error it wraps."""
+    while isinstance(exc, StorageInternalError) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def storage_failure(exc: BaseException, url: str, doing: str) -> HarnessError:
+    """One line for a storage that failed while autotune was `doing` something ("failed",
+    "cannot be read"), the URL's password masked in the URL and in the driver's words."""
+    words = redact_text(first_line(exc), url)
+    return HarnessError(f"the study storage {redact(url)} {doing}: {words}")
 
 
 def default_storage_url(study_dir: Path) -> str:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import optuna
 import pytest
 from optuna.trial import FrozenTrial, TrialState
 
@@ -242,6 +243,73 @@ def test_confirm_during_a_run_leaves_the_live_trial_alone(world: World) -> None:
     assert world.problems() == []
 
 
+def test_confirm_waits_out_a_storage_that_fails_while_it_stores_its_verdict(world: World) -> None:
+    """The study storage is locked (another process's `BEGIN EXCLUSIVE`, past SQLite's 5 s busy
+    timeout) from the soak's start until after it ends: confirm says so in one warning line,
+    keeps trying, and stores the verdict once the storage answers (no traceback, exit 0); the
+    verdict is also kept beside the soak's log."""
+    world.study(duration=3, n_trials=1)
+    assert world.run().rc == 0
+    args = ["--config", str(world.folder / "rel.toml"), "--results-dir", str(world.results)]
+    proc = world.start("confirm", *args, "--trial", "0")
+    log = world.study_dir / "confirm/0000/server.log"
+    deadline = time.monotonic() + 60
+    while "fired up" not in (log.read_text(errors="replace") if log.exists() else ""):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    holder = sqlite3.connect(world.study_dir / "study.db", timeout=30)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        time.sleep(16)
+    finally:
+        holder.rollback()
+        holder.close()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    assert "Traceback" not in err, err
+    [warning] = [ln for ln in out.splitlines() if ln.startswith("warning:")]
+    assert "database is locked" in warning and "trying again" in warning, warning
+    assert "confirmation PASSED" in out, out
+    stored = optuna.load_study(study_name="rel", storage=world.url).user_attrs["confirmation"]
+    kept = json.loads((world.study_dir / "confirm/0000/verdict.json").read_text())
+    assert stored == kept and stored["passed"] is True
+    assert world.problems() == []
+
+
+def test_a_verdict_the_storage_never_takes_is_one_line_and_kept(tmp_path: Path) -> None:
+    """A storage that never answers within the patience (two tries, each past the busy
+    timeout): one warning, then one line naming the file that keeps the verdict, the URL's
+    password masked."""
+    from autotune.errors import HarnessError
+    from autotune.review.confirm import keep_verdict
+
+    db = tmp_path / "study.db"
+    study = optuna.create_study(study_name="s", storage=f"sqlite:///{db}")
+    holder = sqlite3.connect(db, timeout=1)
+    holder.execute("BEGIN EXCLUSIVE")
+    notes: list[str] = []
+    verdict: dict[str, object] = {"passed": True, "folder": str(tmp_path)}
+    try:
+        with pytest.raises(HarnessError) as caught:
+            keep_verdict(
+                study, verdict, url="postgresql://u:hunter22@db/x", note=notes.append,
+                patience_s=6.0,
+            )  # fmt: skip
+    finally:
+        holder.rollback()
+        holder.close()
+    line = str(caught.value)
+    assert "\n" not in line and "database is locked" in line, line
+    assert "postgresql://u:***@db/x" in line and "hunter22" not in line, line
+    assert f"kept in {tmp_path / 'verdict.json'}" in line, line
+    assert json.loads((tmp_path / "verdict.json").read_text()) == verdict
+    assert len(notes) == 1 and "trying again" in notes[0]
+    assert (
+        "confirmation"
+        not in optuna.load_study(study_name="s", storage=f"sqlite:///{db}").user_attrs
+    )
+
+
 def test_an_orphan_whose_autotune_lives_is_left_to_it(tmp_path: Path) -> None:
     """Only the owner, or a run that has proved the owner dead, stops a server."""
     from autotune.server import pidfile, procs
@@ -387,10 +455,8 @@ def test_storage_locked_mid_run_past_the_busy_timeout(world: World) -> None:
 
 
 CLOCK_JUMPS = """
-import atexit, os, time, types
+import atexit, os, time
 if os.environ.pop("REL_CLOCK_JUMPS", None):  # autotune only: its servers keep the real clock
-    from autotune.sim import gpustate  # the simulated GPUs' state files keep the true clock
-    gpustate.time = types.SimpleNamespace(**{k: getattr(time, k) for k in dir(time)})
     _real, _real_ns, _mono = time.time, time.time_ns, time.monotonic
     _t0, _seen = _mono(), [0]
     _JUMPS = (0.0, 6 * 3600.0, -6 * 3600.0, 30 * 86400.0, -30 * 86400.0, 365 * 86400.0)
@@ -403,8 +469,9 @@ if os.environ.pop("REL_CLOCK_JUMPS", None):  # autotune only: its servers keep t
     atexit.register(lambda: open(os.environ["REL_CLOCK_SEEN"], "w").write(str(_seen[0])))
 """
 """The wall clock of the autotune process jumps every 0.4 s: 6 h forward, 6 h back, a month
-either way, a year ahead; time.monotonic (and the servers' clocks) stay true, and so do the
-simulated GPUs' state files, which servers and autotune share as NVML's stand-in."""
+either way, a year ahead; time.monotonic (and the servers' clocks) stay true. The simulated
+GPUs' state files, which servers and autotune share as NVML's stand-in, keep time on the
+monotonic clock too, so what autotune reads of them does not jump."""
 
 
 def test_wall_clock_jumps_fire_no_timeout(world: World) -> None:

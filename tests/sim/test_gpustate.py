@@ -71,12 +71,16 @@ def test_hold_keeps_memory_until_stamp_or_heartbeat_expires(tmp_path: Path) -> N
     doc["pid"] = 999_999_999  # as if the process were gone
     w.path.write_text(json.dumps(doc))
     assert read_gpu_state(tmp_path)[0].used_bytes == 5 * GiB
-    assert read_gpu_state(tmp_path, now=lambda: time.time() + 31)[0].used_bytes == 0
-    doc["hold_until"] = None  # killed by SIGKILL: the heartbeat (mtime) decides
+    assert read_gpu_state(tmp_path, now=lambda: time.monotonic() + 31)[0].used_bytes == 0
+    doc["hold_until"] = None  # killed by SIGKILL: the last heartbeat decides
     w.path.write_text(json.dumps(doc))
     assert read_gpu_state(tmp_path)[0].used_bytes == 5 * GiB
-    old = time.time() - 60
-    os.utime(w.path, (old, old))
+    assert read_gpu_state(tmp_path, now=lambda: time.monotonic() + 31)[0].used_bytes == 0
+    old = time.time() - 3600
+    os.utime(w.path, (old, old))  # a wall-clock step (or an old mtime) moves nothing
+    assert read_gpu_state(tmp_path)[0].used_bytes == 5 * GiB
+    doc["boot_id"] = "an-earlier-boot"  # the machine rebooted since: nothing is held
+    w.path.write_text(json.dumps(doc))
     assert read_gpu_state(tmp_path)[0].used_bytes == 0
 
 
