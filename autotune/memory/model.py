@@ -162,6 +162,18 @@ class Observation:
         return free + (led.host_cache_gb or 0.0) + (led.draft_host_cache_gb or 0.0)
 
 
+def p_above_floor(room_gib: float, floor_gib: float) -> float:
+    """The chance that a peak known only to exceed `floor_gib` (it ran out of that much free
+    memory) fits in `room_gib`. How far past the floor it went is unknown; the prior puts the
+    excess on the scale of the floor itself (exponential, mean the floor: the median peak is
+    1.7 times the floor), so a setting with barely more room than the launch that ran out is
+    no coin toss, and one with twice the room is a fair bet."""
+    if room_gib <= floor_gib:
+        return 0.0
+    scale = max(floor_gib, 0.05)
+    return 1.0 - math.exp(-(room_gib - floor_gib) / scale)
+
+
 @dataclass(frozen=True)
 class Forecast:
     """The model's view of one candidate before launching it."""
@@ -192,11 +204,11 @@ class Forecast:
         if self.blocked is not None:
             return 0.0
         if head is None:
-            # nothing measured: a coin toss, unless an OOM already showed it cannot hold
+            # nothing measured: a coin toss, unless an OOM showed the peak exceeds a floor
             free, floor = self.static_free, self.peak_floor
-            if free is not None and floor is not None and free.mean < floor + min_headroom_gib:
-                return 0.0
-            return 0.5 * self.p_start()
+            if free is None or floor is None:
+                return 0.5 * self.p_start()
+            return min(p_above_floor(free.mean - min_headroom_gib, floor), self.p_start())
         return min(head.p_at_least(min_headroom_gib), self.p_start())
 
     def describe(self) -> str:
@@ -342,8 +354,20 @@ class MemoryModel:
         return est
 
     def peak_floor(self, s: Setting, slots: int | None, chunk: int | None) -> float | None:
-        """The peak is known to exceed this: a launch needing no more memory OOMed above it."""
-        floors = [free for other, free in self.peak_floors if _dominates(s, slots, chunk, other)]
+        """The peak is known to exceed this: a launch needing no more transient memory OOMed
+        above it. A launch with more requests (and no smaller chunk) bounds a setting with
+        fewer too, scaled down by what those requests can weigh at most: the peak grows with
+        the chunk and at most PEAK_TOKENS_PER_REQUEST chunk tokens per request."""
+        floors = []
+        for other, free in self.peak_floors:
+            if _dominates(s, slots, chunk, other):
+                floors.append(free)
+            elif _dominates(s, other.max_running_requests, chunk, other):
+                c = float(chunk or other.chunked_prefill_size or 0)
+                if c > 0:
+                    fewer = c + PEAK_TOKENS_PER_REQUEST * (slots or 0)
+                    more = c + PEAK_TOKENS_PER_REQUEST * (other.max_running_requests or 0)
+                    floors.append(free * fewer / more)
         return max(floors, default=None)
 
     def oom_edge(self, fc: Forecast, min_headroom_gib: float) -> Estimate | None:
@@ -667,10 +691,12 @@ def _overhead(
 
 
 def _peak_model(obs: Sequence[Observation]) -> PeakModel | None:
+    # what a launch that ran out of memory under load saw before it died is no measure of the
+    # peak, only a floor under it (`peak_floors`)
     rows = [
         (float(o.slots or 0), float(o.chunk or 0), peak)
         for o in obs
-        if (peak := o.measured_peak_gib) is not None
+        if (peak := o.measured_peak_gib) is not None and not Outcome.of(o.outcome).fails_at_runtime
     ]
     if not rows:
         return None

@@ -497,7 +497,8 @@ class _Planner:
             viable = [x for x in scored if x[2] > 0.0]
             if viable:
                 params, fc, p = max(
-                    viable, key=lambda x: (x[2] >= g.safe_p, _fc_tokens(x[1]), x[2])
+                    viable,
+                    key=lambda x: (x[2] >= g.safe_p, x[2] >= g.probe_p, _fc_tokens(x[1]), x[2]),
                 )
                 return self._proposal(params, fc, "down", f"p(stable) {p:.2f}")
             return self._done("no setting left that the model expects to be stable")

@@ -403,9 +403,12 @@ def closing_reason(cfg: StudyConfig, trials: list[TrialView]) -> str:
         return ""
     t = base or _most_telling(failed)
     hint = remedy(t)
-    who = f"the baseline (trial {t.number})" if t is base else f"trial {t.number}"
     what = t.reason.split(":", 1)[0] if t.reason else t.outcome or t.kind
-    return f" What ended it: {who} failed with {what}" + (f"; {hint}." if hint else ".")
+    fix = f"; {hint}." if hint else "."
+    if any(t.feasible for t in trials):  # the search got past a failing baseline
+        return f" The baseline (trial {t.number}) failed with {what}{fix}"
+    who = f"the baseline (trial {t.number})" if t is base else f"trial {t.number}"
+    return f" What ended it: {who} failed with {what}{fix}"
 
 
 def _most_telling(failed: list[TrialView]) -> TrialView:

@@ -197,6 +197,19 @@ def test_a_run_stopped_during_the_baseline_measures_it_first_on_resume(tmp_path:
     assert [p.params["mem_fraction_static"] for p in resumed.plans][:1] == [0.88]
 
 
+def test_a_failed_baseline_the_search_got_past_is_said_but_did_not_end_the_study(
+    tmp_path: Path,
+) -> None:
+    cfg = _cfg(GRID, tmp_path)
+    why = "runtime_oom (torch_oom): torch.OutOfMemoryError: CUDA out of memory."
+    base = view(trial(0, 0.88, outcome="runtime_oom", reason=why))
+    ok = view(trial(1, 0.86))
+    assert ok.feasible and not base.feasible
+    text = closing_reason(cfg, [base, ok])
+    assert text.startswith(" The baseline (trial 0) failed with runtime_oom (torch_oom)"), text
+    assert "lower mem_fraction_static" in text and "What ended it" not in text
+
+
 def test_the_run_warns_before_the_first_launch_and_names_what_ended_it(tmp_path: Path) -> None:
     def small_host_cache(plan: TrialPlan) -> Script:
         why = ("AssertionError: The host memory should be larger than the device memory",)

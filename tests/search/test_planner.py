@@ -65,18 +65,40 @@ def unmeasured(p: Point) -> Point:
     return dataclasses.replace(p, observation=obs)
 
 
-def test_bisects_between_the_best_stable_and_an_oom() -> None:
+def test_after_an_oom_above_a_launch_that_measured_no_peak_goes_between_with_room() -> None:
+    """0.86 held (no peak measured), 0.93 ran out under load with 0.80 GiB free: the peak is
+    only known to exceed 0.80 GiB, so the next launch lies between the two, with room for a
+    peak well past that floor, and holds."""
     done = [unmeasured(point(KIMI, kimi(0.86), 0)), point(KIMI, kimi(0.93), 1)]
     assert done[1].observation is not None and done[1].observation.outcome == "runtime_oom"
     p = plan(AXES, done, [], GOAL)
-    assert p.rule == "bisect"
-    assert p.params in (kimi(0.89), kimi(0.9))
+    assert 0.86 < float(p.params[FRACTION]) < 0.93, p
+    fc = p.forecast
+    assert fc is not None and fc.peak_floor is not None and fc.static_free is not None
+    assert fc.static_free.mean - GOAL.min_headroom_gib >= 2 * fc.peak_floor, p.why
+    assert point(KIMI, p.params, 2).feasible, p
 
 
-def test_bisects_down_after_an_oom_with_nothing_measured() -> None:
-    p = plan(AXES, [point(KIMI, kimi(0.93), 0)], [], GOAL)
-    assert p.rule == "bisect"
-    assert 0.8 <= float(p.params[FRACTION]) <= 0.86
+def test_goes_down_after_an_oom_with_nothing_measured_to_a_setting_that_holds() -> None:
+    first = point(KIMI, kimi(0.93), 0)
+    p = plan(AXES, [first], [], GOAL)
+    assert p.rule == "down"
+    assert float(p.params[FRACTION]) < 0.93
+    assert point(KIMI, p.params, 1).feasible, p
+
+
+def test_an_oom_bounds_fewer_requests_at_a_higher_fraction() -> None:
+    """An OOM at 0.93 with 48 requests (0.80 GiB free) says little less of 16 requests, whose
+    decode weighs at most a few chunk tokens each: 0.94 with 16 (0.82 GiB free, its smaller
+    CUDA graphs free 0.9 GiB more) is less than a coin toss, and the search does not go there."""
+    first = point(KIMI, kimi(0.93), 0)
+    p = plan(AXES, [first], [], GOAL)
+    assert not float(p.params[FRACTION]) > 0.93
+    model = p.model
+    assert model is not None
+    fc = model.forecast(Setting(0.94, 16, None, 48.0), default_slots=48, default_chunk=8192)
+    assert fc.peak_floor is not None and fc.peak_floor > 0.75
+    assert fc.p_stable(0.0) < 0.5
 
 
 def test_never_proposes_more_than_what_failed() -> None:

@@ -56,9 +56,10 @@ def test_integer_range_and_fixed_value(study_file: Callable[[str], Path]) -> Non
 
 def test_shipped_studies_load() -> None:
     root = SHIPPED_STUDIES
-    for name in ("demo", "kimi"):
+    # the operator's current setting; the demo starts from their second try, which crashed
+    for name, fraction in (("kimi", 0.88), ("demo", 0.93)):
         cfg = load_study(root / f"{name}.toml")
-        assert cfg.search.baseline["mem_fraction_static"] == 0.88
+        assert cfg.search.baseline["mem_fraction_static"] == fraction
         assert cfg.search.baseline["max_running_requests"] == 48
 
 
