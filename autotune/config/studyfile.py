@@ -126,6 +126,9 @@ class SearchConfig:
 
     params: tuple[Param, ...]
     baseline: Mapping[str, Scalar]
+    seed_logs: tuple[Path, ...] = ()
+    """`[search] seed_logs`: server logs of earlier starts whose ledgers seed the memory model
+    (resolved against the study file's folder; read by `autotune.record.seeds`)."""
 
     def names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.params)
@@ -234,7 +237,7 @@ def parse_study(raw: Mapping[str, object], *, name: str, path: Path) -> StudyCon
     )
     description = top.string("description", default="")
     server = _server(top.table("server", required=True))
-    search = _search(top.table("search", required=True), top.table("baseline"), server)
+    search = _search(top.table("search", required=True), top.table("baseline"), server, path.parent)
     workload = _workload(raw.get("workload"), path.parent)
     objectives = _objectives(top.table("objectives"))
     constraints = _constraints(top.table("constraints"))
@@ -376,10 +379,17 @@ def _fixed_flags(t: _Table) -> tuple[tuple[str, FlagValue], ...]:
     return tuple(out)
 
 
-def _search(t: _Table, bt: _Table, server: ServerConfig) -> SearchConfig:
+SEED_LOGS = "seed_logs"
+"""The one key of `[search]` that is not a flag: logs that seed the memory model."""
+
+
+def _search(t: _Table, bt: _Table, server: ServerConfig, base_dir: Path) -> SearchConfig:
     params: list[Param] = []
     seen: dict[str, str] = {}
+    seeds = _seed_logs(t, base_dir)
     for key in t.keys():  # noqa: SIM118
+        if key == SEED_LOGS:
+            continue
         name = _checked_name(t, key, seen)
         params.append(_param(t, key, name))
     if not any(not isinstance(p, Fixed) for p in params):
@@ -410,7 +420,38 @@ def _search(t: _Table, bt: _Table, server: ServerConfig) -> SearchConfig:
         if not isinstance(value, bool | int | float | str):
             raise ConfigError(bt.key(key), "must be a single value")
         baseline[name] = _in_space(bt.key(key), by_name[name], value)
-    return SearchConfig(params=tuple(params), baseline=baseline)
+    return SearchConfig(params=tuple(params), baseline=baseline, seed_logs=seeds)
+
+
+def _seed_logs(t: _Table, base_dir: Path) -> tuple[Path, ...]:
+    """Each path relative to the study file's folder, an existing readable file, listed once.
+    What the log says (a ledger, the same model and flags) is checked when a run starts
+    (`autotune.record.seeds`), by the log parser this layer sits below."""
+    dotted = t.key(SEED_LOGS)
+    given = t.string_list(SEED_LOGS, default=[])
+    out: list[Path] = []
+    for raw in given:
+        if not raw.strip():
+            raise ConfigError(dotted, "holds an empty path; give the path of an SGLang server log")
+        path = Path(raw).expanduser()
+        path = path if path.is_absolute() else base_dir / path
+        if not path.is_file():
+            raise ConfigError(
+                dotted,
+                f"{raw}: no such file (paths are relative to the study file's folder); "
+                "give the path of an SGLang server log, or remove it",
+            )
+        try:
+            with open(path, "rb") as fh:
+                fh.read(1)
+        except OSError as exc:
+            raise ConfigError(
+                dotted, f"{raw}: cannot read it ({exc.strerror}); fix its permissions or remove it"
+            ) from None
+        if path.resolve() in {p.resolve() for p in out}:
+            raise ConfigError(dotted, f"{raw}: listed twice; keep it once")
+        out.append(path)
+    return tuple(out)
 
 
 def _param(t: _Table, key: str, name: str) -> Param:

@@ -8,6 +8,12 @@ trials other workers are running. Each proposal records why as user attributes o
 peak 2.40 ± 0.20 GiB, ...") and, once what is left to learn is smaller than one step,
 `search_done`; the numbers behind it are kept in the system attribute `capacity_aware:forecast`.
 
+Seed logs (`[search] seed_logs`, `record.seeds`) come first among the known points, numbered
+−1, −2, …: the model and its bounds learn from them as from finished trials, and the why names
+them ("seed 1 (server.log)"); they are never trials, so they are not counted, not in the trial
+table and never the winner. Before any trial finished, a seeded study proposes from the space the
+seeds were stored with, and reads the required headroom from them.
+
 `mem_fraction_static` need not be searched: fixed in the study file, it is in every trial's
 record and the model works on the other memory parameters at that fraction. Where the memory
 model has nothing to act on (`fallback.why_random`), parameters are sampled at random.
@@ -15,16 +21,19 @@ model has nothing to act on (`fallback.why_random`), parameters are sampled at r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler, RandomSampler
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune.memory.model import phi
 from autotune.record import internals
+from autotune.record.seeds import seeds_of
 from autotune.search.fallback import RANDOM_RULE, contained, sample_randomly, why_random
 from autotune.search.planner import Goal, Proposal, plan
 from autotune.search.points import MEMORY_PARAMS, Point
@@ -34,6 +43,8 @@ from autotune.search.records import (
     learnt_space,
     pending_params,
     required_headroom,
+    seed_names,
+    seed_points,
     wants_throughput,
 )
 
@@ -91,7 +102,11 @@ class CapacityAwareSampler(BaseSampler):
         if not search_space:
             return {}
         trials = study.get_trials(deepcopy=False)
-        finished = finished_points(trials, trial.number)
+        if internals.fixed_params(trial) and not any(
+            t.state == TrialState.COMPLETE for t in trials
+        ):
+            return {}  # an enqueued point (the baseline) before any trial: nothing to propose
+        finished = _known(study, trials, trial.number)
         why = why_random(search_space, trials, trial.number, finished)
         if why is not None:
             record_rule(study, trial, RANDOM_RULE, why)
@@ -112,7 +127,7 @@ class CapacityAwareSampler(BaseSampler):
         values = candidate_values(param_distribution, param_name)
         if param_name in MEMORY_PARAMS and values:
             trials = study.get_trials(deepcopy=False)
-            finished = finished_points(trials, trial.number)
+            finished = _known(study, trials, trial.number)
             if why_random({param_name: param_distribution}, trials, trial.number, finished) is None:
                 return plan({param_name: values}, [], [], Goal()).params[param_name]
         return self._fallback.sample_independent(study, trial, param_name, param_distribution)
@@ -125,7 +140,7 @@ class CapacityAwareSampler(BaseSampler):
     ) -> Proposal:
         """The planner's proposal for `trial`, from everything the study holds now."""
         trials = study.get_trials(deepcopy=False)
-        return self._plan(trials, finished_points(trials, trial.number), study, trial, search_space)
+        return self._plan(trials, _known(study, trials, trial.number), study, trial, search_space)
 
     def _plan(
         self,
@@ -138,7 +153,10 @@ class CapacityAwareSampler(BaseSampler):
         axes = {name: candidate_values(d, name) for name, d in search_space.items()}
         headroom = self._min_headroom
         if headroom is None:
-            headroom = required_headroom(trials) or 0.0
+            headroom = required_headroom(trials)
+        if headroom is None:
+            seeds = seeds_of(study)
+            headroom = seeds.min_headroom_gib if seeds is not None else 0.0
         goal = Goal(
             min_headroom_gib=headroom,
             safe_p=self._safe_p,
@@ -146,6 +164,13 @@ class CapacityAwareSampler(BaseSampler):
             explore=wants_throughput(study),
         )
         proposal = plan(axes, finished, pending_params(trials, trial.number), goal)
+        names = seed_names(study)
+        if names:
+            proposal = dataclasses.replace(
+                proposal,
+                why=_named(proposal.why, names),
+                done=_named(proposal.done, names) if proposal.done else proposal.done,
+            )
         self._last = proposal
         return proposal
 
@@ -163,6 +188,19 @@ class CapacityAwareSampler(BaseSampler):
                 "kappa": p.kappa,
             }
             internals.set_system_attr(study, trial, FORECAST_ATTR, numbers)
+
+
+def _known(study: optuna.Study, trials: Sequence[FrozenTrial], current: int) -> list[Point]:
+    """The seeds (oldest), then the finished trials other than `current`."""
+    return [*seed_points(study), *finished_points(trials, current)]
+
+
+_SEED_REF = re.compile(r"\btrial (-\d+)\b")
+
+
+def _named(text: str, names: Mapping[int, str]) -> str:
+    """'trial -1' (how the planner names a point) as the seed it is."""
+    return _SEED_REF.sub(lambda m: names.get(int(m.group(1)), m.group(0)), text)
 
 
 def search_done(trials: Sequence[FrozenTrial]) -> str | None:

@@ -27,6 +27,7 @@ from autotune.logparse.ledger import Ledger
 from autotune.logparse.outcome import Outcome
 from autotune.memory.model import Observation
 from autotune.record import internals, keys
+from autotune.record.seeds import Seed, seeds_of
 from autotune.search.points import FRACTION, Point, setting_of
 
 CONTINUOUS_FRACTION_STEP = 0.005
@@ -95,6 +96,38 @@ def point_of(t: FrozenTrial) -> Point | None:
     )
 
 
+def seed_point(s: Seed) -> Point | None:
+    """A seed log (`record.seeds`) in the planner's terms, numbered below every trial (−1, −2,
+    …): the observation a finished trial of that start would give, never a trial itself."""
+    setting = setting_of(s.params)
+    if setting is None:
+        return None
+    obs = Observation(
+        setting=setting,
+        ledger=s.ledger,
+        outcome=s.outcome,
+        stress_peak_gib=s.stress_peak_gib,
+        headroom_gib=s.headroom_gib,
+        feasible=s.feasible,
+        reason=s.reason,
+    )
+    return Point(number=-s.index, params=dict(s.params), observation=obs, violated=s.violated)
+
+
+def seed_points(study: optuna.Study) -> list[Point]:
+    """The study's seeds as points, before every trial (they are older than the study)."""
+    seeds = seeds_of(study)
+    if seeds is None:
+        return []
+    return [p for s in seeds.points if (p := seed_point(s)) is not None]
+
+
+def seed_names(study: optuna.Study) -> dict[int, str]:
+    """Point number → how a seed is named in a proposal's why ("seed 1 (server.log)")."""
+    seeds = seeds_of(study)
+    return {-s.index: s.name for s in seeds.points} if seeds else {}
+
+
 def finished_points(trials: Sequence[FrozenTrial], current: int) -> list[Point]:
     """The finished trials other than `current` that say something about memory, oldest first."""
     return [p for t in trials if t.number != current and (p := point_of(t))]
@@ -131,10 +164,14 @@ def wants_throughput(study: optuna.Study) -> bool:
 
 def learnt_space(study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
     """The searched parameters (more than one value) seen in finished trials, or, before any
-    finished, in the trials other workers are running."""
+    finished, the space the study's seeds were stored with (`record.seeds`), else the trials
+    other workers are running."""
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    seeds = seeds_of(study)
     if done:
         space = intersection_search_space(done)
+    elif seeds is not None and seeds.space:
+        space = dict(seeds.space)
     else:
         running = [
             t

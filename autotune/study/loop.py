@@ -24,6 +24,7 @@ from autotune.errors import HarnessError, UsageError
 from autotune.logparse.outcome import Outcome
 from autotune.record import internals, keys
 from autotune.record.remedy import remedy
+from autotune.record.seeds import seeded_baseline
 from autotune.record.view import view
 from autotune.study.objectives import constraint_values, objective_values
 from autotune.study.storage import STORAGE_ERRORS, Worker, counted, first_line
@@ -32,17 +33,26 @@ from autotune.trial.record import Result
 
 log = logging.getLogger(__name__)
 
+SEEDED_SAMPLERS = ("capacity",)
+"""The samplers that learn from seed logs, so a seed of the baseline's setting stands for it."""
+
 
 def prepare(study: optuna.Study, cfg: StudyConfig) -> int:
-    """On a new study enqueue the baseline (and for `grid` every grid point); returns how many."""
+    """On a new study enqueue the baseline (and for `grid` every grid point); returns how many.
+
+    A seed log of the baseline's own setting (`record.seeds`) has measured it already: the
+    capacity-aware and walk-down searches then start from the seed and the baseline is not
+    launched first (it is still the study's baseline for every review)."""
     if study.get_trials(deepcopy=False):
         return 0
     queued: list[dict[str, Scalar]] = []
     searched = _searched_names(cfg.search)
     baseline = {k: v for k, v in cfg.search.baseline.items() if k in searched}
     if baseline:
-        queued.append(baseline)
         study.set_user_attr(keys.BASELINE, dict(baseline))
+        seeded = cfg.sampler.name in SEEDED_SAMPLERS and seeded_baseline(study, baseline)
+        if not seeded:
+            queued.append(baseline)
     if cfg.sampler.name == "grid":
         points = grid(cfg.search)
         if points is None:

@@ -23,12 +23,13 @@ from typing import TextIO
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config.space import settings_for
+from autotune.config.space import distributions, settings_for
 from autotune.config.studyfile import Fixed, StudyConfig
 from autotune.errors import HarnessError, UsageError
 from autotune.masking import redact, redact_text
 from autotune.record import internals, keys
 from autotune.record.remedy import remedy
+from autotune.record.seeds import origins, read_seeds, store_seeds
 from autotune.record.view import TrialView, view, views
 from autotune.search.capacity import DONE_ATTR, CapacityAwareSampler
 from autotune.server.hostcheck import results_disk_problem
@@ -91,7 +92,9 @@ def run(
     worker = current_worker(gpu_group(cfg.server.env) or gpu_group(os.environ))
     seed = worker_seed(cfg.sampler.seed, worker)
     sampler = make_sampler(dataclasses.replace(cfg.sampler, seed=seed))
+    seeds = read_seeds(cfg)  # a bad seed log stops the run before the study is touched
     study = open_study(cfg, url, sampler, heartbeat=cfg.heartbeat)
+    store_seeds(study, cfg, seeds, distributions(cfg.search))
     night = _Night(cfg, folder, launcher, study, clock)
     night.start(stream, url, worker)
     coordinator = Coordinator(
@@ -192,6 +195,8 @@ class _Night:
             + (f"; {queued} points queued" if queued else "")
             + ("" if queued else recovered_note)
         )
+        for origin in origins(study):
+            self.progress.message(f"the memory model starts from {origin}")
         for warning in warnings_before_launch(cfg, views(trials), _profile(cfg)):
             self.progress.message(f"warning: {warning}")
 
