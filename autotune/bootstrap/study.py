@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -40,10 +41,12 @@ from autotune.config.studyfile import (
     check_study_name,
     load_study,
     param_name,
+    parse_study,
 )
-from autotune.errors import AutotuneError, HarnessError, UsageError
+from autotune.errors import AutotuneError, ConfigError, HarnessError, UsageError
 from autotune.logparse.outcome import Outcome
 from autotune.memory.arithmetic import Arithmetic, arithmetic
+from autotune.record.seeds import read_seed
 from autotune.server import flagcheck
 from autotune.server.flagcheck import FlagReport
 
@@ -560,13 +563,38 @@ def compose(
     lines += _env_lines(launch)
     lines += ["", *_limits(facts, src.steady_s), ""]
     lines += _memory_lines(facts, arith)
+    at = len(lines) + len(search)
     lines += [*search, "", *baseline, ""]
     lines += _workload(facts, current, src.steady_s)
     lines += TAIL_LINES
+    if src.from_log is not None:
+        lines[at:at] = _seed_lines(src.from_log, lines, at)
     summary = _summary(flags, knobs, launch)
     return Draft(
         text="\n".join(lines), warnings=tuple(dict.fromkeys(warnings)), summary=summary, flags=flags
     )
+
+
+def _seed_lines(log: Path, lines: Sequence[str], at: int) -> list[str]:
+    """`seed_logs` naming the log the study came from, so the memory model starts from its
+    ledger (`record.seeds`); commented out, with why, when the log cannot seed it."""
+    path = str(log.resolve())
+    entry = f"seed_logs = [{t.string(path)}]"
+    note = t.comment(
+        f"the memory model starts from the log this study was written from (autotune init "
+        f"--from-log {log}); the baseline is not launched again when that log ran it"
+    )
+    text = "\n".join([*lines[:at], entry, *lines[at:]])
+    try:
+        cfg = parse_study(tomllib.loads(text), name="draft", path=Path.cwd() / "draft.toml")
+    except (AutotuneError, tomllib.TOMLDecodeError):
+        return [*note, entry]  # the draft's own fault: write_study says so
+    try:
+        read_seed(cfg.search.seed_logs[0], cfg)
+    except ConfigError as exc:
+        why = str(exc).split(": ", 2)[-1]
+        return [*t.comment(f"not a seed of the memory model: {why}"), f"# {entry}"]
+    return [*note, entry]
 
 
 HOST_CAUSES = frozenset({"host_memory", "host_oom_killer", "hicache_too_small"})
