@@ -95,6 +95,8 @@ class TrialView:
     recorded_headroom_gib: float | None = None
     """The headroom as stored, also for a trial that did not end `ok` (the status table)."""
     finished: bool = False
+    seeded_from: tuple[str, ...] = ()
+    """Where the seed logs the search's memory model started from came from (`record.seeds`)."""
 
     @property
     def ending(self) -> Outcome:
@@ -230,6 +232,7 @@ def view(t: FrozenTrial) -> TrialView:
         workload_phases=_workload_phases(rec.get("workload")),
         recorded_headroom_gib=headroom,
         finished=t.state.is_finished(),
+        seeded_from=tuple(str(o) for o in a.get(keys.SEEDED_FROM, ()) or ()),
     )
 
 

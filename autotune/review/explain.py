@@ -28,6 +28,7 @@ NEIGHBOURS = 3
 def explain(review: Review, t: TrialView, *, extra: Sequence[float] = ()) -> str:
     """The whole explanation of trial `t` (pure), the study's headline first."""
     lines = [headline(review), _heading(review, t)]
+    lines += [f"The memory model that chose it also learnt from {o}" for o in t.seeded_from]
     a = t.arithmetic(review.cell_bytes)
     if a is None:
         lines.append(_no_arithmetic(t))

@@ -32,8 +32,8 @@ from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.memory.model import phi
-from autotune.record import internals
-from autotune.record.seeds import seeds_of
+from autotune.record import internals, keys
+from autotune.record.seeds import origins, seeds_of
 from autotune.search.fallback import RANDOM_RULE, contained, sample_randomly, why_random
 from autotune.search.planner import Goal, Proposal, plan
 from autotune.search.points import MEMORY_PARAMS, Point
@@ -176,6 +176,9 @@ class CapacityAwareSampler(BaseSampler):
 
     def _record(self, study: optuna.Study, trial: FrozenTrial, p: Proposal) -> None:
         record_rule(study, trial, p.rule, p.why, p.done)
+        seeds = origins(study)
+        if seeds:
+            internals.set_user_attr(study, trial, keys.SEEDED_FROM, seeds)
         fc = p.forecast
         if fc is not None:
             numbers: dict[str, float | str | None] = {
