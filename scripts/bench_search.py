@@ -44,14 +44,16 @@ import optuna
 from autotune.config.space import grid, settings_for
 from autotune.config.studyfile import Choices, SamplerConfig
 from autotune.errors import UsageError
+from autotune.record.view import views
 from autotune.review.confirm import (
     DEFAULT_SOAK_FACTOR,
     growth_per_trial,
-    peak_spread_gib,
     soak_factor,
+    soak_peak_rise_gib,
     soak_steps,
 )
-from autotune.search.capacity import DONE_ATTR
+from autotune.review.winner import lowest_startable
+from autotune.search.capacity import DONE_ATTR, FORECAST_ATTR
 from autotune.sim.profiles import Mismatch, list_profiles, load_profile
 from autotune.study.samplers import SAMPLER_FACTORIES, make_sampler
 from autotune.testing.oracle import (
@@ -199,11 +201,23 @@ def exported_passes_soak(
         if all(t.params.get(k) == params.get(k) for k in demand)
         and isinstance(t.user_attrs.get("record", {}).get("stress_peak_gib"), int | float)
     ]
-    steps = soak_steps(
-        head, required, growth, factor, p_gib * step, peak_spread_gib(peaks), max(peaks, default=0)
-    )
+    fc = [t.system_attrs.get(FORECAST_ATTR) for t in study.trials]
+    kappa = max((float(f.get("kappa") or 1.0) for f in fc if isinstance(f, dict)), default=1.0)
+    peak = statistics.median(peaks) if peaks else 0.0
+    groups: dict[tuple[object, ...], list[float]] = {}
+    for t in held:
+        rec = t.user_attrs.get("record", {})
+        if isinstance(rec.get("stress_peak_gib"), int | float):
+            groups.setdefault(tuple(t.params.get(k) for k in demand), []).append(
+                float(rec["stress_peak_gib"])
+            )
+    rise = soak_peak_rise_gib(peaks, peak, factor, kappa, list(groups.values()))
+    steps = soak_steps(head, required, growth, factor, p_gib * step, rise)
     fractions = grid_fractions(bench)
     f = float(params["mem_fraction_static"]) - steps * step
+    # never below the lowest fraction the launches say can start (the export's own rule)
+    lowest = lowest_startable(views(study.trials), step)
+    f = max(f, lowest if lowest is not None else f)
     params["mem_fraction_static"] = max(
         (x for x in fractions if x <= f + 1e-9), default=fractions[0]
     )

@@ -19,9 +19,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -224,19 +225,53 @@ def soak_margin_gib(growth_gib: float | None, factor: float) -> float:
     return growth_gib * max(factor - 1.0, 0.0)
 
 
-def peak_spread_gib(peaks: Iterable[float]) -> float:
-    """How far the worst stress peak the trials measured at one setting's demand rose above
-    their median: a soak several trials long meets about the worst of that many trials."""
-    rows = sorted(peaks)
-    if len(rows) < 2:
-        return 0.0
-    mid = len(rows) // 2
-    median = rows[mid] if len(rows) % 2 else (rows[mid - 1] + rows[mid]) / 2
-    return rows[-1] - median
-
-
 PEAK_NOISE = 0.05
-"""The least spread a stress peak is given (a share of it) when the trials measured it once."""
+"""The least run-to-run spread (sd, a share of it) a stress peak is given where the trials at
+one setting's demand did not measure it three times."""
+MAX_TAIL = 2.0
+"""The most a model's misses widen the peak's tail for the soak's margin."""
+SOAK_RISK = 0.001
+"""The chance a soak may meet a peak above the margin: the margin covers the worst stress peak
+of a soak with this risk (the 99.9th percentile of `factor` trials' worst peaks)."""
+
+
+def soak_peak_rise_gib(
+    peaks: Sequence[float],
+    peak_gib: float,
+    factor: float,
+    kappa: float = 1.0,
+    groups: Sequence[Sequence[float]] = (),
+) -> float:
+    """How far above the stress peak of the trial it was judged by the worst peak of a soak
+    `factor` trials long may rise: a soak meets about the worst of that many trials. The spread
+    is the run-to-run sd of the trials' peaks, pooled over `groups` (the peaks at each demand
+    the trials ran) as a share of each group's median, `PEAK_NOISE` at least; a normal tail puts
+    the worst of `factor` draws `z` spreads up (`SOAK_RISK`), one more for the judged trial
+    having been a lucky one, and where the memory model missed its forecasts (`kappa` > 1, the
+    search's calibration) the world differs from it, so the tail is taken wider by kappa
+    squared (kappa at most `MAX_TAIL`). Never less than the worst rise the trials at this
+    setting's demand (`peaks`) saw."""
+    rows = sorted(peaks)
+    share = _pooled_share([*groups, rows])
+    sd = max(share, PEAK_NOISE) * peak_gib
+    z = statistics.NormalDist().inv_cdf(1.0 - SOAK_RISK / max(factor, 1.0)) + 1.0
+    tail = min(max(kappa, 1.0), MAX_TAIL) ** 2
+    worst = rows[-1] - statistics.median(rows) if len(rows) >= 2 else 0.0
+    return max(worst, z * sd * tail)
+
+
+def _pooled_share(groups: Sequence[Sequence[float]]) -> float:
+    """The run-to-run sd of a stress peak as a share of its median, pooled over the groups of
+    peaks measured at one demand (groups of one say nothing)."""
+    squares: list[float] = []
+    for g in groups:
+        if len(g) < 2:
+            continue
+        med = statistics.median(g)
+        if med > 0:
+            squares += [((x - med) / med) ** 2 for x in g]
+    n = len(squares) - sum(1 for g in groups if len(g) >= 2)
+    return math.sqrt(sum(squares) / n) if n > 0 else 0.0
 
 
 def soak_steps(
@@ -245,16 +280,13 @@ def soak_steps(
     growth_gib: float | None,
     factor: float,
     step_gib: float,
-    spread_gib: float = 0.0,
-    peak_gib: float = 0.0,
+    rise_gib: float = 0.0,
 ) -> int:
     """Fraction steps to back a setting off so that it passes a soak `factor` trials long: at
     least one, more while the headroom it kept (`headroom_gib`, its worst trial) does not cover
-    the required one plus the growth over the soak plus the peak's spread (`peak_spread_gib`, at
-    least `PEAK_NOISE` of the stress peak `peak_gib`: a longer stress phase meets a higher
-    peak); each step hands `step_gib` (P × the step) back from the KV pool."""
-    spread = max(spread_gib, PEAK_NOISE * peak_gib, 0.0)
-    need = required_gib + soak_margin_gib(growth_gib, factor) + spread
+    the required one plus the growth over the soak plus how far the soak's worst peak may rise
+    (`soak_peak_rise_gib`); each step hands `step_gib` (P × the step) back from the KV pool."""
+    need = required_gib + soak_margin_gib(growth_gib, factor) + max(rise_gib, 0.0)
     if step_gib <= 0:
         return 1
     return max(1, math.ceil((need - headroom_gib) / step_gib - 1e-9))

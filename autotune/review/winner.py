@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from autotune.config.studyfile import Scalar
 from autotune.errors import UsageError
+from autotune.record.direction import Push, direction, floor_fraction
 from autotune.record.view import FRACTION, TrialView
 
 DEFAULT_TOLERANCE = 0.05
@@ -144,6 +145,15 @@ def choose(
     params = dict(chosen.params)
     f0 = chosen.fraction
     if f0 is not None and steps:
+        lowest = lowest_startable(trials, fraction_step)
+        if lowest is not None and f0 - steps * fraction_step < lowest - 1e-9:
+            room = max(0, math.floor((f0 - lowest) / fraction_step + 1e-9))
+            notes.append(
+                f"backed off {room} step{'s' if room != 1 else ''} instead of {steps}: below "
+                f"{FRACTION}={_snap(lowest, fraction_step)} the KV pool finds no room"
+            )
+            steps = room
+    if f0 is not None and steps:
         params[FRACTION] = _snap(f0 - steps * fraction_step, fraction_step)
     elif f0 is None:
         steps = 0
@@ -175,6 +185,21 @@ def choose(
         predicted=source is None,
         notes=tuple(notes),
     )
+
+
+def lowest_startable(trials: Sequence[TrialView], step: float = DEFAULT_STEP) -> float | None:
+    """The lowest mem_fraction_static the trials say can start: above every fraction that
+    failed for want of room for the KV pool, and a step above the `1 − A/P` of every ledger
+    (where the pool's budget turns positive; a step more for ranks the log does not show), on
+    the grid of `step`. None when nothing says."""
+    bounds: list[float] = []
+    for t in trials:
+        if t.fraction is not None and direction(t) == Push.RAISE:
+            bounds.append(t.fraction + step)
+        floor = floor_fraction(t.ledger)
+        if floor is not None:
+            bounds.append(math.floor(floor / step + 1e-9) * step + 2 * step)
+    return max(bounds) if bounds else None
 
 
 def _steps_back(

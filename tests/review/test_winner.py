@@ -93,3 +93,13 @@ def test_parse_tolerance() -> None:
     for bad in ("x", "1.5", "-0.1"):
         with pytest.raises(UsageError, match="--tolerance"):
             parse_tolerance(bad)
+
+
+def test_the_margin_never_backs_off_below_what_can_start() -> None:
+    """0.81 failed for want of room for the KV pool: a 5-step margin from 0.83 stops at 0.82."""
+    why = "startup_oom (no_kv_room): Not enough memory. Please increase --mem-fraction-static"
+    trials = [trial(0, 0.83), trial(1, 0.81, outcome="startup_oom", reason=why)]
+    w = choose(views(trials), fraction_step=0.01, margin=Margin(steps=5))
+    assert w is not None and w.params["mem_fraction_static"] == 0.82, w
+    assert w.steps_back == 1
+    assert any("the KV pool finds no room" in n for n in w.notes), w.notes

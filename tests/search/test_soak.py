@@ -8,9 +8,9 @@ import pytest
 from autotune.review.confirm import (
     DEFAULT_SOAK_FACTOR,
     growth_per_trial,
-    peak_spread_gib,
     soak_factor,
     soak_margin_gib,
+    soak_peak_rise_gib,
     soak_steps,
 )
 from autotune.sim.profiles import load_profile
@@ -35,13 +35,24 @@ def test_the_soak_lasts_long_enough_for_a_leak_to_eat_the_spare_headroom() -> No
 def test_the_exported_margin_covers_the_growth_over_the_soak() -> None:
     assert soak_margin_gib(None, 5.0) == 0.0
     assert soak_margin_gib(0.3, 5.0) == pytest.approx(1.2)
-    # at least one step; more while the headroom kept does not cover growth and spread
+    # at least one step; more while the headroom kept does not cover growth and the peak's rise
     assert soak_steps(2.0, 0.5, None, 3.0, 0.5) == 1
     assert soak_steps(1.0, 0.5, 0.3, 3.0, 0.25) == 1  # needs 1.1: 0.1 short, one step
-    assert soak_steps(1.0, 0.5, 0.3, 3.0, 0.25, peak_gib=4.0) == 2  # and 5% of a 4 GiB peak
-    assert soak_steps(0.6, 0.5, 0.3, 3.0, 0.25, spread_gib=0.4) == 4
-    assert peak_spread_gib([3.0]) == 0.0
-    assert peak_spread_gib([3.0, 3.2, 3.9]) == pytest.approx(0.7)
+    assert soak_steps(1.0, 0.5, 0.3, 3.0, 0.25, rise_gib=0.2) == 2
+    assert soak_steps(0.6, 0.5, 0.3, 3.0, 0.25, rise_gib=0.4) == 4
+
+
+def test_a_longer_soak_meets_a_higher_peak_and_a_model_that_missed_a_heavier_tail() -> None:
+    one = soak_peak_rise_gib([4.0], 4.0, 3.0)
+    assert one > 0.05 * 4.0 * 3  # at least PEAK_NOISE's spread, several of them up
+    assert soak_peak_rise_gib([4.0], 4.0, 12.0) > one  # a longer soak: a higher worst peak
+    assert soak_peak_rise_gib([4.0], 4.0, 3.0, kappa=2.0) == pytest.approx(4 * one)
+    assert soak_peak_rise_gib([4.0], 4.0, 3.0, kappa=9.0) == pytest.approx(4 * one)  # capped
+    # the spread pooled over the demands the trials ran, as a share of each one's median
+    noisy = soak_peak_rise_gib([4.0], 4.0, 3.0, groups=[[2.0, 2.4, 1.6], [1.0, 1.1, 0.9]])
+    assert noisy > one
+    # never less than the worst rise the trials at this demand saw
+    assert soak_peak_rise_gib([3.0, 3.0, 9.0], 3.0, 1.0) >= 6.0
 
 
 def test_a_slow_leak_that_passes_a_trial_fails_the_soak() -> None:
@@ -59,6 +70,7 @@ def test_a_slow_leak_that_passes_a_trial_fails_the_soak() -> None:
     assert not soaked.feasible
     # backed off by soak_steps, the same soak passes
     p_gib = 0.01 * float(rec["ledger"]["p_gib"])
-    steps = soak_steps(head, 0.5, growth, k, p_gib, peak_gib=float(rec["stress_peak_gib"]))
+    peak = float(rec["stress_peak_gib"])
+    steps = soak_steps(head, 0.5, growth, k, p_gib, soak_peak_rise_gib([peak], peak, k))
     safer = {**params, "mem_fraction_static": round(0.95 - 0.01 * steps, 2)}
     assert p_stable(bench, safer, soak=k)[0] > 0.9
