@@ -355,14 +355,16 @@ class MemoryModel:
 
     def peak_floor(self, s: Setting, slots: int | None, chunk: int | None) -> float | None:
         """The peak is known to exceed this: a launch needing no more transient memory OOMed
-        above it. A launch with more requests (and no smaller chunk) bounds a setting with
-        fewer too, scaled down by what those requests can weigh at most: the peak grows with
-        the chunk and at most PEAK_TOKENS_PER_REQUEST chunk tokens per request."""
+        above it. While no peak was measured, a launch with more requests (and no smaller
+        chunk) bounds a setting with fewer too, scaled down by what those requests can weigh at
+        most: the peak grows with the chunk and at most PEAK_TOKENS_PER_REQUEST chunk tokens per
+        request. Once peaks are measured they say what fewer requests take; an OOM with more
+        says only that more requests weigh more than the fit thought."""
         floors = []
         for other, free in self.peak_floors:
             if _dominates(s, slots, chunk, other):
                 floors.append(free)
-            elif _dominates(s, other.max_running_requests, chunk, other):
+            elif self.peak is None and _dominates(s, other.max_running_requests, chunk, other):
                 c = float(chunk or other.chunked_prefill_size or 0)
                 if c > 0:
                     fewer = c + PEAK_TOKENS_PER_REQUEST * (slots or 0)
