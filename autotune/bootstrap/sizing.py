@@ -53,6 +53,8 @@ class Knob:
     comments: tuple[str, ...] = ()
     baseline: Scalar | None = None
     baseline_note: str = ""
+    top: int | None = None
+    """The largest value searched, for a knob whose values the workload must be able to fill."""
 
 
 @dataclass(frozen=True)
@@ -337,6 +339,7 @@ def mrr_knob(current: Current, peak_running: int | None, pool_tokens: int | None
         comments=tuple(comments),
         baseline=c,
         baseline_note=current.mrr_from,
+        top=max(choices),
     )
 
 

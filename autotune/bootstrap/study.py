@@ -300,7 +300,9 @@ def _knob_lines(knobs: Sequence[Knob]) -> tuple[list[str], list[str]]:
     return search, baseline
 
 
-def _workload(facts: LogFacts | None, current: Current, steady_s: float) -> list[str]:
+def _workload(
+    facts: LogFacts | None, current: Current, steady_s: float, most_slots: int = 0
+) -> list[str]:
     ledger = facts.ledger if facts is not None else None
     traffic = sketch(
         facts.batches if facts is not None else (),
@@ -308,6 +310,7 @@ def _workload(facts: LogFacts | None, current: Current, steady_s: float) -> list
         slots=current.max_running_requests,
         chunk=ledger.chunked_prefill_size if ledger is not None else None,
         context_len=ledger.context_len if ledger is not None else None,
+        most_slots=most_slots,
     )
     where = (
         f"sketched from {facts.path.name}'s serving lines"
@@ -443,7 +446,7 @@ def _server_lines(
         "port = 0",
     ]
     lines += t.comment(
-        "the simulator's profile for a rehearsal (--backend sim); configs/sim/ lists them"
+        "the simulator's profile for a rehearsal (--backend sim); docs/sim-profiles.md lists them"
     )
     lines.append(
         f"sim_profile = {t.string(src.sim_profile)}"
@@ -565,7 +568,8 @@ def compose(
     lines += _memory_lines(facts, arith)
     at = len(lines) + len(search)
     lines += [*search, "", *baseline, ""]
-    lines += _workload(facts, current, src.steady_s)
+    slots = max((k.top for k in knobs if k.name == "max_running_requests" and k.top), default=0)
+    lines += _workload(facts, current, src.steady_s, slots)
     lines += TAIL_LINES
     if src.from_log is not None:
         lines[at:at] = _seed_lines(src.from_log, lines, at)

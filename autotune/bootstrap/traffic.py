@@ -165,11 +165,20 @@ def sketch(
     slots: int | None,
     chunk: int | None,
     context_len: int | None,
+    most_slots: int = 0,
 ) -> Traffic:
+    """The workload sketched from the log's serving lines; its clients can fill `most_slots`
+    request slots (the most the search tries), so throughput can tell the slot counts apart."""
     sizes, cached_share = _prompt_sizes(batches)
     contexts = _contexts(batches)
     comments: list[str] = []
     concurrency = _concurrency(batches, peak_running, slots, comments)
+    if most_slots > concurrency:
+        concurrency = min(most_slots, MAX_CONCURRENCY)
+        comments.append(
+            f"raised to {concurrency} clients, the most request slots the search tries, so the "
+            "slots it tries can fill and their throughput differ"
+        )
     inputs = _input_lengths(sizes, chunk, comments)
     outputs = _output_lengths(contexts, sizes, inputs, comments)
     inputs = _fit_context(inputs, outputs, context_len)

@@ -104,7 +104,7 @@ def as_text(w: WhatIf) -> str:
         peak = f"{r.free_at_peak_gib:.2f} GiB" if r.free_at_peak_gib is not None else "-"
         mark = "  (this log)" if r.measured else ""
         lines.append(
-            f"  {r.fraction:>8.2f}  {r.tokens:>10,}  {r.kv_gib:>7.2f}  {r.reserve_gib:>6.2f} G"
+            f"  {r.fraction:>8.2f}  {r.tokens:>10,}  {r.kv_gib:>7.2f}  {r.reserve_gib:>4.2f} GiB"
             f"  {free:>18}  {peak:>16}{mark}"
         )
     lines += [f"  {s}" for s in w.words]

@@ -410,18 +410,55 @@ def _fault(text: str) -> Fault:
 
 
 def _add_sim_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sim-profile", default=SimOptions.profile)
-    parser.add_argument("--sim-version", default=None, choices=tuple(VERSIONS))
-    parser.add_argument("--sim-seed", type=int, default=0)
-    parser.add_argument("--sim-time-scale", type=float, default=SimOptions.time_scale)
-    parser.add_argument("--sim-gpu-dir", default=None)
-    parser.add_argument("--sim-fault", type=_fault, action="append", default=[])
+    sim = parser.add_argument_group(
+        "simulator", "what the simulator adds to SGLang's flags (docs/sim-profiles.md)"
+    )
+    sim.add_argument(
+        "--sim-profile",
+        default=SimOptions.profile,
+        help="the box and model to simulate: a shipped profile's name or a TOML file "
+        f"(default {SimOptions.profile})",
+    )
+    sim.add_argument(
+        "--sim-version",
+        default=None,
+        choices=tuple(VERSIONS),
+        help="the SGLang release whose flags, memory rules and log lines to speak "
+        "(default: the profile's)",
+    )
+    sim.add_argument(
+        "--sim-seed", type=int, default=0, help="seeds the launch's jitter and the peaks' draws"
+    )
+    sim.add_argument(
+        "--sim-time-scale",
+        type=float,
+        default=SimOptions.time_scale,
+        help="how many times faster than the real box the startup runs "
+        f"(default {SimOptions.time_scale:g}; serving runs in real time)",
+    )
+    sim.add_argument(
+        "--sim-gpu-dir",
+        default=None,
+        help="the folder of simulated GPU memory that autotune reads as NVML (default: none)",
+    )
+    sim.add_argument(
+        "--sim-fault",
+        type=_fault,
+        action="append",
+        default=[],
+        metavar="KIND[=N]",
+        help=f"inject a fault, repeatable: {', '.join(SIM_FAULTS)}",
+    )
 
 
 def build_parser(version: VersionLike | None = None) -> argparse.ArgumentParser:
     """SGLang's parser for `version` (default 0.5.9) plus the `--sim-*` flags."""
     release = resolve_version(version)
-    parser = argparse.ArgumentParser(prog="python -m autotune.sim")
+    parser = argparse.ArgumentParser(
+        prog="python -m autotune.sim",
+        description="A simulated SGLang server: SGLang's flags, log lines and HTTP API, and "
+        "the memory of the profile's box.",
+    )
     for flag in release.flags:
         _add(parser, flag, release.parse_warnings_stamped)
     _add_sim_flags(parser)

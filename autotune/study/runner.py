@@ -408,12 +408,15 @@ def closing_reason(cfg: StudyConfig, trials: list[TrialView]) -> str:
         return ""
     t = base or _most_telling(failed)
     hint = remedy(t)
-    what = t.reason.split(":", 1)[0] if t.reason else t.outcome or t.kind
+    if t.outcome == "ok" and t.violated:  # it served the load, out of bounds
+        what = f"served the load but broke {', '.join(t.violated)}"
+    else:
+        what = "failed with " + (t.reason.split(":", 1)[0] if t.reason else t.outcome or t.kind)
     fix = f"; {hint}." if hint else "."
     if any(t.feasible for t in trials):  # the search got past a failing baseline
-        return f" The baseline (trial {t.number}) failed with {what}{fix}"
+        return f" The baseline (trial {t.number}) {what}{fix}"
     who = f"the baseline (trial {t.number})" if t is base else f"trial {t.number}"
-    return f" What ended it: {who} failed with {what}{fix}"
+    return f" What ended it: {who} {what}{fix}"
 
 
 def _most_telling(failed: list[TrialView]) -> TrialView:

@@ -80,7 +80,10 @@ def test_from_a_simulator_log(
     if version == "0.5.23":  # the resolved dict: what SGLang chose is a comment, not a flag
         assert "# chunked-prefill-size = 8192" in text
     steady = next(p for p in tomllib.loads(text)["workload"]["phases"] if p["kind"] == "steady")
-    assert steady["concurrency"] == 16  # the conftest's burst: 16 requests at once
+    # the conftest's burst showed 16 requests at once; raised to the most slots searched (128)
+    choices = tomllib.loads(text)["search"]["max_running_requests"]["choices"]
+    assert steady["concurrency"] == max(choices) == 128
+    assert "the log shows in the server at once" in text and "raised to 128 clients" in text
     assert 300 <= tomllib.loads(text)["workload"]["input_len"]["mean"] <= 900
 
 

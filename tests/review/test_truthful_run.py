@@ -208,6 +208,9 @@ def test_a_failed_baseline_the_search_got_past_is_said_but_did_not_end_the_study
     text = closing_reason(cfg, [base, ok])
     assert text.startswith(" The baseline (trial 0) failed with runtime_oom (torch_oom)"), text
     assert "lower mem_fraction_static" in text and "What ended it" not in text
+    slow = view(trial(2, 0.86, min_headroom=50.0))
+    text = closing_reason(cfg, [slow])
+    assert "trial 2 served the load but broke headroom_gib" in text and "with ok" not in text
 
 
 def test_the_run_warns_before_the_first_launch_and_names_what_ended_it(tmp_path: Path) -> None:
