@@ -195,15 +195,7 @@ def exported_passes_soak(
     p_gib = float(best.user_attrs["record"]["ledger"].get("p_gib") or 0.0)
     step = 0.01
     demand = ("max_running_requests", "chunked_prefill_size")
-    peaks = [
-        float(t.user_attrs["record"]["stress_peak_gib"])
-        for t in held
-        if all(t.params.get(k) == params.get(k) for k in demand)
-        and isinstance(t.user_attrs.get("record", {}).get("stress_peak_gib"), int | float)
-    ]
-    fc = [t.system_attrs.get(FORECAST_ATTR) for t in study.trials]
-    kappa = max((float(f.get("kappa") or 1.0) for f in fc if isinstance(f, dict)), default=1.0)
-    peak = statistics.median(peaks) if peaks else 0.0
+    # the stress peaks the held trials measured, by demand: this setting's, then the others'
     groups: dict[tuple[object, ...], list[float]] = {}
     for t in held:
         rec = t.user_attrs.get("record", {})
@@ -211,6 +203,10 @@ def exported_passes_soak(
             groups.setdefault(tuple(t.params.get(k) for k in demand), []).append(
                 float(rec["stress_peak_gib"])
             )
+    peaks = groups.pop(tuple(params.get(k) for k in demand), [])
+    fc = [t.system_attrs.get(FORECAST_ATTR) for t in study.trials]
+    kappa = max((float(f.get("kappa") or 1.0) for f in fc if isinstance(f, dict)), default=1.0)
+    peak = statistics.median(peaks) if peaks else 0.0
     rise = soak_peak_rise_gib(peaks, peak, factor, kappa, list(groups.values()))
     steps = soak_steps(head, required, growth, factor, p_gib * step, rise)
     fractions = grid_fractions(bench)

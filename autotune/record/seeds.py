@@ -199,11 +199,12 @@ def store_seeds(
 
 def seeds_of(study: optuna.Study) -> Seeds | None:
     """The seeds the study holds, or None; seeds stored on another backend are left out."""
-    raw = study.user_attrs.get(SEEDS)
+    attrs = study.user_attrs
+    raw = attrs.get(SEEDS)
     if not isinstance(raw, Mapping):
         return None
     backend = str(raw.get("backend", ""))
-    held = study.user_attrs.get(keys.BACKEND)
+    held = attrs.get(keys.BACKEND)
     if held is not None and backend and held != backend:
         return None
     points = []

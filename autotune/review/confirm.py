@@ -244,13 +244,13 @@ def soak_peak_rise_gib(
 ) -> float:
     """How far above the stress peak of the trial it was judged by the worst peak of a soak
     `factor` trials long may rise: a soak meets about the worst of that many trials. The spread
-    is the run-to-run sd of the trials' peaks, pooled over `groups` (the peaks at each demand
-    the trials ran) as a share of each group's median, `PEAK_NOISE` at least; a normal tail puts
-    the worst of `factor` draws `z` spreads up (`SOAK_RISK`), one more for the judged trial
-    having been a lucky one, and where the memory model missed its forecasts (`kappa` > 1, the
-    search's calibration) the world differs from it, so the tail is taken wider by kappa
-    squared (kappa at most `MAX_TAIL`). Never less than the worst rise the trials at this
-    setting's demand (`peaks`) saw."""
+    is the run-to-run sd of the trials' peaks, pooled over `peaks` and `groups` (the peaks at
+    each other demand the trials ran) as a share of each group's median, `PEAK_NOISE` at
+    least; a normal tail puts the worst of `factor` draws `z` spreads up (`SOAK_RISK`), one
+    more for the judged trial having been a lucky one, and where the memory model missed its
+    forecasts (`kappa` > 1, the search's calibration) the world differs from it, so the tail is
+    taken wider by kappa squared (kappa at most `MAX_TAIL`). Never less than the worst rise the
+    trials at this setting's demand (`peaks`) saw."""
     rows = sorted(peaks)
     share = _pooled_share([*groups, rows])
     sd = max(share, PEAK_NOISE) * peak_gib

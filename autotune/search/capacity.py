@@ -33,7 +33,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.memory.model import phi
 from autotune.record import internals, keys
-from autotune.record.seeds import origins, seeds_of
+from autotune.record.seeds import Seeds, seeds_of
 from autotune.search.fallback import RANDOM_RULE, contained, sample_randomly, why_random
 from autotune.search.planner import Goal, Proposal, plan
 from autotune.search.points import MEMORY_PARAMS, Point
@@ -106,13 +106,14 @@ class CapacityAwareSampler(BaseSampler):
             t.state == TrialState.COMPLETE for t in trials
         ):
             return {}  # an enqueued point (the baseline) before any trial: nothing to propose
-        finished = _known(study, trials, trial.number)
+        seeds = seeds_of(study)
+        finished = _known(seeds, trials, trial.number)
         why = why_random(search_space, trials, trial.number, finished)
         if why is not None:
             record_rule(study, trial, RANDOM_RULE, why)
             return sample_randomly(self._fallback, study, trial, search_space)
-        proposal = self._plan(trials, finished, study, trial, search_space)
-        self._record(study, trial, proposal)
+        proposal = self._plan(trials, finished, study, trial, search_space, seeds)
+        self._record(study, trial, proposal, seeds)
         return contained(proposal.params, search_space)
 
     def sample_independent(
@@ -127,7 +128,7 @@ class CapacityAwareSampler(BaseSampler):
         values = candidate_values(param_distribution, param_name)
         if param_name in MEMORY_PARAMS and values:
             trials = study.get_trials(deepcopy=False)
-            finished = _known(study, trials, trial.number)
+            finished = _known(seeds_of(study), trials, trial.number)
             if why_random({param_name: param_distribution}, trials, trial.number, finished) is None:
                 return plan({param_name: values}, [], [], Goal()).params[param_name]
         return self._fallback.sample_independent(study, trial, param_name, param_distribution)
@@ -140,7 +141,9 @@ class CapacityAwareSampler(BaseSampler):
     ) -> Proposal:
         """The planner's proposal for `trial`, from everything the study holds now."""
         trials = study.get_trials(deepcopy=False)
-        return self._plan(trials, _known(study, trials, trial.number), study, trial, search_space)
+        seeds = seeds_of(study)
+        known = _known(seeds, trials, trial.number)
+        return self._plan(trials, known, study, trial, search_space, seeds)
 
     def _plan(
         self,
@@ -149,13 +152,13 @@ class CapacityAwareSampler(BaseSampler):
         study: optuna.Study,
         trial: FrozenTrial,
         search_space: dict[str, BaseDistribution],
+        seeds: Seeds | None,
     ) -> Proposal:
         axes = {name: candidate_values(d, name) for name, d in search_space.items()}
         headroom = self._min_headroom
         if headroom is None:
             headroom = required_headroom(trials)
         if headroom is None:
-            seeds = seeds_of(study)
             headroom = seeds.min_headroom_gib if seeds is not None else 0.0
         goal = Goal(
             min_headroom_gib=headroom,
@@ -164,7 +167,7 @@ class CapacityAwareSampler(BaseSampler):
             explore=wants_throughput(study),
         )
         proposal = plan(axes, finished, pending_params(trials, trial.number), goal)
-        names = seed_names(study)
+        names = seed_names(seeds)
         if names:
             proposal = dataclasses.replace(
                 proposal,
@@ -174,11 +177,13 @@ class CapacityAwareSampler(BaseSampler):
         self._last = proposal
         return proposal
 
-    def _record(self, study: optuna.Study, trial: FrozenTrial, p: Proposal) -> None:
+    def _record(
+        self, study: optuna.Study, trial: FrozenTrial, p: Proposal, seeds: Seeds | None
+    ) -> None:
         record_rule(study, trial, p.rule, p.why, p.done)
-        seeds = origins(study)
-        if seeds:
-            internals.set_user_attr(study, trial, keys.SEEDED_FROM, seeds)
+        if seeds is not None:
+            origin = [s.origin for s in seeds.points]
+            internals.set_user_attr(study, trial, keys.SEEDED_FROM, origin)
         fc = p.forecast
         if fc is not None:
             numbers: dict[str, float | str | None] = {
@@ -193,9 +198,9 @@ class CapacityAwareSampler(BaseSampler):
             internals.set_system_attr(study, trial, FORECAST_ATTR, numbers)
 
 
-def _known(study: optuna.Study, trials: Sequence[FrozenTrial], current: int) -> list[Point]:
+def _known(seeds: Seeds | None, trials: Sequence[FrozenTrial], current: int) -> list[Point]:
     """The seeds (oldest), then the finished trials other than `current`."""
-    return [*seed_points(study), *finished_points(trials, current)]
+    return [*seed_points(seeds), *finished_points(trials, current)]
 
 
 _SEED_REF = re.compile(r"\btrial (-\d+)\b")

@@ -27,7 +27,7 @@ from autotune.logparse.ledger import Ledger
 from autotune.logparse.outcome import Outcome
 from autotune.memory.model import Observation
 from autotune.record import internals, keys
-from autotune.record.seeds import Seed, seeds_of
+from autotune.record.seeds import Seed, Seeds, seeds_of
 from autotune.search.points import FRACTION, Point, setting_of
 
 CONTINUOUS_FRACTION_STEP = 0.005
@@ -114,17 +114,16 @@ def seed_point(s: Seed) -> Point | None:
     return Point(number=-s.index, params=dict(s.params), observation=obs, violated=s.violated)
 
 
-def seed_points(study: optuna.Study) -> list[Point]:
-    """The study's seeds as points, before every trial (they are older than the study)."""
-    seeds = seeds_of(study)
+def seed_points(seeds: Seeds | None) -> list[Point]:
+    """The study's seeds (`record.seeds.seeds_of`) as points, before every trial (they are older
+    than the study)."""
     if seeds is None:
         return []
     return [p for s in seeds.points if (p := seed_point(s)) is not None]
 
 
-def seed_names(study: optuna.Study) -> dict[int, str]:
+def seed_names(seeds: Seeds | None) -> dict[int, str]:
     """Point number → how a seed is named in a proposal's why ("seed 1 (server.log)")."""
-    seeds = seeds_of(study)
     return {-s.index: s.name for s in seeds.points} if seeds else {}
 
 

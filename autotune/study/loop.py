@@ -41,8 +41,8 @@ def prepare(study: optuna.Study, cfg: StudyConfig) -> int:
     """On a new study enqueue the baseline (and for `grid` every grid point); returns how many.
 
     A seed log of the baseline's own setting (`record.seeds`) has measured it already: the
-    capacity-aware and walk-down searches then start from the seed and the baseline is not
-    launched first (it is still the study's baseline for every review)."""
+    samplers that learn from seeds (`SEEDED_SAMPLERS`) then start from the seed and the baseline
+    is not launched first (it is still the study's baseline for every review)."""
     if study.get_trials(deepcopy=False):
         return 0
     queued: list[dict[str, Scalar]] = []
