@@ -29,7 +29,9 @@ from typing import Any
 _PLAIN = (type(None), bool, int, float, str)
 
 
-def _stub_torchvision() -> None:
+def stub_torchvision() -> None:
+    """An empty `torchvision` package for a CPU-only venv where none matches torch (also used by
+    the tests' probe of SGLang's response code, which loads this file by path)."""
     import sglang  # noqa: F401
 
     with contextlib.suppress(ImportError):  # transformers looks for torchvision on import
@@ -139,7 +141,7 @@ def flag_entry(action: argparse.Action) -> str:
 
 def main() -> int:
     if "--stub-torchvision" in sys.argv[1:]:
-        _stub_torchvision()
+        stub_torchvision()
     from sglang.srt.server_args import ServerArgs, prepare_server_args
 
     version = importlib.metadata.version("sglang")

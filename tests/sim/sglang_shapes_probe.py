@@ -13,15 +13,13 @@ wheel set needs (SGLang's VLM configs import it; nothing here runs a model). A m
 not import in this venv (a dependency it lacks) is reported as `{"skip": reason}`.
 
 Input on stdin: {"launch_command": str, "spec": bool, "tp": int, "numbers": {...},
-"generate": {...}} (see `payload_from` in test_oracle_sglang.py).
+"generate": {...}, "flagdump": path} (see `payload_from` in test_oracle_sglang.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import importlib.abc
-import importlib.machinery
+import importlib.util
 import json
 import sys
 import time
@@ -30,31 +28,14 @@ from array import array
 from typing import Any
 
 
-def _stub_torchvision() -> None:
-    import sglang  # noqa: F401
-
-    with contextlib.suppress(ImportError):  # transformers looks for torchvision on import
-        import transformers  # noqa: F401
-
-    class _Stub(types.ModuleType):
-        def __getattr__(self, name: str) -> Any:
-            if name.startswith("__"):
-                raise AttributeError(name)
-            return type(name, (), {"__init__": lambda s, *a, **k: None})
-
-    class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-        def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-            if name.split(".")[0] == "torchvision":
-                return importlib.machinery.ModuleSpec(name, self, is_package=True)
-            return None
-
-        def create_module(self, spec: Any) -> Any:
-            return _Stub(spec.name)
-
-        def exec_module(self, module: Any) -> None:
-            module.__path__ = []
-
-    sys.meta_path.insert(0, _Finder())
+def _stub_torchvision(flagdump: str) -> None:
+    """The flag dumper's torchvision stand-in (`autotune/sim/flagdump.py`, loaded by path: it
+    imports nothing of autotune, which this Python lacks)."""
+    spec = importlib.util.spec_from_file_location("flagdump", flagdump)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.stub_torchvision()
 
 
 def ns(**kw: Any) -> types.SimpleNamespace:
@@ -63,7 +44,7 @@ def ns(**kw: Any) -> types.SimpleNamespace:
 
 def main() -> None:
     given = json.loads(sys.stdin.read())
-    _stub_torchvision()
+    _stub_torchvision(given["flagdump"])
     try:
         import msgspec
         import sglang.srt.entrypoints.http_server as hs

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from autotune.sim import flagdump
 from autotune.sim.flags import build_parser, flags_for
 from tests.oracle import run_in_sglang
 from tests.sim.conftest import KIMI, Launcher
@@ -190,7 +191,7 @@ def probe(python: Path, payload: dict[str, Any]) -> dict[str, Any]:
     source = (Path(__file__).parent / "sglang_shapes_probe.py").read_text()
     done = subprocess.run(
         [str(python), "-c", source],
-        input=json.dumps(payload),
+        input=json.dumps({**payload, "flagdump": flagdump.__file__}),
         capture_output=True,
         text=True,
         timeout=600,
