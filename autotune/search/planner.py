@@ -505,6 +505,9 @@ class _Planner:
         recheck = self._recheck()
         if recheck is not None:
             return recheck
+        secure = self._secure(scored)
+        if secure is not None:
+            return secure
         if g.explore:
             explored = self._explore(scored)
             if explored is not None:
@@ -643,6 +646,51 @@ class _Planner:
         params = {k: v for k, v in best.params.items() if k in self.axes}
         return self._proposal(
             params, fc, "recheck", f"held {runs} time(s) with a thin margin, p(stable) {p:.2f}"
+        )
+
+    def _secure(self, scored: list[tuple[dict[str, Scalar], Forecast, float]]) -> Proposal | None:
+        """When the best setting has held its RECHECKS times and the model still does not call
+        it safe (a world with heavier tails than its own, or a peak with a wide spread), the
+        study also holds the highest fraction the model does call safe for the best's own
+        demand (its requests and prefill chunk) before it spends launches on throughput: what
+        an export can fall back on if the thin one proves to be luck."""
+        best = self.best
+        if best is None or best.observation is None or self._p_of(best) >= self.goal.safe_p:
+            return None
+        s = best.observation.setting
+
+        def same_demand(o: Setting) -> bool:
+            return not _more_demand(o, s) and not _less_demand(o, s)
+
+        trusted = [
+            tokens_of(p)
+            for p in self.known
+            if p.feasible
+            and p.observation is not None
+            and same_demand(p.observation.setting)
+            and not self._beaten(p)
+            and self._p_of(p) >= self.goal.safe_p
+        ]
+        floor = max(trusted, default=0)
+        safe = [
+            x
+            for x in scored
+            if x[2] >= self.goal.safe_p
+            and _fc_tokens(x[1]) > floor
+            and same_demand(x[1].setting)
+            and not any(_same_gpu(x[1].setting, o) for o in self.launched_gpu)
+        ]
+        if not safe:
+            return None
+        params, fc, p = max(safe, key=lambda x: (_fc_tokens(x[1]), -self._distance(x[0]), x[2]))
+        q = self._p_of(best)
+        return self._proposal(
+            params,
+            fc,
+            "secure",
+            f"trial {best.number} held {RECHECKS} times yet the model gives it only "
+            f"p(stable) {q:.2f}: the highest fraction it calls safe for that demand, "
+            f"p(stable) {p:.2f}",
         )
 
     def _bisect(
