@@ -32,6 +32,7 @@ from autotune.config.space import Settings, tuned_flags
 from autotune.config.studyfile import StudyConfig
 from autotune.config.workload import Poisson, Steady, Stress
 from autotune.errors import HarnessError
+from autotune.record import keys
 from autotune.review.source import CONFIRMATION, CONFIRMATIONS
 from autotune.study.loop import patiently
 from autotune.study.objectives import constraint_values
@@ -182,9 +183,6 @@ def _next_number(folder: Path) -> int:
 
 # ---- how long to soak, and the margin a soak needs (pure) ---------------------------------
 
-GROWTH_KEY = "growth_gib"
-"""A trial record's field: GPU memory the allocator kept once the workload was over (free at the
-workload's start minus free when it ended and the server idled), GiB."""
 LEAK_FACTOR = 1.5
 """A soak lasts long enough that a steady leak would eat this many times the spare headroom."""
 MAX_SOAK_FACTOR = 100.0
@@ -198,7 +196,7 @@ def growth_per_trial(records: Iterable[Mapping[str, object]]) -> float | None:
     rows = sorted(
         float(v)
         for r in records
-        if isinstance(v := r.get(GROWTH_KEY), int | float) and not isinstance(v, bool)
+        if isinstance(v := r.get(keys.GROWTH), int | float) and not isinstance(v, bool)
     )
     if not rows:
         return None

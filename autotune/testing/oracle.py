@@ -37,6 +37,7 @@ from autotune.config.studyfile import (
 )
 from autotune.config.workload import WorkloadSpec
 from autotune.logparse.ledger import Ledger
+from autotune.record import keys
 from autotune.sim.flags import ServerSettings
 from autotune.sim.model import (
     StartupPlan,
@@ -81,8 +82,6 @@ MEMORY_CAUSES = frozenset(
 """Causes `autotune.logparse.outcome.classify` calls a startup OOM (the rest: start errors)."""
 
 
-GROWTH_KEY = "growth_gib"
-"""The record's field for what the allocator kept after the workload (GiB)."""
 TRIAL_REQUESTS = 1500
 """Requests one trial's workload serves (the allocator's growth counts them)."""
 STRESS_CONTEXT = 4096
@@ -363,7 +362,7 @@ def launch(
     record["stress_peak_gib"] = round(peak + growth, 3)
     # what the probe sees once the workload is over and the server idles: the memory the
     # allocator kept (the harness's `growth_gib`, free at the workload's start minus at its end)
-    record[GROWTH_KEY] = round(growth, 3)
+    record[keys.GROWTH] = round(growth, 3)
     head = round(free - peak - growth, 3)
     measured = Measured(tokens, tput, False, False, 0.0, head, None, None)
     return _done(bench, params, "ok", "", tokens, measured, record, truth)
