@@ -45,15 +45,9 @@ from autotune.config.space import grid, settings_for
 from autotune.config.studyfile import Choices, SamplerConfig
 from autotune.errors import UsageError
 from autotune.record.view import views
-from autotune.review.confirm import (
-    DEFAULT_SOAK_FACTOR,
-    growth_per_trial,
-    soak_factor,
-    soak_peak_rise_gib,
-    soak_steps,
-)
-from autotune.review.winner import lowest_startable
-from autotune.search.capacity import DONE_ATTR, FORECAST_ATTR
+from autotune.review.soak import DEFAULT_SOAK_FACTOR
+from autotune.review.winner import choose
+from autotune.search.capacity import DONE_ATTR
 from autotune.sim.profiles import Mismatch, list_profiles, load_profile
 from autotune.study.samplers import SAMPLER_FACTORIES, make_sampler
 from autotune.testing.oracle import (
@@ -166,54 +160,20 @@ def study_run(
     )
 
 
-def exported_passes_soak(
-    bench: Bench, study: optuna.Study, seed: int, default_factor: float = DEFAULT_SOAK_FACTOR
-) -> bool | None:
-    """Whether the setting an export would take passes `autotune confirm`'s soak on the
-    simulated machine (one soak launch, as `autotune confirm` runs it). The setting: the
-    sampler's own best when it closed the study with one (the setting its `search_done` trial
-    confirms), else the most capacity that held. The soak is `review.confirm.soak_factor` trials
-    long (longer than the default where the trials measured growth: long enough for a steady leak
-    to eat the spare headroom), and the export backs the fraction off by
-    `review.confirm.soak_steps` (at least a step; more while the headroom kept does not cover the
-    growth over the soak)."""
-    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    held = [t for t in done if all(v <= 0 for v in t.constraints.values()) and t.params]
-    if not held:
+def exported_passes_soak(bench: Bench, study: optuna.Study, seed: int) -> bool | None:
+    """Whether the setting `autotune export` would print passes `autotune confirm`'s soak on the
+    simulated machine (one soak launch, as `autotune confirm` runs it): `review.winner.choose`
+    with its default margin (`review.soak.soak_plan`: backed off for a soak as long as the
+    trials' growth asks for, never below a fraction that can start, trading demand where the
+    window is too narrow), soaked as long as that margin was sized for."""
+    seen = views(study.trials)
+    w = choose(seen, fraction_step=0.01, min_headroom_gib=bench.constraints.min_headroom_gib)
+    if w is None:
         return None
-    best = max(held, key=lambda t: (t.user_attrs.get("capacity_tokens", 0), t.number))
-    closing = [t for t in study.trials if DONE_ATTR in t.user_attrs and t.params]
-    if closing:
-        chosen = [t for t in held if t.params == closing[-1].params]
-        best = chosen[-1] if chosen else best
-    records = [t.user_attrs["record"] for t in done if isinstance(t.user_attrs.get("record"), dict)]
-    growth = growth_per_trial(records)
-    params = dict(best.params)
-    head = min(float(t.user_attrs.get("headroom_gib") or 0.0) for t in held if t.params == params)
-    required = bench.constraints.min_headroom_gib
-    factor = soak_factor(growth, head - required, default_factor)
-    p_gib = float(best.user_attrs["record"]["ledger"].get("p_gib") or 0.0)
-    step = 0.01
-    demand = ("max_running_requests", "chunked_prefill_size")
-    # the stress peaks the held trials measured, by demand: this setting's, then the others'
-    groups: dict[tuple[object, ...], list[float]] = {}
-    for t in held:
-        rec = t.user_attrs.get("record", {})
-        if isinstance(rec.get("stress_peak_gib"), int | float):
-            groups.setdefault(tuple(t.params.get(k) for k in demand), []).append(
-                float(rec["stress_peak_gib"])
-            )
-    peaks = groups.pop(tuple(params.get(k) for k in demand), [])
-    fc = [t.system_attrs.get(FORECAST_ATTR) for t in study.trials]
-    kappa = max((float(f.get("kappa") or 1.0) for f in fc if isinstance(f, dict)), default=1.0)
-    peak = statistics.median(peaks) if peaks else 0.0
-    rise = soak_peak_rise_gib(peaks, peak, factor, kappa, list(groups.values()))
-    steps = soak_steps(head, required, growth, factor, p_gib * step, rise)
+    params = dict(w.params)
+    factor = w.soak.factor if w.soak is not None else DEFAULT_SOAK_FACTOR
     fractions = grid_fractions(bench)
-    f = float(params["mem_fraction_static"]) - steps * step
-    # never below the lowest fraction the launches say can start (the export's own rule)
-    lowest = lowest_startable(views(study.trials), step)
-    f = max(f, lowest if lowest is not None else f)
+    f = float(params["mem_fraction_static"])
     params["mem_fraction_static"] = max(
         (x for x in fractions if x <= f + 1e-9), default=fractions[0]
     )

@@ -110,10 +110,11 @@ def add_review_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--margin",
-        default="1step",
+        default="soak",
         metavar="MARGIN",
-        help="winner: back off by N steps of mem_fraction_static (1step, the default) "
-        "or until N GiB stay free at the stress peak (2GiB)",
+        help="winner: back off mem_fraction_static until the setting passes a confirm soak "
+        "as long as the trials' growth asks for (soak, the default), by N steps (1step) or "
+        "until N GiB stay free at the stress peak (2GiB)",
     )
 
 
@@ -141,7 +142,7 @@ def winner_rule(args: argparse.Namespace) -> tuple[float, Margin]:
     """--tolerance and --margin as values."""
     return (
         parse_tolerance(str(getattr(args, "tolerance", DEFAULT_TOLERANCE))),
-        parse_margin(str(getattr(args, "margin", "1step"))),
+        parse_margin(str(getattr(args, "margin", "soak"))),
     )
 
 

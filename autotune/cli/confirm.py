@@ -10,14 +10,9 @@ from typing import TextIO
 
 from autotune.cli import common
 from autotune.errors import UsageError
-from autotune.review.confirm import (
-    DEFAULT_SOAK_FACTOR,
-    describe,
-    keep_verdict,
-    run_confirmation,
-    soak,
-)
+from autotune.review.confirm import describe, keep_verdict, run_confirmation, soak
 from autotune.review.export import build_export
+from autotune.review.soak import DEFAULT_SOAK_FACTOR
 from autotune.server.flagcheck import check_argv
 from autotune.study.runner import study_lock
 
@@ -34,10 +29,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--soak-factor",
         type=float,
-        default=DEFAULT_SOAK_FACTOR,
+        default=None,
         metavar="X",
-        help="steady phases X times longer, stress repeated as often "
-        f"(default {DEFAULT_SOAK_FACTOR:g})",
+        help="steady phases X times longer, stress repeated as often (default: as long as "
+        "the export's margin was sized for, long enough for the growth the trials measured "
+        f"to eat the spare headroom; {DEFAULT_SOAK_FACTOR:g} where they measured none)",
     )
     p.add_argument("--backend", choices=("sim", "sglang"), help="override server.backend")
     p.add_argument(
@@ -50,7 +46,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    if not 1.0 <= args.soak_factor <= 100.0:
+    if args.soak_factor is not None and not 1.0 <= args.soak_factor <= 100.0:
         raise UsageError(f"--soak-factor {args.soak_factor:g}: must be between 1 and 100")
     source, review = common.review(args, need_config=True)
     cfg = source.cfg
@@ -61,12 +57,16 @@ def handle(args: argparse.Namespace) -> int:
     problems = check_argv(ex.argv, backend=ex.backend)
     if problems:
         raise UsageError("; ".join(problems))
-    soak_cfg = soak(cfg, args.soak_factor)
+    sized = ex.margin.get("soak_factor")
+    factor = float(args.soak_factor or (sized if isinstance(sized, int | float) else 0.0))
+    why = "" if args.soak_factor or not sized else " (the soak the export's margin is sized for)"
+    factor = factor or DEFAULT_SOAK_FACTOR
+    soak_cfg = soak(cfg, factor)
     out = sys.stdout
     out.write(f"{ex.headline}\n")
     out.write(
         f"confirming {' '.join(f'{k}={v}' for k, v in ex.params.items())} "
-        f"(trial {ex.trial}) with a {args.soak_factor:g}× soak\n"
+        f"(trial {ex.trial}) with a {factor:g}× soak{why}\n"
     )
     out.flush()
     with study_lock(source.folder, wait=args.wait), common.stop_signals():
@@ -76,7 +76,7 @@ def handle(args: argparse.Namespace) -> int:
     if verdict["outcome"] == "interrupted":
         out.write("confirmation interrupted: the server was stopped; nothing was recorded\n")
         return 130
-    verdict["soak_factor"] = args.soak_factor
+    verdict["soak_factor"] = factor
 
     def warn(line: str) -> None:
         out.write(f"warning: {line}\n")

@@ -24,5 +24,8 @@ BASELINE = "baseline"
 queued first; every review surface measures the exported setting against it."""
 FIXED_PARAMS = "fixed_params"
 """Optuna's system attribute for the parameters of an enqueued trial."""
+FORECAST = "capacity_aware:forecast"
+"""A trial's system attribute: the capacity search's forecast for it, with `kappa`, how much the
+memory model's misses widened its margins when it was proposed."""
 SEEDED_FROM = "search_seeds"
 """A trial attribute: where each seed log the search's memory model started from came from."""

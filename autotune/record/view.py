@@ -96,6 +96,10 @@ class TrialView:
     """The headroom as stored, also for a trial that did not end `ok` (the status table)."""
     finished: bool = False
     seeded_from: tuple[str, ...] = ()
+    growth_gib: float | None = None
+    """How far the server's footprint grew over the trial's workload (`keys.GROWTH`)."""
+    kappa: float | None = None
+    """How much the capacity search had widened its margins when it proposed this trial."""
     """Where the seed logs the search's memory model started from came from (`record.seeds`)."""
 
     @property
@@ -233,6 +237,8 @@ def view(t: FrozenTrial) -> TrialView:
         recorded_headroom_gib=headroom,
         finished=t.state.is_finished(),
         seeded_from=tuple(str(o) for o in a.get(keys.SEEDED_FROM, ()) or ()),
+        growth_gib=_num(rec.get(keys.GROWTH)),
+        kappa=_num(_mapping(t.system_attrs.get(keys.FORECAST)).get("kappa")),
     )
 
 

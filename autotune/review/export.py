@@ -136,7 +136,15 @@ def _pick(review: Review, trial: int | None) -> _Pick:
     return _Pick(
         params=dict(w.params),
         figures=(w.capacity_tokens, w.throughput_tok_s, w.free_at_peak_gib, w.predicted),
-        margin=w.margin.to_dict(),
+        margin={
+            **w.margin.to_dict(),
+            "steps": w.steps_back,
+            **(
+                {"soak_factor": w.soak.factor, "soak_plan": w.soak.describe()}
+                if w.soak is not None
+                else {}
+            ),
+        },
         number=w.trial,
         tolerance=w.tolerance,
         chosen=w.chosen.number,
@@ -291,7 +299,9 @@ def _header(ex: Export) -> list[str]:
         figures.append(f"{fig.gib(ex.headroom_gib)} GiB {fig.FREE_AT_WORST}")
     how = " (predicted)" if ex.predicted else ""
     margin = ex.margin
-    if margin.get("headroom_gib") is not None:
+    if isinstance(margin.get("soak_plan"), str):
+        m = str(margin["soak_plan"])
+    elif margin.get("headroom_gib") is not None:
         m = f"{margin['headroom_gib']:g} GiB {fig.FREE_AT_WORST}"
     else:
         m = f"{margin.get('steps', 0)} step(s) of mem_fraction_static"

@@ -182,16 +182,22 @@ def build_review(
     seen = views(trials)
     step = fraction_step(cfg)
     cell = study_cell_bytes(seen)
+    required = _min_headroom(cfg, trials)
     return Review(
         name=name,
         storage=storage,
         trials=tuple(seen),
         winner=choose(
-            seen, fraction_step=step, tolerance=tolerance, margin=margin, cell_bytes=cell
+            seen,
+            fraction_step=step,
+            tolerance=tolerance,
+            margin=margin,
+            cell_bytes=cell,
+            min_headroom_gib=required or 0.0,
         ),
         confirmations=_confirmations(study_attrs),
         fraction_step=step,
-        min_headroom_gib=_min_headroom(cfg, trials),
+        min_headroom_gib=required,
         cell_bytes=cell,
         running=sum(1 for t in trials if t.state == TrialState.RUNNING),
         queued=sum(1 for t in trials if t.state == TrialState.WAITING),

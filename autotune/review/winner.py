@@ -6,11 +6,12 @@ The rule, in order:
 2. Keep the feasible trials whose throughput is at least `(1 − tolerance)·T` (the default 5 %
    treats throughput as a tie-breaker, not a rival: more KV capacity is what the operator asked
    for) and take the one with the highest capacity (ties: higher throughput, then lower number).
-3. Back its `mem_fraction_static` off by the margin. Either a number of fraction steps (default:
-   one step below the highest stable value), or a headroom in GiB: the smallest whole number of
-   steps after which the free memory at the measured stress peak, predicted with SGLang's
-   arithmetic (each step moves `P·step` GiB from the KV pool to free memory), is at least that
-   many GiB.
+3. Back its `mem_fraction_static` off by the margin: by default the soak's (`review.soak`:
+   enough steps that the setting passes a confirm soak as long as the trials' growth asks for,
+   its worst stress peak and its growth included), or a number of fraction steps, or a headroom
+   in GiB: the smallest whole number of steps after which the free memory at the measured
+   stress peak, predicted with SGLang's arithmetic (each step moves `P·step` GiB from the KV
+   pool to free memory), is at least that many GiB.
 
 The backed-off point is usually a trial that ran (a walk or a grid ran the step below); then its
 measured figures are exported. Otherwise the figures are predicted from the chosen trial's
@@ -28,21 +29,29 @@ from autotune.config.studyfile import Scalar
 from autotune.errors import UsageError
 from autotune.record.direction import Push, direction, floor_fraction
 from autotune.record.view import FRACTION, TrialView
+from autotune.review.soak import SoakPlan, soak_plan
 
 DEFAULT_TOLERANCE = 0.05
 DEFAULT_STEP = 0.01
+SAME_CAPACITY = 0.99
+"""Where backing off cannot give the soak's margin, the export trades demand for it among the
+settings that keep this share of the chosen one's capacity (the same fraction), never capacity."""
 _MARGIN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(steps?|gib|gb|g)?\s*$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
 class Margin:
-    """How far below the highest stable setting to export: `steps` of the fraction, or enough
-    steps to leave `headroom_gib` free at the stress peak."""
+    """How far below the highest stable setting to export: `steps` of the fraction, enough
+    steps to leave `headroom_gib` free at the stress peak, or (`soak`) enough to pass a confirm
+    soak."""
 
     steps: int = 1
     headroom_gib: float | None = None
+    soak: bool = False
 
     def describe(self) -> str:
+        if self.soak:
+            return "the margin a confirm soak needs"
         if self.headroom_gib is not None:
             return f"{self.headroom_gib:g} GiB free at the stress peak"
         if self.steps == 0:
@@ -50,14 +59,22 @@ class Margin:
         return f"{self.steps} step{'s' if self.steps != 1 else ''} of {FRACTION}"
 
     def to_dict(self) -> dict[str, object]:
-        return {"steps": self.steps, "headroom_gib": self.headroom_gib}
+        return {"steps": self.steps, "headroom_gib": self.headroom_gib, "soak": self.soak}
+
+
+DEFAULT_MARGIN = Margin(steps=0, soak=True)
 
 
 def parse_margin(text: str) -> Margin:
-    """`1step`, `2 steps`, `0` (no margin), `1.5GiB` (free at the stress peak)."""
+    """`soak` (what a confirm soak needs), `1step`, `2 steps`, `0` (no margin), `1.5GiB` (free
+    at the stress peak)."""
+    if text.strip().lower() == "soak":
+        return DEFAULT_MARGIN
     m = _MARGIN.match(text)
     if not m:
-        raise UsageError(f"--margin {text!r}: use a number of steps (e.g. 1step) or GiB (2GiB)")
+        raise UsageError(
+            f"--margin {text!r}: use soak, a number of steps (e.g. 1step) or GiB (2GiB)"
+        )
     value, unit = float(m.group(1)), (m.group(2) or "steps").lower()
     if unit.startswith("step"):
         if not value.is_integer():
@@ -99,6 +116,8 @@ class Winner:
     predicted: bool
     """True when the figures are predicted, not measured (no trial ran `params`)."""
     notes: tuple[str, ...] = field(default=())
+    soak: SoakPlan | None = None
+    """The soak the margin was sized for (the default margin)."""
 
     @property
     def trial(self) -> int:
@@ -110,11 +129,8 @@ class Winner:
         f0, f1 = self.chosen.fraction, self.params.get(FRACTION)
         cap = f"{self.capacity_tokens:,} tokens" if self.capacity_tokens is not None else "?"
         how = "predicted" if self.predicted else f"measured in trial {self.trial}"
-        back = (
-            f", backed off from {f0:g} to {f1} ({self.margin.describe()})"
-            if self.steps_back
-            else ""
-        )
+        margin = self.soak.describe() if self.soak is not None else self.margin.describe()
+        back = f", backed off from {f0:g} to {f1} ({margin})" if self.steps_back else ""
         return (
             f"trial {self.chosen.number} has the most capacity within "
             f"{self.tolerance:.0%} of the best throughput{back}: {cap} ({how})"
@@ -128,10 +144,12 @@ def choose(
     tolerance: float = DEFAULT_TOLERANCE,
     margin: Margin | None = None,
     cell_bytes: float | None = None,
+    min_headroom_gib: float = 0.0,
 ) -> Winner | None:
     """The winner among `trials`, or None while no trial is feasible; `cell_bytes` (bytes per
-    token fitted across the study) sharpens predictions for a point that never ran."""
-    margin = margin or Margin()
+    token fitted across the study) sharpens predictions for a point that never ran;
+    `min_headroom_gib` is the study's required headroom (the soak's margin keeps it)."""
+    margin = margin or DEFAULT_MARGIN
     feasible = [t for t in trials if t.feasible]
     if not feasible:
         return None
@@ -141,7 +159,31 @@ def choose(
         close, key=lambda t: (t.capacity_tokens or 0, t.throughput_tok_s or 0.0, -t.number)
     )
     notes: list[str] = []
-    steps = _steps_back(chosen, margin, fraction_step, notes, cell_bytes)
+    plan = None
+    if margin.soak:
+        plan = soak_plan(trials, chosen.params, required_gib=min_headroom_gib, step=fraction_step)
+        if plan is None:
+            notes.append("no headroom measured to size the soak's margin from; backed off 1 step")
+        else:
+            level = [
+                t
+                for t in feasible
+                if (t.capacity_tokens or 0) >= SAME_CAPACITY * (chosen.capacity_tokens or 0)
+            ]
+            closer = _closest_to_soak(level, trials, fraction_step, min_headroom_gib)
+            if (
+                closer is not None
+                and closer[0] is not chosen
+                and _short(chosen, plan, trials, fraction_step) > closer[2] + 0.005
+            ):
+                notes.append(
+                    f"no fraction that can start gives trial {chosen.number}'s setting the "
+                    f"soak's margin; trial {closer[0].number}'s comes closer"
+                )
+                chosen, plan = closer[0], closer[1]
+        steps = plan.steps if plan is not None else 1
+    else:
+        steps = _steps_back(chosen, margin, fraction_step, notes, cell_bytes)
     params = dict(chosen.params)
     f0 = chosen.fraction
     if f0 is not None and steps:
@@ -184,6 +226,41 @@ def choose(
         free_at_peak_gib=figures[2],
         predicted=source is None,
         notes=tuple(notes),
+        soak=plan,
+    )
+
+
+def _short(t: TrialView, plan: SoakPlan, trials: Sequence[TrialView], step: float) -> float:
+    """How much of the soak's margin, GiB, the fractions that can start leave out (0: none)."""
+    lowest = lowest_startable(trials, step)
+    if t.fraction is None or lowest is None:
+        return 0.0
+    room = max(0, math.floor((t.fraction - lowest) / step + 1e-9))
+    if room >= plan.steps:
+        return 0.0
+    return max(0.0, plan.need_gib - plan.headroom_gib - room * plan.step_gib)
+
+
+def _closest_to_soak(
+    feasible: Sequence[TrialView], trials: Sequence[TrialView], step: float, required: float
+) -> tuple[TrialView, SoakPlan, float] | None:
+    """On a narrow window (weights leave little above the lowest fraction that can start)
+    backing off may not give the soak's margin: of `feasible`, the setting whose margin the
+    window cuts least (less demand: a smaller peak), then the most capacity and speed."""
+    scored = []
+    for t in feasible:
+        plan = soak_plan(trials, t.params, required_gib=required, step=step)
+        if plan is not None:
+            scored.append((t, plan, _short(t, plan, trials, step)))
+    if not scored:
+        return None
+    return min(
+        scored,
+        key=lambda x: (
+            round(x[2], 2),
+            -(x[0].capacity_tokens or 0),
+            -(x[0].throughput_tok_s or 0.0),
+        ),
     )
 
 

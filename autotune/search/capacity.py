@@ -51,7 +51,7 @@ from autotune.search.records import (
 WHY_ATTR = "search_why"
 RULE_ATTR = "search_rule"
 DONE_ATTR = "search_done"
-FORECAST_ATTR = "capacity_aware:forecast"
+FORECAST_ATTR = keys.FORECAST
 
 
 class CapacityAwareSampler(BaseSampler):

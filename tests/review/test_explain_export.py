@@ -94,7 +94,11 @@ def test_export_formats(cfg: StudyConfig) -> None:
     for key in ("study", "trial", "params", "argv", "capacity_tokens", "throughput_tok_s",
                 "headroom_gib", "margin", "confirmed", "sglang_version"):  # fmt: skip
         assert key in data
-    assert data["confirmed"] is None and data["margin"] == {"steps": 1, "headroom_gib": None}
+    assert data["confirmed"] is None
+    # the default margin: what a confirm soak needs, and how long that soak is
+    margin = data["margin"]
+    assert margin["soak"] is True and margin["steps"] == 1 and margin["soak_factor"] == 3.0
+    assert "for a 3× soak" in margin["soak_plan"]
     assert data["sglang_version"] == "0.5.9"
     unit = render(ex, "systemd")
     lines = unit.splitlines()

@@ -1,11 +1,15 @@
 """What a trial is too short to see: the soak's length from the growth the trials measured, and
-the margin an exported setting needs to pass it (`autotune.review.confirm`)."""
+the margin an exported setting needs to pass it (`autotune.review.soak`)."""
 
 from __future__ import annotations
 
+import optuna
 import pytest
 
-from autotune.review.confirm import (
+from autotune.config.studyfile import SamplerConfig
+from autotune.record import keys
+from autotune.record.view import TrialView, view, views
+from autotune.review.soak import (
     DEFAULT_SOAK_FACTOR,
     growth_per_trial,
     soak_factor,
@@ -13,14 +17,31 @@ from autotune.review.confirm import (
     soak_peak_rise_gib,
     soak_steps,
 )
+from autotune.review.winner import choose, parse_margin
 from autotune.sim.profiles import load_profile
+from autotune.study.samplers import make_sampler
 from autotune.testing.oracle import MISMATCH, bench_for, launch, p_stable
+from tests.search.helpers import study_with
+
+
+def grown(*gib: float | None) -> list[TrialView]:
+    """Finished trials whose records measured these growths (None: not measured)."""
+    return [
+        view(
+            optuna.trial.create_trial(
+                state=optuna.trial.TrialState.COMPLETE,
+                values=[1.0, 1.0],
+                user_attrs={"record": {} if g is None else {keys.GROWTH: g}},
+            )
+        )
+        for g in gib
+    ]
 
 
 def test_growth_is_the_median_the_trials_recorded() -> None:
-    assert growth_per_trial([{}, {"growth_gib": None}]) is None
-    assert growth_per_trial([{"growth_gib": 0.3}, {"growth_gib": 0.1}, {}]) == pytest.approx(0.2)
-    assert growth_per_trial([{"growth_gib": 0.3}, {"growth_gib": 0.1}, {"growth_gib": 0.2}]) == 0.2
+    assert growth_per_trial(grown(None, None)) is None
+    assert growth_per_trial(grown(0.3, 0.1, None)) == pytest.approx(0.2)
+    assert growth_per_trial(grown(0.3, 0.1, 0.2)) == 0.2
 
 
 def test_the_soak_lasts_long_enough_for_a_leak_to_eat_the_spare_headroom() -> None:
@@ -62,7 +83,8 @@ def test_a_slow_leak_that_passes_a_trial_fails_the_soak() -> None:
     assert trial.feasible and result.measured is not None
     rec = result.attrs["record"]
     assert isinstance(rec, dict)
-    growth = growth_per_trial([rec])
+    growth = rec[keys.GROWTH]
+    assert isinstance(growth, float)
     head = result.measured.headroom_gib
     assert growth is not None and head is not None and growth > 0.2
     k = soak_factor(growth, head - 0.5, DEFAULT_SOAK_FACTOR)
@@ -74,3 +96,22 @@ def test_a_slow_leak_that_passes_a_trial_fails_the_soak() -> None:
     steps = soak_steps(head, 0.5, growth, k, p_gib, soak_peak_rise_gib([peak], peak, k))
     safer = {**params, "mem_fraction_static": round(0.95 - 0.01 * steps, 2)}
     assert p_stable(bench, safer, soak=k)[0] > 0.9
+
+
+def test_the_exports_default_margin_covers_a_soak_as_long_as_the_growth_asks_for() -> None:
+    bench = bench_for(load_profile("qwen3-32b-h200"), min_headroom_gib=0.5, mismatch=MISMATCH)
+    study, _ = study_with(bench, make_sampler(SamplerConfig(name="capacity", seed=0)), 6)
+    seen = views(study.trials)
+    w = choose(seen, fraction_step=0.01, min_headroom_gib=0.5)
+    assert w is not None and w.soak is not None
+    # the trials measured growth, so the soak is longer than the default and the margin covers it
+    assert w.soak.growth_gib is not None and w.soak.growth_gib > 0.2
+    assert w.soak.factor > DEFAULT_SOAK_FACTOR
+    assert w.steps_back >= 2
+    assert f"for a {w.soak.factor:g}× soak" in w.describe()
+    # the setting that held its trials fails that soak; backed off by the margin it passes
+    assert p_stable(bench, w.chosen.params, soak=w.soak.factor)[0] < 0.01
+    assert p_stable(bench, w.params, soak=w.soak.factor)[0] > 0.99
+    assert parse_margin("soak") == w.margin
+    one = choose(seen, fraction_step=0.01, margin=parse_margin("1step"))
+    assert one is not None and one.soak is None and one.steps_back == 1

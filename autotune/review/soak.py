@@ -1,0 +1,202 @@
+"""How long `autotune confirm` soaks, and the margin an exported setting needs to pass it (pure).
+
+A trial sees one workload: one stress phase, one workload's worth of serving. A soak sees
+`factor` of them, so it meets a higher worst stress peak and, where the server's footprint grows
+while serving (the harness's `growth_gib`, read after SGLang's `/flush_cache` gave the
+allocator's cache back), less free memory. `soak_factor` makes the soak long enough that a
+steady leak at the measured rate would eat the setting's spare headroom, so a slow leak that
+passes a trial fails the soak instead of the night after; `soak_steps` backs the exported
+fraction off until the headroom the trials kept covers the required headroom, the growth over
+the soak and how far the soak's worst peak may rise; `soak_plan` puts the three together from
+the trials, for `export`'s default margin and `confirm`'s default length.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from autotune.config.studyfile import Scalar
+from autotune.record.view import TrialView
+
+DEFAULT_SOAK_FACTOR = 3.0
+"""A soak's length in trials where the trials measured no growth."""
+
+LEAK_FACTOR = 1.5
+"""A soak lasts long enough that a steady leak would eat this many times the spare headroom."""
+MAX_SOAK_FACTOR = 100.0
+GROWTH_NOISE_GIB = 0.02
+"""Below this much per trial, growth is the probe's noise, not a leak."""
+
+
+def growth_per_trial(trials: Iterable[TrialView]) -> float | None:
+    """The server's growth over one trial's workload, the median over the trials that
+    measured it (None when none did)."""
+    rows = sorted(t.growth_gib for t in trials if t.growth_gib is not None)
+    if not rows:
+        return None
+    mid = len(rows) // 2
+    return rows[mid] if len(rows) % 2 else (rows[mid - 1] + rows[mid]) / 2
+
+
+def soak_factor(growth_gib: float | None, spare_gib: float | None, default: float) -> float:
+    """How many trials long the soak is: `default`, or, where the trials measured growth, long
+    enough that a steady leak at that rate eats `LEAK_FACTOR` times the headroom the setting
+    kept beyond the required (`spare_gib`), so a slow leak that passes a trial's workload fails
+    the soak instead of the night after."""
+    if growth_gib is None or growth_gib < GROWTH_NOISE_GIB or spare_gib is None:
+        return default
+    need = 1.0 + LEAK_FACTOR * max(spare_gib, 0.0) / growth_gib
+    return min(max(default, math.ceil(need)), MAX_SOAK_FACTOR)
+
+
+def soak_margin_gib(growth_gib: float | None, factor: float) -> float:
+    """Headroom a setting needs beyond the required one to pass a soak `factor` trials long:
+    what the allocator grows by over the part of the soak a trial did not see."""
+    if growth_gib is None or growth_gib < GROWTH_NOISE_GIB:
+        return 0.0
+    return growth_gib * max(factor - 1.0, 0.0)
+
+
+PEAK_NOISE = 0.05
+"""The least run-to-run spread (sd, a share of it) a stress peak is given where the trials at
+one setting's demand did not measure it three times."""
+MAX_TAIL = 2.0
+"""The most a model's misses widen the peak's tail for the soak's margin."""
+SOAK_RISK = 0.001
+"""The chance a soak may meet a peak above the margin: the margin covers the worst stress peak
+of a soak with this risk (the 99.9th percentile of `factor` trials' worst peaks)."""
+
+
+def soak_peak_rise_gib(
+    peaks: Sequence[float],
+    peak_gib: float,
+    factor: float,
+    kappa: float = 1.0,
+    groups: Sequence[Sequence[float]] = (),
+) -> float:
+    """How far above the stress peak of the trial it was judged by the worst peak of a soak
+    `factor` trials long may rise: a soak meets about the worst of that many trials. The spread
+    is the run-to-run sd of the trials' peaks, pooled over `peaks` and `groups` (the peaks at
+    each other demand the trials ran) as a share of each group's median, `PEAK_NOISE` at
+    least; a normal tail puts the worst of `factor` draws `z` spreads up (`SOAK_RISK`), one
+    more for the judged trial having been a lucky one, and where the memory model missed its
+    forecasts (`kappa` > 1, the search's calibration) the world differs from it, so the tail is
+    taken wider by kappa squared (kappa at most `MAX_TAIL`). Never less than the worst rise the
+    trials at this setting's demand (`peaks`) saw."""
+    rows = sorted(peaks)
+    share = _pooled_share([*groups, rows])
+    sd = max(share, PEAK_NOISE) * peak_gib
+    z = statistics.NormalDist().inv_cdf(1.0 - SOAK_RISK / max(factor, 1.0)) + 1.0
+    tail = min(max(kappa, 1.0), MAX_TAIL) ** 2
+    worst = rows[-1] - statistics.median(rows) if len(rows) >= 2 else 0.0
+    return max(worst, z * sd * tail)
+
+
+def _pooled_share(groups: Sequence[Sequence[float]]) -> float:
+    """The run-to-run sd of a stress peak as a share of its median, pooled over the groups of
+    peaks measured at one demand (groups of one say nothing)."""
+    squares: list[float] = []
+    for g in groups:
+        if len(g) < 2:
+            continue
+        med = statistics.median(g)
+        if med > 0:
+            squares += [((x - med) / med) ** 2 for x in g]
+    n = len(squares) - sum(1 for g in groups if len(g) >= 2)
+    return math.sqrt(sum(squares) / n) if n > 0 else 0.0
+
+
+def soak_steps(
+    headroom_gib: float,
+    required_gib: float,
+    growth_gib: float | None,
+    factor: float,
+    step_gib: float,
+    rise_gib: float = 0.0,
+) -> int:
+    """Fraction steps to back a setting off so that it passes a soak `factor` trials long: at
+    least one, more while the headroom it kept (`headroom_gib`, its worst trial) does not cover
+    the required one plus the growth over the soak plus how far the soak's worst peak may rise
+    (`soak_peak_rise_gib`); each step hands `step_gib` (P × the step) back from the KV pool."""
+    need = required_gib + soak_margin_gib(growth_gib, factor) + max(rise_gib, 0.0)
+    if step_gib <= 0:
+        return 1
+    return max(1, math.ceil((need - headroom_gib) / step_gib - 1e-9))
+
+
+DEMAND = ("max_running_requests", "chunked_prefill_size")
+"""The parameters a stress peak follows: the trials' peaks are grouped by them."""
+
+
+@dataclass(frozen=True)
+class SoakPlan:
+    """The soak a setting is sized for and the fraction steps it is backed off by."""
+
+    factor: float
+    steps: int
+    growth_gib: float | None
+    rise_gib: float
+    headroom_gib: float
+    required_gib: float
+    need_gib: float = 0.0
+    """The headroom the setting needs to pass the soak: required + growth over it + the rise."""
+    step_gib: float = 0.0
+    """What one step of the fraction hands back from the KV pool (P × step × (1 + draft))."""
+
+    def describe(self) -> str:
+        """`2 steps for a 6× soak (0.29 GiB growth per trial, the peak may rise 0.87 GiB)`."""
+        parts = []
+        if self.growth_gib is not None and self.growth_gib >= GROWTH_NOISE_GIB:
+            parts.append(f"{self.growth_gib:.2f} GiB growth per trial")
+        parts.append(f"the worst peak may rise {self.rise_gib:.2f} GiB")
+        n = f"{self.steps} step{'s' if self.steps != 1 else ''}"
+        return f"{n} for a {self.factor:g}× soak ({', '.join(parts)})"
+
+
+def soak_plan(
+    trials: Sequence[TrialView],
+    params: Mapping[str, Scalar],
+    *,
+    required_gib: float,
+    step: float,
+    default_factor: float = DEFAULT_SOAK_FACTOR,
+) -> SoakPlan | None:
+    """The soak for the setting `params` that held, sized from the trials: its worst headroom,
+    the growth they measured, the spread of their stress peaks by demand, and how much the
+    capacity search had widened its margins (`kappa`); None when no trial that held at `params`
+    kept a measured headroom or its launch logged no P."""
+    held = [t for t in trials if t.feasible]
+    same = [t for t in held if _same(t.params, params)]
+    heads = [h for t in same if (h := t.recorded_headroom_gib or t.free_at_peak_gib) is not None]
+    if not heads:
+        return None
+    head = min(heads)
+    a = same[-1].arithmetic()
+    if a is None:
+        return None
+    per_step = a.p_gib * step * (1.0 + a.draft_ratio)
+    growth = growth_per_trial(trials)
+    factor = soak_factor(growth, head - required_gib, default_factor)
+    groups: dict[tuple[object, ...], list[float]] = {}
+    for t in held:
+        if t.stress_peak_gib is not None:
+            groups.setdefault(tuple(t.params.get(k) for k in DEMAND), []).append(t.stress_peak_gib)
+    peaks = groups.pop(tuple(params.get(k) for k in DEMAND), [])
+    kappa = max((t.kappa for t in trials if t.kappa is not None), default=1.0)
+    peak = statistics.median(peaks) if peaks else 0.0
+    rise = soak_peak_rise_gib(peaks, peak, factor, kappa, list(groups.values()))
+    steps = soak_steps(head, required_gib, growth, factor, per_step, rise)
+    need = required_gib + soak_margin_gib(growth, factor) + rise
+    return SoakPlan(factor, steps, growth, rise, head, required_gib, need, per_step)
+
+
+def _same(a: Mapping[str, Scalar], b: Mapping[str, Scalar]) -> bool:
+    return set(a) == set(b) and all(
+        abs(float(v) - float(b[k])) < 1e-9
+        if isinstance(v, int | float) and isinstance(b[k], int | float)
+        else v == b[k]
+        for k, v in a.items()
+    )
