@@ -1,4 +1,5 @@
-"""HTTP checks of a running server: readiness probe, /server_info, and a background health watch.
+"""HTTP checks of a running server: readiness probe, /server_info, /flush_cache, and a background
+health watch.
 
 Reference §5: `/health_generate` answers 200 once a one-token generation produced output (503
 while starting, 503 after 20 s without detokenizer output). Readiness asks for a one-token
@@ -107,6 +108,34 @@ def server_info(base_url: str, api_key: str | None, timeout_s: float = 10.0) -> 
         if isinstance(data, dict):
             return dict(masked(data))
     return {}
+
+
+FLUSH_RETRY_S = 2.0
+FLUSH_RETRY_POLL_S = 0.2
+
+
+def flush_cache(
+    base_url: str,
+    api_key: str | None,
+    timeout_s: float = 10.0,
+    *,
+    retry_s: float = FLUSH_RETRY_S,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> Answer:
+    """`/flush_cache`: SGLang resets its radix tree and pools and calls `torch.cuda.empty_cache()`,
+    but only while the scheduler is fully idle (200, `Cache flushed.`); with requests still in
+    it, 400 (`Cache flush failed. There are pending requests.`). A 400 is asked again every
+    `FLUSH_RETRY_POLL_S` for up to `retry_s` (the last requests may still be draining); `ok` only
+    for a 200."""
+    deadline = clock() + retry_s
+    while True:
+        answer = request(f"{base_url}/flush_cache", api_key=api_key, timeout_s=timeout_s)
+        if answer.status == 200:
+            return answer
+        if answer.status != 400 or clock() >= deadline:
+            return Answer(False, answer.status, answer.detail, answer.body)
+        sleep(FLUSH_RETRY_POLL_S)
 
 
 def memory_usage(info: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -167,6 +167,8 @@ class Scheduler:
         self.time_rng = random.Random(seed * 1_000_003 + 3)
         self.on_oom = on_oom
         self.on_peak = on_peak
+        """Told what the allocator holds above the static memory whenever that changes: a new
+        high-water mark (a forward's peak), or what a flush left (the growth so far)."""
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.chunked: Request | None = None
@@ -230,9 +232,16 @@ class Scheduler:
         return self.own_total + self.cache.locked_tokens
 
     def flush(self) -> bool:
+        """`/flush_cache`: only when idle, empty the radix cache and give the allocator's cached
+        blocks back, as `torch.cuda.empty_cache()` does. What stays held is the footprint the
+        allocator grew by while serving (`growth_gib`); the high-water mark falls to it, so the
+        next forward raises the memory in use again."""
         if self.busy:
             return False
         self.cache.clear()
+        self.max_peak = growth_gib(self.profile, self.served)
+        if self.on_peak is not None:
+            self.on_peak(self.max_peak)
         return True
 
     def stop(self) -> None:

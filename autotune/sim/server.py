@@ -218,6 +218,8 @@ class SimServer(StartupSequence):
             self.state.first_request_seen = True
 
     def _on_peak(self, peak: float) -> None:
+        """The GPU state shows the static memory plus what the allocator holds: the high-water
+        mark of the forwards, or after a `/flush_cache` only the growth while serving."""
         if self.writer is not None:
             self.writer.set_all(int((self.static_gib + peak) * GiB))
 

@@ -40,9 +40,11 @@ from autotune.masking import scrub_file
 from autotune.record import keys
 from autotune.server import pidfile
 from autotune.server.gpu import GpuProbe, NvmlProbe, SimProbe, foreign_holders, visible_devices
+from autotune.server.health import flush_cache
 from autotune.server.lifecycle import LaunchSpec, Server
 from autotune.server.preflight import free_port
 from autotune.server.teardown import stop_orphans
+from autotune.trial.growth import footprint_growth_gib, least_used
 from autotune.trial.record import Measured, Result
 
 FATAL_TEARDOWN = "teardown"
@@ -121,6 +123,9 @@ class Load:
     seconds: float = 0.0
     stress_peak_gib: float | None = None
     """GPU memory in use at its peak under load minus what was in use when the load began."""
+    growth_gib: float | None = None
+    """GPU memory in use after the load minus before it, each read right after `/flush_cache`
+    gave the allocator's cached blocks back (`autotune.trial.growth`); None when not measured."""
 
 
 @dataclass(frozen=True)
@@ -191,6 +196,9 @@ class TrialRecord:
     """What the teardown waited for, and how long each process took to go."""
     log_notes: tuple[str, ...] = ()
     """What happened to server.log itself while the server ran (rotated, deleted)."""
+    growth_gib: float | None = None
+    """How far the server's footprint grew over the workload, read after flushing the cache
+    before and after it (`autotune.trial.growth`); None when a flush or the probe failed."""
 
     def to_dict(self) -> dict[str, object]:
         d = asdict(self)
@@ -198,6 +206,7 @@ class TrialRecord:
         d["evidence"] = list(self.evidence)
         d["teardown"] = list(self.teardown)
         d["log_notes"] = list(self.log_notes)
+        d[keys.GROWTH] = self.growth_gib  # the field bears the key's name
         return d
 
     def measured(self) -> Measured | None:
@@ -331,6 +340,7 @@ def _judge(
         p99_itl_ms=load.p99_itl_ms,
         evidence=load.evidence,
         stress_peak_gib=load.stress_peak_gib,
+        growth_gib=load.growth_gib,
     )
 
 
@@ -469,6 +479,12 @@ def _signals_deferred() -> Iterator[list[int]]:
 # ------------------------------------------------------------------------------------------------
 
 HEADROOM_POLL_S = 0.2
+SETTLE_S = 1.0
+"""How long a reading after `/flush_cache` may take to settle: NVML follows the driver at once;
+the simulator's GPU-state file is written beside the HTTP answer."""
+SETTLE_POLL_S = 0.05
+FLUSH_READINGS = 2
+"""Flushes (each followed by a settled reading) per measurement of the flushed footprint."""
 
 
 def live_launcher(cfg: StudyConfig, study_dir: Path) -> LiveLauncher:
@@ -604,6 +620,7 @@ class _LiveRun:
         )
         target = Target(self.server.base_url, self.launcher._api_key)
         limit_s = self.launcher.limits.workload_s
+        before = self._flushed_usage()
         t0 = time.monotonic()
         activity = Activity()
 
@@ -619,6 +636,9 @@ class _LiveRun:
             )
         seconds = time.monotonic() - t0
         death = self.server.check_alive()
+        after = None
+        if death is None and result.died is None and before is not None:
+            after = self._flushed_usage()
         overall = result.overall
         load = Load(
             "ready",
@@ -630,6 +650,7 @@ class _LiveRun:
             min_free_gib=watch.min_free_gib,
             seconds=seconds,
             stress_peak_gib=watch.peak_gib,
+            growth_gib=footprint_growth_gib(before, after),
         )
         if death is not None:
             return replace(
@@ -640,6 +661,22 @@ class _LiveRun:
                 load, outcome="timeout", cause="workload", evidence=(result.died.reason,)
             )
         return load
+
+    def _flushed_usage(self) -> dict[int, int] | None:
+        """Memory in use on the server's GPUs right after `/flush_cache` gave the allocator's
+        cached blocks back (GPU index -> bytes), the least of `FLUSH_READINGS` flushes (a health
+        check's forward may land between a flush and its reading); None when a flush was refused
+        or failed, or the probe could not be read. Never raises: the trial goes on without it."""
+        spec = self.server.spec
+        readings = []
+        for _ in range(FLUSH_READINGS):
+            if not flush_cache(self.server.base_url, spec.api_key, spec.health_timeout_s).ok:
+                return None
+            reading = _settled_usage(self.launcher.probe, spec.devices())
+            if reading is None:
+                return None
+            readings.append(reading)
+        return least_used(readings)
 
     def stop(self) -> Stop:
         t = self.server.stop()
@@ -655,6 +692,23 @@ class _LiveRun:
 
 def _opt_int(v: object) -> int | None:
     return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _settled_usage(probe: GpuProbe, devices: tuple[int, ...] | None) -> dict[int, int] | None:
+    """Bytes in use per selected GPU once two successive readings agree (or `SETTLE_S` passed);
+    None when the probe cannot be read."""
+    deadline = time.monotonic() + SETTLE_S
+    last: dict[int, int] | None = None
+    while True:
+        try:
+            snapshot = probe.snapshot()
+        except (HarnessError, OSError, ValueError):
+            return None
+        now = {g.index: g.used for g in snapshot if devices is None or g.index in devices}
+        if now == last or time.monotonic() >= deadline:
+            return now
+        last = now
+        time.sleep(SETTLE_POLL_S)
 
 
 class _FreeMemoryWatch:
