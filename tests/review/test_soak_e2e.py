@@ -1,0 +1,68 @@
+"""A slow leak that passes every trial fails the confirm soak, and the export's default margin
+covers it: `autotune run`, `export` and `confirm` as the operator runs them, on a simulated
+Kimi-K2.5 whose footprint grows by 15 MiB per request served (`[mismatch]`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.sim.profiles import PROFILE_DIR
+from tests import simstudy
+
+GROWTH_MIB = 15.0
+
+
+def _study(folder: Path) -> Path:
+    profile = folder / "kimi-leak.toml"
+    text = (PROFILE_DIR / "kimi-k2.5-tp8-96g.toml").read_text()
+    profile.write_text(text + f"\n[mismatch]\ngrowth_mib_per_request = {GROWTH_MIB}\n")
+    study = simstudy.sim_study(time_scale=30000, duration=0.5, sampler="grid")
+    study = study.replace("concurrency = 8", "concurrency = 32")
+    study = study.replace(
+        "low = 0.88, high = 0.94, step = 0.03", "low = 0.88, high = 0.9, step = 0.02"
+    )
+    study = study.replace("n_trials = 3", "n_trials = 2")
+    study = study.replace('sim_profile = "kimi-k2.5-tp8-96g"', f'sim_profile = "{profile}"')
+    path = folder / "leak.toml"
+    path.write_text(study)
+    return path
+
+
+@pytest.mark.e2e
+def test_a_leak_that_passes_the_trials_fails_the_soak_and_the_margin_covers_it(
+    no_leftovers: Path,
+) -> None:
+    config = _study(no_leftovers)
+    ran = simstudy.run(config, "run")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    records = [
+        json.loads(p.read_text())
+        for p in sorted((no_leftovers / "results").glob("*/trials/*/trial.json"))
+    ]
+    assert [r["outcome"] for r in records] == ["ok", "ok"]
+    growth = [r["growth_gib"] for r in records]
+    assert all(g is not None and g > 0.2 for g in growth), growth
+    exported = simstudy.run(config, "export", "--format", "json")
+    assert exported.returncode == 0, exported.stderr
+    ex = json.loads(exported.stdout)
+    margin = ex["margin"]
+    # one step of the space (0.02) hands back 1.9 GiB: enough for the growth over the soak
+    assert margin["soak"] is True and margin["steps"] == 1, margin
+    assert ex["params"]["mem_fraction_static"] == 0.88
+    assert "GiB growth per trial" in margin["soak_plan"]
+    assert f"for a {margin['soak_factor']:g}× soak" in margin["soak_plan"]
+    # the best trial's own setting, as it ran, fails a soak that long
+    best = max(records, key=lambda r: r["capacity_tokens"])
+    as_ran = simstudy.run(config, "confirm", "--trial", str(best["number"]),
+                          "--soak-factor", f"{margin['soak_factor']:g}")  # fmt: skip
+    assert as_ran.returncode == 1, as_ran.stdout + as_ran.stderr
+    assert "confirmation FAILED" in as_ran.stdout
+    # the exported setting, soaked as long as its margin was sized for, passes
+    soaked = simstudy.run(config, "confirm")
+    assert soaked.returncode == 0, soaked.stdout + soaked.stderr
+    assert "the soak the export's margin is sized for" in soaked.stdout
+    assert f"with a {margin['soak_factor']:g}× soak" in soaked.stdout
+    assert "confirmation PASSED" in soaked.stdout
