@@ -96,11 +96,11 @@ class TrialView:
     """The headroom as stored, also for a trial that did not end `ok` (the status table)."""
     finished: bool = False
     seeded_from: tuple[str, ...] = ()
+    """Where the seed logs the search's memory model started from came from (`record.seeds`)."""
     growth_gib: float | None = None
     """How far the server's footprint grew over the trial's workload (`keys.GROWTH`)."""
     kappa: float | None = None
     """How much the capacity search had widened its margins when it proposed this trial."""
-    """Where the seed logs the search's memory model started from came from (`record.seeds`)."""
 
     @property
     def ending(self) -> Outcome:
@@ -240,6 +240,21 @@ def view(t: FrozenTrial) -> TrialView:
         growth_gib=_num(rec.get(keys.GROWTH)),
         kappa=_num(_mapping(t.system_attrs.get(keys.FORECAST)).get("kappa")),
     )
+
+
+def same_params(a: Mapping[str, Scalar], b: Mapping[str, Scalar]) -> bool:
+    """The same parameters: the same names, numbers equal to 1e-9 (a bool never equals a
+    number), everything else equal."""
+    if set(a) != set(b):
+        return False
+    for k, va in a.items():
+        vb = b[k]
+        if isinstance(va, float | int) and isinstance(vb, float | int):
+            if isinstance(va, bool) != isinstance(vb, bool) or abs(float(va) - float(vb)) > 1e-9:
+                return False
+        elif va != vb:
+            return False
+    return True
 
 
 def views(trials: Sequence[FrozenTrial]) -> list[TrialView]:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from autotune.config.studyfile import Scalar
-from autotune.record.view import TrialView
+from autotune.record.view import TrialView, same_params
 
 DEFAULT_SOAK_FACTOR = 3.0
 """A soak's length in trials where the trials measured no growth."""
@@ -109,6 +109,14 @@ def _pooled_share(groups: Sequence[Sequence[float]]) -> float:
     return math.sqrt(sum(squares) / n) if n > 0 else 0.0
 
 
+def soak_need_gib(
+    required_gib: float, growth_gib: float | None, factor: float, rise_gib: float = 0.0
+) -> float:
+    """The headroom a trial must have kept for its setting to pass a soak `factor` trials long:
+    the required one plus the growth over the soak plus how far the soak's worst peak may rise."""
+    return required_gib + soak_margin_gib(growth_gib, factor) + max(rise_gib, 0.0)
+
+
 def soak_steps(
     headroom_gib: float,
     required_gib: float,
@@ -121,7 +129,7 @@ def soak_steps(
     least one, more while the headroom it kept (`headroom_gib`, its worst trial) does not cover
     the required one plus the growth over the soak plus how far the soak's worst peak may rise
     (`soak_peak_rise_gib`); each step hands `step_gib` (P × the step) back from the KV pool."""
-    need = required_gib + soak_margin_gib(growth_gib, factor) + max(rise_gib, 0.0)
+    need = soak_need_gib(required_gib, growth_gib, factor, rise_gib)
     if step_gib <= 0:
         return 1
     return max(1, math.ceil((need - headroom_gib) / step_gib - 1e-9))
@@ -169,8 +177,8 @@ def soak_plan(
     capacity search had widened its margins (`kappa`); None when no trial that held at `params`
     kept a measured headroom or its launch logged no P."""
     held = [t for t in trials if t.feasible]
-    same = [t for t in held if _same(t.params, params)]
-    heads = [h for t in same if (h := t.recorded_headroom_gib or t.free_at_peak_gib) is not None]
+    same = [t for t in held if same_params(t.params, params)]
+    heads = [h for t in same if (h := _headroom(t)) is not None]
     if not heads:
         return None
     head = min(heads)
@@ -189,14 +197,9 @@ def soak_plan(
     peak = statistics.median(peaks) if peaks else 0.0
     rise = soak_peak_rise_gib(peaks, peak, factor, kappa, list(groups.values()))
     steps = soak_steps(head, required_gib, growth, factor, per_step, rise)
-    need = required_gib + soak_margin_gib(growth, factor) + rise
+    need = soak_need_gib(required_gib, growth, factor, rise)
     return SoakPlan(factor, steps, growth, rise, head, required_gib, need, per_step)
 
 
-def _same(a: Mapping[str, Scalar], b: Mapping[str, Scalar]) -> bool:
-    return set(a) == set(b) and all(
-        abs(float(v) - float(b[k])) < 1e-9
-        if isinstance(v, int | float) and isinstance(b[k], int | float)
-        else v == b[k]
-        for k, v in a.items()
-    )
+def _headroom(t: TrialView) -> float | None:
+    return t.recorded_headroom_gib if t.recorded_headroom_gib is not None else t.free_at_peak_gib

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from autotune.config.studyfile import Scalar
 from autotune.errors import UsageError
 from autotune.record.direction import Push, direction, floor_fraction
-from autotune.record.view import FRACTION, TrialView
+from autotune.record.view import FRACTION, TrialView, same_params
 from autotune.review.soak import SoakPlan, soak_plan
 
 DEFAULT_TOLERANCE = 0.05
@@ -165,22 +165,21 @@ def choose(
         if plan is None:
             notes.append("no headroom measured to size the soak's margin from; backed off 1 step")
         else:
-            level = [
-                t
-                for t in feasible
-                if (t.capacity_tokens or 0) >= SAME_CAPACITY * (chosen.capacity_tokens or 0)
-            ]
-            closer = _closest_to_soak(level, trials, fraction_step, min_headroom_gib)
-            if (
-                closer is not None
-                and closer[0] is not chosen
-                and _short(chosen, plan, trials, fraction_step) > closer[2] + 0.005
-            ):
-                notes.append(
-                    f"no fraction that can start gives trial {chosen.number}'s setting the "
-                    f"soak's margin; trial {closer[0].number}'s comes closer"
-                )
-                chosen, plan = closer[0], closer[1]
+            lowest = lowest_startable(trials, fraction_step)
+            short = _short(chosen, plan, lowest, fraction_step)
+            if short > 0:
+                level = [
+                    t
+                    for t in feasible
+                    if (t.capacity_tokens or 0) >= SAME_CAPACITY * (chosen.capacity_tokens or 0)
+                ]
+                closer = _closest_to_soak(level, trials, lowest, fraction_step, min_headroom_gib)
+                if closer is not None and closer[0] is not chosen and short > closer[2] + 0.005:
+                    notes.append(
+                        f"no fraction that can start gives trial {chosen.number}'s setting the "
+                        f"soak's margin; trial {closer[0].number}'s comes closer"
+                    )
+                    chosen, plan = closer[0], closer[1]
         steps = plan.steps if plan is not None else 1
     else:
         steps = _steps_back(chosen, margin, fraction_step, notes, cell_bytes)
@@ -230,9 +229,9 @@ def choose(
     )
 
 
-def _short(t: TrialView, plan: SoakPlan, trials: Sequence[TrialView], step: float) -> float:
-    """How much of the soak's margin, GiB, the fractions that can start leave out (0: none)."""
-    lowest = lowest_startable(trials, step)
+def _short(t: TrialView, plan: SoakPlan, lowest: float | None, step: float) -> float:
+    """How much of the soak's margin, GiB, the fractions that can start (`lowest` and up) leave
+    out (0: none)."""
     if t.fraction is None or lowest is None:
         return 0.0
     room = max(0, math.floor((t.fraction - lowest) / step + 1e-9))
@@ -242,7 +241,11 @@ def _short(t: TrialView, plan: SoakPlan, trials: Sequence[TrialView], step: floa
 
 
 def _closest_to_soak(
-    feasible: Sequence[TrialView], trials: Sequence[TrialView], step: float, required: float
+    feasible: Sequence[TrialView],
+    trials: Sequence[TrialView],
+    lowest: float | None,
+    step: float,
+    required: float,
 ) -> tuple[TrialView, SoakPlan, float] | None:
     """On a narrow window (weights leave little above the lowest fraction that can start)
     backing off may not give the soak's margin: of `feasible`, the setting whose margin the
@@ -251,7 +254,7 @@ def _closest_to_soak(
     for t in feasible:
         plan = soak_plan(trials, t.params, required_gib=required, step=step)
         if plan is not None:
-            scored.append((t, plan, _short(t, plan, trials, step)))
+            scored.append((t, plan, _short(t, plan, lowest, step)))
     if not scored:
         return None
     return min(
@@ -300,22 +303,9 @@ def _same_params(trials: Sequence[TrialView], params: Mapping[str, Scalar]) -> T
     """The latest finished trial that ran exactly `params` (floats compared to 1e-9)."""
     found = None
     for t in trials:
-        if t.kind != "running" and _same(t.params, params):
+        if t.kind != "running" and same_params(t.params, params):
             found = t if found is None or t.feasible or not found.feasible else found
     return found
-
-
-def _same(a: Mapping[str, Scalar], b: Mapping[str, Scalar]) -> bool:
-    if set(a) != set(b):
-        return False
-    for k, va in a.items():
-        vb = b[k]
-        if isinstance(va, float | int) and isinstance(vb, float | int):
-            if isinstance(va, bool) != isinstance(vb, bool) or abs(float(va) - float(vb)) > 1e-9:
-                return False
-        elif va != vb:
-            return False
-    return True
 
 
 def _snap(value: float, step: float) -> float:
