@@ -58,9 +58,11 @@ def handle(args: argparse.Namespace) -> int:
     if problems:
         raise UsageError("; ".join(problems))
     sized = ex.margin.get("soak_factor")
-    factor = float(args.soak_factor or (sized if isinstance(sized, int | float) else 0.0))
-    why = "" if args.soak_factor or not sized else " (the soak the export's margin is sized for)"
-    factor = factor or DEFAULT_SOAK_FACTOR
+    factor, why = DEFAULT_SOAK_FACTOR, ""
+    if args.soak_factor is not None:
+        factor = args.soak_factor
+    elif isinstance(sized, int | float):
+        factor, why = float(sized), " (the soak the export's margin is sized for)"
     soak_cfg = soak(cfg, factor)
     out = sys.stdout
     out.write(f"{ex.headline}\n")
