@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-GiB = 1 << 30
+from autotune.server.gpu import GiB
 
 
 def footprint_growth_gib(

@@ -479,6 +479,8 @@ def _signals_deferred() -> Iterator[list[int]]:
 # ------------------------------------------------------------------------------------------------
 
 HEADROOM_POLL_S = 0.2
+PROBE_ERRORS = (HarnessError, OSError, ValueError)
+"""What a GPU probe's snapshot raises when it cannot be read: that sample is missing."""
 SETTLE_S = 1.0
 """How long a reading after `/flush_cache` may take to settle: NVML follows the driver at once;
 the simulator's GPU-state file is written beside the HTTP answer."""
@@ -702,7 +704,7 @@ def _settled_usage(probe: GpuProbe, devices: tuple[int, ...] | None) -> dict[int
     while True:
         try:
             snapshot = probe.snapshot()
-        except (HarnessError, OSError, ValueError):
+        except PROBE_ERRORS:
             return None
         now = {g.index: g.used for g in snapshot if devices is None or g.index in devices}
         if now == last or time.monotonic() >= deadline:
@@ -747,7 +749,7 @@ class _FreeMemoryWatch:
     def _sample(self) -> None:
         try:
             snapshot = self._probe.snapshot()
-        except (HarnessError, OSError, ValueError):
+        except PROBE_ERRORS:
             return
         gpus = [g for g in snapshot if self._devices is None or g.index in self._devices]
         busy = [g for g in gpus if g.used > 0] or gpus
