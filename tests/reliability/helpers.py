@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -224,13 +225,30 @@ def wait_for_log(
     world: World, proc: subprocess.Popen[str], text: str, number: int = 0, timeout: float = 60
 ) -> Path:
     """Wait until trial `number`'s server.log holds `text` (the run must still be going)."""
-    log = world.study_dir / f"trials/{number:04d}/server.log"
+    return wait_for_text(world.study_dir / f"trials/{number:04d}/server.log", proc, text, timeout)
+
+
+def wait_for_text(log: Path, proc: subprocess.Popen[str], text: str, timeout: float = 60) -> Path:
+    """Wait until the file `log` holds `text` (the process must still be going)."""
     deadline = time.monotonic() + timeout
     while text not in (log.read_text(errors="replace") if log.exists() else ""):
         assert time.monotonic() < deadline, f"{text!r} never appeared in {log}"
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.05)
     return log
+
+
+def lock_storage(world: World, seconds: float) -> None:
+    """Hold the study's SQLite file under `BEGIN EXCLUSIVE` from this (another) process for
+    `seconds` (past SQLite's 5 s busy timeout): every write the study makes meanwhile fails as
+    locked."""
+    holder = sqlite3.connect(world.study_dir / "study.db", timeout=30)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        time.sleep(seconds)
+    finally:
+        holder.rollback()
+        holder.close()
 
 
 def server_record(world: World) -> pidfile.PidRecord:

@@ -21,7 +21,7 @@ import pytest
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.sim.gpustate import read_gpu_state, write_holder
-from tests.reliability.helpers import World, one_line, wait_for_log
+from tests.reliability.helpers import World, lock_storage, one_line, wait_for_log, wait_for_text
 
 pytestmark = pytest.mark.e2e
 GiB = 1 << 30
@@ -252,18 +252,8 @@ def test_confirm_waits_out_a_storage_that_fails_while_it_stores_its_verdict(worl
     assert world.run().rc == 0
     args = ["--config", str(world.folder / "rel.toml"), "--results-dir", str(world.results)]
     proc = world.start("confirm", *args, "--trial", "0")
-    log = world.study_dir / "confirm/0000/server.log"
-    deadline = time.monotonic() + 60
-    while "fired up" not in (log.read_text(errors="replace") if log.exists() else ""):
-        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
-    holder = sqlite3.connect(world.study_dir / "study.db", timeout=30)
-    holder.execute("BEGIN EXCLUSIVE")
-    try:
-        time.sleep(16)
-    finally:
-        holder.rollback()
-        holder.close()
+    wait_for_text(world.study_dir / "confirm/0000/server.log", proc, "fired up")
+    lock_storage(world, 16)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, out + err
     assert "Traceback" not in err, err
@@ -429,13 +419,7 @@ def test_storage_locked_mid_run_past_the_busy_timeout(world: World) -> None:
     world.study(duration=2, n_trials=2)
     proc = world.start(*world.run_args())
     wait_for_log(world, proc, "fired up and ready")
-    holder = sqlite3.connect(world.study_dir / "study.db", timeout=30)
-    holder.execute("BEGIN EXCLUSIVE")
-    try:
-        time.sleep(12)
-    finally:
-        holder.rollback()
-        holder.close()
+    lock_storage(world, 12)
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, out + err
     [line] = [ln for ln in out.splitlines() if "storage" in ln and "warning" in ln]
