@@ -41,7 +41,7 @@ from pathlib import Path
 
 import optuna
 
-from autotune.config.space import grid, settings_for
+from autotune.config.space import settings_for
 from autotune.config.studyfile import Choices, SamplerConfig
 from autotune.errors import UsageError
 from autotune.record.view import views
@@ -165,24 +165,15 @@ def exported_passes_soak(bench: Bench, study: optuna.Study, seed: int) -> bool |
     simulated machine (one soak launch, as `autotune confirm` runs it): `review.winner.choose`
     with its default margin (`review.soak.soak_plan`: backed off for a soak as long as the
     trials' growth asks for, never below a fraction that can start, trading demand where the
-    window is too narrow), soaked as long as that margin was sized for."""
+    window is too narrow), soaked as long as that margin was sized for, exactly as exported
+    (a margin may back the fraction off below the search space's own low end)."""
     seen = views(study.trials)
     w = choose(seen, fraction_step=0.01, min_headroom_gib=bench.constraints.min_headroom_gib)
     if w is None:
         return None
-    params = dict(w.params)
     factor = w.soak.factor if w.soak is not None else DEFAULT_SOAK_FACTOR
-    fractions = grid_fractions(bench)
-    f = float(params["mem_fraction_static"])
-    params["mem_fraction_static"] = max(
-        (x for x in fractions if x <= f + 1e-9), default=fractions[0]
-    )
-    soaked, _ = launch(bench, params, seed * 1000 + 999, soak=factor)
+    soaked, _ = launch(bench, dict(w.params), seed * 1000 + 999, soak=factor)
     return soaked.feasible
-
-
-def grid_fractions(bench: Bench) -> list[float]:
-    return sorted({float(p["mem_fraction_static"]) for p in grid(bench.search) or []})
 
 
 def summarize(runs: list[Run], budget: int, workers: int) -> list[str]:

@@ -81,18 +81,33 @@ def soak_peak_rise_gib(
     `factor` trials long may rise: a soak meets about the worst of that many trials. The spread
     is the run-to-run sd of the trials' peaks, pooled over `peaks` and `groups` (the peaks at
     each other demand the trials ran) as a share of each group's median, `PEAK_NOISE` at
-    least; a normal tail puts the worst of `factor` draws `z` spreads up (`SOAK_RISK`), one
-    more for the judged trial having been a lucky one, and where the memory model missed its
+    least; a heavy tail (`heavy_tail_z`) puts the worst of `factor` draws `z` spreads up
+    (`SOAK_RISK`), one more for the judged trial having been a lucky one, and where the memory
+    model missed its
     forecasts (`kappa` > 1, the search's calibration) the world differs from it, so the tail is
     taken wider by kappa squared (kappa at most `MAX_TAIL`). Never less than the worst rise the
     trials at this setting's demand (`peaks`) saw."""
     rows = sorted(peaks)
     share = _pooled_share([*groups, rows])
     sd = max(share, PEAK_NOISE) * peak_gib
-    z = statistics.NormalDist().inv_cdf(1.0 - SOAK_RISK / max(factor, 1.0)) + 1.0
+    z = heavy_tail_z(1.0 - SOAK_RISK / max(factor, 1.0)) + 1.0
     tail = min(max(kappa, 1.0), MAX_TAIL) ** 2
     worst = rows[-1] - statistics.median(rows) if len(rows) >= 2 else 0.0
     return max(worst, z * sd * tail)
+
+
+def heavy_tail_z(q: float) -> float:
+    """How many spreads above the median a peak's `q` quantile lies (1/2 ≤ q < 1), its tail
+    taken as heavy as Student's t with four degrees of freedom: a forward's memory depends on
+    the batch it meets and on the allocator's fragmentation, a handful of trials cannot tell a
+    normal tail from a heavy one, and four is the heaviest with a finite spread (the closed-form
+    quantile, in units of that distribution's sd, √2). At 99.99% it is 9.2 spreads to the
+    normal tail's 3.7."""
+    a = 4.0 * q * (1.0 - q)
+    if a <= 0.0:
+        return math.inf
+    c = math.cos(math.acos(math.sqrt(a)) / 3.0) / math.sqrt(a)
+    return 2.0 * math.sqrt(max(c - 1.0, 0.0)) / math.sqrt(2.0)
 
 
 def _pooled_share(groups: Sequence[Sequence[float]]) -> float:

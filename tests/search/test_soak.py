@@ -3,6 +3,8 @@ the margin an exported setting needs to pass it (`autotune.review.soak`)."""
 
 from __future__ import annotations
 
+import statistics
+
 import optuna
 import pytest
 
@@ -12,6 +14,7 @@ from autotune.record.view import TrialView, view, views
 from autotune.review.soak import (
     DEFAULT_SOAK_FACTOR,
     growth_per_trial,
+    heavy_tail_z,
     soak_factor,
     soak_margin_gib,
     soak_peak_rise_gib,
@@ -61,6 +64,16 @@ def test_the_exported_margin_covers_the_growth_over_the_soak() -> None:
     assert soak_steps(1.0, 0.5, 0.3, 3.0, 0.25) == 1  # needs 1.1: 0.1 short, one step
     assert soak_steps(1.0, 0.5, 0.3, 3.0, 0.25, rise_gib=0.2) == 2
     assert soak_steps(0.6, 0.5, 0.3, 3.0, 0.25, rise_gib=0.4) == 4
+
+
+def test_the_peak_tail_is_as_heavy_as_students_t_with_four_degrees_of_freedom() -> None:
+    # t(4)'s 99.9th and 99.99th percentiles are 7.173 and 13.034, its sd √2
+    assert heavy_tail_z(0.999) == pytest.approx(7.1732 / 2**0.5, rel=1e-4)
+    assert heavy_tail_z(0.9999) == pytest.approx(13.0337 / 2**0.5, rel=1e-4)
+    assert heavy_tail_z(0.5) == 0.0
+    normal = statistics.NormalDist()
+    for q in (0.999, 0.9999, 0.99999):  # far out, well above the normal tail
+        assert heavy_tail_z(q) > 1.3 * normal.inv_cdf(q)
 
 
 def test_a_longer_soak_meets_a_higher_peak_and_a_model_that_missed_a_heavier_tail() -> None:
