@@ -37,6 +37,9 @@ SAMPLERS = ("capacity", "walkdown", "grid", "tpe", "random", "gp", "nsga2")
 OBJECTIVES = ("capacity", "throughput")
 DEFAULT_SIM_PROFILE = "kimi-k2.5-tp8-96g"
 HICACHE = "hicache_size"
+FRACTION = "mem_fraction_static"
+REQUESTS = "max_running_requests"
+CHUNK = "chunked_prefill_size"
 _FLAG_NAME = re.compile(r"^[a-z][a-z0-9]*([_-][a-z0-9]+)*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

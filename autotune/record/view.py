@@ -30,15 +30,13 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config.studyfile import Scalar
+from autotune.config.studyfile import FRACTION, REQUESTS, Scalar
 from autotune.logparse.ledger import Ledger
 from autotune.logparse.outcome import Outcome
 from autotune.masking import masked_argv, scrub
 from autotune.memory.arithmetic import Arithmetic, AtFraction, arithmetic
 from autotune.record import internals, keys
 
-FRACTION = "mem_fraction_static"
-REQUESTS = "max_running_requests"
 KINDS = ("feasible", "infeasible", "oom", "failed", "running", "skipped")
 """How a trial is drawn: feasible; complete but a constraint broken; out of memory; failed for a
 reason outside the parameters (hang, harness error, interrupted); not finished yet; never

@@ -15,9 +15,10 @@ import dataclasses
 import statistics
 from collections.abc import Sequence
 
+from autotune.config.studyfile import FRACTION
 from autotune.memory.arithmetic import Arithmetic, AtFraction
 from autotune.record.remedy import remedy
-from autotune.record.view import FRACTION, TrialView
+from autotune.record.view import TrialView
 from autotune.review import figures as fig
 from autotune.review.headline import headline
 from autotune.review.source import Review

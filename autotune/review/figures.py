@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from autotune.config.studyfile import Scalar
-from autotune.record.view import FRACTION, TrialView
+from autotune.config.studyfile import FRACTION, Scalar
+from autotune.record.view import TrialView
 
 FREE_AT_WORST = "free at the worst moment"
 

@@ -15,10 +15,11 @@ from typing import NamedTuple
 
 import numpy as np
 
+from autotune.config.studyfile import FRACTION, REQUESTS
 from autotune.memory import model as memory_model
 from autotune.memory.arithmetic import Arithmetic, cell_from_fit
 from autotune.memory.model import Observation, Setting
-from autotune.record.view import FRACTION, REQUESTS, TrialView
+from autotune.record.view import TrialView
 from autotune.review import figures as fig
 
 MODEL_POINTS = 41

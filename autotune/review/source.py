@@ -16,11 +16,11 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config.studyfile import Fixed, FloatRange, Scalar, StudyConfig
+from autotune.config.studyfile import FRACTION, Fixed, FloatRange, Scalar, StudyConfig
 from autotune.errors import UsageError
 from autotune.masking import redact, scrub
 from autotune.record import keys
-from autotune.record.view import FRACTION, TrialView, view, views
+from autotune.record.view import TrialView, view, views
 from autotune.review.plotdata import study_cell_bytes
 from autotune.review.winner import (
     DEFAULT_STEP,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from autotune.config.studyfile import HICACHE, Scalar
+from autotune.config.studyfile import CHUNK, FRACTION, HICACHE, REQUESTS, Scalar
 from autotune.logparse.outcome import Outcome
 from autotune.memory.model import Observation, Setting
 from autotune.record.direction import Push, floor_fraction, push_of
@@ -36,9 +36,6 @@ __all__ = [
     "tokens_of",
 ]
 
-FRACTION = "mem_fraction_static"
-REQUESTS = "max_running_requests"
-CHUNK = "chunked_prefill_size"
 MEMORY_PARAMS = (FRACTION, REQUESTS, CHUNK, HICACHE)
 """The parameters the memory model knows; the searches act on these and sample the rest."""
 MEMORY_CONSTRAINTS = frozenset({"oom", "crash", "headroom_gib"})

@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, TextIO
 
 from autotune.config.studyfile import (
+    FRACTION,
     HICACHE,
+    REQUESTS,
     Choices,
     Fixed,
     FloatRange,
@@ -41,7 +43,7 @@ from autotune.config.studyfile import (
 )
 from autotune.config.workload import Poisson, Steady, Stress, Warmup, WorkloadSpec
 from autotune.memory.arithmetic import tokens_for
-from autotune.record.view import FRACTION, REQUESTS, TrialView
+from autotune.record.view import TrialView
 from autotune.sim.profiles import Profile
 
 TRIAL_PHASES = ("launch", "startup", "workload", "teardown")
