@@ -9,7 +9,7 @@ hierarchical cache is off, any other value turns it on with that many GB per ran
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import optuna
@@ -107,7 +107,10 @@ def grid(search: SearchConfig) -> list[dict[str, Scalar]] | None:
 
 
 def tuned_flags(params: Mapping[str, Scalar], search: SearchConfig) -> tuple[str, ...]:
-    """The SGLang flags for chosen parameter values, in the study file's order."""
+    """The SGLang flags for chosen parameter values, in the study file's order; a value set
+    beyond the space (the prefill chunk an export lowers where no fraction that can start
+    leaves the soak's margin) follows, and takes the place of a fixed flag of that name
+    (`server_argv`)."""
     out: list[str] = []
     for p in search.params:
         value = params[p.name]
@@ -116,6 +119,10 @@ def tuned_flags(params: Mapping[str, Scalar], search: SearchConfig) -> tuple[str
                 out += ["--enable-hierarchical-cache", "--hicache-size", render(value)]
             continue
         out += flag_tokens(p.name, value)
+    searched = {p.name for p in search.params}
+    for name, value in params.items():
+        if name not in searched:
+            out += flag_tokens(name, value)
     return tuple(out)
 
 
@@ -156,10 +163,12 @@ def base_command(server: ServerConfig, backend: str) -> tuple[str, ...]:
     return server.command
 
 
-def fixed_flags(server: ServerConfig) -> tuple[str, ...]:
+def fixed_flags(server: ServerConfig, tuned: Collection[str] = ()) -> tuple[str, ...]:
+    """The study's fixed flags, less those a tuned value of the same name replaces."""
     out: list[str] = []
     for name, value in server.flags:
-        out += flag_tokens(name, value)
+        if name not in tuned:
+            out += flag_tokens(name, value)
     return tuple(out)
 
 
@@ -172,7 +181,8 @@ def server_argv(
 ) -> list[str]:
     """The launch command: base command, fixed flags, tuned flags (host and port come apart,
     from `address_flags`, because the harness chooses the port per trial)."""
-    return [*base_command(server, backend), *fixed_flags(server), *settings.flags, *extra]
+    fixed = fixed_flags(server, tuned=settings.params.keys())
+    return [*base_command(server, backend), *fixed, *settings.flags, *extra]
 
 
 def address_flags(host: str, port: int) -> list[str]:

@@ -25,10 +25,10 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from autotune.config.studyfile import Scalar
+from autotune.config.studyfile import CHUNK, FRACTION, Scalar
 from autotune.errors import UsageError
 from autotune.record.direction import Push, direction, floor_fraction
-from autotune.record.view import FRACTION, TrialView, same_params
+from autotune.record.view import TrialView, same_params
 from autotune.review.soak import SoakPlan, soak_plan
 
 DEFAULT_TOLERANCE = 0.05
@@ -36,6 +36,8 @@ DEFAULT_STEP = 0.01
 SAME_CAPACITY = 0.99
 """Where backing off cannot give the soak's margin, the export trades demand for it among the
 settings that keep this share of the chosen one's capacity (the same fraction), never capacity."""
+MIN_CHUNK = 512
+"""The smallest prefill chunk an export lowers `chunked_prefill_size` to for the soak's margin."""
 _MARGIN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(steps?|gib|gb|g)?\s*$", re.IGNORECASE)
 
 
@@ -160,6 +162,7 @@ def choose(
     )
     notes: list[str] = []
     plan = None
+    chunk: SmallerChunk | None = None
     if margin.soak:
         plan = soak_plan(trials, chosen.params, required_gib=min_headroom_gib, step=fraction_step)
         if plan is None:
@@ -180,10 +183,15 @@ def choose(
                         f"soak's margin; trial {closer[0].number}'s comes closer"
                     )
                     chosen, plan = closer[0], closer[1]
+            chunk = _chunk_for_soak(chosen, plan, _short(chosen, plan, lowest, fraction_step))
+            if chunk is not None:
+                notes.append(chunk.note(chosen.number))
         steps = plan.steps if plan is not None else 1
     else:
         steps = _steps_back(chosen, margin, fraction_step, notes, cell_bytes)
     params = dict(chosen.params)
+    if chunk is not None:
+        params[CHUNK] = chunk.to
     f0 = chosen.fraction
     if f0 is not None and steps:
         lowest = lowest_startable(trials, fraction_step)
@@ -199,7 +207,7 @@ def choose(
     elif f0 is None:
         steps = 0
         notes.append(f"the trials have no {FRACTION}; exported as run, without a margin")
-    source = chosen if steps == 0 else _same_params(trials, params)
+    source = chosen if steps == 0 and chunk is None else _same_params(trials, params)
     if source is not None and not source.feasible:
         notes.append(
             f"trial {source.number} ran these settings and was {source.kind} "
@@ -267,19 +275,85 @@ def _closest_to_soak(
     )
 
 
+@dataclass(frozen=True)
+class SmallerChunk:
+    """A prefill chunk below the one the trials ran, for the soak's margin the fractions that
+    can start leave out."""
+
+    was: int
+    to: int
+    saving_gib: float
+    """How far the stress peak should fall (predicted)."""
+    short_gib: float
+    """How much of the soak's margin the fractions left out."""
+    left_gib: float
+    """How much is still missing with the smaller chunk (0: none)."""
+
+    def note(self, trial: int) -> str:
+        still = (
+            f"; still {self.left_gib:.2f} GiB short: this box leaves this model little room"
+            if self.left_gib > 0
+            else ""
+        )
+        return (
+            f"no {FRACTION} that can start leaves trial {trial}'s setting the soak's margin "
+            f"({self.short_gib:.2f} GiB short): {CHUNK} {self.to} instead of {self.was} should "
+            f"lower the stress peak by about {self.saving_gib:.2f} GiB (a prefill's transient "
+            f"taken as proportional to its chunk; predicted, so run autotune confirm){still}"
+        )
+
+
+def _chunk_for_soak(t: TrialView, plan: SoakPlan, short: float) -> SmallerChunk | None:
+    """Where no fraction that can start gives the soak's margin (`short` GiB of it missing),
+    the prefill chunk is what is left to trade: its transient is the largest part of a
+    stress peak. The largest of the chunk halved, quartered, … (`MIN_CHUNK` at least) whose
+    predicted fall of the peak (the trial's peak less its growth, taken as proportional to the
+    chunk, and the soak's rise with it) covers the shortfall, else the smallest; None when
+    nothing is short or the chunk or the peak is unknown."""
+    was = _int(t.params.get(CHUNK)) or t.ledger.chunked_prefill_size
+    peak = t.stress_peak_gib
+    if short <= 0.005 or not was or peak is None or peak <= 0:
+        return None
+    transient = max(peak - max(plan.growth_gib or 0.0, 0.0), 0.0)
+    best: SmallerChunk | None = None
+    size = was // 2
+    while size >= MIN_CHUNK:
+        saving = transient * (1.0 - size / was)
+        rise_fall = plan.rise_gib * saving / peak
+        left = max(0.0, short - saving - rise_fall)
+        best = SmallerChunk(was, size, saving, short, left)
+        if left <= 0:
+            break
+        size //= 2
+    return best
+
+
+def _int(v: object) -> int | None:
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) and v > 0 else None
+
+
 def lowest_startable(trials: Sequence[TrialView], step: float = DEFAULT_STEP) -> float | None:
     """The lowest mem_fraction_static the trials say can start: above every fraction that
     failed for want of room for the KV pool, and a step above the `1 − A/P` of every ledger
     (where the pool's budget turns positive; a step more for ranks the log does not show), on
-    the grid of `step`. None when nothing says."""
+    the grid of `step`; never above a fraction a trial started at. None when nothing says."""
     bounds: list[float] = []
+    started: list[float] = []
     for t in trials:
         if t.fraction is not None and direction(t) == Push.RAISE:
             bounds.append(t.fraction + step)
         floor = floor_fraction(t.ledger)
         if floor is not None:
             bounds.append(math.floor(floor / step + 1e-9) * step + 2 * step)
-    return max(bounds) if bounds else None
+        if (
+            t.fraction is not None
+            and t.ledger.max_total_num_tokens
+            and not t.ending.fails_at_startup
+        ):
+            started.append(t.fraction)
+    if not bounds:
+        return None
+    return min(max(bounds), *started) if started else max(bounds)
 
 
 def _steps_back(

@@ -24,7 +24,7 @@ def tokens(f: float) -> int:
     return int((A - P * (1 - f)) * GIB) // CELL
 
 
-def ledger(f: float, requests: int = 48) -> dict[str, Any]:
+def ledger(f: float, requests: int = 48, chunk: int | None = None) -> dict[str, Any]:
     n = tokens(f)
     kv = round((n + 1) * CELL / GIB, 2)
     free = round(A - kv - REQ - OTHER - GRAPHS - DRAFT_W - DRAFT_KV - DRAFT_G, 2)
@@ -44,6 +44,7 @@ def ledger(f: float, requests: int = 48) -> dict[str, Any]:
         "max_running_requests": requests,
         "context_len": 262144,
         "ranks": 8,
+        **({"chunked_prefill_size": chunk} if chunk else {}),
     }
 
 
@@ -62,13 +63,15 @@ def trial(
     log_path: str | None = None,
     rise: float | None = None,
     least_free: float | None = None,
+    chunk: int | None = None,
 ) -> FrozenTrial:
     """One recorded trial: ok ones measured `peak` GiB at the stress peak. `rise` is what the
     GPU probe recorded as the peak when it differs (it measures from the workload's start, not
     from the free memory after startup); `least_free` the least free memory recorded when it is
-    not `free − peak` (a trial that died under load records what it saw before dying)."""
+    not `free − peak` (a trial that died under load records what it saw before dying); `chunk`
+    the prefill chunk the server's log reported."""
     led = (
-        ledger(f, requests)
+        ledger(f, requests, chunk)
         if outcome != "startup_oom"
         else {"p_gib": P, "weights_gib": 72.33, "avail_after_weights_gib": A}
     )

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from autotune.errors import UsageError
 from autotune.record.view import views
-from autotune.review.winner import Margin, choose, parse_margin, parse_tolerance
-from tests.review.fakes import P, trial, walk
+from autotune.review.winner import (
+    Margin,
+    choose,
+    lowest_startable,
+    parse_margin,
+    parse_tolerance,
+)
+from tests.review.fakes import P, ledger, trial, walk
 
 
 def test_highest_capacity_backed_off_one_step_to_a_trial_that_ran() -> None:
@@ -103,3 +111,40 @@ def test_the_margin_never_backs_off_below_what_can_start() -> None:
     assert w is not None and w.params["mem_fraction_static"] == 0.82, w
     assert w.steps_back == 1
     assert any("the KV pool finds no room" in n for n in w.notes), w.notes
+
+
+NO_ROOM = "startup_oom (no_kv_room): Not enough memory. Please increase --mem-fraction-static"
+
+
+def test_a_narrow_window_trades_the_prefill_chunk_for_the_soaks_margin() -> None:
+    """0.81 cannot start and 0.82 kept 0.6 GiB under an 8,192-token chunk's 2.5 GiB peak: no
+    fraction that can start gives the soak's margin, so the export halves the chunk (predicted)."""
+    free = ledger(0.82)["available_gpu_mem_gib"]
+    trials = [
+        trial(0, 0.82, peak=free - 0.6, chunk=8192),
+        trial(1, 0.81, outcome="startup_oom", reason=NO_ROOM),
+    ]
+    w = choose(views(trials), fraction_step=0.01, min_headroom_gib=0.5)
+    assert w is not None and w.params["mem_fraction_static"] == 0.82, w
+    assert w.params["chunked_prefill_size"] == 4096, w.params
+    assert w.predicted and w.source is None
+    assert any("chunked_prefill_size 4096 instead of 8192" in n for n in w.notes), w.notes
+    assert w.soak is not None and w.soak.need_gib > 0.6  # the fraction alone fell short
+
+
+def test_the_chunk_stays_where_backing_off_gives_the_margin() -> None:
+    free = ledger(0.85)["available_gpu_mem_gib"]
+    trials = [trial(0, 0.85, peak=free - 0.6, chunk=8192)]
+    w = choose(views(trials), fraction_step=0.01, min_headroom_gib=0.5)
+    assert w is not None and "chunked_prefill_size" not in w.params, w.params
+    assert w.steps_back >= 1
+
+
+def test_a_fraction_a_trial_started_at_can_start_whatever_the_ledger_says() -> None:
+    """The ledger's bound keeps a step for ranks the log does not show (1 − A/P = 0.815 gives
+    0.83); a trial that started at 0.82 shows that 0.82 starts."""
+    a = P * (1 - 0.815)
+    seen = [replace(v, ledger=replace(v.ledger, avail_after_weights_gib=a))
+            for v in views([trial(0, 0.82), trial(1, 0.85)])]  # fmt: skip
+    assert lowest_startable(seen) == pytest.approx(0.82)
+    assert lowest_startable(seen[1:]) == pytest.approx(0.83)

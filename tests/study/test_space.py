@@ -9,6 +9,7 @@ import optuna
 import pytest
 
 from autotune.config.space import (
+    Settings,
     grid,
     params_from_flags,
     server_argv,
@@ -109,3 +110,22 @@ def test_render(value: float | int | str, text: str) -> None:
     from autotune.config.space import render
 
     assert render(value) == text
+
+
+def test_a_value_beyond_the_space_replaces_the_fixed_flag_of_its_name(
+    study_file: Callable[[str], Path],
+) -> None:
+    """An export may lower the prefill chunk the study fixed: one `--chunked-prefill-size`, its."""
+    text = VALID.replace("tp-size = 8\n", "tp-size = 8\nchunked_prefill_size = 8192\n")
+    cfg = _search(study_file, text)
+    params = {"mem_fraction_static": 0.88, "max_running_requests": 48, "hicache_size": 0}
+    plain = server_argv(cfg.server, settings_for(optuna.trial.FixedTrial(params), cfg.search),
+                        backend="sglang")  # fmt: skip
+    assert plain[plain.index("--chunked-prefill-size") + 1] == "8192"
+    lowered = {**params, "chunked_prefill_size": 2048}
+    flags = tuned_flags(lowered, cfg.search)
+    assert flags[-2:] == ("--chunked-prefill-size", "2048")
+    argv = server_argv(cfg.server, Settings(params=lowered, flags=flags), backend="sglang")
+    assert argv.count("--chunked-prefill-size") == 1
+    assert argv[argv.index("--chunked-prefill-size") + 1] == "2048"
+    assert params_from_flags(argv, cfg.search) == params
