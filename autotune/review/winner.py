@@ -216,10 +216,10 @@ def choose(
     if source is not None:
         figures = (source.capacity_tokens, source.throughput_tok_s, source.free_at_peak_gib)
     else:
-        at = chosen.predict(float(params[FRACTION]), cell_bytes)
-        tokens = at.tokens if at is not None else None
-        figures = (tokens, chosen.throughput_tok_s, at.free_at_peak_gib if at else None)
-        notes.append(f"no trial ran {FRACTION}={params[FRACTION]}; its figures are predicted")
+        figures = _predicted(chosen, params, steps, chunk, cell_bytes)
+        unrun = [f"{FRACTION}={params[FRACTION]}"] if steps else []
+        unrun += [f"{CHUNK}={chunk.to}"] if chunk is not None else []
+        notes.append(f"no trial ran {' with '.join(unrun)}; its figures are predicted")
     return Winner(
         chosen=chosen,
         params=params,
@@ -235,6 +235,26 @@ def choose(
         notes=tuple(notes),
         soak=plan,
     )
+
+
+def _predicted(
+    chosen: TrialView,
+    params: Mapping[str, Scalar],
+    steps: int,
+    chunk: SmallerChunk | None,
+    cell_bytes: float | None,
+) -> tuple[int | None, float | None, float | None]:
+    """Capacity, throughput and headroom of a setting no trial ran: the chosen trial's, at the
+    backed-off fraction by SGLang's arithmetic, with the smaller chunk's predicted fall of the
+    peak added to the headroom."""
+    if steps:
+        at = chosen.predict(float(params[FRACTION]), cell_bytes)
+        tokens, free = (at.tokens, at.free_at_peak_gib) if at is not None else (None, None)
+    else:
+        tokens, free = chosen.capacity_tokens, chosen.free_at_peak_gib
+    if chunk is not None and free is not None:
+        free += chunk.saving_gib
+    return tokens, chosen.throughput_tok_s, free
 
 
 def _short(t: TrialView, plan: SoakPlan, lowest: float | None, step: float) -> float:

@@ -67,3 +67,98 @@ def test_a_leak_that_passes_the_trials_fails_the_soak_and_the_margin_covers_it(
     assert "the soak the export's margin is sized for" in soaked.stdout
     assert f"with a {margin['soak_factor']:g}× soak" in soaked.stdout
     assert "confirmation PASSED" in soaked.stdout
+
+
+MIXTRAL = (
+    Path(__file__).resolve().parents[2] / "scripts" / "bench_profiles" / "mixtral-8x7b-tp2-48g.toml"
+)
+NARROW = f"""
+[server]
+backend = "sim"
+sim_profile = "{MIXTRAL}"
+sim_time_scale = 30000
+
+[server.flags]
+model-path = "mistralai/Mixtral-8x7B-Instruct-v0.1"
+tp-size = 2
+
+[server.limits]
+startup_s = 60
+stall_s = 30
+workload_s = 60
+stop_grace_s = 10
+release_s = 10
+
+[search]
+mem_fraction_static = 0.93
+max_running_requests = {{ choices = [32, 64] }}
+
+[baseline]
+max_running_requests = 32
+
+[workload]
+input_len = {{ dist = "uniform", min = 200, max = 600 }}
+output_len = 16
+request_timeout_s = 30
+drain_timeout_s = 5
+
+[[workload.phases]]
+kind = "steady"
+concurrency = 8
+duration_s = 0.5
+
+[[workload.phases]]
+kind = "stress"
+rounds = 1
+requests = 2
+input_len = 8192
+output_len = 4
+
+[constraints]
+min_headroom_gib = 1.65
+
+[budget]
+n_trials = 2
+
+[sampler]
+name = "grid"
+"""
+
+
+@pytest.mark.e2e
+def test_a_narrow_window_exports_a_smaller_prefill_chunk_and_the_soak_passes(
+    no_leftovers: Path,
+) -> None:
+    """Mixtral-8x7B on 2 × 48 GB at 0.93, the lowest fraction whose KV pool finds room, keeps
+    less than the soak's margin under a 1.65 GiB headroom: the export lowers the prefill chunk
+    instead of the fraction, and the exported command, soaked, passes."""
+    config = no_leftovers / "narrow.toml"
+    config.write_text(NARROW)
+    ran = simstudy.run(config, "run")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    records = [
+        json.loads(p.read_text())
+        for p in sorted((no_leftovers / "results").glob("*/trials/*/trial.json"))
+    ]
+    assert [r["outcome"] for r in records] == ["ok", "ok"]
+    ran_with = {r["ledger"]["chunked_prefill_size"] for r in records}
+    assert len(ran_with) == 1, ran_with
+    was = ran_with.pop()
+    exported = simstudy.run(config, "export", "--format", "json")
+    assert exported.returncode == 0, exported.stderr
+    ex = json.loads(exported.stdout)
+    chunk = ex["params"]["chunked_prefill_size"]
+    assert chunk < was and ex["params"]["mem_fraction_static"] == 0.93, ex["params"]
+    assert ex["predicted"] is True
+    argv = ex["argv"]
+    assert argv.count("--chunked-prefill-size") == 1
+    assert argv[argv.index("--chunked-prefill-size") + 1] == str(chunk)
+    assert any(f"chunked_prefill_size {chunk} instead of {was}" in n for n in ex["notes"])
+    soaked = simstudy.run(config, "confirm")
+    assert soaked.returncode == 0, soaked.stdout + soaked.stderr
+    assert "confirmation PASSED" in soaked.stdout
+    confirm = [
+        json.loads(p.read_text())
+        for p in sorted((no_leftovers / "results").glob("*/confirm/*/trial.json"))
+    ]
+    assert [c["ledger"]["chunked_prefill_size"] for c in confirm] == [chunk]
