@@ -47,6 +47,9 @@ LOG_ROUNDING_GIB = 0.005
 MAX_GRAPH_BATCH = 512
 PEAK_TOKENS_PER_REQUEST = 8.0
 """Prior: one decode sequence weighs at most this many prefill tokens in a forward's peak."""
+POOL_SPREAD = 0.05
+"""Peaks measured at pools this far apart (a share of the largest) fit a term for the live
+context; closer ones cannot tell it from noise."""
 _HOST_FREE = re.compile(r"only have ([0-9.]+) GB free")
 
 
@@ -343,11 +346,14 @@ class MemoryModel:
         kv = Estimate(kv_gib(n.mean, kv_cell), n.sd * kv_cell / GiB)
         return a.minus(kv).minus(o).minus(self.probe_offset)
 
-    def stress_peak(self, s: Setting, slots: int | None, chunk: int | None) -> Estimate | None:
-        """The fitted peak, raised to what an OOM showed; None while no peak was measured."""
+    def stress_peak(
+        self, s: Setting, slots: int | None, chunk: int | None, pool: float | None = None
+    ) -> Estimate | None:
+        """The fitted peak for a pool of `pool` tokens, raised to what an OOM showed; None while
+        no peak was measured."""
         if self.peak is None:
             return None
-        est = self.peak.at(slots, chunk)
+        est = self.peak.at(slots, chunk, pool)
         floor = self.peak_floor(s, slots, chunk)
         if floor is not None and est.mean < floor + 0.05:
             est = Estimate(floor + 0.05, max(est.sd, 0.05 * floor, 0.05))
@@ -402,7 +408,7 @@ class MemoryModel:
             setting=s,
             tokens=tokens,
             static_free=self.static_free(s, slots),
-            stress_peak=self.stress_peak(s, slots, chunk),
+            stress_peak=self.stress_peak(s, slots, chunk, tokens.mean if tokens else None),
             blocked=blocked,
             peak_floor=self.peak_floor(s, slots, chunk),
         )
@@ -472,7 +478,10 @@ def _dominates(s: Setting, slots: int | None, chunk: int | None, other: Setting)
 
 @dataclass(frozen=True)
 class PeakModel:
-    """Stress peak GiB = base + per_request·slots + per_chunk_token·chunk, with an sd."""
+    """Stress peak GiB = base + per_request·slots + per_chunk_token·chunk + per_pool_token·pool,
+    with an sd. The pool term is the transient that grows with the live context of the batch
+    (a stress phase fills the KV pool): fitted only once launches of different pool sizes
+    measured peaks, and uncertain by its slope's standard error away from their mean."""
 
     base: float
     per_request: float
@@ -482,15 +491,24 @@ class PeakModel:
     sd: float
     slots_seen: tuple[int, ...]
     chunks_seen: tuple[int, ...]
+    per_pool_token: float = 0.0
+    per_pool_token_sd: float = 0.0
+    pool_mean: float = 0.0
+    """The mean pool size (tokens) of the launches the pool term was fitted on."""
 
-    def at(self, slots: int | None, chunk: int | None) -> Estimate:
+    def at(self, slots: int | None, chunk: int | None, pool: float | None = None) -> Estimate:
         r = slots if slots is not None else (self.slots_seen[0] if self.slots_seen else 0)
         c = chunk if chunk is not None else (self.chunks_seen[0] if self.chunks_seen else 0)
+        dt = (pool - self.pool_mean) if pool is not None and self.per_pool_token else 0.0
         mean = self.base + self.per_request * r + self.per_chunk_token * c
+        mean += self.per_pool_token * dt
         dr = min((abs(r - x) for x in self.slots_seen), default=0)
         dc = min((abs(c - x) for x in self.chunks_seen), default=0)
         sd = math.sqrt(
-            self.sd**2 + (self.per_request_sd * dr) ** 2 + (self.per_chunk_token_sd * dc) ** 2
+            self.sd**2
+            + (self.per_request_sd * dr) ** 2
+            + (self.per_chunk_token_sd * dc) ** 2
+            + (self.per_pool_token_sd * dt) ** 2
         )
         return Estimate(max(mean, 0.0), sd)
 
@@ -696,15 +714,16 @@ def _peak_model(obs: Sequence[Observation]) -> PeakModel | None:
     # what a launch that ran out of memory under load saw before it died is no measure of the
     # peak, only a floor under it (`peak_floors`)
     rows = [
-        (float(o.slots or 0), float(o.chunk or 0), peak)
+        (float(o.slots or 0), float(o.chunk or 0), float(o.tokens or 0), peak)
         for o in obs
         if (peak := o.measured_peak_gib) is not None and not Outcome.of(o.outcome).fails_at_runtime
     ]
     if not rows:
         return None
-    rs = [r for r, _, _ in rows]
-    cs = [c for _, c, _ in rows]
-    ys = np.asarray([y for _, _, y in rows])
+    rs = [r for r, _, _, _ in rows]
+    cs = [c for _, c, _, _ in rows]
+    ts = np.asarray([t for _, _, t, _ in rows])
+    ys = np.asarray([y for _, _, _, y in rows])
     mean_y = float(np.mean(ys))
     c_ref = max(cs) or 8192.0
     # priors: a decode sequence weighs ≤ PEAK_TOKENS_PER_REQUEST prefill tokens; the peak is
@@ -713,19 +732,31 @@ def _peak_model(obs: Sequence[Observation]) -> PeakModel | None:
     c_prior = 0.0 if c_ref <= 0 else mean_y / c_ref
     fit_r = len(set(rs)) >= 2
     fit_c = len(set(cs)) >= 2
+    # the live context a stress phase builds is the pool it fills: a term for it once launches
+    # of pools that differ by POOL_SPREAD measured peaks, with a residual left to judge it by
+    t_mean = float(np.mean(ts))
+    fit_t = float(np.ptp(ts)) >= POOL_SPREAD * float(np.max(ts)) > 0
     while True:
         cols = [np.ones(len(rows))]
         if fit_r:
             cols.append(np.asarray(rs))
         if fit_c:
             cols.append(np.asarray(cs))
+        if fit_t and len(rows) > len(cols) + 1:
+            cols.append(ts - t_mean)
+        else:
+            fit_t = False
         a = np.vstack(cols).T
         coef, *_ = np.linalg.lstsq(a, ys, rcond=None)
-        # a peak that shrinks with more requests or a bigger chunk is noise: drop that term
+        # a peak that shrinks with more requests, a bigger chunk or a bigger pool is noise:
+        # drop that term
+        j_c = 1 + fit_r
         if fit_r and coef[1] < 0:
             fit_r = False
-        elif fit_c and coef[-1] < 0:
+        elif fit_c and coef[j_c] < 0:
             fit_c = False
+        elif fit_t and coef[-1] < 0:
+            fit_t = False
         else:
             break
     resid = ys - a @ coef
@@ -736,7 +767,11 @@ def _peak_model(obs: Sequence[Observation]) -> PeakModel | None:
     sd = float(math.sqrt(float(resid @ resid) / (len(rows) - k))) if len(rows) > k else 0.0
     sd = max(sd, floor)
     per_r = float(coef[1]) if fit_r else 0.0
-    per_c = float(coef[-1]) if fit_c else c_prior
+    per_c = float(coef[1 + fit_r]) if fit_c else c_prior
+    per_t, per_t_sd = 0.0, 0.0
+    if fit_t:
+        per_t = float(coef[-1])
+        per_t_sd = sd * math.sqrt(float(np.linalg.pinv(a.T @ a)[-1, -1]))
     base = float(coef[0])
     if not fit_c:
         base -= per_c * cs[0]
@@ -749,6 +784,9 @@ def _peak_model(obs: Sequence[Observation]) -> PeakModel | None:
         sd=sd,
         slots_seen=tuple(sorted({int(r) for r in rs})),
         chunks_seen=tuple(sorted({int(c) for c in cs})),
+        per_pool_token=per_t,
+        per_pool_token_sd=per_t_sd,
+        pool_mean=t_mean,
     )
 
 

@@ -220,6 +220,8 @@ def nothing_between(
 
 
 RETRIES = 1
+SPIKE_RATIO = 1.25
+"""A runtime OOM whose floor is this many times the largest peak its demand measured is a spike."""
 """A failure that is not about memory (a crash, a start error) is run once more at the same
 setting: one fluke is not a fault of the setting."""
 NOT_MEMORY_STREAK = 3
@@ -548,15 +550,23 @@ class _Planner:
             if pr < self.goal.probe_p:
                 continue
             params = {k: v for k, v in p.params.items() if k in self.axes}
-            if contradicted:
-                held = next(
+            held = next(
+                (
                     q
                     for q in self.known
                     if q.feasible and q.observation and needs_more(q.observation.setting, o.setting)
-                )
+                ),
+                None,
+            )
+            if contradicted and held is not None:
                 note = (
                     f"trial {p.number} failed where trial {held.number}, needing at least as "
                     "much memory, held: the peak's noise, not a bound"
+                )
+            elif contradicted:
+                note = (
+                    f"trial {p.number} ran out of memory above any peak its requests and chunk "
+                    "measured elsewhere: a spike of the peak's tail, not the edge"
                 )
             else:
                 note = (
@@ -869,14 +879,37 @@ def _near_miss(p: Point) -> bool:
 
 
 def _contradicted(p: Point, known: Sequence[Point]) -> bool:
-    """A GPU-memory failure where a launch needing at least as much GPU memory held."""
+    """A GPU-memory failure where a launch needing at least as much GPU memory held, or a
+    runtime OOM that was a spike (`_spike`)."""
     o = p.observation
     if o is None or host_failure(o) is not None or p.push is not Push.LOWER:
         return False
-    return any(
+    return _spike(p, known) or any(
         q.feasible and q.observation is not None and needs_more(q.observation.setting, o.setting)
         for q in known
     )
+
+
+def _spike(p: Point, known: Sequence[Point]) -> bool:
+    """A runtime OOM above a peak its demand never came near: its forward needed more than the
+    static free memory, over SPIKE_RATIO times the largest stress peak that launches of the same
+    requests and chunk measured while they held. The first such OOM at a setting is a rare
+    spike of the peak's tail, not the edge (the calibration still counts the miss)."""
+    o = p.observation
+    if o is None or o.outcome != "runtime_oom" or o.static_free_gib is None:
+        return False
+    same = [q.observation for q in known if q.observation is not None]
+    if sum(1 for x in same if x.outcome == "runtime_oom" and _same_gpu(x.setting, o.setting)) > 1:
+        return False
+    peaks = [
+        peak
+        for x in same
+        if x.feasible
+        and x.slots == o.slots
+        and x.chunk == o.chunk
+        and (peak := x.measured_peak_gib) is not None
+    ]
+    return bool(peaks) and o.static_free_gib > SPIKE_RATIO * max(peaks)
 
 
 def _best_of(points: Sequence[Point]) -> Point | None:

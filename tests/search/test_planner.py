@@ -193,10 +193,18 @@ def test_rechecks_a_best_setting_that_held_with_a_thin_margin() -> None:
     assert p.params == kimi(0.9, 32)
     done.append(point(KIMI, kimi(0.9, 32), 5))
     p = plan(AXES, done, [], goal)
+    # less demand held the same capacity with room: the edge is known
+    assert p.rule == "confirm" and p.params == kimi(0.9, 32), p.why
+    # where the space offers no less demand, a best that held with a thin margin (0.7 GiB for
+    # 0.5 required) runs again until it held RECHECKS times
+    only48 = {**AXES, "max_running_requests": (48,)}
+    held = dataclasses.replace(edge, stress_peak_gib=edge.static_free_gib - 0.7, headroom_gib=0.7)
+    done = [*EDGE_FOUND[:2], dataclasses.replace(EDGE_FOUND[2], observation=held), EDGE_FOUND[3]]
+    p = plan(only48, done, [], goal)
     assert p.rule == "recheck"
     assert p.params == kimi(0.9)
     again = [*done, dataclasses.replace(done[2], number=6), dataclasses.replace(done[2], number=7)]
-    assert plan(AXES, again, [], goal).rule == "confirm"
+    assert plan(only48, again, [], goal).rule == "confirm"
 
 
 def test_secures_a_safe_fraction_of_the_same_demand_when_rechecks_leave_the_best_thin() -> None:
