@@ -225,7 +225,8 @@ def per_profile(runs: list[Run], budget: int) -> list[str]:
     lines = ["", "median launches to the target per profile (>N: not reached)"]
     profiles = sorted({r.profile for r in runs})
     samplers = list(dict.fromkeys(r.sampler for r in runs))
-    lines.append(f"{'profile':<32} " + " ".join(f"{s:>9}" for s in samplers))
+    width = max([32, *(len(p) for p in profiles)])
+    lines.append(f"{'profile':<{width}} " + " ".join(f"{s:>9}" for s in samplers))
     for prof in profiles:
         cells = []
         for s in samplers:
@@ -235,7 +236,7 @@ def per_profile(runs: list[Run], budget: int) -> list[str]:
                 if r.profile == prof and r.sampler == s
             ]
             cells.append(f"{_launches(statistics.median(steps), budget):>9}")
-        lines.append(f"{prof:<32} " + " ".join(cells))
+        lines.append(f"{prof:<{width}} " + " ".join(cells))
     return lines
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,7 @@ from autotune.sim.profiles import (
     load_profile,
     profile_from_dict,
 )
+from autotune.testing.oracle import bench_for, best_stable
 
 OPERATOR = [
     "--model-path",
@@ -174,6 +176,18 @@ def test_all_shipped_profiles_load() -> None:
     } <= set(names)
     for name in names:
         assert load_profile(name).name == name
+
+
+BENCH_PROFILES = Path(__file__).resolve().parents[2] / "scripts" / "bench_profiles"
+
+
+@pytest.mark.parametrize("path", sorted(BENCH_PROFILES.rglob("*.toml")), ids=lambda p: p.stem)
+def test_every_benchmark_profile_loads_under_its_own_name_and_has_a_stable_setting(
+    path: Path,
+) -> None:
+    profile = load_profile(str(path))
+    assert profile.name == path.stem
+    assert best_stable(bench_for(profile)) > 0
 
 
 def test_profile_errors_name_the_key() -> None:
