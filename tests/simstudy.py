@@ -19,6 +19,15 @@ from pathlib import Path
 
 from autotune.testing import audit
 
+KIMI_FLAGS = """model-path = "moonshotai/Kimi-K2.5"
+tp-size = 8
+trust-remote-code = true
+speculative-algorithm = "EAGLE3"
+speculative-draft-model-path = "lightseekorg/kimi-k2.5-eagle3"
+speculative-num-steps = 3
+speculative-eagle-topk = 1
+speculative-num-draft-tokens = 4"""
+
 
 def sim_study(
     *,
@@ -28,29 +37,31 @@ def sim_study(
     time_scale: float | None = None,
     headroom_gib: float | None = 0.5,
     sampler: str | None = "grid",
+    profile: str = "kimi-k2.5-tp8-96g",
+    flags: str = KIMI_FLAGS,
+    search: str | None = None,
+    n_trials: int = 3,
 ) -> str:
-    """A study of three trials on the simulated Kimi-K2.5 (tp 8, EAGLE3 draft), searching
+    """A study of `n_trials` trials on the simulated Kimi-K2.5 (tp 8, EAGLE3 draft), searching
     mem_fraction_static from `low` to 0.94 by `step`: a steady phase of `duration` seconds, then
-    one stress round of 8K-token prompts."""
+    one stress round of 8K-token prompts. `profile`, `flags` (the `[server.flags]` lines) and
+    `search` (the `[search]` and `[baseline]` tables) put another model and space there."""
     scale = "" if time_scale is None else f"sim_time_scale = {time_scale}\n"
     constraints = (
         "" if headroom_gib is None else f"[constraints]\nmin_headroom_gib = {headroom_gib}\n\n"
     )
     tail = "" if sampler is None else f'\n[sampler]\nname = "{sampler}"\n'
+    space = search or (
+        f"[search]\nmem_fraction_static = {{ low = {low}, high = 0.94, step = {step} }}\n"
+        "max_running_requests = 48\nhicache_size = 48\n\n[baseline]\nmem_fraction_static = 0.88"
+    )
     return f"""
 [server]
 backend = "sim"
-sim_profile = "kimi-k2.5-tp8-96g"
+sim_profile = "{profile}"
 {scale}
 [server.flags]
-model-path = "moonshotai/Kimi-K2.5"
-tp-size = 8
-trust-remote-code = true
-speculative-algorithm = "EAGLE3"
-speculative-draft-model-path = "lightseekorg/kimi-k2.5-eagle3"
-speculative-num-steps = 3
-speculative-eagle-topk = 1
-speculative-num-draft-tokens = 4
+{flags}
 
 [server.limits]
 startup_s = 60
@@ -59,13 +70,7 @@ workload_s = 60
 stop_grace_s = 10
 release_s = 10
 
-[search]
-mem_fraction_static = {{ low = {low}, high = 0.94, step = {step} }}
-max_running_requests = 48
-hicache_size = 48
-
-[baseline]
-mem_fraction_static = 0.88
+{space}
 
 [workload]
 input_len = {{ dist = "uniform", min = 200, max = 600 }}
@@ -86,7 +91,7 @@ input_len = 8192
 output_len = 4
 
 {constraints}[budget]
-n_trials = 3
+n_trials = {n_trials}
 {tail}"""
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,18 +32,24 @@ def _study(folder: Path) -> Path:
     return path
 
 
+def _run_two_ok(config: Path) -> list[dict[str, Any]]:
+    """`autotune run` on the study, and its two trials' records, both ok."""
+    ran = simstudy.run(config, "run")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    records = [
+        json.loads(p.read_text())
+        for p in sorted((config.parent / "results").glob("*/trials/*/trial.json"))
+    ]
+    assert [r["outcome"] for r in records] == ["ok", "ok"]
+    return records
+
+
 @pytest.mark.e2e
 def test_a_leak_that_passes_the_trials_fails_the_soak_and_the_margin_covers_it(
     no_leftovers: Path,
 ) -> None:
     config = _study(no_leftovers)
-    ran = simstudy.run(config, "run")
-    assert ran.returncode == 0, ran.stdout + ran.stderr
-    records = [
-        json.loads(p.read_text())
-        for p in sorted((no_leftovers / "results").glob("*/trials/*/trial.json"))
-    ]
-    assert [r["outcome"] for r in records] == ["ok", "ok"]
+    records = _run_two_ok(config)
     growth = [r["growth_gib"] for r in records]
     assert all(g is not None and g > 0.1 for g in growth), growth
     exported = simstudy.run(config, "export", "--format", "json")
@@ -72,57 +79,16 @@ def test_a_leak_that_passes_the_trials_fails_the_soak_and_the_margin_covers_it(
 MIXTRAL = (
     Path(__file__).resolve().parents[2] / "scripts" / "bench_profiles" / "mixtral-8x7b-tp2-48g.toml"
 )
-NARROW = f"""
-[server]
-backend = "sim"
-sim_profile = "{MIXTRAL}"
-sim_time_scale = 30000
-
-[server.flags]
-model-path = "mistralai/Mixtral-8x7B-Instruct-v0.1"
-tp-size = 2
-
-[server.limits]
-startup_s = 60
-stall_s = 30
-workload_s = 60
-stop_grace_s = 10
-release_s = 10
-
-[search]
-mem_fraction_static = 0.93
-max_running_requests = {{ choices = [32, 64] }}
-
-[baseline]
-max_running_requests = 32
-
-[workload]
-input_len = {{ dist = "uniform", min = 200, max = 600 }}
-output_len = 16
-request_timeout_s = 30
-drain_timeout_s = 5
-
-[[workload.phases]]
-kind = "steady"
-concurrency = 8
-duration_s = 0.5
-
-[[workload.phases]]
-kind = "stress"
-rounds = 1
-requests = 2
-input_len = 8192
-output_len = 4
-
-[constraints]
-min_headroom_gib = 1.65
-
-[budget]
-n_trials = 2
-
-[sampler]
-name = "grid"
-"""
+NARROW = simstudy.sim_study(
+    time_scale=30000,
+    duration=0.5,
+    headroom_gib=1.65,
+    n_trials=2,
+    profile=str(MIXTRAL),
+    flags='model-path = "mistralai/Mixtral-8x7B-Instruct-v0.1"\ntp-size = 2',
+    search="[search]\nmem_fraction_static = 0.93\nmax_running_requests = { choices = [32, 64] }"
+    "\n\n[baseline]\nmax_running_requests = 32",
+)
 
 
 @pytest.mark.e2e
@@ -134,13 +100,7 @@ def test_a_narrow_window_exports_a_smaller_prefill_chunk_and_the_soak_passes(
     instead of the fraction, and the exported command, soaked, passes."""
     config = no_leftovers / "narrow.toml"
     config.write_text(NARROW)
-    ran = simstudy.run(config, "run")
-    assert ran.returncode == 0, ran.stdout + ran.stderr
-    records = [
-        json.loads(p.read_text())
-        for p in sorted((no_leftovers / "results").glob("*/trials/*/trial.json"))
-    ]
-    assert [r["outcome"] for r in records] == ["ok", "ok"]
+    records = _run_two_ok(config)
     ran_with = {r["ledger"]["chunked_prefill_size"] for r in records}
     assert len(ran_with) == 1, ran_with
     was = ran_with.pop()
