@@ -1,9 +1,9 @@
 """How many launches each sampler needs to reach the memory edge, on the simulator's pure model.
 
 Whole studies run in-process (no servers): every shipped simulator profile and every profile
-under scripts/bench_profiles/ (boxes of the benchmark's own: small cards, weights that nearly
-fill the GPU, very large CUDA graphs, noisy peaks, TP 1/2/4/8, with and without a draft) × seeds
-× samplers.
+directly in scripts/bench_profiles/ (boxes of the benchmark's own: small cards, weights that
+nearly fill the GPU, very large CUDA graphs, noisy peaks, TP 1/2/4/8, with and without a draft)
+× seeds × samplers; scripts/bench_profiles/more/ holds boxes outside that set, for `--profiles`.
 Each launch is simulated by `autotune.testing.oracle` (startup sizes with the launch's jitter, a
 stress phase of full-chunk forwards) and told to an in-memory Optuna study exactly as a real trial
 would be. The target is the best stable capacity of the space, found by evaluating every grid
@@ -86,7 +86,7 @@ def mismatch_of(keys: str) -> Mismatch:
 
 
 def default_profiles() -> list[str]:
-    """Every shipped simulator profile, then every profile under scripts/bench_profiles/."""
+    """Every shipped simulator profile, then every profile directly in scripts/bench_profiles/."""
     return list_profiles() + [str(p) for p in sorted(BENCH_PROFILES.glob("*.toml"))]
 
 
