@@ -30,7 +30,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config.studyfile import FRACTION, REQUESTS, Scalar
+from autotune.config.studyfile import CHUNK, FRACTION, REQUESTS, Scalar
 from autotune.logparse.ledger import Ledger
 from autotune.logparse.outcome import Outcome
 from autotune.masking import masked_argv, scrub
@@ -119,6 +119,14 @@ class TrialView:
         v = _num(self.params.get(REQUESTS))
         if v is None:
             return self.ledger.max_running_requests
+        return int(v)
+
+    @property
+    def chunk(self) -> int | None:
+        """chunked_prefill_size as run, else as the server reported it."""
+        v = _num(self.params.get(CHUNK))
+        if v is None or v <= 0:
+            return self.ledger.chunked_prefill_size
         return int(v)
 
     @property

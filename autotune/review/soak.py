@@ -83,10 +83,9 @@ def soak_peak_rise_gib(
     each other demand the trials ran) as a share of each group's median, `PEAK_NOISE` at
     least; a heavy tail (`heavy_tail_z`) puts the worst of `factor` draws `z` spreads up
     (`SOAK_RISK`), one more for the judged trial having been a lucky one, and where the memory
-    model missed its
-    forecasts (`kappa` > 1, the search's calibration) the world differs from it, so the tail is
-    taken wider by kappa squared (kappa at most `MAX_TAIL`). Never less than the worst rise the
-    trials at this setting's demand (`peaks`) saw."""
+    model missed its forecasts (`kappa` > 1, the search's calibration) the world differs from
+    it, so the tail is taken wider by kappa squared (kappa at most `MAX_TAIL`). Never less than
+    the worst rise the trials at this setting's demand (`peaks`) saw."""
     rows = sorted(peaks)
     share = _pooled_share([*groups, rows])
     sd = max(share, PEAK_NOISE) * peak_gib

@@ -330,7 +330,7 @@ def _chunk_for_soak(t: TrialView, plan: SoakPlan, short: float) -> SmallerChunk 
     predicted fall of the peak (the trial's peak less its growth, taken as proportional to the
     chunk, and the soak's rise with it) covers the shortfall, else the smallest; None when
     nothing is short or the chunk or the peak is unknown."""
-    was = _int(t.params.get(CHUNK)) or t.ledger.chunked_prefill_size
+    was = t.chunk
     peak = t.stress_peak_gib
     if short <= 0.005 or not was or peak is None or peak <= 0:
         return None
@@ -346,10 +346,6 @@ def _chunk_for_soak(t: TrialView, plan: SoakPlan, short: float) -> SmallerChunk 
             break
         size //= 2
     return best
-
-
-def _int(v: object) -> int | None:
-    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) and v > 0 else None
 
 
 def lowest_startable(trials: Sequence[TrialView], step: float = DEFAULT_STEP) -> float | None:

@@ -220,10 +220,10 @@ def nothing_between(
 
 
 RETRIES = 1
-SPIKE_RATIO = 1.25
-"""A runtime OOM whose floor is this many times the largest peak its demand measured is a spike."""
 """A failure that is not about memory (a crash, a start error) is run once more at the same
 setting: one fluke is not a fault of the setting."""
+SPIKE_RATIO = 1.25
+"""A runtime OOM whose floor is this many times the largest peak its demand measured is a spike."""
 NOT_MEMORY_STREAK = 3
 """This many launches in a row that failed for reasons not about memory end the search."""
 
@@ -550,23 +550,23 @@ class _Planner:
             if pr < self.goal.probe_p:
                 continue
             params = {k: v for k, v in p.params.items() if k in self.axes}
-            held = next(
-                (
-                    q
-                    for q in self.known
-                    if q.feasible and q.observation and needs_more(q.observation.setting, o.setting)
-                ),
-                None,
-            )
-            if contradicted and held is not None:
+            if contradicted:
+                held = next(
+                    (
+                        q
+                        for q in self.known
+                        if q.feasible
+                        and q.observation
+                        and needs_more(q.observation.setting, o.setting)
+                    ),
+                    None,
+                )
                 note = (
                     f"trial {p.number} failed where trial {held.number}, needing at least as "
                     "much memory, held: the peak's noise, not a bound"
-                )
-            elif contradicted:
-                note = (
-                    f"trial {p.number} ran out of memory above any peak its requests and chunk "
-                    "measured elsewhere: a spike of the peak's tail, not the edge"
+                    if held is not None
+                    else f"trial {p.number} ran out of memory above any peak its requests and "
+                    "chunk measured elsewhere: a spike of the peak's tail, not the edge"
                 )
             else:
                 note = (
