@@ -17,6 +17,8 @@ from autotune.review.winner import (
 )
 from tests.review.fakes import P, ledger, trial, walk
 
+NO_ROOM = "startup_oom (no_kv_room): Not enough memory. Please increase --mem-fraction-static"
+
 
 def test_highest_capacity_backed_off_one_step_to_a_trial_that_ran() -> None:
     w = choose(views(walk()), fraction_step=0.01)
@@ -105,15 +107,11 @@ def test_parse_tolerance() -> None:
 
 def test_the_margin_never_backs_off_below_what_can_start() -> None:
     """0.81 failed for want of room for the KV pool: a 5-step margin from 0.83 stops at 0.82."""
-    why = "startup_oom (no_kv_room): Not enough memory. Please increase --mem-fraction-static"
-    trials = [trial(0, 0.83), trial(1, 0.81, outcome="startup_oom", reason=why)]
+    trials = [trial(0, 0.83), trial(1, 0.81, outcome="startup_oom", reason=NO_ROOM)]
     w = choose(views(trials), fraction_step=0.01, margin=Margin(steps=5))
     assert w is not None and w.params["mem_fraction_static"] == 0.82, w
     assert w.steps_back == 1
     assert any("the KV pool finds no room" in n for n in w.notes), w.notes
-
-
-NO_ROOM = "startup_oom (no_kv_room): Not enough memory. Please increase --mem-fraction-static"
 
 
 def test_a_narrow_window_trades_the_prefill_chunk_for_the_soaks_margin() -> None:
