@@ -8,10 +8,14 @@ memory model and returns the next setting with the rule that chose it and why:
 * `jump` / `step`: the highest-capacity setting the model calls safe (stable with a margin of
   two standard deviations over the required headroom) and better than the best stable so far.
 * `bisect`: no better setting is safe but some are uncertain; probe the middle of the uncertain
-  range, between the best stable setting and the lowest known or predicted failure.
+  range, between the best stable setting and the lowest known or predicted failure. Also when
+  the highest safe setting lies several steps below a failure (a miss widened the margins):
+  halfway between the two instead of one safe step at a time.
 * `down`: nothing stable yet and nothing predicted safe; the most likely to be stable.
 * `explore`: the capacity edge is known to one step; try max_running_requests, the host cache
   and the prefill chunk one at a time at that capacity, for throughput.
+* `secure` / `recheck`: the best setting held with a thin margin; first the highest fraction
+  the model calls safe for its demand, then the best again until it held RECHECKS times.
 * `confirm`: what is left to learn is smaller than one step; run the best setting again and say
   so in `done`.
 
@@ -58,6 +62,9 @@ NEIGHBOURS = 2
 the reference launch's."""
 RECHECKS = 3
 """A best setting with a thin margin is run until it held this many times (or failed once)."""
+HALFWAY_STEPS = 3.5
+"""A safe setting this many fraction steps or more below a failure (or a thin hold) is not
+stepped to but bisected past (`_halfway`)."""
 SAME_CAPACITY = 0.002
 """Launches of one fraction differ by launch jitter (a few hundred tokens); this much is a tie."""
 
@@ -483,6 +490,9 @@ class _Planner:
         safe = [x for x in better if x[2] >= g.safe_p]
         if safe:
             params, fc, p = max(safe, key=lambda x: (_fc_tokens(x[1]), -self._distance(x[0]), x[2]))
+            halfway = self._halfway(params, fc, better)
+            if halfway is not None:
+                return halfway
             if self.best is None:
                 rule = "down"
             else:
@@ -504,17 +514,68 @@ class _Planner:
                 )
                 return self._proposal(params, fc, "down", f"p(stable) {p:.2f}")
             return self._done("no setting left that the model expects to be stable")
-        recheck = self._recheck()
-        if recheck is not None:
-            return recheck
         secure = self._secure(scored)
         if secure is not None:
             return secure
+        recheck = self._recheck()
+        if recheck is not None:
+            return recheck
         if g.explore:
             explored = self._explore(scored)
             if explored is not None:
                 return explored
         return self._done(self._edge_summary(scored))
+
+    def _halfway(
+        self,
+        top: Mapping[str, Scalar],
+        safe: Forecast,
+        better: list[tuple[dict[str, Scalar], Forecast, float]],
+    ) -> Proposal | None:
+        """The highest setting the model calls safe lies more than HALFWAY_STEPS below the
+        lowest launch that failed on GPU memory, or held only with a thin margin: a miss has
+        widened the model's margins (`calibration`), and climbing from there one safe step at a
+        time costs a launch per step. A launch halfway between the two, of no more demand,
+        halves that bracket instead, while the model gives it at least probe_p (the host cache
+        and the other axes as the safe setting has them)."""
+        f0 = safe.setting.mem_fraction
+        step = self._step()
+        above = [
+            q.observation.setting.mem_fraction
+            for q in self.known
+            if q.observation is not None
+            and (q is self.thin or (q.push is Push.LOWER and host_failure(q.observation) is None))
+            and q.observation.setting.mem_fraction > f0 + HALFWAY_STEPS * step
+        ]
+        if not above:
+            return None
+        hi = min(above)
+        mid = (f0 + hi) / 2
+        inside = [
+            x
+            for x in better
+            if x[2] >= self.goal.probe_p
+            and f0 + 1.5 * step < x[1].setting.mem_fraction < hi - 1.5 * step
+            and not _more_demand(x[1].setting, safe.setting)
+            and all(
+                norm(x[0].get(n)) == norm(top.get(n))
+                for n in self.names
+                if n not in (FRACTION, REQUESTS, CHUNK)
+            )
+        ]
+        if not inside:
+            return None
+        params, fc, p = min(
+            inside, key=lambda x: (round(abs(x[1].setting.mem_fraction - mid) / step, 3), -x[2])
+        )
+        return self._proposal(
+            params,
+            fc,
+            "bisect",
+            f"the highest {FRACTION} the model calls safe is {fmt(f0)}, "
+            f"{round((hi - f0) / step)} steps below {fmt(hi)} (failed or held thin): halfway, "
+            f"p(stable) {p:.2f}",
+        )
 
     def _noise_retry(
         self, scored: list[tuple[dict[str, Scalar], Forecast, float]]
@@ -659,11 +720,12 @@ class _Planner:
         )
 
     def _secure(self, scored: list[tuple[dict[str, Scalar], Forecast, float]]) -> Proposal | None:
-        """When the best setting has held its RECHECKS times and the model still does not call
-        it safe (a world with heavier tails than its own, or a peak with a wide spread), the
-        study also holds the highest fraction the model does call safe for the best's own
-        demand (its requests and prefill chunk) before it spends launches on throughput: what
-        an export can fall back on if the thin one proves to be luck."""
+        """When the model does not call the best setting safe (a thin margin that held: a world
+        with heavier tails than its own, or a peak with a wide spread), the study holds the
+        highest fraction the model does call safe for the best's own demand (its requests and
+        prefill chunk) before it rechecks the best or spends launches on throughput: what an
+        export can fall back on if the thin one proves to be luck, and the edge itself where
+        the thin one fails more often than its launches showed."""
         best = self.best
         if best is None or best.observation is None or self._p_of(best) >= self.goal.safe_p:
             return None
@@ -698,8 +760,8 @@ class _Planner:
             params,
             fc,
             "secure",
-            f"trial {best.number} held {RECHECKS} times yet the model gives it only "
-            f"p(stable) {q:.2f}: the highest fraction it calls safe for that demand, "
+            f"trial {best.number} held with a thin margin, p(stable) {q:.2f}: first the "
+            "highest fraction the model calls safe for that demand, "
             f"p(stable) {p:.2f}",
         )
 

@@ -206,6 +206,25 @@ def test_a_near_miss_tries_less_demand_then_once_more() -> None:
     assert "near miss" in p.why
 
 
+def test_a_safe_setting_far_below_a_near_miss_is_bisected_past_not_stepped_to() -> None:
+    """Two near misses at 0.90 widened the margins so far that the highest setting the model
+    calls safe lies four steps below: the next launch goes halfway, not one safe step at a time
+    from there, and keeps the host cache the safe setting has."""
+
+    def kimi(f: float, r: int = 48) -> dict[str, float | int]:
+        return {"mem_fraction_static": f, "max_running_requests": r, "hicache_size": 48}
+
+    done = [
+        point(KIMI, kimi(0.8), 0),
+        _near_miss(point(KIMI, kimi(0.9), 1), 0.05),
+        _near_miss(point(KIMI, kimi(0.9, 32), 2), 0.05),
+    ]
+    p = plan(AXES, done, [], GOAL)
+    assert p.rule == "bisect", p.why
+    assert "the highest mem_fraction_static the model calls safe is 0.86" in p.why
+    assert p.params == kimi(0.88, 32)
+
+
 def test_a_failure_contradicted_by_a_launch_needing_more_is_not_a_bound() -> None:
     def kimi(f: float, r: int = 48) -> dict[str, float | int]:
         return {"mem_fraction_static": f, "max_running_requests": r, "hicache_size": 48}
