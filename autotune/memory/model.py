@@ -47,6 +47,9 @@ LOG_ROUNDING_GIB = 0.005
 MAX_GRAPH_BATCH = 512
 PEAK_TOKENS_PER_REQUEST = 8.0
 """Prior: one decode sequence weighs at most this many prefill tokens in a forward's peak."""
+SPIKE_RATIO = 1.25
+"""A stress peak this many times the largest other peak measured at the same requests and prefill
+chunk is a spike of the peak's tail, not its spread."""
 POOL_SPREAD = 0.05
 """Peaks measured at pools this far apart (a share of the largest) fit a term for the live
 context; closer ones cannot tell it from noise."""
@@ -718,6 +721,9 @@ def _peak_model(obs: Sequence[Observation]) -> PeakModel | None:
         for o in obs
         if (peak := o.measured_peak_gib) is not None and not Outcome.of(o.outcome).fails_at_runtime
     ]
+    # a rare spike would widen every prediction's spread by one event: the fit leaves it out
+    # (the calibration still scores the launch, `search.calibration`)
+    rows = [row for i, row in enumerate(rows) if not _spiked(row, rows[:i] + rows[i + 1 :])]
     if not rows:
         return None
     rs = [r for r, _, _, _ in rows]
@@ -788,6 +794,14 @@ def _peak_model(obs: Sequence[Observation]) -> PeakModel | None:
         per_pool_token_sd=per_t_sd,
         pool_mean=t_mean,
     )
+
+
+def _spiked(
+    row: tuple[float, float, float, float], others: Sequence[tuple[float, float, float, float]]
+) -> bool:
+    """The row's peak is over SPIKE_RATIO times every other peak of the same requests and chunk."""
+    same = [y for r, c, _, y in others if (r, c) == row[:2]]
+    return bool(same) and row[3] > SPIKE_RATIO * max(same)
 
 
 def _host_draft_ratio(obs: Sequence[Observation]) -> float:

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from autotune.config.studyfile import Scalar
-from autotune.memory.model import Forecast, MemoryModel, Setting, fit
+from autotune.memory.model import SPIKE_RATIO, Forecast, MemoryModel, Setting, fit
 from autotune.search.calibration import calibrate
 from autotune.search.points import (
     CHUNK,
@@ -229,8 +229,6 @@ def nothing_between(
 RETRIES = 1
 """A failure that is not about memory (a crash, a start error) is run once more at the same
 setting: one fluke is not a fault of the setting."""
-SPIKE_RATIO = 1.25
-"""A runtime OOM whose floor is this many times the largest peak its demand measured is a spike."""
 NOT_MEMORY_STREAK = 3
 """This many launches in a row that failed for reasons not about memory end the search."""
 
