@@ -766,9 +766,11 @@ class _Planner:
     def _bisect(
         self, doubtful: list[tuple[dict[str, Scalar], Forecast, float]]
     ) -> tuple[dict[str, Scalar], Forecast, float]:
-        """The uncertain candidate nearest the middle of (best stable, lowest failure)."""
-        near = min(self._distance(x[0]) for x in doubtful)
-        same = [x for x in doubtful if self._distance(x[0]) == near]
+        """The uncertain candidate nearest the middle of (best stable, lowest failure); of those
+        at that fraction, the one most likely to hold: a probe for capacity gets the same tokens
+        from any requests and chunk, and less demand leaves it more headroom."""
+        near = min(self._distance(x[0], demand=False) for x in doubtful)
+        same = [x for x in doubtful if self._distance(x[0], demand=False) == near]
         lo = (
             self.best.observation.setting.mem_fraction
             if self.best and self.best.observation
@@ -780,7 +782,10 @@ class _Planner:
         top = max(fc.setting.mem_fraction for _, fc, _ in same)
         hi = min([f for f in fails if f > lo], default=top + self._step())
         mid = (lo + hi) / 2
-        return min(same, key=lambda x: (abs(x[1].setting.mem_fraction - mid), -x[2]))
+        step = self._step()
+        return min(
+            same, key=lambda x: (round(abs(x[1].setting.mem_fraction - mid) / step, 3), -x[2])
+        )
 
     def _explore(self, scored: list[tuple[dict[str, Scalar], Forecast, float]]) -> Proposal | None:
         """One axis at a time from the fastest stable launch near the best capacity: more
@@ -904,10 +909,12 @@ class _Planner:
 
     # ---- helpers -------------------------------------------------------------------------
 
-    def _distance(self, params: Mapping[str, Scalar]) -> int:
-        """How many parameters other than the fraction differ from the reference launch."""
+    def _distance(self, params: Mapping[str, Scalar], demand: bool = True) -> int:
+        """How many parameters other than the fraction differ from the reference launch (with
+        `demand` False, nor max_running_requests and chunked_prefill_size)."""
+        skip = (FRACTION,) if demand else (FRACTION, REQUESTS, CHUNK)
         return sum(
-            norm(params.get(n)) != norm(self.ref.params.get(n)) for n in self.names if n != FRACTION
+            norm(params.get(n)) != norm(self.ref.params.get(n)) for n in self.names if n not in skip
         )
 
     def _same_combo(self, params: Mapping[str, Scalar]) -> bool:

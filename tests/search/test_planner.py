@@ -224,3 +224,15 @@ def test_secures_a_safe_fraction_of_the_same_demand_before_rechecking_a_thin_bes
     assert p.rule == "recheck" and p.params == kimi(0.9, 32), p.why
     done += [point(KIMI, kimi(0.9, 32), n, seed=n) for n in (3, 4)]
     assert plan(AXES, done, [], goal).rule == "explore"
+
+
+def test_an_uncertain_probe_for_capacity_takes_the_least_demand_at_its_fraction() -> None:
+    # 0.94 with 48 requests held; 0.95 is uncertain: its tokens are the same at any requests,
+    # and with the fewest it is the most likely to hold
+    def ds(f: float, r: int = 48) -> dict[str, float | int]:
+        return {"mem_fraction_static": f, "max_running_requests": r, "hicache_size": 0}
+
+    done = [point(DEEPSEEK, ds(0.85), 0), point(DEEPSEEK, ds(0.94), 1)]
+    p = plan(AXES, done, [], Goal(min_headroom_gib=0.5))
+    assert p.rule == "bisect", p.why
+    assert p.params == ds(0.95, 32)
