@@ -69,9 +69,10 @@ def test_schedulers_outliving_a_failed_start_are_killed_and_their_memory_waited_
     tmp_path: Path, guard: Guard, layout: str
 ) -> None:
     """The main process dies at startup; its two schedulers live on, each holding 1 GiB, and a
-    killed scheduler's memory comes back 1.5 s after it dies. The teardown kills both (in the
-    group, in process groups of their own, or out of the session, seen while the main process
-    lived), and waits for their memory as its own instead of taking them for newcomers."""
+    killed scheduler's memory comes back 1.5 s after its last heartbeat. The teardown kills both
+    (in the group, in process groups of their own, or out of the session, seen while the main
+    process lived), and waits for their memory as its own instead of taking them for
+    newcomers."""
     foreign = guard.stranger(sleeper())
     gpus = tmp_path / "gpu"
     modes = ["schedulers=2", f"gpu={gpus}", "sched-hold=1.5", "die-in-load"]
@@ -96,7 +97,10 @@ def test_schedulers_outliving_a_failed_start_are_killed_and_their_memory_waited_
     else:  # out of the group: each is killed by pid, after its start time was checked
         assert {f"SIGKILL:{pid}" for pid in schedulers} <= set(down.signals)
     assert not any(procs.is_alive(p.pid, p.start_ticks) for p in infos)
-    assert down.seconds >= 1.4, "their memory is ours: it is waited for, not taken as foreign"
+    # a killed scheduler's memory comes back 1.5 s after its last heartbeat, which falls a few
+    # tenths of a second before the kill on a loaded machine; taken as foreign it is not waited
+    # for at all
+    assert down.seconds >= 1.0, "their memory is ours: it is waited for, not taken as foreign"
     assert gpu_used(gpus) == 0
     record = "\n".join(down.waited)
     for pid in schedulers:
