@@ -555,17 +555,11 @@ class _Planner:
             if x[2] >= self.goal.probe_p
             and f0 + 1.5 * step < x[1].setting.mem_fraction < hi - 1.5 * step
             and not _more_demand(x[1].setting, safe.setting)
-            and all(
-                norm(x[0].get(n)) == norm(top.get(n))
-                for n in self.names
-                if n not in (FRACTION, REQUESTS, CHUNK)
-            )
+            and self._same_but_demand(x[0], top)
         ]
         if not inside:
             return None
-        params, fc, p = min(
-            inside, key=lambda x: (round(abs(x[1].setting.mem_fraction - mid) / step, 3), -x[2])
-        )
+        params, fc, p = _nearest(inside, mid, step)
         return self._proposal(
             params,
             fc,
@@ -663,11 +657,7 @@ class _Planner:
             for x in scored
             if abs(x[1].setting.mem_fraction - s.mem_fraction) < 1e-9
             and _less_demand(x[1].setting, s)
-            and all(
-                norm(x[0].get(n)) == norm(target.params.get(n))
-                for n in self.names
-                if n not in (FRACTION, REQUESTS, CHUNK)
-            )
+            and self._same_but_demand(x[0], target.params)
             and not any(_same_gpu(x[1].setting, o) for o in self.launched_gpu)
             and x[2] >= self.goal.probe_p
         ]
@@ -782,10 +772,7 @@ class _Planner:
         top = max(fc.setting.mem_fraction for _, fc, _ in same)
         hi = min([f for f in fails if f > lo], default=top + self._step())
         mid = (lo + hi) / 2
-        step = self._step()
-        return min(
-            same, key=lambda x: (round(abs(x[1].setting.mem_fraction - mid) / step, 3), -x[2])
-        )
+        return _nearest(same, mid, self._step())
 
     def _explore(self, scored: list[tuple[dict[str, Scalar], Forecast, float]]) -> Proposal | None:
         """One axis at a time from the fastest stable launch near the best capacity: more
@@ -917,6 +904,14 @@ class _Planner:
             norm(params.get(n)) != norm(self.ref.params.get(n)) for n in self.names if n not in skip
         )
 
+    def _same_but_demand(self, a: Mapping[str, Scalar], b: Mapping[str, Scalar]) -> bool:
+        """a and b differ at most in the fraction, max_running_requests and the prefill chunk."""
+        return all(
+            norm(a.get(n)) == norm(b.get(n))
+            for n in self.names
+            if n not in (FRACTION, REQUESTS, CHUNK)
+        )
+
     def _same_combo(self, params: Mapping[str, Scalar]) -> bool:
         return all(
             norm(params.get(n)) == norm(self.ref.params.get(n)) for n in self.names if n != FRACTION
@@ -931,6 +926,14 @@ class _Planner:
         if not isinstance(f, float | int) or self.best is None or self.best.observation is None:
             return 2
         return round((float(f) - self.best.observation.setting.mem_fraction) / self._step())
+
+
+def _nearest(
+    xs: Sequence[tuple[dict[str, Scalar], Forecast, float]], mid: float, step: float
+) -> tuple[dict[str, Scalar], Forecast, float]:
+    """The candidate whose fraction is nearest `mid` (to a thousandth of a step, so that two
+    fractions either side of it tie), the likeliest to hold among those."""
+    return min(xs, key=lambda x: (round(abs(x[1].setting.mem_fraction - mid) / step, 3), -x[2]))
 
 
 def _near_miss(p: Point) -> bool:
