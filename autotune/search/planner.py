@@ -487,10 +487,20 @@ class _Planner:
                 return margin
         safe = [x for x in better if x[2] >= g.safe_p]
         if safe:
-            params, fc, p = max(safe, key=lambda x: (_fc_tokens(x[1]), -self._distance(x[0]), x[2]))
+            params, fc, p = max(
+                safe,
+                key=lambda x: (
+                    round(x[1].setting.mem_fraction, 6),
+                    -self._distance(x[0], demand=False),
+                    x[2],
+                ),
+            )
             halfway = self._halfway(params, fc, better)
             if halfway is not None:
                 return halfway
+            bold = self._bold(params, fc, better)
+            if bold is not None:
+                return bold
             if self.best is None:
                 rule = "down"
             else:
@@ -567,6 +577,41 @@ class _Planner:
             f"the highest {FRACTION} the model calls safe is {fmt(f0)}, "
             f"{round((hi - f0) / step)} steps below {fmt(hi)} (failed or held thin): halfway, "
             f"p(stable) {p:.2f}",
+        )
+
+    def _bold(
+        self,
+        top: Mapping[str, Scalar],
+        safe: Forecast,
+        better: list[tuple[dict[str, Scalar], Forecast, float]],
+    ) -> Proposal | None:
+        """One fraction step above the highest safe setting, when the model gives it accept_p:
+        if it holds it counts as stable, and the safe setting would only have been the launch
+        before it. Launched first, it saves that launch when it holds and costs none when it
+        fails (the safe setting is next either way). Same demand or less, the same host cache
+        and other axes as the safe setting; only once a stress peak was measured (before that,
+        the odds come from an OOM's floor, not from a fit)."""
+        if safe.headroom is None:  # no stress peak measured: the odds are a guess
+            return None
+        f0 = safe.setting.mem_fraction
+        step = self._step()
+        above = [
+            x
+            for x in better
+            if x[2] >= self.goal.accept_p
+            and abs(x[1].setting.mem_fraction - (f0 + step)) < 0.25 * step
+            and not _more_demand(x[1].setting, safe.setting)
+            and self._same_but_demand(x[0], top)
+        ]
+        if not above:
+            return None
+        params, fc, p = max(above, key=lambda x: x[2])
+        return self._proposal(
+            params,
+            fc,
+            "edge",
+            f"one step above {fmt(f0)}, the highest {FRACTION} the model calls safe: "
+            f"p(stable) {p:.2f}, enough to count as stable if it holds",
         )
 
     def _noise_retry(

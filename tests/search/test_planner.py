@@ -47,14 +47,28 @@ def test_jumps_close_to_the_edge_with_a_margin() -> None:
 
 
 def test_steps_when_the_edge_is_one_step_away() -> None:
-    p = plan(AXES, [point(KIMI, kimi(0.88), 0)], [], GOAL)
+    p = plan(AXES, [point(KIMI, kimi(0.88), 0), point(KIMI, kimi(0.89), 1)], [], GOAL)
     assert p.rule == "step"
-    assert p.params == kimi(0.89)
+    assert p.params == kimi(0.9)
+
+
+def test_launches_the_step_above_the_highest_safe_when_it_would_count_as_stable() -> None:
+    """From the operator's 0.88, 0.89 is the highest fraction the model calls safe and 0.90
+    (p(stable) 0.96) would count as stable if it held: 0.90 first saves the launch at 0.89."""
+    p = plan(AXES, [point(KIMI, kimi(0.88), 0)], [], GOAL)
+    assert p.rule == "edge", p.why
+    assert p.params == kimi(0.9)
+    assert p.forecast is not None and p.model is not None
+    head = p.forecast.headroom
+    assert head is not None and head.mean - 2 * head.sd < GOAL.min_headroom_gib  # not "safe"
+    assert p.forecast.p_stable(GOAL.min_headroom_gib) >= GOAL.accept_p
+    assert "0.89" in p.why and "count as stable" in p.why
+    assert point(KIMI, p.params, 1).feasible
 
 
 def test_why_names_capacity_headroom_and_the_stress_peak() -> None:
     p = plan(AXES, [point(KIMI, kimi(0.88), 0)], [], GOAL)
-    for words in ("predicted 173,", "tokens", "headroom", "stress peak", "±", "best stable so far"):
+    for words in ("predicted 188,", "tokens", "headroom", "stress peak", "±", "best stable so far"):
         assert words in p.why
 
 
