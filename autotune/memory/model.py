@@ -50,6 +50,9 @@ PEAK_TOKENS_PER_REQUEST = 8.0
 SPIKE_RATIO = 1.25
 """A stress peak this many times the largest other peak measured at the same requests and prefill
 chunk is a spike of the peak's tail, not its spread."""
+CHUNK_SLOPE_REL_SD = 0.3
+"""Prior: the peak is proportional to the prefill chunk, its slope uncertain by this share until
+launches of two chunks measured it."""
 POOL_SPREAD = 0.05
 """Peaks measured at pools this far apart (a share of the largest) fit a term for the live
 context; closer ones cannot tell it from noise."""
@@ -786,7 +789,7 @@ def _peak_model(obs: Sequence[Observation]) -> PeakModel | None:
         per_request=per_r,
         per_request_sd=0.0 if fit_r else r_sd,
         per_chunk_token=per_c,
-        per_chunk_token_sd=0.0 if fit_c else 0.3 * c_prior,
+        per_chunk_token_sd=0.0 if fit_c else CHUNK_SLOPE_REL_SD * c_prior,
         sd=sd,
         slots_seen=tuple(sorted({int(r) for r in rs})),
         chunks_seen=tuple(sorted({int(c) for c in cs})),

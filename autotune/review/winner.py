@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from autotune.config.studyfile import CHUNK, FRACTION, Scalar
 from autotune.errors import UsageError
+from autotune.memory.model import CHUNK_SLOPE_REL_SD
 from autotune.record.direction import Push, direction, floor_fraction
 from autotune.record.view import TrialView, same_params
 from autotune.review.soak import SoakPlan, soak_plan
@@ -36,7 +37,7 @@ DEFAULT_STEP = 0.01
 SAME_CAPACITY = 0.99
 """Where backing off cannot give the soak's margin, the export trades demand for it among the
 settings that keep this share of the chosen one's capacity (the same fraction), never capacity."""
-MIN_CHUNK = 512
+MIN_CHUNK = 256
 """The smallest prefill chunk an export lowers `chunked_prefill_size` to for the soak's margin."""
 _MARGIN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(steps?|gib|gb|g)?\s*$", re.IGNORECASE)
 
@@ -338,7 +339,7 @@ def _chunk_for_soak(t: TrialView, plan: SoakPlan, short: float) -> SmallerChunk 
     best: SmallerChunk | None = None
     size = was // 2
     while size >= MIN_CHUNK:
-        saving = transient * (1.0 - size / was)
+        saving = transient * (1.0 - size / was) * (1.0 - 2.0 * CHUNK_SLOPE_REL_SD)
         rise_fall = plan.rise_gib * saving / peak
         left = max(0.0, short - saving - rise_fall)
         best = SmallerChunk(was, size, saving, short, left)

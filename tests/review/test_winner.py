@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
 
 from autotune.errors import UsageError
+from autotune.memory.model import CHUNK_SLOPE_REL_SD
 from autotune.record.view import views
 from autotune.review.winner import (
+    MIN_CHUNK,
     Margin,
     choose,
     lowest_startable,
@@ -124,10 +127,32 @@ def test_a_narrow_window_trades_the_prefill_chunk_for_the_soaks_margin() -> None
     ]
     w = choose(views(trials), fraction_step=0.01, min_headroom_gib=0.5)
     assert w is not None and w.params["mem_fraction_static"] == 0.82, w
-    assert w.params["chunked_prefill_size"] == 4096, w.params
+    chunk = w.params["chunked_prefill_size"]
+    assert isinstance(chunk, int) and MIN_CHUNK <= chunk <= 4096, w.params
     assert w.predicted and w.source is None
-    assert any("chunked_prefill_size 4096 instead of 8192" in n for n in w.notes), w.notes
+    assert any(f"chunked_prefill_size {chunk} instead of 8192" in n for n in w.notes), w.notes
     assert w.soak is not None and w.soak.need_gib > 0.6  # the fraction alone fell short
+
+
+def test_the_chunk_trade_counts_on_the_least_fall_the_chunk_prior_allows() -> None:
+    """The peak is taken as proportional to the chunk, its slope uncertain by
+    CHUNK_SLOPE_REL_SD: the export counts on the fall two such spreads below the proportional
+    one (part of a peak, a base and the decode batch, does not shrink with the chunk), so a
+    shortfall the proportional fall would just cover takes a smaller chunk."""
+    peak = ledger(0.82)["available_gpu_mem_gib"] - 0.6
+    trials = [
+        trial(0, 0.82, peak=peak, chunk=8192),
+        trial(1, 0.81, outcome="startup_oom", reason=NO_ROOM),
+    ]
+    w = choose(views(trials), fraction_step=0.01, min_headroom_gib=0.5)
+    assert w is not None
+    chunk = w.params["chunked_prefill_size"]
+    assert isinstance(chunk, int)
+    note = next(n for n in w.notes if "instead of 8192" in n)
+    fall = float(re.search(r"by about ([0-9.]+) GiB", note).group(1))  # type: ignore[union-attr]
+    assert fall == pytest.approx(
+        peak * (1 - chunk / 8192) * (1 - 2 * CHUNK_SLOPE_REL_SD), abs=0.01
+    ), note
 
 
 def test_the_chunk_stays_where_backing_off_gives_the_margin() -> None:
