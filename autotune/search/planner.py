@@ -6,7 +6,10 @@ memory model and returns the next setting with the rule that chose it and why:
 
 * `start`: nothing is known; a conservative point (the study's baseline normally comes first).
 * `jump` / `step`: the highest-capacity setting the model calls safe (stable with a margin of
-  two standard deviations over the required headroom) and better than the best stable so far.
+  two standard deviations over the required headroom) and better than the best stable so far,
+  at the demand most likely to hold at its fraction.
+* `edge`: one fraction step above that safe setting instead, when the model gives it accept_p:
+  if it holds it counts as stable, and the safe one would only have been the launch before it.
 * `bisect`: no better setting is safe but some are uncertain; probe the middle of the uncertain
   range, between the best stable setting and the lowest known or predicted failure. Also when
   the highest safe setting lies several steps below a failure (a miss widened the margins):
