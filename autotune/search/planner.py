@@ -501,9 +501,9 @@ class _Planner:
             halfway = self._halfway(params, fc, better)
             if halfway is not None:
                 return halfway
-            bold = self._bold(params, fc, better)
-            if bold is not None:
-                return bold
+            edge = self._edge(params, fc, better)
+            if edge is not None:
+                return edge
             if self.best is None:
                 rule = "down"
             else:
@@ -582,7 +582,7 @@ class _Planner:
             f"p(stable) {p:.2f}",
         )
 
-    def _bold(
+    def _edge(
         self,
         top: Mapping[str, Scalar],
         safe: Forecast,
