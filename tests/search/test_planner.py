@@ -46,6 +46,25 @@ def test_jumps_close_to_the_edge_with_a_margin() -> None:
     assert head is not None and head.mean - 2 * head.sd >= GOAL.min_headroom_gib
 
 
+def test_a_jump_takes_the_demand_most_likely_to_hold_at_its_fraction() -> None:
+    """The tokens of a fraction are the same at any requests: once 0.85 ran with 48 and with
+    32 requests, the jump above takes, of the settings at its fraction with no more demand than
+    the best launch's, the one the model gives the best odds (32: a smaller peak), not the best
+    launch's own 48."""
+    done = [point(KIMI, kimi(0.85, 48), 0), point(KIMI, kimi(0.85, 32), 1)]
+    p = plan(AXES, done, [], GOAL)
+    assert p.rule in ("jump", "edge") and p.forecast is not None and p.model is not None
+    f = p.forecast.setting.mem_fraction
+    odds = {
+        r: p.model.forecast(
+            Setting(f, r, None, 48.0), default_slots=r, default_chunk=None
+        ).p_stable(GOAL.min_headroom_gib)
+        for r in (32, 48)
+    }
+    assert odds[32] > odds[48], odds
+    assert p.params == kimi(f, 32), (p.params, odds)
+
+
 def test_steps_when_the_edge_is_one_step_away() -> None:
     p = plan(AXES, [point(KIMI, kimi(0.88), 0), point(KIMI, kimi(0.89), 1)], [], GOAL)
     assert p.rule == "step"
