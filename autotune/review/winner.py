@@ -320,7 +320,8 @@ class SmallerChunk:
             f"no {FRACTION} that can start leaves trial {trial}'s setting the soak's margin "
             f"({self.short_gib:.2f} GiB short): {CHUNK} {self.to} instead of {self.was} should "
             f"lower the stress peak by about {self.saving_gib:.2f} GiB (a prefill's transient "
-            f"taken as proportional to its chunk; predicted, so run autotune confirm){still}"
+            f"taken as proportional to its chunk, counted at the low end of that prior; predicted, "
+            f"so run autotune confirm){still}"
         )
 
 
@@ -330,16 +331,19 @@ def _chunk_for_soak(t: TrialView, plan: SoakPlan, short: float) -> SmallerChunk 
     stress peak. The largest of the chunk halved, quartered, … (`MIN_CHUNK` at least) whose
     predicted fall of the peak (the trial's peak less its growth, taken as proportional to the
     chunk, and the soak's rise with it) covers the shortfall, else the smallest; None when
-    nothing is short or the chunk or the peak is unknown."""
+    nothing is short or the chunk or the peak is unknown. The fall counted on is the least the
+    chunk prior allows, two spreads of `CHUNK_SLOPE_REL_SD` below the proportional one: part of
+    a peak (a base, the decode batch) does not shrink with the chunk."""
     was = t.chunk
     peak = t.stress_peak_gib
     if short <= 0.005 or not was or peak is None or peak <= 0:
         return None
     transient = max(peak - max(plan.growth_gib or 0.0, 0.0), 0.0)
+    least = transient * (1.0 - 2.0 * CHUNK_SLOPE_REL_SD)
     best: SmallerChunk | None = None
     size = was // 2
     while size >= MIN_CHUNK:
-        saving = transient * (1.0 - size / was) * (1.0 - 2.0 * CHUNK_SLOPE_REL_SD)
+        saving = least * (1.0 - size / was)
         rise_fall = plan.rise_gib * saving / peak
         left = max(0.0, short - saving - rise_fall)
         best = SmallerChunk(was, size, saving, short, left)

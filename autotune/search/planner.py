@@ -493,7 +493,7 @@ class _Planner:
             params, fc, p = max(
                 safe,
                 key=lambda x: (
-                    round(x[1].setting.mem_fraction, 6),
+                    _tokens_rank(x[1].setting),
                     -self._distance(x[0], demand=False),
                     x[2],
                 ),
