@@ -38,6 +38,15 @@ class Outcome(StrEnum):
     INTERRUPTED = "interrupted"
     STALE = "stale"
     SKIPPED = "skipped"
+    KILLED = "killed"
+    """Ended from outside: a signal autotune did not send and the host's OOM killer did not
+    send (someone's `kill`, a stray SIGTERM). Not the parameters' result."""
+    MACHINE_ERROR = "machine_error"
+    """The host failed the server: its disk full, its port taken by another process, a driver
+    or NCCL fault of the machine. Not the parameters' result."""
+    DISTURBED = "disturbed"
+    """autotune itself was paused (SIGSTOP, a suspended laptop, a VM migration) long enough
+    that what it measured is not the server's; not the parameters' result."""
 
     @classmethod
     def of(cls, value: object) -> Outcome:
@@ -72,15 +81,23 @@ class Outcome(StrEnum):
         return self.is_parameter_result and not self.is_oom
 
     @property
+    def requeued(self) -> bool:
+        """Endings whose point runs again: autotune, the machine or someone outside cut the trial
+        short, so it says nothing about the parameters."""
+        return self in (
+            Outcome.HARNESS_ERROR,
+            Outcome.INTERRUPTED,
+            Outcome.STALE,
+            Outcome.KILLED,
+            Outcome.MACHINE_ERROR,
+            Outcome.DISTURBED,
+        )
+
+    @property
     def counted(self) -> bool:
         """Whether a failed trial with this ending counts toward the budget: endings autotune cut
         short or the machine failed run their point again, and skipped ones never launched."""
-        return self not in (
-            Outcome.INTERRUPTED,
-            Outcome.STALE,
-            Outcome.SKIPPED,
-            Outcome.HARNESS_ERROR,
-        )
+        return not self.requeued and self is not Outcome.SKIPPED
 
     @property
     def machine_suspect(self) -> bool:
@@ -92,6 +109,9 @@ class Outcome(StrEnum):
             Outcome.HANG,
             Outcome.TIMEOUT,
             Outcome.UNKNOWN,
+            Outcome.KILLED,
+            Outcome.MACHINE_ERROR,
+            Outcome.DISTURBED,
         )
 
 
@@ -122,6 +142,16 @@ class RunFacts:
     unhealthy: str = ""  # why the live checks judged a ready server dead, "" if not
     lost: str = ""  # which server process vanished while the main process lives, "" if none
     notes: tuple[str, ...] = field(default_factory=tuple)
+    exit_code: int | None = None
+    """The main process's return code as `subprocess` gives it (negative: the signal that ended
+    it), None while it runs or when unknown."""
+    sender: str = ""
+    """Who sent the signal that ended it, where the harness can know: `autotune` (our stop),
+    `oom_killer` (the kernel's, from its log or the cgroup's events), `outside` (neither), or
+    "" when unknown or no signal ended it."""
+    host: tuple[str, ...] = field(default_factory=tuple)
+    """What the host showed when the server died: a full disk, its port held by another
+    process; each one line, for the verdict's evidence."""
 
 
 _OOM_KINDS = OOM_KINDS | {Kind.NCCL_ERROR}

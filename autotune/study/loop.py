@@ -354,8 +354,9 @@ def _tell_unless_finished(
 
 
 def tell(study: optuna.Study, trial: optuna.trial.Trial, result: Result, cfg: StudyConfig) -> None:
-    """Store one trial's result; the point of a trial that was interrupted or failed for the
-    machine's sake (a harness error) is enqueued again, so the study loses no point."""
+    """Store one trial's result; the point of a trial that was interrupted or cut short by the
+    machine or from outside (`Outcome.requeued`) is enqueued again, so the study loses no
+    point."""
     trial.set_user_attr(keys.OUTCOME, result.outcome)
     trial.set_user_attr(keys.REASON, result.reason)
     for key, value in result.attrs.items():
@@ -367,6 +368,5 @@ def tell(study: optuna.Study, trial: optuna.trial.Trial, result: Result, cfg: St
         study.tell(trial, objective_values(m, cfg.objectives))
         return
     study.tell(trial, state=TrialState.FAIL)
-    machine = result.outcome == "harness_error"  # the machine failed, not the parameters
-    if (result.state == "interrupted" or machine) and trial.params:
+    if (result.state == "interrupted" or Outcome.of(result.outcome).requeued) and trial.params:
         study.enqueue_trial(dict(trial.params))
