@@ -261,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         metavar="KEYS",
         help="run every profile in a world that differs from the model: all of "
-        f"{', '.join(MISMATCH_KEYS)} (or the comma-separated ones named)",
+        f"{', '.join(MISMATCH_KEYS)} (or the comma-separated ones named), set on top of the "
+        "profile's own [mismatch] table (which is always kept)",
     )
     ap.add_argument(
         "--chunks",

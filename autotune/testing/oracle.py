@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import optuna
@@ -149,7 +149,8 @@ class Bench:
 def bench_for(
     profile: Profile, *, min_headroom_gib: float = 0.5, mismatch: Mismatch | None = None
 ) -> Bench:
-    """The study an operator would write for this box: fraction, requests, host cache."""
+    """The study an operator would write for this box: fraction, requests, host cache. The
+    box's world is its profile's own `[mismatch]`, with `mismatch`'s keys on top (`over`)."""
     tp = profile.hardware.gpu_count
     spec = profile.draft is not None and profile.draft.algorithm.startswith("EAGLE")
     version = profile.sglang_version
@@ -178,8 +179,20 @@ def bench_for(
         },
     )
     if mismatch is not None:
-        profile = replace(profile, mismatch=mismatch)
+        profile = replace(profile, mismatch=over(profile.mismatch, mismatch))
     return Bench(profile, spec, search, Constraints(min_headroom_gib=min_headroom_gib))
+
+
+def over(own: Mismatch, extra: Mismatch) -> Mismatch:
+    """A profile's own `[mismatch]` with the keys `extra` sets (those off their default) on top:
+    a benchmark world adds to the box's table, it never erases it."""
+    default = Mismatch()
+    changed = {
+        f.name: getattr(extra, f.name)
+        for f in fields(Mismatch)
+        if getattr(extra, f.name) != getattr(default, f.name)
+    }
+    return replace(own, **changed)
 
 
 def server_settings(bench: Bench, params: Mapping[str, Scalar]) -> ServerSettings:

@@ -357,3 +357,55 @@ def test_a_spiked_peak_does_not_widen_the_peak_models_spread() -> None:
     assert spiked.peak.at(48, None).mean < 2.1
     alone = fit([obs(0.80, 2.0, 32), obs(0.86, 2.9)])
     assert alone.peak is not None and alone.peak.at(48, None).mean > 2.5
+
+
+def _own_table(tmp_path: object, **mismatch: object) -> str:
+    """A copy of the Kimi box whose profile carries its own `[mismatch]` table."""
+    import tomllib
+    from pathlib import Path
+
+    from autotune.sim.profiles import PROFILE_DIR
+
+    text = (PROFILE_DIR / "kimi-k2.5-tp8-96g.toml").read_text()
+    assert "[mismatch]" not in text and tomllib.loads(text)
+    table = "\n".join(f"{k} = {v}" for k, v in mismatch.items())
+    path = Path(str(tmp_path)) / "kimi-short-rank.toml"
+    path.write_text(text + f"\n[mismatch]\n{table}\n")
+    return str(path)
+
+
+def test_the_benchmark_keeps_a_profiles_own_mismatch_and_adds_its_world_on_top(
+    tmp_path: object,
+) -> None:
+    own = load_profile(_own_table(tmp_path, rank_imbalance_gib=1.5))
+    assert own.mismatch == Mismatch(rank_imbalance_gib=1.5)
+    # bench_search hands every profile its --mismatch world, an empty one without the flag
+    assert bench_for(own, mismatch=Mismatch()).mismatch == own.mismatch
+    layered = bench_for(own, mismatch=Mismatch(peak_tail_dof=5)).mismatch
+    assert layered == Mismatch(rank_imbalance_gib=1.5, peak_tail_dof=5)
+    plain = dataclasses.replace(own, mismatch=Mismatch())
+    assert best_stable(bench_for(own, mismatch=Mismatch())) < best_stable(bench_for(plain))
+
+
+def test_bench_search_runs_a_profile_in_its_own_world(
+    tmp_path: object, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_search.py"
+    spec = importlib.util.spec_from_file_location("bench_search", script)
+    assert spec is not None and spec.loader is not None
+    bench_search = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_search", bench_search)  # its dataclasses look it up
+    spec.loader.exec_module(bench_search)
+    with_table = _own_table(tmp_path, rank_imbalance_gib=1.5)
+    best = {}
+    for name in ("kimi-k2.5-tp8-96g", with_table):
+        argv = ["--seeds", "1", "--samplers", "capacity", "--profiles", name, "--budget", "6"]
+        assert bench_search.main(argv) == 0
+        found = re.search(r"best stable capacity ([\d,]+) tokens", capsys.readouterr().err)
+        assert found is not None
+        best[name] = int(found.group(1).replace(",", ""))
+    assert best[with_table] < best["kimi-k2.5-tp8-96g"]
