@@ -16,9 +16,9 @@ import contextlib
 import json
 import random
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import Executor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import assert_never
 
@@ -47,12 +47,26 @@ class Target:
 
 @dataclass(frozen=True)
 class ServerFacts:
-    """The server's effective limits, from the ledger; None where the log did not show them."""
+    """The server's effective limits, from the ledger; None where the log did not show them.
+    Each field is named as the ledger's own key (`logparse.ledger.Ledger`), so `from_ledger`
+    wires every one of them by name and a new field cannot be left out of a live run."""
 
     max_running_requests: int | None = None
     chunked_prefill_size: int | None = None
     context_len: int | None = None
     max_total_num_tokens: int | None = None  # the KV pool; caps a stress burst to what can run
+
+    @classmethod
+    def from_ledger(cls, ledger: Mapping[str, object]) -> ServerFacts:
+        """The facts a launched server's ledger (`Ledger.to_dict()`) shows."""
+        return cls(**{f.name: _count(ledger.get(f.name)) for f in fields(cls)})
+
+
+def _count(value: object) -> int | None:
+    """A whole count from the ledger; None for a missing or non-numeric value."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return int(value)
 
 
 class Activity:

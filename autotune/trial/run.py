@@ -614,12 +614,7 @@ class _LiveRun:
         )
 
     def drive(self, ledger: Mapping[str, object]) -> Load:
-
-        facts = ServerFacts(
-            max_running_requests=_opt_int(ledger.get("max_running_requests")),
-            chunked_prefill_size=_opt_int(ledger.get("chunked_prefill_size")),
-            context_len=_opt_int(ledger.get("context_len")),
-        )
+        facts = ServerFacts.from_ledger(ledger)
         target = Target(self.server.base_url, self.launcher._api_key)
         limit_s = self.launcher.limits.workload_s
         before = self._flushed_usage()
@@ -690,10 +685,6 @@ class _LiveRun:
             waited=t.waited,
             log_notes=self.server.log.notes,
         )
-
-
-def _opt_int(v: object) -> int | None:
-    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
 def _settled_usage(probe: GpuProbe, devices: tuple[int, ...] | None) -> dict[int, int] | None:
