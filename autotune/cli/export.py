@@ -8,7 +8,7 @@ import sys
 
 from autotune.cli import common
 from autotune.errors import UsageError
-from autotune.review.export import FORMATS, build_export, render
+from autotune.review.export import FORMATS, build_export, comment, render
 from autotune.server.flagcheck import canonical_argv, inspect_argv
 
 
@@ -47,9 +47,11 @@ def handle(args: argparse.Namespace) -> int:
         for problem in report.problems:
             sys.stderr.write(f"autotune: warning: {problem}\n")
         ex = dataclasses.replace(ex, argv=canonical_argv(ex.argv, report.canonical))
+    text = render(ex, args.format)  # a value the format cannot carry stops here: nothing written
     if args.format == "flags":  # stdout stays one pasteable line; the answer goes to stderr
-        sys.stderr.write(review.scrub(f"# {ex.headline}\n"))
+        sys.stderr.write(review.scrub(comment(ex.headline) + "\n"))
         if ex.forced:
-            sys.stderr.write(f"# FORCED EXPORT: {ex.forced}; remove {ex.forced_flag} to launch\n")
-    sys.stdout.write(review.scrub(render(ex, args.format)))
+            line = f"FORCED EXPORT: {ex.forced}; remove {ex.forced_flag} to launch"
+            sys.stderr.write(comment(line) + "\n")
+    sys.stdout.write(review.scrub(text))
     return 0

@@ -44,6 +44,12 @@ _FLAG_NAME = re.compile(r"^[a-z][a-z0-9]*([_-][a-z0-9]+)*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+def is_env_name(name: str) -> bool:
+    """An environment variable name: ASCII letters, digits and `_`, not starting with a digit
+    (what POSIX shells and systemd's `Environment=` accept)."""
+    return _ENV_NAME.fullmatch(name) is not None
+
+
 def param_name(key: str) -> str:
     """The canonical name of a flag key: `mem-fraction-static` → `mem_fraction_static`."""
     return key.replace("-", "_")
@@ -70,6 +76,9 @@ class Limits:
     release_s: float = 120.0
     foreign_wait_s: float = 0.0
     """How long to wait for GPU memory held by processes autotune did not start; 0 refuses."""
+    pause_s: float = 2.0
+    """How long autotune itself may be paused (SIGSTOP, a suspend) between a launch and the end of
+    its workload before the trial is failed as `disturbed` (`autotune.trial.clockwatch`)."""
 
 
 @dataclass(frozen=True)
@@ -225,6 +234,7 @@ def load_study(path: Path, name: str | None = None) -> StudyConfig:
 
 def parse_study(raw: Mapping[str, object], *, name: str, path: Path) -> StudyConfig:
     """Validate an already parsed study file."""
+    _refuse_control(raw, "")
     top = _Table(raw, "")
     top.only(
         "description",
@@ -266,6 +276,36 @@ def parse_study(raw: Mapping[str, object], *, name: str, path: Path) -> StudyCon
     )
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _refuse_control(data: object, dotted: str) -> None:
+    """No string in the study file holds a NUL byte, and no key a control character.
+
+    A command line and an environment are C strings (execve(2)), so a NUL in a value cannot reach
+    the server, nor any export: refused here, at load, naming the key, instead of failing when a
+    trial launches. Other control characters in values are carried: the launch passes them as
+    they are, and each export format escapes them or refuses them itself
+    (`autotune.review.export`). A key holds none (TOML allows them in quoted keys): a flag or
+    variable name with a newline would otherwise end the flag or the line it is written on."""
+    if isinstance(data, str):
+        if "\x00" in data:
+            raise ConfigError(
+                dotted, "holds a NUL byte (\\u0000), which no command line, environment or "
+                "export can carry; remove it"
+            )  # fmt: skip
+    elif isinstance(data, dict):
+        for key, value in data.items():
+            here = f"{dotted}.{key}" if dotted else str(key)
+            if _CONTROL.search(str(key)):
+                shown = _CONTROL.sub(lambda m: ascii(m.group())[1:-1], here)
+                raise ConfigError(shown, "the key holds a control character; remove it")
+            _refuse_control(value, here)
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            _refuse_control(value, f"{dotted}[{i}]")
+
+
 # ------------------------------------------------------------------------------------------------
 # Sections
 # ------------------------------------------------------------------------------------------------
@@ -295,7 +335,7 @@ def _server(t: _Table) -> ServerConfig:
     env_table = t.table("env")
     env: dict[str, str] = {}
     for key in env_table.keys():  # noqa: SIM118
-        if not _ENV_NAME.match(key):
+        if not is_env_name(key):
             raise ConfigError(env_table.key(key), "is not a valid environment variable name")
         env[key] = env_table.string(key, required=True)
     host = t.string("host", default="127.0.0.1")
@@ -310,7 +350,10 @@ def _server(t: _Table) -> ServerConfig:
                 + ("workload.api_key_env" if reserved == "api_key" else f"server.{reserved}"),
             )
     lt = t.table("limits")
-    lt.only("startup_s", "stall_s", "workload_s", "stop_grace_s", "release_s", "foreign_wait_s")
+    lt.only(
+        "startup_s", "stall_s", "workload_s", "stop_grace_s", "release_s", "foreign_wait_s",
+        "pause_s",
+    )  # fmt: skip
     d = Limits()
     limits = Limits(
         startup_s=lt.positive("startup_s", default=d.startup_s),
@@ -319,6 +362,7 @@ def _server(t: _Table) -> ServerConfig:
         stop_grace_s=lt.positive("stop_grace_s", default=d.stop_grace_s),
         release_s=lt.positive("release_s", default=d.release_s),
         foreign_wait_s=_non_negative(lt, "foreign_wait_s", default=d.foreign_wait_s),
+        pause_s=lt.positive("pause_s", default=d.pause_s),
     )
     return ServerConfig(
         backend=backend,
