@@ -58,6 +58,8 @@ _POOLSTATS = "managers/scheduler_components/pool_stats_observer.py"
 _WATCHDOG = "utils/watchdog.py"
 _TP = "managers/tp_worker.py"
 _GEMM = "layers/deep_gemm_wrapper/compile_utils.py"
+_BATCH = "managers/schedule_batch.py"
+_NET = "utils/network.py"
 
 RULES: tuple[Rule, ...] = (
     # -- startup, in order -------------------------------------------------------------------
@@ -504,13 +506,91 @@ RULES: tuple[Rule, ...] = (
         ),
         Source(_SCHED, ", #new_token_ratio: {old_ratio:.4f} -> {new_token_ratio:.4f}"),
     ),
+    _r("retract_test", "retract", Source(_SCHED, "Testing retraction. ", "plain")),
     _r(
         "request_oom_abort",
         "request_oom_abort",
+        Source(_BATCH, "retract_decode: aborted last request %s due to OOM", "%"),
+    ),
+    _r(
+        "request_oom_abort_reason",
+        "request_oom_abort",
         Source(
-            "managers/schedule_batch.py",
-            "retract_decode: aborted last request %s due to OOM",
+            _BATCH,
+            "Out of memory even after retracting all other requests in the decode batch. "
+            "Aborting the last request.",
+            "plain",
+        ),
+    ),
+    # -- handled out-of-memory: logged, then a fallback (serving events) -----------------------
+    _r(
+        "oom_fallback_graph_dedup",
+        "oom_handled",
+        Source(
+            "model_executor/runner_backend/cuda_graph_dedup_mixin.py",
+            "[CudaGraph][dedup] %s init failed (%s); using plain executables.",
             "%",
+        ),
+    ),
+    _r(
+        "oom_retry",
+        "oom_handled",
+        Source(
+            "utils/common.py",
+            "retry() failed once ({try_index}th try, maximum {max_retry} retries). Will delay "
+            "{delay:.2f}s and retry. Error: {e}",
+        ),
+    ),
+    _r(
+        "oom_fallback_vmm",
+        "oom_handled",
+        Source(
+            "utils/cuda_vmm_utils.py",
+            "CUDA VMM %s backing unavailable on device %d; trying fallback: %s",
+            "%",
+        ),
+    ),
+    # -- ports: SGLang waiting for one (events), then giving up (a machine fault) ---------------
+    _r(
+        "port_wait",
+        "port_wait",
+        Source(
+            _NET,
+            "port {port} is in use. Waiting for {i} seconds for {port_name} to be available. "
+            "{error_message}",
+        ),
+    ),
+    _r(
+        "port_wait_unknown_holder",
+        "port_wait",
+        Source(_NET, "The port {port} is in use, but we could not find the process that uses it."),
+    ),
+    _r("port_next", "port_wait", Source(_NET, "Port %d is already in use, trying port %d", "%")),
+    _r(
+        "port_not_available",
+        "port_in_use",
+        Source(
+            _NET, "{port_name} at {port} is not available in {timeout_s} seconds. {error_message}"
+        ),
+    ),
+    _r(
+        "ports_in_use",
+        "port_in_use",
+        Source(
+            "server_args.py",
+            "Port is already in use. dist_init_port={dist_init_port!r} port_base={port_base!r} "
+            "detokenizer_port={detokenizer_port!r} nccl_port={nccl_port!r} "
+            "scheduler_input_port={scheduler_input_port!r}",
+        ),
+    ),
+    _r(
+        "bootstrap_port_in_use",
+        "port_in_use",
+        Source(
+            _ENGINE,
+            "engine_info_bootstrap_port {bootstrap_port} is already in use. When running multiple "
+            "instances on the same node, each instance must use a different "
+            "--engine-info-bootstrap-port.",
         ),
     ),
     # -- failures ----------------------------------------------------------------------------
@@ -682,6 +762,11 @@ RULES: tuple[Rule, ...] = (
             "SIGTERM received. signum={signum!r} frame={frame!r}. Draining requests and shutting "
             "down...",
         ),
+    ),
+    _r(
+        "sigterm_force_exit",
+        "sigterm_received",
+        Source(_TOK, "Signal SIGTERM received while health check failed. Force exiting.", "plain"),
     ),
     _r(
         "graceful_exit",

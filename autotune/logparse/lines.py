@@ -7,6 +7,13 @@ most of a long log and must cost one or two string tests each. Batch lines are r
 pairs rather than by one regex per version, so 0.4.x (`Decode batch. …`), 0.5.4 (`Decode batch [n],
 …`), 0.5.9 and 0.5.23 field orders all parse with the same code. Anything unrecognised yields None:
 logs carry junk (tqdm carriage returns, warnings, systemd prefixes) between the lines that matter.
+
+A line is a failure (`FAILURE_KINDS`) only when SGLang's code raises, exits or kills its tree
+after printing it, or fails a request with the OOM error; a line it prints and then handles is a
+serving event: a retraction in any release's shape (`Kind.RETRACT`), an out-of-memory it recovered
+from (`Kind.OOM_HANDLED`), a wait for a port (`Kind.PORT_WAIT`). Failures the machine caused
+(`MACHINE_KINDS`) are read from Python's, uvicorn's, CUDA's and NCCL's own messages. The table of
+every line, its SGLang source and its class is in docs/sglang-server.md §1.6.
 """
 
 from __future__ import annotations
@@ -61,7 +68,8 @@ class Kind(StrEnum):
     SIGTERM_RECEIVED = "sigterm_received"
     GRACEFUL_EXIT = "graceful_exit"
     RETRACT = "retract"
-    REQUEST_OOM_ABORT = "request_oom_abort"
+    OOM_HANDLED = "oom_handled"
+    PORT_WAIT = "port_wait"
     SERVING_FRAME = "serving_frame"
     HEALTH_CHECK_FAILED = "health_check_failed"
     # Failure lines.
@@ -76,7 +84,10 @@ class Kind(StrEnum):
     DECODE_OOM = "decode_oom"
     ALLOC_OOM = "alloc_oom"
     REQ_SLOTS_OOM = "req_slots_oom"
+    RETRACT_OOM = "retract_oom"
+    REQUEST_OOM_ABORT = "request_oom_abort"
     OOM = "oom"
+    HOST_ENOMEM = "host_enomem"
     SCHEDULER_EXCEPTION = "scheduler_exception"
     SIGQUIT = "sigquit"
     RANK_DEAD = "rank_dead"
@@ -86,6 +97,12 @@ class Kind(StrEnum):
     HICACHE_TOO_SMALL = "hicache_too_small"
     EXIT_CODE = "exit_code"
     NCCL_ERROR = "nccl_error"
+    # Machine faults: the host, not the parameters.
+    PORT_IN_USE = "port_in_use"
+    DISK_FULL = "disk_full"
+    GPU_FAULT = "gpu_fault"
+    HOST_FAULT = "host_fault"
+    NCCL_FAULT = "nccl_fault"
     ERROR = "error"
 
 
@@ -98,10 +115,22 @@ OOM_KINDS = frozenset(
         Kind.DECODE_OOM,
         Kind.ALLOC_OOM,
         Kind.REQ_SLOTS_OOM,
+        Kind.RETRACT_OOM,
+        Kind.REQUEST_OOM_ABORT,
         Kind.OOM,
     }
 )
-"""Every "out of memory" a CUDA, Triton or SGLang allocator line reports: never dropped."""
+"""Every "out of memory" that SGLang treats as one: a CUDA, Triton or SGLang allocator line of a
+dying scheduler, or a request failed with the OOM error (0.5.23's abort of the last request a
+decode batch could not keep). Never dropped as noise. Lines that report running out and go on
+(retractions, fallbacks) are `Kind.RETRACT` and `Kind.OOM_HANDLED`, serving events."""
+
+MACHINE_KINDS = frozenset(
+    {Kind.PORT_IN_USE, Kind.DISK_FULL, Kind.GPU_FAULT, Kind.HOST_FAULT, Kind.NCCL_FAULT}
+)
+"""Deaths the host caused, read from SGLang's, Python's, CUDA's and NCCL's own messages: a port
+another process holds, a full disk, a GPU or driver fault, the host's limits or I/O, NCCL's
+system and network errors. Not the parameters' result (`Outcome.MACHINE_ERROR`)."""
 
 FAILURE_KINDS = frozenset(
     {
@@ -117,10 +146,14 @@ FAILURE_KINDS = frozenset(
         Kind.WATCHDOG_TIMEOUT,
         Kind.WARMUP_FAILED,
         Kind.HICACHE_TOO_SMALL,
+        Kind.HOST_ENOMEM,
         Kind.NCCL_ERROR,
+        *MACHINE_KINDS,
         Kind.ERROR,
     }
 )
+"""Lines that end a run: each one precedes a raise, an exit or SGLang killing its own tree, or
+(`REQUEST_OOM_ABORT`) fails a request with the OOM error."""
 
 SERVING_KINDS = frozenset(
     {
@@ -128,6 +161,7 @@ SERVING_KINDS = frozenset(
         Kind.DECODE_OOM,
         Kind.ALLOC_OOM,
         Kind.REQ_SLOTS_OOM,
+        Kind.RETRACT_OOM,
         Kind.SUBPROCESS_CRASHED,
         Kind.RETRACT,
         Kind.REQUEST_OOM_ABORT,
@@ -596,7 +630,7 @@ def _capture(message: str, ctx: Ctx) -> Event | None:
     """`Capture [target|draft] [decode|prefill|verify|extend|piecewise] CUDA graph begin|end`
     (0.5.14+ roles; plain `Capture cuda graph …` before), `Capture cuda graph bs [...]`."""
     if " failed" in message:
-        return Event(Kind.GRAPH_CAPTURE_FAILED, *ctx)
+        return _wrapped_fault(message, ctx) or Event(Kind.GRAPH_CAPTURE_FAILED, *ctx)
     if " graph bs [" in message:
         m = _GRAPH_BS.search(message)
         sizes = _ints(m.group(1)) if m else []
@@ -646,7 +680,16 @@ def _mrr_reset(message: str, ctx: Ctx) -> Event:
 
 
 def _retract(message: str, ctx: Ctx) -> Event:
-    return Event(Kind.RETRACT, *ctx, _values(retracted=_num(_RETRACT, message)))
+    """A decode batch that did not fit, requests sent back to the queue: a serving event, never
+    a failure. Every release's shape (after `ScheduleBatch.retract_decode`): 0.1–0.2
+    `decode out of memory happened, #retracted_reqs: n, #new_token_ratio: a -> b`
+    (`forward_decode_batch`) and 0.3–0.4.x `Decode out of memory happened. #retracted_reqs: n, …`
+    (`Scheduler.update_running_batch`), both INFO; 0.4.x to 0.5.23 (`update_running_batch`)
+    `KV cache pool is full. Retract requests. #retracted_reqs: n,
+    #new_tokens_gained: m[, #mamba_num_gained: k], #new_token_ratio: a -> b` (WARNING), and
+    `Testing retraction. …` under SGLANG_TEST_RETRACT (label "test")."""
+    label = "test" if message.startswith("Testing") else ""
+    return Event(Kind.RETRACT, *ctx, _values(retracted=_num(_RETRACT, message)), label)
 
 
 def _kv_dtype(message: str, ctx: Ctx) -> Event:
@@ -802,6 +845,9 @@ _STARTS: tuple[tuple[str, Builder], ...] = (
     ("Load weight end", _weight_end),
     ("KV Cache ", _kv_allocated),
     ("KV cache pool is full", _retract),
+    ("Decode out of memory happened", _retract),
+    ("decode out of memory happened", _retract),
+    ("Testing retraction", _retract),
     ("KV pool holds", _pool_below_context),
     ("Capturing batches", _capturing),
     ("Capturing prefill shape", _capturing),
@@ -888,13 +934,54 @@ _REQUEST_LOG = ("Receive: ", "Receive OpenAI: ", "Finish: ", "{")
 """--log-requests lines: they carry prompt text, which may say anything."""
 
 
+_HANDLED = (
+    "falling back",
+    "fall back",
+    "fallback",
+    "retrying",
+    "will retry",
+    "and retry",
+    "skipping",
+    "skipped",
+    "instead",
+    "using plain",
+    "disabling",
+)
+"""Words of a message that ran out of memory and went on: SGLang's handled OOMs say what they
+did instead (`[CudaGraph][dedup] … init failed (…); using plain executables.`,
+`retry() failed once (…). Will delay … and retry. Error: …`, `CUDA VMM … backing unavailable …;
+trying fallback: …`, FlashInfer's `extend autotune skipped`)."""
+_WARNING_LEVEL = re.compile(r"WARNING\b|\[W\d{4} ")
+"""A message logged at warning level by a logger that prints its level (Python's `logging` with a
+level field, torch's C++ `[W1203 10:00:00.123 file.cpp:119] Warning: …`); NCCL's `NCCL WARN` is
+its error level and is not one of these."""
+
+
+def _handled(line: str) -> bool:
+    """An out-of-memory message that SGLang (or torch) logged and recovered from: never a
+    traceback's exception line (that one was raised), but a warning or a line saying what it did
+    instead."""
+    if _looks_like_exception(line):
+        return False
+    if _WARNING_LEVEL.match(line) or "UserWarning" in line or "RuntimeWarning" in line:
+        return True
+    low = line.lower()
+    return any(cue in low for cue in _HANDLED)
+
+
 def _oom(line: str, ctx: Ctx) -> Event | None:
     """Any line that reports running out of GPU memory: torch, the CUDA runtime or driver,
-    Triton, cuBLAS, NCCL, SGLang's token and request-slot allocators."""
+    Triton, cuBLAS, NCCL, SGLang's token and request-slot allocators. A handled one is
+    `Kind.OOM_HANDLED`, a serving event."""
     if "Out of memory even after retracting" in line:
-        return Event(Kind.REQUEST_OOM_ABORT, *ctx)  # one request aborted; the server lives
+        # 0.5.9 raises it (`ValueError`, `ScheduleBatch.retract_decode`): the scheduler dies.
+        # 0.5.23 fails that one request with it (HTTP 500) and keeps serving.
+        oom = Kind.RETRACT_OOM if _looks_like_exception(line) else Kind.REQUEST_OOM_ABORT
+        return Event(oom, *ctx)
     if any(benign in line for benign in _NOT_OOM):
         return None
+    if _handled(line):
+        return Event(Kind.OOM_HANDLED, *ctx)
     if "Tried to allocate" in line and "out of memory" in line:
         m = _TRIED.search(line)
         values = {}
@@ -904,7 +991,7 @@ def _oom(line: str, ctx: Ctx) -> Event | None:
         kind = Kind.GRAPH_CAPTURE_FAILED if "Capture" in line else Kind.TORCH_OOM
         return Event(kind, *ctx, values)
     if "Capture" in line and "graph failed" in line:
-        return Event(Kind.GRAPH_CAPTURE_FAILED, *ctx)
+        return _wrapped_fault(line, ctx) or Event(Kind.GRAPH_CAPTURE_FAILED, *ctx)
     if "Prefill out of memory" in line:
         return Event(Kind.PREFILL_OOM, *ctx)
     if "Decode out of memory" in line:
@@ -930,6 +1017,10 @@ def _failure(line: str, ctx: Ctx) -> Event | None:
         return None
     if ("emory" in line or "EMORY" in line or "ALLOC_FAILED" in line) and _ANY_OOM.search(line):
         return _oom(line, ctx)
+    if _MACHINE_HINT.search(line):
+        event = _machine(line, ctx)
+        if event is not None:
+            return event
     if "Not enough memory" in line or "leave no GPU memory for the KV cache" in line:
         return Event(Kind.NO_KV_ROOM, *ctx)
     if "Memory pool size is too small" in line or "max_running_request is zero" in line:
@@ -943,7 +1034,7 @@ def _failure(line: str, ctx: Ctx) -> Event | None:
     if "host memory should be larger than the device memory" in line:
         return Event(Kind.HICACHE_TOO_SMALL, *ctx)
     if "Capture cuda graph failed" in line or ("graph" in line and "graph failed:" in line):
-        return Event(Kind.GRAPH_CAPTURE_FAILED, *ctx)
+        return _wrapped_fault(line, ctx) or Event(Kind.GRAPH_CAPTURE_FAILED, *ctx)
     if "scheduler died during initialization" in line:
         m = _EXIT.search(line)  # the raised RuntimeError, as a traceback's last line
         return Event(Kind.RANK_DEAD, *ctx, {"code": float(m.group(1))} if m else {})
@@ -954,6 +1045,87 @@ def _failure(line: str, ctx: Ctx) -> Event | None:
     v = _VERSION.search(line) if "glang" in line or "GLang" in line or "GLANG" in line else None
     if v is not None:
         return Event(Kind.VERSION, *ctx, label=".".join(v.groups()))
+    return None
+
+
+# Machine faults and the host's memory, each from its own message (see `_machine`).
+_MACHINE_HINT = re.compile(
+    r"Errno|in use|No space|quota|ECC|NVLink|CUDA|GPU|NVIDIA|NVRM|bus|ncclSystem|ncclRemote|"
+    r"system error|remote process|shared memory segment|Cannot allocate memory|not available in"
+)
+_MACHINE: tuple[tuple[Kind, re.Pattern[str]], ...] = (
+    (
+        Kind.PORT_IN_USE,
+        re.compile(
+            r"\[Errno 98\]|address already in use|EADDRINUSE|"
+            r"error while attempting to bind on address|port at \d+ is not available in \d+ "
+            r"seconds|port \S+ is already in use|Port is already in use",
+            re.I,
+        ),
+    ),
+    (
+        Kind.DISK_FULL,
+        re.compile(r"\[Errno 28\]|No space left on device|\[Errno 122\]|Disk quota exceeded"),
+    ),
+    (
+        Kind.HOST_ENOMEM,
+        re.compile(r"\[Errno 12\]|Cannot allocate memory"),
+    ),
+    (
+        Kind.GPU_FAULT,
+        re.compile(
+            r"uncorrectable ECC error|uncorrectable NVLink error|"
+            r"CUDA (?:driver )?error: unknown error|no CUDA-capable device is detected|"
+            r"No CUDA GPUs are available|CUDA-capable device\(s\) is/are busy or unavailable|"
+            r"Found no NVIDIA driver on your system|NVIDIA driver on your system is too old|"
+            r"CUDA driver version is insufficient|CUDA error: system not yet initialized|"
+            r"fallen off the bus|GPU is lost|NVRM: Xid",
+            re.I,
+        ),
+    ),
+    (
+        Kind.HOST_FAULT,
+        re.compile(r"\[Errno 24\]|Too many open files|\[Errno 5\] Input/output error"),
+    ),
+    (
+        Kind.NCCL_FAULT,
+        re.compile(
+            r"unhandled system error|ncclSystemError|ncclRemoteError|"
+            r"remote process exited or there was a network error|"
+            r"Error while creating shared memory segment"
+        ),
+    ),
+)
+_PORT_WAIT = ("trying port", "Waiting for", "could not find the process that uses it")
+"""SGLang waiting for a port (`utils/network.py` `wait_port_available`: `port {p} is in use.
+Waiting for {i} seconds …`, `The port {p} is in use, but we could not find the process …`) or
+moving to the next one (`Port {p} is already in use, trying port {p+1}`): events, not deaths;
+the death is the `… is not available in {n} seconds` it raises after."""
+
+
+def _wrapped_fault(message: str, ctx: Ctx) -> Event | None:
+    """The machine fault a failure line carries inside it (`Capture cuda graph failed: [Errno 28]
+    No space left on device: …`, from the Triton kernel cache): the fault, not the step that met
+    it, explains the death."""
+    if not _MACHINE_HINT.search(message):
+        return None
+    event = _machine(message, ctx)
+    return event if event is not None and event.kind in MACHINE_KINDS else None
+
+
+def _machine(line: str, ctx: Ctx) -> Event | None:
+    """A machine fault, or the host's memory running out (`[Errno 12] Cannot allocate memory`,
+    `Kind.HOST_ENOMEM`, a memory failure like the OOM killer's), from the message of whoever
+    raised it: Python's `OSError` (`[Errno 98] Address already in use`, `[Errno 28] No space
+    left on device`), asyncio through uvicorn (`ERROR:    [Errno 98] error while attempting to
+    bind on address (…): address already in use`), SGLang's port checks, torch's TCPStore
+    (`EADDRINUSE`), the CUDA runtime and driver, NCCL (`unhandled system error`, `remote process
+    exited or there was a network error`)."""
+    if "in use" in line and any(wait in line for wait in _PORT_WAIT):
+        return Event(Kind.PORT_WAIT, *ctx)
+    for kind, pattern in _MACHINE:
+        if pattern.search(line):
+            return Event(kind, *ctx)
     return None
 
 

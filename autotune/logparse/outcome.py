@@ -1,21 +1,58 @@
 """How a server run ended, and the log lines that prove it.
 
-The exit code is never evidence: SGLang SIGKILLs its own process tree on a crash (and, up to
-0.5.9, on a clean stop). The outcome comes from the log, plus the few facts only the harness
-knows (it stopped the server, a phase ran out of time, the log stalled, the process is gone).
-Precedence: a failure line beats everything; whether the server was serving when it came (after
-"fired up", or after batch lines, serving-only lines or serving-loop frames) decides startup vs
-runtime; without a failure line the harness's facts decide. Every "out of memory" line is an OOM
-(`logparse.lines.OOM_KINDS`); a SIGKILLed scheduler (exit code -9) is the host's OOM killer.
+The outcome comes from the log, the exit status with who sent the signal that ended it, and the
+few other facts only the harness knows (it stopped the server, a phase ran out of time, the log
+stalled, a process is gone, the host's disk or port). A death is classed from the first of these
+that speaks (`classify`):
+
+1. **The signal and its sender** (`RunFacts.exit_code`, `RunFacts.sender`). The host's OOM
+   killer (`oom_killer`) is a host-memory failure, a parameter result: `runtime_oom` or
+   `startup_oom`, cause `host_oom_killer`. A signal from `outside` (neither autotune nor the
+   OOM killer) is `killed`, cause `signal:SIGKILL` (…), unless the log holds a failure line:
+   SGLang SIGKILLs its own tree when a scheduler fails (`utils` `kill_process_tree`, called by
+   `engine.py`'s launch-phase and `tokenizer_manager.py`'s running-phase SIGQUIT handlers), so
+   a -9 after a failure line is that line's verdict. A signal from `autotune` is our stop.
+2. **The log's own failure lines** (`logparse.lines.FAILURE_KINDS`; the most specific wins,
+   `_PRIORITY`, so a traceback's exception line beats the `Scheduler hit an exception` that
+   announced it and any line before it). A machine fault (`logparse.lines.MACHINE_KINDS`: port
+   taken, disk full, GPU or driver fault, the host's limits, NCCL's system and network errors)
+   is `machine_error`; a memory line is an OOM; anything else a crash (`startup_error` before the
+   server served). Whether the server was serving when it came (after "fired up", batch lines,
+   serving-only lines or serving-loop frames) decides startup vs runtime. Failure lines after
+   autotune began its stop (`RunFacts.stop_line`), or after a SIGTERM from outside, are the
+   shutdown's noise, except OOMs. A bare `…Error:` line (it may be a handled request error)
+   counts only for a process that ended by itself, not one a signal ended (ours or one from
+   outside). Then a **SIGTERM from outside**: SGLang logged `SIGTERM
+   received` before autotune began any stop and the sender is not autotune (SGLang then drains
+   and requests fail with 503) — `killed`, cause `signal:SIGTERM`.
+3. **The host's state** (`RunFacts.host`, e.g. `disk full: 0 B free on /x`): with no stronger
+   evidence, a run that died, hung or timed out on a broken host is `machine_error`.
+4. **The harness's other facts**: timeout, stall, a lost process, failing health, our stop, an
+   exit without a word.
+
+Only lines SGLang treats as deaths are failures: a retraction (`KV cache pool is full. Retract
+requests.`, older `Decode out of memory happened.`) or a handled out-of-memory fallback is a
+serving event (`Kind.RETRACT`, `Kind.OOM_HANDLED`), counted by `logparse.serving`, never an
+ending. A request failed with the OOM error (0.5.23's `retract_decode: aborted last request …
+due to OOM`) is an OOM. With no facts at all (a log read after the fact) the log alone decides.
 """
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from autotune.logparse.lines import FAILURE_KINDS, OOM_KINDS, SERVING_KINDS, Batch, Event, Kind
+from autotune.logparse.lines import (
+    FAILURE_KINDS,
+    MACHINE_KINDS,
+    OOM_KINDS,
+    SERVING_KINDS,
+    Batch,
+    Event,
+    Kind,
+)
 
 
 class Outcome(StrEnum):
@@ -155,33 +192,48 @@ class RunFacts:
 
 
 _OOM_KINDS = OOM_KINDS | {Kind.NCCL_ERROR}
-_STARTUP_MEMORY_KINDS = frozenset({Kind.NO_KV_ROOM, Kind.POOL_TOO_SMALL, Kind.HOST_MEMORY})
+_STARTUP_MEMORY_KINDS = frozenset(
+    {Kind.NO_KV_ROOM, Kind.POOL_TOO_SMALL, Kind.HOST_MEMORY, Kind.HOST_ENOMEM}
+)
 # The most specific cause wins when several failure lines appear (a traceback ends in an
-# `…Error:` line after the `Scheduler hit an exception` line that announced it).
+# `…Error:` line after the `Scheduler hit an exception` line that announced it). A rank the
+# host's OOM killer ended ranks with the memory lines (`_KILLED_RANK`), above what the other
+# ranks print when their peer vanishes (an NCCL remote error); a rank that died otherwise ranks
+# below the line that explains why. A request failed with the OOM error is below every death.
 _PRIORITY = (
     Kind.NO_KV_ROOM,
     Kind.POOL_TOO_SMALL,
     Kind.HOST_MEMORY,
+    Kind.HOST_ENOMEM,
     Kind.GRAPH_CAPTURE_FAILED,
     Kind.TORCH_OOM,
     Kind.CUDA_ERROR_OOM,
     Kind.TRITON_OOM,
     Kind.PREFILL_OOM,
     Kind.DECODE_OOM,
+    Kind.RETRACT_OOM,
     Kind.ALLOC_OOM,
     Kind.REQ_SLOTS_OOM,
     Kind.OOM,
     Kind.NCCL_ERROR,
+    "killed_rank",
+    Kind.PORT_IN_USE,
+    Kind.DISK_FULL,
+    Kind.GPU_FAULT,
+    Kind.HOST_FAULT,
     Kind.WATCHDOG_TIMEOUT,
     Kind.HICACHE_TOO_SMALL,
     Kind.WARMUP_FAILED,
+    Kind.NCCL_FAULT,
     Kind.RANK_DEAD,
     Kind.SUBPROCESS_CRASHED,
+    Kind.REQUEST_OOM_ABORT,
     Kind.ERROR,
     Kind.SCHEDULER_EXCEPTION,
     Kind.SIGQUIT,
 )
 _RANK = {kind: i for i, kind in enumerate(_PRIORITY)}
+_KILLED_RANK = _RANK["killed_rank"]
 _MAX_EVIDENCE = 8
 SIGKILL = -9.0
 
@@ -242,11 +294,50 @@ def _evidence(deciding: Event, failures: Sequence[Event]) -> tuple[str, ...]:
     return tuple(e.text.strip() for e in [deciding, *others][:_MAX_EVIDENCE])
 
 
+def _rank(event: Event, events: Sequence[Event]) -> int:
+    if event.kind in (Kind.RANK_DEAD, Kind.SUBPROCESS_CRASHED) and _host_oom_killed(event, events):
+        return _KILLED_RANK
+    return _RANK.get(event.kind, len(_RANK))
+
+
+def signal_name(exit_code: int | None) -> str:
+    """`SIGKILL` for a return code of -9 (`subprocess`'s negative signal number); "" for an
+    exit status or an unknown code."""
+    if exit_code is None or exit_code >= 0:
+        return ""
+    try:
+        return signal.Signals(-exit_code).name
+    except ValueError:
+        return f"signal {-exit_code}"
+
+
+def _foreign_sigterm(events: Sequence[Event], facts: RunFacts) -> Event | None:
+    """SGLang's `SIGTERM received` (`tokenizer_manager.py` `SignalHandler.sigterm_handler`)
+    logged before autotune began any stop, when the harness does not name itself the sender."""
+    if facts.sender == "autotune" or (facts.stopped_by_us and facts.stop_line is None):
+        return None
+    for e in events:
+        if e.kind is Kind.SIGTERM_RECEIVED:
+            if facts.stop_line is None or e.line_no <= facts.stop_line:
+                return e
+            return None
+    return None
+
+
+def _signal_line(facts: RunFacts, signame: str) -> str:
+    by = {
+        "outside": "sent neither by autotune nor by the host's OOM killer",
+        "oom_killer": "sent by the host's OOM killer",
+        "autotune": "sent by autotune's stop",
+    }.get(facts.sender, "sender unknown")
+    return f"the server's main process ended by {signame} (exit code {facts.exit_code}), {by}"
+
+
 def classify(
     events: Sequence[Event], facts: RunFacts | None = None, batches: Sequence[Batch] = ()
 ) -> Verdict:
     """The outcome of a run from its log events and batch lines (`logparse`) and the harness's
-    facts.
+    facts, in the precedence the module docstring gives.
 
     A failure is a runtime one when it comes after "fired up", or when the log shows the server
     was serving (`_serving`: batch lines, serving-only lines, serving-loop frames) — a log
@@ -254,41 +345,111 @@ def classify(
     alone decides: a ready log without a failure is `ready`, or `stopped` if it shows SIGTERM; a
     log that neither became ready nor failed is `unknown`.
     """
+    log_only = facts is None
     facts = facts or RunFacts()
     ready = next((e for e in events if e.kind is Kind.READY), None)
+    foreign = None if log_only else _foreign_sigterm(events, facts)
+    cut = facts.stop_line
+    if foreign is not None:
+        cut = foreign.line_no if cut is None else min(cut, foreign.line_no)
     failures = [
         e
         for e in events
-        if e.kind in FAILURE_KINDS
-        and (facts.stop_line is None or e.line_no <= facts.stop_line or e.kind in _OOM_KINDS)
+        if e.kind in FAILURE_KINDS and (cut is None or e.line_no <= cut or e.kind in _OOM_KINDS)
     ]
     # A bare `…Error:` line can be a handled request error; it proves a failure only next to a
-    # stronger line or a process that is gone.
-    if not facts.exited and all(e.kind is Kind.ERROR for e in failures):
+    # stronger line or a process that is gone, when no signal (ours, or one from outside)
+    # explains that.
+    strong = [e for e in failures if e.kind is not Kind.ERROR]
+    signame = signal_name(facts.exit_code)
+    ours = facts.stopped_by_us or facts.sender == "autotune"
+    explained = ours or foreign is not None or (facts.sender == "outside" and bool(signame))
+    if not strong and (not facts.exited or explained):
         failures = []
+    if facts.sender == "oom_killer":
+        return _host_oom_verdict(events, batches, ready, failures, facts, signame or "SIGKILL")
+    if facts.sender == "outside" and signame and not strong and foreign is None:
+        evidence = (_signal_line(facts, signame), *facts.host, *facts.notes)
+        return Verdict(Outcome.KILLED, f"signal:{signame}", evidence[:_MAX_EVIDENCE])
     if failures:
-        deciding = min(failures, key=lambda e: (_RANK.get(e.kind, len(_RANK)), e.line_no))
-        evidence = _evidence(deciding, failures)
-        if deciding.kind is Kind.WATCHDOG_TIMEOUT:
-            return Verdict(Outcome.HANG, "watchdog_timeout", evidence)
-        after_ready = ready is not None and deciding.line_no > ready.line_no
-        serving = after_ready or _serving(deciding, events, batches)
-        if _host_oom_killed(deciding, events):
-            outcome = Outcome.RUNTIME_OOM if serving else Outcome.STARTUP_OOM
-            return Verdict(outcome, "host_oom_killer", evidence)
-        memory = _is_memory(deciding, failures)
-        if serving:
-            outcome = Outcome.RUNTIME_OOM if memory else Outcome.CRASH
-        else:
-            outcome = Outcome.STARTUP_OOM if memory else Outcome.STARTUP_ERROR
-        return Verdict(outcome, str(deciding.kind), evidence)
+        return _from_failure_lines(events, batches, ready, failures, facts)
+    if foreign is not None:
+        evidence = (
+            foreign.text.strip(),
+            "SIGTERM not sent by autotune: it came before autotune began any stop",
+            *facts.host,
+        )
+        return Verdict(Outcome.KILLED, "signal:SIGTERM", evidence)
     return _without_failure_lines(events, ready, facts)
+
+
+def _host_oom_verdict(
+    events: Sequence[Event],
+    batches: Sequence[Batch],
+    ready: Event | None,
+    failures: Sequence[Event],
+    facts: RunFacts,
+    signame: str,
+) -> Verdict:
+    """The host's OOM killer ended the main process: a host-memory failure of the parameters."""
+    serving = ready is not None or bool(batches) or any(e.kind in SERVING_KINDS for e in events)
+    outcome = Outcome.RUNTIME_OOM if serving else Outcome.STARTUP_OOM
+    ordered = sorted(failures, key=lambda e: e.line_no)
+    evidence = (_signal_line(facts, signame), *facts.notes, *(e.text.strip() for e in ordered))
+    return Verdict(outcome, "host_oom_killer", evidence[:_MAX_EVIDENCE])
+
+
+def _from_failure_lines(
+    events: Sequence[Event],
+    batches: Sequence[Batch],
+    ready: Event | None,
+    failures: Sequence[Event],
+    facts: RunFacts,
+) -> Verdict:
+    deciding = min(failures, key=lambda e: (_rank(e, events), e.line_no))
+    evidence = _evidence(deciding, failures)
+    if deciding.kind in MACHINE_KINDS:
+        return Verdict(
+            Outcome.MACHINE_ERROR, str(deciding.kind), (evidence + facts.host)[:_MAX_EVIDENCE]
+        )
+    if deciding.kind is Kind.WATCHDOG_TIMEOUT:
+        return Verdict(Outcome.HANG, "watchdog_timeout", evidence)
+    after_ready = ready is not None and deciding.line_no > ready.line_no
+    serving = after_ready or _serving(deciding, events, batches)
+    if _host_oom_killed(deciding, events):
+        outcome = Outcome.RUNTIME_OOM if serving else Outcome.STARTUP_OOM
+        return Verdict(outcome, "host_oom_killer", evidence)
+    memory = _is_memory(deciding, failures)
+    if serving:
+        outcome = Outcome.RUNTIME_OOM if memory else Outcome.CRASH
+    else:
+        outcome = Outcome.STARTUP_OOM if memory else Outcome.STARTUP_ERROR
+    return Verdict(outcome, str(deciding.kind), evidence)
+
+
+_HOST_CAUSES = (("disk", "disk_full"), ("port", "port_in_use"))
+
+
+def _host_verdict(facts: RunFacts) -> Verdict | None:
+    """A broken host explains a death, hang or timeout the log does not explain."""
+    ours = facts.stopped_by_us or facts.sender == "autotune"
+    died = facts.exited and not ours
+    if not facts.host or not (
+        died or facts.timed_out or facts.stalled or facts.lost or facts.unhealthy
+    ):
+        return None
+    first = facts.host[0].lower()
+    cause = next((c for word, c in _HOST_CAUSES if first.startswith(word)), "host_state")
+    return Verdict(Outcome.MACHINE_ERROR, cause, (*facts.host, *facts.notes)[:_MAX_EVIDENCE])
 
 
 def _without_failure_lines(
     events: Sequence[Event], ready: Event | None, facts: RunFacts
 ) -> Verdict:
     ready_text = (ready.text.strip(),) if ready else ()
+    host = _host_verdict(facts)
+    if host is not None:
+        return host
     if facts.timed_out:
         return Verdict(Outcome.TIMEOUT, f"phase_timeout:{facts.timed_out}", facts.notes)
     if facts.stalled:
@@ -297,7 +458,7 @@ def _without_failure_lines(
         return Verdict(Outcome.CRASH, "process_lost", (facts.lost, *ready_text, *facts.notes))
     if facts.unhealthy:
         return Verdict(Outcome.HANG, "unhealthy", (facts.unhealthy, *ready_text, *facts.notes))
-    if facts.stopped_by_us:
+    if facts.stopped_by_us or facts.sender == "autotune":
         return Verdict(Outcome.STOPPED, "stopped", ready_text)
     if facts.exited:
         cause = "exited_after_ready" if ready else "exited_during_startup"

@@ -1,9 +1,15 @@
 """What the Prefill/Decode lines say about a server under load, summed up.
 
 The batch lines are a time series (running and queued requests, token usage, throughput, CUDA
-graph on/off, speculative accept length and rate, 0.5.18+'s pending prefill tokens); retractions
-and per-request OOM aborts come as their own lines. `summarize` folds
-them into the few figures a trial record or a log reader wants. Pure.
+graph on/off, speculative accept length and rate, 0.5.18+'s pending prefill tokens); retractions,
+per-request OOM aborts and handled out-of-memory fallbacks come as their own lines. `summarize`
+folds them into the few figures a trial record or a log reader wants. Pure.
+
+Retractions are the pool's own capacity signal: the scheduler found a decode batch that did not
+fit and sent requests back to the queue (`scheduler.py` `update_running_batch`). They are
+serving events, never an ending (`logparse.outcome`); many of them mean the pool runs at its
+edge. Every rank of a tensor-parallel group prints the same retraction line, so one is counted
+per data-parallel group and pipeline stage (`_one_per_group`).
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from autotune.logparse.lines import Batch, Event, Kind
+from autotune.logparse.lines import Batch, Event, Kind, split_prefix
 
 
 @dataclass(frozen=True)
@@ -28,12 +34,22 @@ class ServingSummary:
     max_input_throughput: float | None
     cuda_graph_share: float | None  # decode lines that ran as a captured graph
     mean_accept_len: float | None
-    retractions: int
+    retraction_events: int
+    """How many times the scheduler retracted (one line per event, TP ranks counted once)."""
+    retracted_requests: int
+    """Requests those retractions sent back to the queue (their `#retracted_reqs`, summed)."""
     max_pending_tokens: int | None = None
     """0.5.18+'s `#pending-token`: prefill tokens waiting to be scheduled, at their peak."""
     mean_accept_rate: float | None = None
     oom_aborts: int = 0
-    """Requests aborted because even a lone decode request did not fit (the server lives)."""
+    """Requests failed with the OOM error because even a lone decode request did not fit
+    (0.5.23's `retract_decode: aborted last request … due to OOM`; an OOM ending)."""
+    max_retracted_queue: int | None = None
+    """A disaggregated decode server's `#retracted-req` (its queue of retracted requests), at
+    its peak."""
+    handled_ooms: int = 0
+    """Out-of-memory messages SGLang logged and recovered from (a fallback, a retry, a skipped
+    optional step): serving events, not endings."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -44,6 +60,23 @@ def _peak(values: Iterable[float | int | None]) -> Any:
     return max(present) if present else None
 
 
+_PER_RANK_TAGS = ("TP", "EP", "ATTN_CP", "MOE_DP")
+
+
+def _one_per_group(events: Iterable[Event]) -> list[Event]:
+    """The events of one kind with the copies other ranks of the same group printed dropped: one
+    per time, data-parallel and pipeline tag, and message."""
+    seen: set[tuple[float | None, str, str]] = set()
+    out: list[Event] = []
+    for e in events:
+        group = " ".join(t for t in e.rank.split() if not t.startswith(_PER_RANK_TAGS))
+        key = (e.time, group, split_prefix(e.text)[2].strip())
+        if key not in seen:
+            seen.add(key)
+            out.append(e)
+    return out
+
+
 def summarize(batches: Sequence[Batch], events: Iterable[Event] = ()) -> ServingSummary:
     decode = [b for b in batches if b.phase == "decode"]
     prefill = [b for b in batches if b.phase == "prefill"]
@@ -51,8 +84,8 @@ def summarize(batches: Sequence[Batch], events: Iterable[Event] = ()) -> Serving
     accepts = [b.accept_len for b in decode if b.accept_len is not None]
     rates = [b.accept_rate for b in decode if b.accept_rate is not None]
     events = tuple(events)
-    retracted = sum(int(e.values.get("retracted", 0)) for e in events if e.kind is Kind.RETRACT)
-    retracted += sum(b.retracted or 0 for b in batches)
+    retractions = _one_per_group(e for e in events if e.kind is Kind.RETRACT)
+    aborts = _one_per_group(e for e in events if e.kind is Kind.REQUEST_OOM_ABORT)
     return ServingSummary(
         prefill_lines=len(prefill),
         decode_lines=len(decode),
@@ -63,8 +96,11 @@ def summarize(batches: Sequence[Batch], events: Iterable[Event] = ()) -> Serving
         max_input_throughput=_peak(b.input_throughput for b in prefill),
         cuda_graph_share=round(sum(graphs) / len(graphs), 3) if graphs else None,
         mean_accept_len=round(sum(accepts) / len(accepts), 3) if accepts else None,
-        retractions=retracted,
+        retraction_events=len(retractions),
+        retracted_requests=sum(int(e.values.get("retracted", 0)) for e in retractions),
         max_pending_tokens=_peak(b.pending_tokens for b in prefill),
         mean_accept_rate=round(sum(rates) / len(rates), 3) if rates else None,
-        oom_aborts=sum(1 for e in events if e.kind is Kind.REQUEST_OOM_ABORT),
+        oom_aborts=len(aborts),
+        max_retracted_queue=_peak(b.retracted for b in batches),
+        handled_ooms=sum(1 for e in events if e.kind is Kind.OOM_HANDLED),
     )

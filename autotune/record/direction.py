@@ -68,7 +68,7 @@ _RAISE_TEXT = (
     "max_running_request is zero",
     "cannot hold even one request",
 )
-_SHRINK_CAUSES = frozenset({"host_memory", "host_oom_killer"})
+_SHRINK_CAUSES = frozenset({"host_memory", "host_oom_killer", "host_enomem"})
 _SHRINK_TEXT = ("Not enough host memory", "No host memory is left for HiCache")
 _GROW_CAUSES = frozenset({"hicache_too_small"})
 _GROW_TEXT = ("host memory should be larger than the device memory",)

@@ -23,7 +23,7 @@ def remedy(t: TrialView) -> str:
     cause = t.cause
     if cause == "hicache_too_small":
         return _host_cache_too_small(t)
-    if cause in ("host_memory", "host_oom_killer"):
+    if cause in ("host_memory", "host_oom_killer", "host_enomem"):
         return (
             "the host cache does not fit in host RAM (it is pinned per rank, times the ranks): "
             "lower hicache_size, or set it to 0"

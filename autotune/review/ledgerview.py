@@ -139,5 +139,6 @@ def _serving(serving: ServingSummary) -> str:
     peak = f"; peak {', '.join(shown)}" if shown else "; no figures on them"
     return (
         f"serving: {serving.prefill_lines} prefill and {serving.decode_lines} decode lines{peak};"
-        f" {serving.retractions} requests retracted"
+        f" {serving.retracted_requests} request(s) retracted in"
+        f" {serving.retraction_events} retraction(s)"
     )

@@ -3,7 +3,15 @@
 `LogWatch.pump()` reads what the server wrote since the last call (`LogTail`), parses it
 (`logparse`), feeds the startup phases (`PhaseClock`) and notes the moments the lifecycle
 decides on: the last byte of growth (stall watchdog), the last batch line (a live server), the
-"fired up" line and the first failure line. Time comes from the injected clock.
+"fired up" line and the first line that ends the run (`failure_at`). Time comes from the injected
+clock.
+
+A line ends the run when SGLang treats it as a death (`logparse.lines.FAILURE_KINDS`, but not a
+bare `…Error:` line, which can be a handled request error) or SGLang logged a SIGTERM (autotune
+reads the log while it stops the server only after its stop began, so one seen while following
+is foreign: the server now drains and refuses requests). Serving events never end it: a
+retraction (`KV cache pool is full. Retract requests.`, `Decode out of memory happened.`), a
+handled out-of-memory fallback, SGLang waiting for a port.
 """
 
 from __future__ import annotations
@@ -19,6 +27,9 @@ from autotune.server.logtail import LogTail
 MAX_BATCHES = 200_000
 """Batch lines kept (a week of serving at the default decode log interval is far fewer)."""
 
+ENDS_RUN = (FAILURE_KINDS - {Kind.ERROR}) | {Kind.SIGTERM_RECEIVED}
+"""The kinds of line that set `LogWatch.failure_at`."""
+
 
 class LogWatch:
     def __init__(self, path: Path, clock: Callable[[], float]) -> None:
@@ -33,6 +44,7 @@ class LogWatch:
         self.last_batch_at: float | None = None
         self.ready_line_at: float | None = None
         self.failure_at: float | None = None
+        """When the first line that ends the run (`ENDS_RUN`) was read; None while none was."""
         self._recent: deque[str] = deque(maxlen=5)
 
     @property
@@ -61,8 +73,7 @@ class LogWatch:
             self.phases.feed(item, now)
             if item.kind is Kind.READY and self.ready_line_at is None:
                 self.ready_line_at = now
-            strong = item.kind in FAILURE_KINDS and item.kind is not Kind.ERROR
-            if strong and self.failure_at is None:
+            if item.kind in ENDS_RUN and self.failure_at is None:
                 self.failure_at = now
 
     def last_lines(self) -> tuple[str, ...]:

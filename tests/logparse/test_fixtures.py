@@ -13,7 +13,7 @@ import pytest
 
 from autotune.logparse.ledger import build_ledger
 from autotune.logparse.lines import parse_text
-from autotune.logparse.outcome import Outcome, classify
+from autotune.logparse.outcome import Outcome, RunFacts, classify
 
 LOGS = Path(__file__).parent.parent / "fixtures" / "logs"
 
@@ -342,6 +342,14 @@ ROWS: list[tuple[str, Outcome, str, dict[str, Any]]] = [
         "decode_oom",
         {"semantics": "0.5.18", "draft_weights_gib": 0.81},
     ),
+    # Retractions are serving events in every release's shape, and a handled OOM fallback too.
+    ("v0_4_6_runtime_retractions.log", Outcome.READY, "ready", {"max_total_num_tokens": 1000000}),
+    ("v0_5_23_runtime_retractions.log", Outcome.READY, "ready", SERVED_0523),
+    # 0.5.9 raises when even one request does not fit after retracting: the scheduler dies.
+    ("v0_5_9_runtime_retract_oom.log", Outcome.RUNTIME_OOM, "retract_oom", KIMI_SUMMARY),
+    # The machine's faults, from Python's and uvicorn's own messages.
+    ("v0_5_9_startup_port_in_use.log", Outcome.MACHINE_ERROR, "port_in_use", KIMI_SUMMARY),
+    ("v0_5_9_runtime_disk_full.log", Outcome.MACHINE_ERROR, "disk_full", KIMI_SUMMARY),
 ]
 
 
@@ -372,8 +380,36 @@ def test_fixture(name: str, outcome: Outcome, cause: str, expected: dict[str, An
         ("startup_host_memory.log", "Not enough host memory available"),
         ("startup_graph_capture_oom.log", "Capture cuda graph failed"),
         ("runtime_watchdog.log", "Scheduler watchdog timeout"),
+        ("v0_5_9_runtime_retract_oom.log", "ValueError: Out of memory even after retracting"),
     ],
 )
 def test_evidence_names_the_deciding_line(name: str, needle: str) -> None:
     log = parse_text((LOGS / name).read_text())
     assert any(needle in line for line in classify(log.events).evidence)
+
+
+@pytest.mark.parametrize(
+    ("name", "first"),
+    [
+        (
+            "v0_5_9_startup_port_in_use.log",
+            "[2026-02-24 12:02:40] ERROR:    [Errno 98] error while attempting to bind on address "
+            "('127.0.0.1', 30000): address already in use",
+        ),
+        (
+            "v0_5_9_runtime_disk_full.log",
+            "OSError: [Errno 28] No space left on device: "
+            "'/root/.triton/cache/3f1c/tmp.pid_48230_5120/_fwd_kernel.cubin'",
+        ),
+    ],
+)
+def test_a_machine_fault_is_proved_by_the_line_that_explains_it(name: str, first: str) -> None:
+    """The line that names the fault comes first, before the `Scheduler hit an exception` that
+    announced it, and no memory line before it stands in for it (before: `startup_error` with
+    `Allocating 48.00 GB host memory …`, and a `startup_error` for the full disk)."""
+    log = parse_text((LOGS / name).read_text())
+    verdict = classify(log.events, batches=log.batches)
+    assert verdict.evidence[0] == first
+    assert not any("Allocating" in line for line in verdict.evidence)
+    live = classify(log.events, RunFacts(exited=True, exit_code=1), log.batches)
+    assert (live.outcome, live.evidence[0]) == (Outcome.MACHINE_ERROR, first)

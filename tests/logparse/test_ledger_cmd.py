@@ -33,6 +33,7 @@ OUTCOMES = {
     "timeout",
     "stopped",
     "unknown",
+    "machine_error",  # a log that names its machine's fault: a port taken, a full disk
 }
 
 

@@ -21,7 +21,7 @@ import pytest
 from autotune.logparse.formats import RULES, Rule, Source
 from autotune.logparse.ledger import build_ledger
 from autotune.logparse.lines import FAILURE_KINDS, Batch, Event, Kind, parse_line, parse_text
-from autotune.logparse.outcome import Outcome, classify
+from autotune.logparse.outcome import Outcome, RunFacts, classify
 from autotune.logparse.serving import summarize
 from tests.logparse.sglang_text import STRINGS_PROBE, found, render
 from tests.oracle import run_in_sglang
@@ -493,6 +493,78 @@ SAMPLES: dict[str, tuple[Line, str, Mapping[str, float], str]] = {
     "decode_batch": (_decode, "batch", {}, ""),
     "retract": (_retract, "retract", {"retracted": 2}, ""),
     "request_oom_abort": (_pct(0, "rid-1"), "request_oom_abort", {}, ""),
+    "retract_test": (
+        _plain(after="#retracted_reqs: 3, #new_tokens_gained: 960"),
+        "retract",
+        {"retracted": 3},
+        "test",
+    ),
+    "request_oom_abort_reason": (_plain(prefix=MAIN), "request_oom_abort", {}, ""),
+    "oom_fallback_graph_dedup": (
+        _pct(0, "DecodeCudaGraphRunner", "CUDA out of memory. Tried to allocate 2.00 GiB"),
+        "oom_handled",
+        {},
+        "",
+    ),
+    "oom_retry": (
+        _f(0, try_index=0, max_retry=3, delay=2.0, e="CUDA error: out of memory"),
+        "oom_handled",
+        {},
+        "",
+    ),
+    "oom_fallback_vmm": (
+        _pct(0, "fabric", 0, "CUDA_ERROR_OUT_OF_MEMORY: out of memory"),
+        "oom_handled",
+        {},
+        "",
+    ),
+    "port_wait": (
+        _f(
+            0,
+            port=30001,
+            i=15,
+            port_name="port_base",
+            error_message="port_base is used by a process already.",
+        ),
+        "port_wait",
+        {},
+        "",
+    ),
+    "port_wait_unknown_holder": (_f(0, MAIN, port=30001), "port_wait", {}, ""),
+    "port_next": (_pct(0, 30001, 30002, prefix=MAIN), "port_wait", {}, ""),
+    "port_not_available": (
+        _f(
+            0,
+            "ValueError: ",
+            port_name="nccl_port",
+            port=30010,
+            timeout_s=30,
+            error_message="nccl_port at 30010 is not available",
+        ),
+        "port_in_use",
+        {},
+        "",
+    ),
+    "ports_in_use": (
+        _f(
+            0,
+            MAIN,
+            dist_init_port=None,
+            port_base=30001,
+            detokenizer_port=30002,
+            nccl_port=30010,
+            scheduler_input_port=30003,
+        ),
+        "port_in_use",
+        {},
+        "",
+    ),
+    "bootstrap_port_in_use": (
+        _f(0, "RuntimeError: ", bootstrap_port=8998),
+        "port_in_use",
+        {},
+        "",
+    ),
     "no_kv_room": (
         _f(
             0,
@@ -612,6 +684,7 @@ SAMPLES: dict[str, tuple[Line, str, Mapping[str, float], str]] = {
     ),
     "init_failed": (_plain(prefix="RuntimeError: "), "error", {}, ""),
     "sigterm": (_f(0, MAIN, signum=15, frame=None), "sigterm_received", {}, ""),
+    "sigterm_force_exit": (_plain(prefix=MAIN), "sigterm_received", {}, ""),
     "graceful_exit": (
         _f(0, MAIN, remain_num_req=3, remaining_rids=["a", "b", "c"]),
         "graceful_exit",
@@ -808,12 +881,16 @@ def test_a_log_rendered_from_the_sources_gives_its_ledger_and_outcome(
         ("host_memory", Outcome.STARTUP_OOM, "host_memory"),
         ("no_kv_room", Outcome.STARTUP_OOM, "no_kv_room"),
         ("capture_failed", Outcome.STARTUP_OOM, "graph_capture_failed"),
+        ("request_oom_abort", Outcome.RUNTIME_OOM, "request_oom_abort"),
+        ("port_not_available", Outcome.MACHINE_ERROR, "port_in_use"),
+        ("ports_in_use", Outcome.MACHINE_ERROR, "port_in_use"),
     ],
 )
 def test_deaths_rendered_from_the_sources_are_read_as_their_outcome(
     name: str, outcome: Outcome, cause: str, installed: dict[str, Any]
 ) -> None:
-    """Each death alone, without the ready line: what the line itself proves."""
+    """Each death alone, without the ready line: what the line itself proves (a request failed
+    with the OOM error is an OOM; a port SGLang gave up waiting for is the machine's)."""
     for src in BY_NAME[name].sources:
         assert found(src, installed["files"].get(src.path)), name
     log = parse_text(_line("server_args") + "\n" + _line(name) + "\n")
@@ -826,3 +903,29 @@ def test_the_probe_reads_the_installed_package(installed: dict[str, Any]) -> Non
     assert sum(1 for v in installed["files"].values() if v) == len(
         {s.path for r in RULES for s in r.sources}
     )
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "retract",
+        "retract_test",
+        "oom_fallback_graph_dedup",
+        "oom_retry",
+        "oom_fallback_vmm",
+        "port_wait",
+        "port_wait_unknown_holder",
+        "port_next",
+        "deepgemm_shrink_is_not_an_oom",
+    ],
+)
+def test_serving_events_rendered_from_the_sources_end_nothing(
+    name: str, installed: dict[str, Any]
+) -> None:
+    """A retraction, a handled out-of-memory fallback, a wait for a port: the server lives on."""
+    for src in BY_NAME[name].sources:
+        assert found(src, installed["files"].get(src.path)), name
+    ready = _line("ready")
+    log = parse_text(ready + "\n" + _line(name) + "\n")
+    assert classify(log.events, batches=log.batches).outcome is Outcome.READY
+    assert classify(log.events, RunFacts(), log.batches).outcome is Outcome.READY

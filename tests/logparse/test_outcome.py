@@ -107,13 +107,22 @@ def test_every_out_of_memory_line_is_an_oom(line: str, cause: str) -> None:
     [
         TP0 + "Available memory 4GB is less than required memory 6GB for warmup, reducing max_m "
         "to 4096 to avoid out of memory",
-        TP0 + "retract_decode: aborted last request 3f2a due to OOM",
         MAIN + "Receive: obj=GenerateReqInput(text='why does CUDA say out of memory?')",
         MAIN + "Finish: obj=GenerateReqInput(rid='1'), out={'text': 'CUDA out of memory'}",
     ],
 )
 def test_lines_that_only_mention_memory_are_not_failures(line: str) -> None:
     assert classify(events(READY + line + "\n"), RunFacts(exited=False)).outcome is Outcome.READY
+
+
+def test_a_request_failed_with_the_oom_error_is_an_oom() -> None:
+    """0.5.23 aborts the last request a decode batch cannot keep (`schedule_batch.py`
+    `retract_decode`, HTTP 500 with the OOM error) and keeps serving; 0.5.9 raises there and the
+    scheduler dies. Both are the parameters' OOM. (The abort was read as no failure before.)"""
+    line = TP0 + "retract_decode: aborted last request 3f2a due to OOM\n"
+    verdict = classify(events(READY + line), RunFacts(exited=False))
+    assert (verdict.outcome, verdict.cause) == (Outcome.RUNTIME_OOM, "request_oom_abort")
+    assert classify(events(line)).outcome is Outcome.RUNTIME_OOM  # only a server that serves
 
 
 def test_batch_lines_make_a_failure_a_runtime_one_without_the_ready_line() -> None:

@@ -18,7 +18,7 @@ def test_operator_log_summary() -> None:
     assert got.max_gen_throughput == 989.01
     assert got.cuda_graph_share == 1.0
     assert got.mean_accept_len == 2.853
-    assert got.retractions == 2
+    assert (got.retraction_events, got.retracted_requests) == (1, 2)
 
 
 def test_pd_retractions_and_no_lines() -> None:
@@ -29,6 +29,9 @@ def test_pd_retractions_and_no_lines() -> None:
     )
     log = parse_text(text)
     got = summarize(log.batches, log.events)
-    assert got.retractions == 2 and got.cuda_graph_share == 0.0 and got.mean_accept_len is None
+    assert got.max_retracted_queue == 2  # a gauge (the retracted queue's length), not a count
+    assert got.retraction_events == 0 and got.retracted_requests == 0
+    assert got.cuda_graph_share == 0.0 and got.mean_accept_len is None
     empty = summarize((), ())
-    assert empty.decode_lines == 0 and empty.max_running is None and empty.retractions == 0
+    assert empty.decode_lines == 0 and empty.max_running is None and empty.retraction_events == 0
+    assert empty.max_retracted_queue is None
