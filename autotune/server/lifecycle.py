@@ -17,8 +17,14 @@ follows the log file as it grows:
   the GPU probe shows memory back at the pre-launch baseline and the port is free, all within one
   budget of `stop_grace_s + release_s` from the start of the stop (a SIGKILLed process can stay
   in uninterruptible sleep for tens of seconds while the kernel unpins its host buffers, SGLang's
-  `mem_cache/pool_host/base.py` says). The exit code is never used as evidence (reference §4.5,
-  §7.3: SGLang SIGKILLs itself even on a clean stop).
+  `mem_cache/pool_host/base.py` says).
+
+Every verdict the handle builds carries the main process's exit status and who sent the signal
+that ended it (`autotune.server.deaths`: our stop, the kernel's OOM killer, someone outside), and,
+for a death that was not our stop, the host's state (a full disk under the trial folder, the port
+held by another process). A SIGTERM the server logs while autotune is not stopping it is a death
+from outside even while the server still drains. The exit code alone never makes a parameter
+verdict (SGLang SIGKILLs itself after a crash, and up to 0.5.9 after a clean stop).
 
 Every process of the server's group and session, and their descendants, seen while it runs
 (about once a second, and whenever its start ends) or at the stop is recorded as ours
@@ -49,11 +55,11 @@ from typing import Any
 from autotune import masking as scrub
 from autotune.errors import HarnessError, UsageError
 from autotune.logparse.ledger import Ledger, build_ledger, cross_check, ledger_from_server_info
-from autotune.logparse.lines import Batch, Event
+from autotune.logparse.lines import Batch, Event, Kind
 from autotune.logparse.outcome import Outcome, RunFacts, Verdict, classify
 from autotune.logparse.phase import Phase, PhaseLimits
 from autotune.logparse.serving import ServingSummary, summarize
-from autotune.server import pidfile, preflight, procs
+from autotune.server import deaths, pidfile, preflight, procs
 from autotune.server.gpu import GiB, GpuMemory, GpuProbe, MiB, unreleased, visible_devices
 from autotune.server.health import HealthWatch, probe_ready, server_info
 from autotune.server.logwatch import LogWatch
@@ -362,6 +368,16 @@ class Server:
         self._observed_at = float("-inf")
         self._death: Death | None = None
         self._teardown: Teardown | None = None
+        self._stopping = False
+        """Our stop has begun: a signal from here on is ours."""
+        self._exit_seen: tuple[int, bool] | None = None
+        """The main process's return code and whether our stop had begun when it was seen."""
+        self._exit: deaths.ExitFacts | None = None
+        self._host: tuple[str, ...] | None = None
+        self._sigterm_checked = 0
+        self._foreign_sigterm = False
+        self._kernel = deaths.KernelOomWatch()
+        self._kernel.track(process.pid)
 
     # -- launch ---------------------------------------------------------------------------
 
@@ -461,6 +477,7 @@ class Server:
         write what the server said last (the evidence of a crash is in those lines)."""
         if self.process.poll() is None:
             return False
+        self._note_exit()
         if self.writer is not None and not self._settled:
             self._settled = True
             self.writer.settle(self._clock, self._sleep)
@@ -471,8 +488,70 @@ class Server:
             self.writer.relay()
         self.log.pump(final=final)
 
-    def _verdict(self, facts: RunFacts) -> Verdict:
-        return classify(self.log.events, facts, batches=list(self.log.batches))
+    def _note_exit(self) -> None:
+        """Record the return code the first time the main process is seen gone, and whether
+        our stop had begun by then (the signal was ours)."""
+        code = self.process.returncode
+        if self._exit_seen is None and code is not None:
+            self._exit_seen = (code, self._stopping)
+
+    def _sigterm_from_outside(self) -> bool:
+        """The log shows a SIGTERM (SGLang's `SIGTERM received …`, `Signal SIGTERM received …`)
+        that came while autotune was not stopping the server."""
+        events = self.log.events
+        if not self._foreign_sigterm and not self._stopping:
+            for event in events[self._sigterm_checked :]:
+                if event.kind is Kind.SIGTERM_RECEIVED:
+                    self._foreign_sigterm = True
+                    break
+            self._sigterm_checked = len(events)
+        return self._foreign_sigterm
+
+    def exit_facts(self) -> deaths.ExitFacts:
+        """How the main process ended (code None while it runs) and who ended it; fixed once it
+        is gone and its log has been read to the end."""
+        if self._exit is not None:
+            return self._exit
+        self._note_exit()
+        foreign = self._sigterm_from_outside()
+        if self._exit_seen is None:
+            return deaths.ExitFacts(None, deaths.OUTSIDE if foreign else "")
+        code, stopping = self._exit_seen
+        oom = "" if stopping else self._kernel.killed(self._seen.pids_now())
+        sender = deaths.sender_of(
+            code,
+            stopping=stopping,
+            oom_killed=bool(oom),
+            foreign_sigterm=foreign,
+            own_failure=self.log.failure_at is not None,
+        )
+        self._exit = deaths.ExitFacts(code, sender, (oom,) if oom else ())
+        return self._exit
+
+    def host_state(self) -> tuple[str, ...]:
+        """What stood in the server's way on the host (a full disk under the trial folder, its
+        port held by another process): as read at the death that was not our stop, or now."""
+        if self._host is not None:
+            return self._host
+        spec = self.spec
+        return deaths.host_state(spec.log_path.parent, spec.host, spec.port, self._seen.pids_now())
+
+    def _verdict(self, facts: RunFacts, ready: bool = False) -> Verdict:
+        """The log's verdict with the harness's facts: the exit status and its sender always,
+        and the host's state for a death that was not our stop."""
+        end = self.exit_facts()
+        seen: tuple[str, ...] = ()
+        notes = facts.notes
+        if not facts.stopped_by_us and not ready:
+            seen = self.host_state()
+            notes = (*end.detail, *notes)
+        facts = replace(
+            facts, exit_code=end.code, sender=end.sender, host=(*facts.host, *seen), notes=notes
+        )
+        verdict = classify(self.log.events, facts, batches=list(self.log.batches))
+        if seen and self._host is None and verdict.outcome not in (Outcome.READY, Outcome.UNKNOWN):
+            self._host = seen  # the host's state at the death, for the record
+        return verdict
 
     # -- startup ----------------------------------------------------------------------------
 
@@ -519,7 +598,7 @@ class Server:
     def _finish_startup(self, facts: RunFacts, ready: bool = False) -> StartupReport:
         self._observe(force=True)  # a failed start: the schedulers may outlive the main process
         now = self._clock()
-        verdict = self._verdict(facts)
+        verdict = self._verdict(facts, ready=ready)
         ledger = self.ledger()
         info: dict[str, Any] = {}
         mismatches: tuple[str, ...] = ()
@@ -572,7 +651,7 @@ class Server:
         if self._exited():
             self._pump(final=True)
             facts = RunFacts(exited=True, notes=self.log.last_lines())
-        elif self.log.failure_at is not None:
+        elif self.log.failure_at is not None or self._sigterm_from_outside():
             facts = RunFacts()
         else:
             facts = self._serving_stall(now, owed_s) or self._unhealthy(now)
@@ -642,6 +721,8 @@ class Server:
             return
         before = len(self._seen.identities())
         self._seen.scan()
+        if self.process.poll() is None:
+            self._kernel.track(self.pid)  # it may have been moved to another memory cgroup
         if len(self._seen.identities()) > before:
             self._save_members()
 
@@ -673,6 +754,8 @@ class Server:
         if self._watch is not None:
             self._watch.stop()
         self._observe(force=True)
+        self._sigterm_from_outside()  # a SIGTERM logged before our stop is someone else's
+        self._stopping = True
         stopped = terminate(
             self.record,
             self._seen,
@@ -691,6 +774,8 @@ class Server:
         self._pump(final=True)
         self.log.close()
         verdict = self._final_verdict(was_running, stop_line)
+        end = self.exit_facts()
+        self._kernel.close()
         survivors = stopped.survivors
         clean = not survivors and not gpu_problems and port_free
         if survivors:
@@ -710,6 +795,9 @@ class Server:
             stuck=stopped.stuck(),
             waited=(*stopped.record(), *gpu_record, *((writer_note,) if writer_note else ())),
             budget_s=budget,
+            exit_code=end.code,
+            sender=end.sender,
+            host=self._host or (),
         )
         return self._teardown
 
@@ -732,12 +820,16 @@ class Server:
     def _wait_released(self, started: float, deadline: float) -> tuple[list[str], list[str], bool]:
         """Wait until GPU memory is back at the baseline and the port is free, up to `deadline`.
         Every pid of the server seen is ours here, so memory its schedulers still hold is waited
-        for rather than taken for a newcomer's. Returns the problems, what was waited for, and
-        whether the port is free."""
+        for rather than taken for a newcomer's. A port another process listens on (one that took
+        it while the server started) is not ours to wait for: it is named in the record and the
+        port counts as released. Returns the problems, what was waited for, and whether the port
+        is free."""
         devices = self.spec.devices()
         holders: dict[int, dict[int, int]] = {}
         held_by: dict[int, dict[int, int]] = {}
         waited = busy = False
+        taken = ""
+        looked = float("-inf")
         while True:
             problems: list[str] = []
             if self._probe is not None:
@@ -750,6 +842,10 @@ class Server:
                 for pid, gpus in holders.items():
                     held_by.setdefault(pid, {}).update(gpus)
             port_free = port_is_free(self.spec.host, self.spec.port)
+            if not port_free and self._clock() - looked >= 0.5:  # one /proc scan per look
+                looked = self._clock()
+                taken = deaths.port_line(self.spec.host, self.spec.port, self._seen.pids_now())
+            port_free = port_free or bool(taken)
             if (not problems and port_free) or self._clock() >= deadline:
                 break
             waited = waited or bool(problems)
@@ -769,7 +865,9 @@ class Server:
             who = self._describe(held_by, "held") or "no process of the server held it"
             back = f"GPU memory back at the baseline {elapsed:.2f} s after the stop began"
             record.append(f"{back}, waited for: {who}")
-        if busy and port_free:
+        if taken:
+            record.append(f"{taken}; not waited for")
+        elif busy and port_free:
             record.append(f"port {self.spec.port} free {elapsed:.2f} s after the stop began")
         return problems, record, port_free
 

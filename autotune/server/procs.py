@@ -91,6 +91,31 @@ def all_procs() -> Iterator[ProcInfo]:
                 yield info
 
 
+def writers(path: Path) -> list[ProcInfo]:
+    """Live processes with a descriptor open for writing on the file `path` (a server writing
+    its log, the masking writer writing it for the server); a reader such as `tail -f` is not
+    one. Processes whose descriptors cannot be read (another user's) are left out."""
+    target = os.path.realpath(path)
+    out = []
+    for info in all_procs():
+        fds = PROC / str(info.pid) / "fd"
+        try:
+            entries = list(fds.iterdir())
+        except OSError:
+            continue
+        for fd in entries:
+            try:
+                if os.readlink(fd) != target:
+                    continue
+                flags = (PROC / str(info.pid) / "fdinfo" / fd.name).read_text().split("flags:")[1]
+            except (OSError, IndexError):
+                continue
+            if int(flags.split()[0], 8) & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR):
+                out.append(info)
+                break
+    return out
+
+
 def members(pgid: int, sid: int) -> list[ProcInfo]:
     """Live processes in the process group `pgid` or the session `sid`."""
     return [p for p in all_procs() if p.pgid == pgid or p.sid == sid]

@@ -91,7 +91,9 @@ class Teardown:
     """The stop: `clean` when no process of ours survives, GPU memory is back at the baseline
     and the port is free. `outcome` is how the run ended, read from the whole log. `waited` says
     what the teardown waited for (processes after SIGKILL, GPU memory), `budget_s` is
-    `stop_grace_s + release_s`, the most it waits in all."""
+    `stop_grace_s + release_s`, the most it waits in all. `exit_code` is the main process's
+    return code (negative: the signal), `sender` who sent that signal (`server.deaths`), `host`
+    what stood in the server's way on the host when it died (a full disk, its port taken)."""
 
     clean: bool
     seconds: float
@@ -105,6 +107,9 @@ class Teardown:
     stuck: tuple[str, ...] = ()
     waited: tuple[str, ...] = ()
     budget_s: float = 0.0
+    exit_code: int | None = None
+    sender: str = ""
+    host: tuple[str, ...] = ()
 
     @property
     def problems(self) -> tuple[str, ...]:
@@ -129,6 +134,9 @@ class Teardown:
             "outcome": str(self.outcome),
             "cause": self.cause,
             "evidence": list(self.evidence),
+            "exit_code": self.exit_code,
+            "sender": self.sender,
+            "host": list(self.host),
         }
 
 

@@ -18,6 +18,12 @@ oom-kill=SECONDS     SECONDS after the server is ready the OS OOM killer SIGKILL
                      rank 0: 0.5.23's SubprocessWatchdog logs it and the whole tree is killed
                      (rc -9); 0.5.9 has no watchdog, so the server stays up and stops answering
                      (health checks fail after 20 s)
+
+The host's own faults need no switch, because the simulator meets the real thing as SGLang does:
+another process listening on its port (uvicorn's `[Errno 98]` line, then the warm-up gives up:
+`SimServer._bind_failed`), a full disk under `TRITON_CACHE_DIR` (the graph capture fails with
+`[Errno 28]`: `startup`), a full disk under `--sim-gpu-dir` (never fatal: `gpustate`), a
+signal from anyone (SIGTERM drains as SGLang does; SIGKILL is SIGKILL).
 """
 
 from __future__ import annotations

@@ -18,11 +18,16 @@ until `hold_until`, or, when it died without writing that (SIGKILL), until its l
 CLOCK_MONOTONIC, which every process on the machine shares and no wall-clock step moves, with
 the boot they belong to (`boot_id`): a hold from an earlier boot is over. No helper process is
 involved, so nothing is left behind.
+
+A real GPU's memory bookkeeping lives in the driver and needs no disk, so a state file the disk
+refuses (`ENOSPC`, `EDQUOT`: the results disk full) never fails the server: the write is kept and
+made again at the next change or heartbeat, and readers see the last state written meanwhile.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import tempfile
@@ -33,6 +38,7 @@ from pathlib import Path
 
 INVENTORY = "gpus.json"
 PREFIX = "proc-"
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,17 @@ def _write_json(path: Path, doc: object) -> None:
         raise
 
 
+def _try_write_json(path: Path, doc: object) -> bool:
+    """`_write_json`, False instead of an error when the disk is full (`DISK_FULL`)."""
+    try:
+        _write_json(path, doc)
+    except OSError as exc:
+        if exc.errno in DISK_FULL:
+            return False
+        raise
+    return True
+
+
 def _read_json(path: Path) -> dict[str, object] | None:
     try:
         doc = json.loads(path.read_text())
@@ -99,7 +116,7 @@ def write_inventory(directory: Path, totals: Mapping[int, int]) -> None:
     current = _inventory(directory)
     current.update(totals)
     doc = {"gpus": [{"index": i, "total_bytes": t} for i, t in sorted(current.items())]}
-    _write_json(directory / INVENTORY, doc)
+    _try_write_json(directory / INVENTORY, doc)
 
 
 def _inventory(directory: Path) -> dict[int, int]:
@@ -222,6 +239,8 @@ class GpuStateWriter:
         self.used: dict[int, int] = {i: 0 for i in totals}
         self.start_time = process_start_time(pid)
         self.path = self.directory / f"{PREFIX}{pid}.json"
+        self.unwritten = False
+        """The last state could not be written (a full disk); the next write makes it."""
 
     def set_used(self, used: Mapping[int, int]) -> None:
         self.used = {i: int(used.get(i, 0)) for i in self.totals}
@@ -231,7 +250,7 @@ class GpuStateWriter:
         self.set_used({i: used_bytes for i in self.totals})
 
     def heartbeat(self) -> None:
-        if self.path.exists():
+        if self.unwritten or self.path.exists():
             self._write(None)
 
     def release(self) -> None:
@@ -253,7 +272,7 @@ class GpuStateWriter:
             "beat": time.monotonic(),
             "boot_id": BOOT_ID,
         }
-        _write_json(self.path, doc)
+        self.unwritten = not _try_write_json(self.path, doc)
 
 
 def write_holder(

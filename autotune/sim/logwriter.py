@@ -704,6 +704,30 @@ class Lines0523(Lines):
         )
 
 
+def fmt_bind_failed(errno: int | None, host: str, port: int, reason: str) -> str:
+    """uvicorn's `Server.startup` logging uvloop's `create_server` error (`loop.pyx`:
+    `'error while attempting to bind on address %r: %s' % (pyaddr, err.strerror.lower())`)."""
+    return f"[Errno {errno}] error while attempting to bind on address ('{host}', {port}): {reason}"
+
+
+def fmt_warmup_gave_up(host: str, port: int, answered: bool) -> str:
+    """0.5.23 entrypoints/http_server.py `_execute_server_warmup` (0.5.9 the same): the warm-up
+    thread's `/model_info` request failed 120 times; `requests`' last exception, refused or
+    timed out (a listener that accepts and never answers)."""
+    url = f"HTTPConnectionPool(host='{host}', port={port})"
+    if answered:
+        final = f"requests.exceptions.ReadTimeout: {url}: Read timed out. (read timeout=5)"
+    else:
+        final = (
+            f"requests.exceptions.ConnectionError: {url}: Max retries exceeded with url: "
+            "/model_info (Caused by NewConnectionError('<urllib3.connection.HTTPConnection "
+            "object>: Failed to establish a new connection: [Errno 111] Connection refused'))"
+        )
+    frames = ((f"{_SITE}/entrypoints/http_server.py", 2373, "_execute_server_warmup",
+               "res = requests.get("),)  # fmt: skip
+    return f"Initialization failed. warmup error: {traceback_block(frames, final)}"
+
+
 def fmt_died_during_init(rank: int, exit_code: int) -> str:
     """0.5.23 entrypoints/engine.py:2005 (`_scheduler_died_error`)."""
     return (

@@ -7,7 +7,8 @@ the first request (warm-up included); after it, like SGLang's TokenizerManager: 
 A runtime OOM prints the scheduler's exception and the main process's SIGQUIT line, then SIGKILLs
 the process, as SGLang's kill_process_tree does. A scheduler killed after startup (the
 `oom-kill` fault) is noticed by 0.5.23's SubprocessWatchdog, which brings the tree down; 0.5.9
-keeps serving HTTP with a dead scheduler.
+keeps serving HTTP with a dead scheduler. A port another process holds fails the bind as uvicorn
+on uvloop does, and SGLang's warm-up thread then gives up and kills the tree (`_bind_failed`).
 """
 
 from __future__ import annotations
@@ -102,7 +103,11 @@ class SimServer(StartupSequence):
         heartbeat = None
         if self.cmd.sim.gpu_dir:
             directory = Path(self.cmd.sim.gpu_dir)
-            directory.mkdir(parents=True, exist_ok=True)
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:  # a full disk: the state files are written once it has room
+                if exc.errno not in gpustate.DISK_FULL:
+                    raise
             gpustate.prune(directory)
             total = self.profile.hardware.gpu_memory_mib * (1 << 20)
             gpustate.write_inventory(
@@ -181,7 +186,8 @@ class SimServer(StartupSequence):
         )
 
     async def _start_http(self, state: ServerState) -> web.AppRunner:
-        """Bind the HTTP server with uvicorn's lines; a port in use ends the process (exit 1)."""
+        """Bind the HTTP server with uvicorn's lines; a port in use ends the process
+        (`_bind_failed`)."""
         s = self.s
         runner = web.AppRunner(build_app(state), access_log=None, handle_signals=False)
         self.runner = runner
@@ -193,14 +199,48 @@ class SimServer(StartupSequence):
         try:
             await site.start()
         except OSError as exc:
-            self.log.uvicorn(
-                f"[Errno {exc.errno}] error while attempting to bind on address "
-                f"('{s.host}', {s.port}): {exc.strerror.lower() if exc.strerror else exc}",
-                level="ERROR",
-            )
-            self.die(1)
+            await self._bind_failed(exc)
         self.log.uvicorn(f"Uvicorn running on http://{s.host}:{s.port} (Press CTRL+C to quit)")
         return runner
+
+    async def _bind_failed(self, exc: OSError) -> NoReturn:
+        """The port could not be bound (another process holds it), as SGLang behind uvicorn
+        and uvloop ends: uvicorn's `Server.startup` logs the error (uvloop's `create_server`
+        text: `[Errno 98] error while attempting to bind on address ('H', P): address already in
+        use`), runs the lifespan shutdown and calls `sys.exit(1)`. SGLang's lifespan shutdown
+        (`entrypoints/http_server.py`, `lifespan`) first joins its warm-up thread, which began
+        before the bind and waits for `/model_info` on that port (`_execute_server_warmup`: 120
+        tries a second apart, each up to 5 s), then gives up: `Initialization failed. warmup
+        error: …` and `kill_process_tree(os.getpid())`, a SIGKILL of the whole server. With
+        `--skip-server-warmup` there is no such thread: the shutdown completes and
+        `launch_server.py`'s `finally: kill_process_tree(os.getpid(), include_parent=False)`
+        leaves the process to exit 1. The warm-up's wait is scaled by the time scale."""
+        s = self.s
+        # asyncio's error already says "error while attempting to bind…"; uvloop words it once
+        reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+        self.log.uvicorn(lw.fmt_bind_failed(exc.errno, s.host, s.port, reason), level="ERROR")
+        self.log.uvicorn("Waiting for application shutdown.")
+        if s.skip_server_warmup:
+            self.log.uvicorn("Application shutdown complete.")
+            self.kill_tree(include_parent=False)
+            self.die(1)
+        answered = await self._someone_listens(s.host, s.port)
+        per_try = 1.0 + (5.0 if answered else 0.0)  # a listener that never answers: read timeout
+        await asyncio.sleep(120 * per_try / self.scale)
+        self.log.main(lw.fmt_warmup_gave_up(s.host, s.port, answered))
+        self.kill_tree()
+        self.die()
+
+    @staticmethod
+    async def _someone_listens(host: str, port: int) -> bool:
+        """Whether a connection to `host:port` is accepted (the warm-up's request would then wait
+        for an answer rather than be refused)."""
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 1.0)
+        except (OSError, TimeoutError):
+            return False
+        writer.close()
+        return True
 
     async def _warmup(self, state: ServerState) -> None:
         self.log.access("127.0.0.1:0", "GET", "/model_info", 200)

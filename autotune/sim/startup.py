@@ -7,11 +7,20 @@ unscaled, real-world durations). A failing stage prints the scheduler's exceptio
 SGLang way: the main process logs the SIGQUIT it got from the child and SIGKILLs itself (0.5.23
 logs its `kill_process_tree` call first); a scheduler the OS OOM killer takes during startup is
 reported by the main process, which then exits 1. GPU state files follow every allocation.
+
+The one file SGLang writes of its own at startup is the Triton JIT's kernel cache (the first
+decode graph capture compiles the kernels and Triton stores them under `TRITON_CACHE_DIR`, else
+`~/.triton/cache`). The simulator compiles nothing, but where `TRITON_CACHE_DIR` is set it
+writes one kernel there the way Triton's `FileCacheManager.put` does (a temporary file, then a
+rename), so a full (or unwritable) cache disk fails the capture as it fails SGLang:
+`Capture cuda graph failed: [Errno 28] No space left on device`. Without `TRITON_CACHE_DIR` it
+writes nothing outside what it is told (`--sim-gpu-dir`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import shlex
@@ -53,6 +62,8 @@ GRAPH_PHASES = (
     "draft_extend",
 )
 TOKENIZER_OVERHEAD_S = 1.5
+KERNEL_BYTES = 256 << 10
+"""The size of the one compiled kernel written to the Triton cache (a fused-MoE cubin)."""
 
 
 class StartupSequence:
@@ -91,8 +102,9 @@ class StartupSequence:
         """End like SGLang's kill_process_tree: SIGKILL ourselves (or exit with `code`)."""
         if self.writer is not None:
             self.writer.release()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):  # a full disk: what cannot be written is lost
+            with contextlib.suppress(OSError):
+                stream.flush()
         if code is not None:
             os._exit(code)
         os.kill(self.pid, signal.SIGKILL)
@@ -480,6 +492,14 @@ class StartupSequence:
         if bs_line is not None:
             log.rank(0, bs_line)
         duration = st.draft_graph_capture_s if draft else st.graph_capture_s
+        cache_error = None if draft else self._kernel_cache()
+        if cache_error is not None:
+            await self.phase(duration * 0.1)
+            final = (
+                f"Exception: Capture cuda graph failed: {cache_error}\n{self.lines.capture_advice}"
+            )
+            graph_frames = (*self.lines.init_frames, *self.lines.graph_frames)
+            self.crash_startup(list(range(self.s.tp_size)), graph_frames, final)
         if fail is not None and fail.stage == stage:
             await self.phase(duration * 0.3)
             err = self.oom_text(fail.tried_gib, fail.free_gib)
@@ -496,6 +516,25 @@ class StartupSequence:
         log.raw(self.lines.capture_bar(sizes, after, elapsed, "decode"))
         log.every_rank(self.lines.capture_end(elapsed, graph, after, "target", phase, shape))
         self.set_used(plan.init_mem_usage_gib + plan.p_gib - after)
+
+    def _kernel_cache(self) -> OSError | None:
+        """Store the compiled kernel in `TRITON_CACHE_DIR` (when set) as Triton's file cache
+        does; the error a full or unwritable disk gives, or None."""
+        root = self.env.get("TRITON_CACHE_DIR")
+        if not root:
+            return None
+        folder = os.path.join(root, "sim-fused-moe")
+        tmp = os.path.join(folder, f"tmp.pid_{self.pid}.fused_moe_kernel.cubin")
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with open(tmp, "wb") as fh:
+                fh.write(b"\0" * KERNEL_BYTES)
+            os.replace(tmp, os.path.join(folder, "fused_moe_kernel.cubin"))
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            return exc
+        return None
 
     async def _draft(self, plan: StartupPlan) -> None:
         """0.5.9: the draft model after the target's graphs (weights, KV, graphs)."""

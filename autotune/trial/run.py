@@ -7,10 +7,15 @@ they are called. What a trial's ending means is decided here, once:
 
 * the parameters broke the server (OOM at startup or under load, a crash): a COMPLETE trial with
   violated constraints and the capacity it measured (0 if none), so samplers learn the edge;
-* the harness or the machine failed (hang, phase timeout, a launch error): a FAILED trial with
-  its reason;
-* the operator pressed Ctrl-C: the server is stopped cleanly (a second Ctrl-C cannot cut the
-  teardown short) and the trial is recorded as interrupted.
+* the harness or the machine failed (hang, phase timeout, a launch error), or the server was
+  ended from outside (`killed`) or by its host (`machine_error`: a full disk, its port taken): a
+  FAILED trial with its reason, the exit status and who sent the signal (`exit_code`,
+  `exit_signal`, `sender`, from `autotune.server.deaths`);
+* the operator pressed Ctrl-C (or sent SIGTERM, or the terminal hung up: `trial.signals`): the
+  server is stopped cleanly (a second signal cannot cut the teardown short) and the trial is
+  recorded as interrupted;
+* autotune itself was paused (SIGSTOP, a suspend) through the trial: what it measured is not
+  the server's, and the trial is `disturbed` (`autotune.trial.clockwatch`).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from autotune.errors import HarnessError
 from autotune.loadgen import Activity, ServerFacts, Target, WorkloadSpec, run_workload
 from autotune.logparse.ledger import build_ledger
 from autotune.logparse.lines import parse_lines
-from autotune.logparse.outcome import Outcome
+from autotune.logparse.outcome import Outcome, signal_name
 from autotune.masking import scrub_file
 from autotune.record import keys
 from autotune.server import pidfile
@@ -44,8 +49,11 @@ from autotune.server.health import flush_cache
 from autotune.server.lifecycle import LaunchSpec, Server
 from autotune.server.preflight import free_port
 from autotune.server.teardown import stop_orphans
+from autotune.trial import signals
+from autotune.trial.clockwatch import ClockWatch
 from autotune.trial.growth import footprint_growth_gib, least_used
 from autotune.trial.record import Measured, Result
+from autotune.trial.signals import STOP_SIGNALS
 
 FATAL_TEARDOWN = "teardown"
 INTERRUPT = "interrupted"
@@ -139,6 +147,12 @@ class Stop:
     """What the teardown waited for (processes after SIGKILL, GPU memory), for the record."""
     log_notes: tuple[str, ...] = ()
     """What happened to the server's log file itself (truncated, deleted and written back)."""
+    exit_code: int | None = None
+    """The server's main process's return code (negative: the signal that ended it)."""
+    sender: str = ""
+    """Who sent that signal (`autotune.server.deaths`: autotune, oom_killer, outside, "")."""
+    host: tuple[str, ...] = ()
+    """What stood in the server's way on the host when it died (a full disk, its port taken)."""
 
 
 class ServerRun(Protocol):
@@ -199,6 +213,16 @@ class TrialRecord:
     growth_gib: float | None = None
     """How far the server's footprint grew over the workload, read after flushing the cache
     before and after it (`autotune.trial.growth`); None when a flush or the probe failed."""
+    exit_code: int | None = None
+    """The server's main process's return code (negative: killed by that signal)."""
+    exit_signal: str = ""
+    """The signal that ended it (`SIGKILL`), "" when it exited or was never launched."""
+    sender: str = ""
+    """Who sent that signal: `autotune` (our stop), `oom_killer`, `outside`, "" (none or the
+    server itself; `autotune.server.deaths`)."""
+    host_state: tuple[str, ...] = ()
+    """What stood in the server's way on the host when it died (a full disk, its port held by
+    another process)."""
 
     def to_dict(self) -> dict[str, object]:
         d = asdict(self)
@@ -206,6 +230,7 @@ class TrialRecord:
         d["evidence"] = list(self.evidence)
         d["teardown"] = list(self.teardown)
         d["log_notes"] = list(self.log_notes)
+        d["host_state"] = list(self.host_state)
         d[keys.GROWTH] = self.growth_gib  # the field bears the key's name
         return d
 
@@ -231,6 +256,10 @@ class TrialRecord:
             keys.HEADROOM: self.headroom_gib,
             keys.RECORD: _json_safe(self.to_dict()),
         }
+        if self.exit_code is not None:
+            attrs[keys.EXIT_CODE] = self.exit_code
+            attrs[keys.EXIT_SIGNAL] = self.exit_signal
+            attrs[keys.SENDER] = self.sender
         return Result(self.state, self.outcome, self.reason, self.measured(), attrs, self.fatal)
 
 
@@ -240,9 +269,39 @@ REASON_CHARS = 160
 
 
 def run_trial(
+    plan: TrialPlan,
+    launcher: Launcher,
+    *,
+    clock: Callable[[], float],
+    phase: Phase,
+    watch: ClockWatch | None = None,
+) -> TrialRecord:
+    """Run one trial; never raises for what the server or the machine did. autotune's own clock
+    is watched meanwhile (`watch`, a `ClockWatch` by default): a trial it was paused through is
+    `disturbed` (`_disturbed`)."""
+    with watch or ClockWatch() as seen:
+        record = _run_trial(plan, launcher, clock=clock, phase=seen.following(phase))
+    return _disturbed(record, seen, plan.limits.pause_s)
+
+
+def _disturbed(record: TrialRecord, watch: ClockWatch, limit_s: float) -> TrialRecord:
+    """A trial during whose launch, startup or workload autotune was paused more than `limit_s`
+    in all is a FAIL `disturbed`, whatever the server or the watchdogs said (a stall or a phase
+    limit run out while autotune was stopped is not the server's): its point runs again, and its
+    reason gives the pause and what was measured. An interrupted trial stays interrupted."""
+    why = watch.disturbance(limit_s)
+    if not why or record.state == "interrupted":
+        return record
+    measured = record.reason or record.outcome  # a reason starts with its outcome
+    if record.outcome == "ok":
+        measured = f"ok, {record.throughput_tok_s:,.0f} tok/s"
+    reason = f"{why}; the measurement is not the server's (it measured {measured})"
+    return replace(record, state="fail", outcome=str(Outcome.DISTURBED), reason=reason)
+
+
+def _run_trial(
     plan: TrialPlan, launcher: Launcher, *, clock: Callable[[], float], phase: Phase
 ) -> TrialRecord:
-    """Run one trial; never raises for what the server or the machine did."""
     private_dir(plan.trial_dir)
     phases: dict[str, float] = {}
     startup: Startup | None = None
@@ -278,7 +337,15 @@ def run_trial(
         phases["teardown"] = stop.seconds
     phases["total"] = clock() - t0
     record = _judge(plan, startup, load, interrupted, harness_error, phases)
-    record = replace(record, teardown=stop.waited, log_notes=stop.log_notes)
+    record = replace(
+        record,
+        teardown=stop.waited,
+        log_notes=stop.log_notes,
+        exit_code=stop.exit_code,
+        exit_signal=signal_name(stop.exit_code),
+        sender=stop.sender,
+        host_state=stop.host,
+    )
     if not stop.clean:
         record = replace(record, fatal=f"{FATAL_TEARDOWN}: {stop.reason}")
     elif pending and record.state != "interrupted":
@@ -325,7 +392,9 @@ def _judge(
     headroom = load.min_free_gib
     if headroom is None:
         headroom = _float(startup.ledger.get("avail_after_graphs_gib"))
-    survived = load.outcome in ("ready", "stopped")
+    # Only a server that lived through the workload survived it: autotune never stops one while
+    # it serves, so a `stopped` here (a SIGTERM it did not send) is no survival.
+    survived = load.outcome == "ready"
     return replace(
         base,
         state="complete" if survived or Outcome.of(load.outcome).is_parameter_result else "fail",
@@ -456,14 +525,19 @@ def _json_safe(value: object) -> object:
 
 @contextmanager
 def _signals_deferred() -> Iterator[list[int]]:
-    """Hold Ctrl-C and SIGTERM while the server is being stopped; the list says if any came."""
+    """Hold the stop signals while the server is being stopped; the list says if any came."""
     pending: list[int] = []
 
     def hold(signum: int, frame: object) -> None:
         pending.append(signum)
+        signals.received(signum)
 
     try:
-        previous = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)}
+        previous = {
+            s: signal.signal(s, hold)
+            for s in STOP_SIGNALS
+            if signal.getsignal(s) is not signal.SIG_IGN
+        }
     except ValueError:  # not the main thread: nothing to defer
         yield pending
         return
@@ -684,6 +758,9 @@ class _LiveRun:
             seconds=t.seconds,
             waited=t.waited,
             log_notes=self.server.log.notes,
+            exit_code=t.exit_code,
+            sender=t.sender,
+            host=t.host,
         )
 
 

@@ -1,0 +1,309 @@
+"""How a server's main process ended, who ended it, and what the host showed at that moment.
+
+The verdict on a death is taken from evidence in this order: the exit status and the signal
+with its sender, the log's own error lines, the host's state. This module owns the first and
+the last; the log is `autotune.logparse`'s.
+
+* `ExitFacts`: the main process's return code as `subprocess` gives it (negative: the signal
+  that ended it) and who sent that signal, where the harness can know it:
+
+  - `autotune`: our stop had begun (we sent SIGTERM, then SIGKILL) when the process was seen
+    gone;
+  - `oom_killer`: the kernel's OOM killer, named by the kernel itself. `KernelOomWatch` opens
+    `/dev/kmsg` at the launch (root, or `kernel.dmesg_restrict = 0`) and reads what the kernel
+    logged since: `Killed process PID (…)` or `oom-kill:…,pid=PID,…` naming a process of the
+    server; and it reads the `oom_kill` counter of the server's memory cgroup (v2
+    `memory.events`, v1 `memory.oom_control`) when first seen and at the death: a rise while a
+    SIGKILL ended the server counts too (the cgroup may be shared, so it is named as such);
+  - `outside`: neither of those, and the log shows no end of the server's own making: a SIGTERM
+    the server logged that we did not send, or a signal death with no failure line before it.
+    SGLang SIGKILLs its own tree after a crash (`kill_process_tree`) and, up to 0.5.9, after a
+    graceful drain, so a SIGKILL that follows the server's own failure line is its own ("");
+  - "": no signal ended it, or the server ended itself.
+
+  Linux does not tell a parent who sent the signal that killed its child (`waitid` gives the
+  signal, not the sender), so `outside` is what remains once our own stop, the kernel's OOM
+  killer and the server's own kill are ruled out.
+
+* `host_state`: one line per thing in the way when a server died that was not ours to stop:
+  the disk under the trial folder full (`shutil.disk_usage`, under `DISK_FULL_BYTES`), and the
+  server's port held by a process that is not the server's (`/proc/net/tcp*` listening
+  sockets, their inodes matched in `/proc/*/fd`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import shutil
+import signal
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autotune.logparse.outcome import signal_name
+from autotune.server import procs
+
+DISK_FULL_BYTES = 16 << 20
+"""Below this much free space under the trial folder the disk counts as full at a death: a
+server's log lines and a trial's record are a few KiB to a few MiB."""
+
+AUTOTUNE = "autotune"
+OOM_KILLER = "oom_killer"
+OUTSIDE = "outside"
+
+_KILLED = re.compile(r"Killed process (\d+)\b")
+_OOM_KILL = re.compile(r"oom-kill:.*\bpid=(\d+)\b")
+_KMSG_MAX_RECORDS = 100_000
+
+
+@dataclass(frozen=True)
+class ExitFacts:
+    """The main process's end: its return code (None while it runs), the signal's name, who
+    sent it (`sender`, see the module), and the lines that show who (the kernel's own)."""
+
+    code: int | None = None
+    sender: str = ""
+    detail: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def signal(self) -> str:
+        return signal_name(self.code)
+
+
+def sender_of(
+    code: int | None,
+    *,
+    stopping: bool,
+    oom_killed: bool,
+    foreign_sigterm: bool,
+    own_failure: bool,
+) -> str:
+    """Who ended the process (the module's rule): our stop, the kernel's OOM killer, someone
+    outside, or "" (it exited by itself, or ended itself after its own failure line). A SIGTERM
+    from outside (logged before our stop began) is the end's sender whatever came after it:
+    SGLang's own SIGKILL after the drain, or our stop of a server still draining."""
+    if foreign_sigterm:
+        return OUTSIDE
+    if code is None:
+        return ""
+    if stopping:
+        return AUTOTUNE
+    if oom_killed and code == -signal.SIGKILL:
+        return OOM_KILLER
+    if code < 0 and not own_failure:
+        return OUTSIDE
+    return ""
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel's OOM killer
+# ---------------------------------------------------------------------------------------------
+
+
+def _mounts() -> list[tuple[str, str, str, str]]:
+    """(root, mount point, fs type, super options) for each cgroup mount of /proc/self/mountinfo."""
+    out = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            left, _, right = line.partition(" - ")
+            parts, tail = left.split(), right.split()
+            if len(parts) >= 5 and len(tail) >= 3 and tail[0] in ("cgroup", "cgroup2"):
+                out.append((parts[3], parts[4], tail[0], tail[2]))
+    return out
+
+
+def oom_counter_files(pid: int) -> list[Path]:
+    """The files holding the `oom_kill` counter of `pid`'s memory cgroup: v2 `memory.events`,
+    v1 `memory.oom_control` (those that exist)."""
+    try:
+        lines = (procs.PROC / str(pid) / "cgroup").read_text().splitlines()
+    except OSError:
+        return []
+    mounts = _mounts()
+    found: list[Path] = []
+    for line in lines:
+        hier, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        v2 = hier == "0" and controllers == ""
+        if not v2 and "memory" not in controllers.split(","):
+            continue
+        for root, point, kind, options in mounts:
+            if v2 != (kind == "cgroup2") or (not v2 and "memory" not in options.split(",")):
+                continue
+            rel = path[len(root) :] if root != "/" and path.startswith(root) else path
+            name = "memory.events" if v2 else "memory.oom_control"
+            candidate = Path(point + rel.rstrip("/")) / name
+            if candidate.is_file():
+                found.append(candidate)
+    return found
+
+
+def read_oom_kills(path: Path) -> int | None:
+    """The `oom_kill N` counter in a cgroup file, None when unreadable."""
+    try:
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+    except OSError:
+        return None
+    return None
+
+
+class KernelOomWatch:
+    """What the kernel says about the OOM killer since one server was launched: its log
+    (`/dev/kmsg`, from the launch on) and its memory cgroups' `oom_kill` counters. Best effort:
+    where neither can be read, nothing is known (`killed` returns "")."""
+
+    def __init__(self, kmsg: str = "/dev/kmsg") -> None:
+        self._fd: int | None = None
+        self._records: list[str] = []
+        self._counters: dict[Path, int] = {}
+        with contextlib.suppress(OSError):
+            fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                os.lseek(fd, 0, os.SEEK_END)  # only what the kernel logs from now on
+            except OSError:
+                os.close(fd)
+                raise
+            self._fd = fd
+
+    def track(self, pid: int) -> None:
+        """Note the `oom_kill` counters of `pid`'s memory cgroups the first time each is seen
+        (a process may be moved to another cgroup while it runs)."""
+        for path in oom_counter_files(pid):
+            if path not in self._counters:
+                count = read_oom_kills(path)
+                if count is not None:
+                    self._counters[path] = count
+
+    def _read(self) -> None:
+        if self._fd is None:
+            return
+        for _ in range(_KMSG_MAX_RECORDS):
+            try:
+                raw = os.read(self._fd, 8192)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:  # records overwritten before we read them
+                    continue
+                return
+            if not raw:
+                return
+            text = raw.decode("utf-8", "replace")
+            self._records.append(text.partition(";")[2].strip() or text.strip())
+
+    def killed(self, pids: Collection[int]) -> str:
+        """The kernel's own line saying its OOM killer killed one of `pids`, or a rise of a
+        tracked cgroup's `oom_kill` counter; "" when the kernel says neither."""
+        self._read()
+        for pattern in (_KILLED, _OOM_KILL):  # the plainer line first
+            for record in self._records:
+                match = pattern.search(record)
+                if match and int(match.group(1)) in pids:
+                    return f"kernel log: {record}"
+        for path, before in self._counters.items():
+            now = read_oom_kills(path)
+            if now is not None and now > before:
+                return (
+                    f"the OOM killer killed {now - before} process(es) in the server's memory "
+                    f"cgroup ({path}: oom_kill {before} -> {now})"
+                )
+        return ""
+
+    def close(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+
+
+# ---------------------------------------------------------------------------------------------
+# The host's state
+# ---------------------------------------------------------------------------------------------
+
+
+def disk_line(folder: Path, full_below: int = DISK_FULL_BYTES) -> str:
+    """`the disk under F is full: N MiB free of M MiB` when it is, else ""."""
+    try:
+        usage = shutil.disk_usage(folder)
+    except OSError:
+        return ""
+    if usage.free >= full_below:
+        return ""
+    return (
+        f"the disk under {folder} is full: {usage.free / 2**20:.1f} MiB free of "
+        f"{usage.total / 2**20:.0f} MiB"
+    )
+
+
+def _listening_inodes(port: int) -> set[int]:
+    """Inodes of the sockets listening on `port` (any address), from /proc/net/tcp and tcp6."""
+    inodes: set[int] = set()
+    for name in ("tcp", "tcp6"):
+        try:
+            rows = (procs.PROC / "net" / name).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if len(cols) < 10 or cols[3] != "0A":  # 0A: LISTEN
+                continue
+            local_port = int(cols[1].rpartition(":")[2], 16)
+            if local_port == port and cols[9].isdigit():
+                inodes.add(int(cols[9]))
+    return inodes
+
+
+def port_holders(port: int) -> list[int]:
+    """Pids of the processes holding a socket that listens on `port` (those /proc lets us see)."""
+    inodes = _listening_inodes(port)
+    if not inodes:
+        return []
+    wanted = {f"socket:[{i}]" for i in inodes}
+    holders: list[int] = []
+    for entry in procs.PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fds = os.listdir(entry / "fd")
+        except OSError:
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                if os.readlink(entry / "fd" / fd) in wanted:
+                    holders.append(int(entry.name))
+                    break
+    return sorted(holders)
+
+
+def _comm(pid: int) -> str:
+    try:
+        return (procs.PROC / str(pid) / "comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def port_line(host: str, port: int, ours: Iterable[int]) -> str:
+    """`port N on H is held by pid P (comm), a process autotune did not start` when a process
+    that is not the server's listens on it, else ""."""
+    mine = set(ours)
+    if not _listening_inodes(port):
+        return ""
+    holders = port_holders(port)
+    foreign = [p for p in holders if p not in mine]
+    if holders and not foreign:
+        return ""
+    if not foreign:
+        return f"port {port} on {host} is held by a process autotune cannot see"
+    who = ", ".join(f"pid {p} ({_comm(p)})" for p in foreign)
+    return f"port {port} on {host} is held by {who}, a process autotune did not start"
+
+
+def host_state(folder: Path, host: str, port: int, ours: Iterable[int]) -> tuple[str, ...]:
+    """One line per thing in the host's state that stood in the server's way (none: ())."""
+    return tuple(line for line in (disk_line(folder), port_line(host, port, ours)) if line)
