@@ -24,6 +24,7 @@ from autotune.errors import UsageError
 from autotune.review.source import Review, Source, open_source, review_of
 from autotune.review.winner import DEFAULT_TOLERANCE, Margin, parse_margin, parse_tolerance
 from autotune.study.storage import default_storage_url
+from autotune.trial.signals import STOP_SIGNALS, first_received, forget, received
 
 PACKAGE_CONFIGS = SHIPPED_STUDIES
 
@@ -80,21 +81,51 @@ def storage_url(args: argparse.Namespace, cfg: StudyConfig, folder: Path) -> str
     return str(args.storage or cfg.storage or default_storage_url(folder))
 
 
+INTERRUPTED = 130
+"""The exit code of a run stopped by Ctrl-C (SIGINT) or SIGTERM, the trial recorded first."""
+HUNG_UP = 129
+"""The exit code of a run stopped by SIGHUP (128 + 1, the shell's own for a hang-up): the
+terminal or SSH session it ran in went away; the trial is recorded first, as for Ctrl-C."""
+
+
+class HungUp(KeyboardInterrupt):
+    """Raised by SIGHUP's handler: a stop like Ctrl-C's, which `cli.main` ends with `HUNG_UP`."""
+
+
+class Stopped:
+    """Which stop signal came first while `stop_signals` held (`trial.signals.first_received`:
+    the teardown holds one until the server is stopped, and notes it there)."""
+
+    @property
+    def signum(self) -> int | None:
+        return first_received()
+
+    def exit_code(self, code: int) -> int:
+        """`code`, except that a run ended by SIGHUP (130, interrupted) exits with 129."""
+        if code == INTERRUPTED and self.signum == signal.SIGHUP:
+            return HUNG_UP
+        return code
+
+
 @contextmanager
-def stop_signals() -> Iterator[None]:
-    """Ctrl-C (SIGINT) and `systemctl stop` (SIGTERM) stop the run cleanly: the trial is
-    recorded first. SIGINT is handled even when the shell started us with it ignored (a
-    background job), so `kill -INT` always works."""
+def stop_signals() -> Iterator[Stopped]:
+    """Ctrl-C (SIGINT), `systemctl stop` (SIGTERM) and a hang-up (SIGHUP: the SSH session or
+    terminal went away) stop the run cleanly: the server is stopped and the trial recorded
+    first (`trial.signals.STOP_SIGNALS`). SIGINT is handled even when the shell started us with it
+    ignored (a background job), so `kill -INT` always works; SIGHUP ignored at the start
+    (`nohup autotune run …`) stays ignored."""
+    forget()
 
     def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
+        received(signum)
+        raise HungUp if signum == signal.SIGHUP else KeyboardInterrupt
 
-    previous = {
-        signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
-        signal.SIGTERM: signal.signal(signal.SIGTERM, interrupt),
-    }
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, interrupt)}
+    for signum in STOP_SIGNALS:
+        if signum not in previous and signal.getsignal(signum) is not signal.SIG_IGN:
+            previous[signum] = signal.signal(signum, interrupt)
     try:
-        yield
+        yield Stopped()
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

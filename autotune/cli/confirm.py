@@ -71,13 +71,13 @@ def handle(args: argparse.Namespace) -> int:
         f"(trial {ex.trial}) with a {factor:g}× soak{why}\n"
     )
     out.flush()
-    with study_lock(source.folder, wait=args.wait), common.stop_signals():
+    with study_lock(source.folder, wait=args.wait), common.stop_signals() as stopped:
         verdict = run_confirmation(
             soak_cfg, source.folder, dict(ex.params), trial=ex.trial, phase=_phase_printer(out)
         )
     if verdict["outcome"] == "interrupted":
         out.write("confirmation interrupted: the server was stopped; nothing was recorded\n")
-        return 130
+        return stopped.exit_code(common.INTERRUPTED)
     verdict["soak_factor"] = factor
 
     def warn(line: str) -> None:

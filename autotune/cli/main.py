@@ -13,6 +13,8 @@ from typing import cast
 
 import autotune
 from autotune import __version__
+from autotune.cli.common import HUNG_UP, INTERRUPTED, HungUp
+from autotune.cli.streams import tolerant_streams
 from autotune.errors import AutotuneError
 from autotune.masking import scrub
 from autotune.study.storage import STORAGE_ERRORS, first_line
@@ -49,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; standard output and error gone (a closed pipe, a hung-up terminal)
+    never stop it (`cli.streams`)."""
+    with tolerant_streams():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.handler
@@ -60,9 +69,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except STORAGE_ERRORS as exc:  # a command that reads the study met a storage gone away
         sys.stderr.write(f"autotune: error: the study storage failed: {scrub(first_line(exc))}\n")
         return 1
+    except HungUp:
+        sys.stderr.write("autotune: hung up (SIGHUP)\n")
+        return HUNG_UP
     except KeyboardInterrupt:
         sys.stderr.write("autotune: interrupted\n")
-        return 130
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

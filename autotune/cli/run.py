@@ -19,7 +19,13 @@ from autotune.errors import UsageError
 from autotune.server.hostcheck import check_host
 from autotune.study.runner import run, study_lock
 from autotune.study.storage import default_storage_url, probe_storage
-from autotune.study.workers import gpu_group, with_worker_args, worker_folder
+from autotune.study.workers import (
+    gpu_claim,
+    gpu_group,
+    with_worker_args,
+    worker_folder,
+    worker_gpus,
+)
 from autotune.trial.run import live_launcher
 
 
@@ -80,10 +86,10 @@ def handle(args: argparse.Namespace) -> int:
             f"--results-dir {args.results_dir}: cannot create {folder}: {exc}"
         ) from exc
     try:
-        with study_lock(folder):
+        with study_lock(folder), gpu_claim(study_folder, worker_gpus(cfg), cfg.name):
             launcher = live_launcher(cfg, folder)
-            with stop_signals():
-                return run(cfg, folder, url, launcher, sys.stdout)
+            with stop_signals() as stopped:
+                return stopped.exit_code(run(cfg, folder, url, launcher, sys.stdout))
     except UsageError:
         _undo(folder, made)
         raise
