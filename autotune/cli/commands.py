@@ -14,6 +14,7 @@ Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], No
 MODULES = (
     "autotune.cli.run",
     "autotune.cli.status",
+    "autotune.cli.rebuild",
     "autotune.cli.ledger",
     "autotune.cli.report",
     "autotune.cli.explain",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import optuna
@@ -20,8 +21,10 @@ from autotune.study.storage import (
     STUDY_DB,
     default_storage_url,
     load_existing,
+    stale,
     storage_failure,
 )
+from autotune.study.workers import current_worker
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -44,7 +47,9 @@ def handle(args: argparse.Namespace) -> int:
     except STORAGE_ERRORS as exc:
         raise storage_failure(exc, url, "cannot be read") from exc
     review = build_review(name, redact(url), trials, cfg=_config(args), study_attrs=attrs)
-    text = render(name, redact(url), trials, headline=headline(review))
+    me = current_worker("")
+    gone = {t.number: why for t, why in stale(trials, me, (), grace_s=0, now=datetime.now())}
+    text = render(name, redact(url), trials, headline=headline(review), gone=gone)
     sys.stdout.write(review.scrub(text))
     return 0
 

@@ -2,12 +2,14 @@
 
 Queued points are listed with the parameters they will run; the figures are the trial views'
 (`autotune.record.view`), printed as every other review surface prints them. The command puts
-the study's headline (`autotune.review.headline`) above the table.
+the study's headline (`autotune.review.headline`) above the table. A trial the storage calls
+running whose worker is gone (the command judges it, with the rule a run reaps by:
+`autotune.study.storage.stale`) is shown as `running?`, with why, below the table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from optuna.trial import FrozenTrial, TrialState
 
@@ -26,8 +28,16 @@ _STATE = {
 }
 
 
-def rows(trials: Sequence[FrozenTrial]) -> tuple[list[str], list[list[str]]]:
-    """The table as text cells: one column per parameter, then the figures (pure)."""
+GONE = "running?"
+"""The state shown for a RUNNING trial whose worker is gone."""
+
+
+def rows(
+    trials: Sequence[FrozenTrial], gone: Mapping[int, str] | None = None
+) -> tuple[list[str], list[list[str]]]:
+    """The table as text cells: one column per parameter, then the figures (pure); the trials
+    in `gone` (number: why) are shown as `running?`."""
+    gone = gone or {}
     names: list[str] = []
     seen = [view(t) for t in trials]
     for v in seen:
@@ -48,7 +58,7 @@ def rows(trials: Sequence[FrozenTrial]) -> tuple[list[str], list[list[str]]]:
         body.append(
             [
                 str(t.number),
-                _STATE.get(t.state, t.state.name.lower()),
+                GONE if t.number in gone else _STATE.get(t.state, t.state.name.lower()),
                 v.outcome,
                 *[_cell(v.params.get(n)) for n in names],
                 fig.tokens(v.capacity_tokens, ""),
@@ -72,9 +82,18 @@ def worker_label(v: TrialView) -> str:
     return f"{w['host']}:{w['gpus']}" if w.get("gpus") else str(w["host"])
 
 
-def render(name: str, url: str, trials: Sequence[FrozenTrial], *, headline: str = "") -> str:
-    """The summary line and the table, below `headline` when one is given."""
-    head, body = rows(trials)
+def render(
+    name: str,
+    url: str,
+    trials: Sequence[FrozenTrial],
+    *,
+    headline: str = "",
+    gone: Mapping[int, str] | None = None,
+) -> str:
+    """The summary line and the table, below `headline` when one is given; one line per trial
+    in `gone` (number: why its worker is gone) below the table."""
+    gone = gone or {}
+    head, body = rows(trials, gone)
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
     lines = [
         "  ".join([*(c.rjust(w) for c, w in zip(r[:-1], widths, strict=False)), r[-1]]).rstrip()
@@ -86,7 +105,12 @@ def render(name: str, url: str, trials: Sequence[FrozenTrial], *, headline: str 
         f"study {name} ({url}): {counted(trials)} trials finished, {ooms} OOM, best feasible "
         + (f"capacity {best:,} tokens" if best is not None else "capacity: none yet")
     )
-    return "\n".join([*([headline] if headline else []), summary, *lines]) + "\n"
+    notes = [
+        f"trial {n}: {GONE} the storage says running, but {why}; the next `autotune run` of "
+        "its worker marks it stale and runs its point again"
+        for n, why in sorted(gone.items())
+    ]
+    return "\n".join([*([headline] if headline else []), summary, *lines, *notes]) + "\n"
 
 
 def _cell(v: object) -> str:

@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 import optuna
@@ -195,6 +196,7 @@ def run_loop(
     coordinator: Coordinator | None = None,
     storage_failed: StorageHandler | None = None,
     note: Callable[[str], None] = lambda line: None,
+    records: Path | None = None,
 ) -> LoopEnd:
     """Ask, run, tell until `n_trials` trials count, the time is up or the grid is done.
 
@@ -208,7 +210,8 @@ def run_loop(
     records it as a machine failure; the loop then goes on.
 
     Raises `Interrupted` after recording the current trial when the operator stops the run, and
-    `HarnessError` after several harness failures in a row (the machine, not the parameters).
+    `HarnessError` after several harness failures in a row (the machine, not the parameters),
+    naming `records`, the folder of the trials' logs and records, when given.
     """
 
     start = clock()
@@ -250,7 +253,7 @@ def run_loop(
                 f"{failures} trials in a row failed for reasons outside the parameters "
                 f"(last: {result.reason})"
                 + (f"; what would fix it: {hint}" if hint else "")
-                + f"; see results/{cfg.name}/trials/"
+                + (f"; see {records}/" if records is not None else "")
             )
 
 

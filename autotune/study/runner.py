@@ -33,6 +33,7 @@ from autotune.record.seeds import origins, read_seeds, store_seeds
 from autotune.record.view import TrialView, view, views
 from autotune.search.capacity import DONE_ATTR, CapacityAwareSampler
 from autotune.server.hostcheck import results_disk_problem
+from autotune.server.procs import writers
 from autotune.sim.profiles import Profile, ProfileError, load_profile
 from autotune.study.loop import (
     Interrupted,
@@ -50,6 +51,15 @@ from autotune.study.progress import (
     warnings_before_launch,
     workload_plan,
 )
+from autotune.study.records import (
+    check_folders,
+    claim,
+    keep,
+    keep_unlaunched,
+    rebuild_command,
+    reconcile,
+    trial_dir,
+)
 from autotune.study.samplers import make_sampler
 from autotune.study.storage import (
     STORAGE_ERRORS,
@@ -65,6 +75,8 @@ from autotune.study.workers import (
     current_worker,
     drop_twice_queued,
     gpu_group,
+    study_folder_of,
+    worker_gpus,
     worker_seed,
 )
 from autotune.trial.record import Result
@@ -76,6 +88,7 @@ from autotune.trial.run import (
     run_trial,
     write_record,
 )
+from autotune.trial.signals import STOP_SIGNALS
 
 
 def run(
@@ -89,11 +102,14 @@ def run(
 ) -> int:
     """Run the study to its end; 0 when done, 130 when the operator stopped it."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    worker = current_worker(gpu_group(cfg.server.env) or gpu_group(os.environ))
+    worker = current_worker(worker_gpus(cfg))
+    study_folder = study_folder_of(folder, gpu_group(cfg.server.env))
     seed = worker_seed(cfg.sampler.seed, worker)
     sampler = make_sampler(dataclasses.replace(cfg.sampler, seed=seed))
     seeds = read_seeds(cfg)  # a bad seed log stops the run before the study is touched
     study = open_study(cfg, url, sampler, heartbeat=cfg.heartbeat)
+    numbers = [t.number for t in study.get_trials(deepcopy=False)]
+    check_folders(folder, numbers, rebuild_command(cfg.name, study_folder, url))
     store_seeds(study, cfg, seeds, distributions(cfg.search))
     night = _Night(cfg, folder, launcher, study, clock)
     night.start(stream, url, worker)
@@ -120,6 +136,7 @@ def run(
             coordinator=coordinator,
             storage_failed=night.storage_failed,
             note=lambda line: night.progress.message(f"warning: {line}"),
+            records=folder / "trials",
         )
     except STORAGE_ERRORS as exc:
         raise storage_failure(exc, url, "failed") from exc
@@ -164,15 +181,15 @@ class _Night:
         cfg, study = self.cfg, self.study
         self.url = url
         stopped = self.launcher.stop_orphans()
-        note = "; ".join(stopped) or "no server was left running"
 
         def orphans(t: FrozenTrial) -> str:
             where = view(t).trial_dir
             if where is None or Path(str(where)).parent.parent == self.folder:
-                return note
+                return "; ".join(stopped) or _no_pidfile(where)
             return "its server, if one is left, is stopped when its own worker starts again"
 
         recovered = recover(study, host=worker.host, machine=worker.machine, stop_orphans=orphans)
+        reconcile(self.folder, study.get_trials(deepcopy=False))
         queued = prepare(study, cfg)
         if queued:
             drop_twice_queued(study)
@@ -210,11 +227,16 @@ class _Night:
         full = results_disk_problem(folder)
         if full:
             return Result("fail", "harness_error", f"not launched: {full}", None, {}, fatal=full)
+        try:
+            where = claim(folder, trial.number)
+        except HarnessError as exc:
+            why = f"not launched: {exc}"
+            return Result("fail", "harness_error", why, None, {}, fatal=str(exc))
         plan = plan_trial(
             cfg,
             settings,
             number=trial.number,
-            trial_dir=trial_dir(folder, trial.number),
+            trial_dir=where,
             extra=self.launcher.extra_args(),
         )
         trial.set_user_attr(keys.TRIAL_DIR, str(plan.trial_dir))
@@ -248,8 +270,9 @@ class _Night:
         if not _fail_patiently(self.study, trial, reason, record):
             raise HarnessError(
                 f"the study storage {redact(self.url)} failed: {cause}; trial {number} could not "
-                "be recorded (the next run marks it stale and runs its point again); run the "
-                "same command to resume"
+                "be recorded (the next run marks it stale and runs its point again); once the "
+                "storage answers, run the same command to resume (a storage that lost trials is "
+                "refused, its trial folders are never written over)"
             )
         if record is not None:
             rewrite_record(where, record)
@@ -261,6 +284,10 @@ class _Night:
         return Result("fail", "harness_error", reason, None, attrs)
 
     def on_told(self, t: FrozenTrial) -> None:
+        if keys.TRIAL_DIR in t.user_attrs:
+            keep(trial_dir(self.folder, t.number), t)
+        else:
+            keep_unlaunched(self.folder, t)
         _tally_add(self.tally, t)
         self.progress.trial_finished(_finished(t, self.tally, self.shown_k))
 
@@ -313,8 +340,9 @@ def sampler_done(study: optuna.Study, trial: optuna.trial.Trial) -> str:
 
 @contextmanager
 def _noting_stops(note: Callable[[], None]) -> Iterator[None]:
-    """Call `note` when Ctrl-C or SIGTERM arrives, then do what the handler in place does (stop
-    the run); outside the main thread there is nothing to wrap."""
+    """Call `note` when a stop signal (`STOP_SIGNALS`: Ctrl-C, SIGTERM, SIGHUP) arrives, then do
+    what the handler in place does (stop the run); one that is ignored stays ignored, and outside
+    the main thread there is nothing to wrap."""
 
     def chained(previous: object, default: Callable[[], None]) -> Callable[[int, object], None]:
         def handler(signum: int, frame: object) -> None:
@@ -330,7 +358,7 @@ def _noting_stops(note: Callable[[], None]) -> Iterator[None]:
         raise KeyboardInterrupt
 
     try:
-        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        previous = {s: h for s in STOP_SIGNALS if (h := signal.getsignal(s)) is not signal.SIG_IGN}
         for s, p in previous.items():
             signal.signal(s, chained(p, stop))
     except ValueError:  # not the main thread
@@ -426,8 +454,21 @@ def _most_telling(failed: list[TrialView]) -> TrialView:
     return [t for t in failed if (t.cause or t.outcome) == top][-1]
 
 
-def trial_dir(folder: Path, number: int) -> Path:
-    return folder / "trials" / f"{number:04d}"
+def _no_pidfile(where: object) -> str:
+    """What recovery knows of a killed trial's server when no pidfile of this worker named one:
+    none was launched, or its pidfile is gone; a process still writing its log is named (and
+    left alone: without its pidfile nothing proves which processes are its)."""
+    log = Path(str(where)) / "server.log" if where is not None else None
+    if log is None or not log.exists():
+        return "no server was launched"
+    found = writers(log)
+    if not found:
+        return "no pidfile named its server and no process writes its server.log any more"
+    pids = ", ".join(str(p.pid) for p in found)
+    return (
+        f"its pidfile was missing, so its server could not be stopped: pid {pids} still "
+        f"writes its server.log and was left running (stop it by hand: kill {pids})"
+    )
 
 
 @contextmanager

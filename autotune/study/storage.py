@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import os
 import socket
+import sqlite3
 import time
 import warnings
 from collections.abc import Callable, Collection, Sequence
@@ -91,6 +92,7 @@ def open_study(
     With `heartbeat`, the storage records Optuna's RDB heartbeats (see `autotune.study.workers`).
     """
     directions = [optuna.study.StudyDirection.MAXIMIZE] * len(cfg.objectives)
+    check_sqlite(storage_url)
     try:
         storage: str | BaseStorage = storage_url
         if heartbeat is not None:
@@ -142,9 +144,48 @@ def _backend_of(t: FrozenTrial) -> str | None:
     return str(backend) if backend else None
 
 
+OPTUNA_TABLES = frozenset({"version_info", "studies"})
+"""Tables every Optuna RDB storage has; a SQLite file with tables but neither is something else."""
+
+
+def check_sqlite(url: str) -> None:
+    """Refuse a SQLite file that holds tables but is no Optuna storage (an application's own
+    database given by mistake): Optuna would add its tables to it. The file is opened read-only
+    and left byte for byte as it was; an empty or missing file, or another kind of URL, passes."""
+    try:
+        parsed = sqlalchemy.engine.make_url(driver_url(url))
+    except (ValueError, SQLAlchemyError):
+        return  # the opening names a malformed URL
+    if parsed.get_backend_name() != "sqlite" or not parsed.database:
+        return
+    path = Path(parsed.database.removeprefix("file:"))
+    if parsed.database == ":memory:" or not path.is_file() or path.stat().st_size == 0:
+        return
+    try:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            rows = db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+        finally:
+            db.close()
+    except sqlite3.Error as exc:
+        raise UsageError(
+            f"--storage {redact(url)}: cannot open it ({exc}); name an Optuna SQLite file "
+            "or a new one"
+        ) from None
+    tables = sorted(str(r[0]) for r in rows if not str(r[0]).startswith("sqlite_"))
+    if tables and not OPTUNA_TABLES & set(tables):
+        shown = ", ".join(tables[:5]) + (", …" if len(tables) > 5 else "")
+        raise UsageError(
+            f"--storage {redact(url)}: {path} is a SQLite database but no Optuna storage "
+            f"(its tables: {shown}; no version_info or studies table); it was left unchanged: "
+            "name a new file or an Optuna storage"
+        )
+
+
 def probe_storage(url: str) -> None:
     """Connect to the storage at `url` once, writing nothing; a clear one-line error (password
     masked) when it cannot be reached or its driver is missing."""
+    check_sqlite(url)
     try:
         engine = sqlalchemy.create_engine(driver_url(url))
         try:
@@ -160,6 +201,7 @@ def probe_storage(url: str) -> None:
 
 def load_existing(name: str, storage_url: str) -> optuna.Study:
     """Open a study read-only-style (for `status`); a clear error when it does not exist."""
+    check_sqlite(storage_url)
     try:
         return optuna.load_study(study_name=name, storage=driver_url(storage_url))
     except (ImportError, ValueError, SQLAlchemyError) as exc:

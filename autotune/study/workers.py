@@ -21,6 +21,7 @@ module adds what ask/tell leaves to autotune:
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import logging
 import os
 import random
@@ -28,9 +29,11 @@ import threading
 import time
 import warnings
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from datetime import datetime
 from pathlib import Path
+from typing import IO
 
 import optuna
 from optuna.exceptions import StorageInternalError
@@ -73,10 +76,84 @@ def gpu_group(env: Mapping[str, str]) -> str:
     return env.get("CUDA_VISIBLE_DEVICES", "").strip()
 
 
+def worker_gpus(cfg: StudyConfig) -> str:
+    """The GPU group this worker's servers use: the study file's (or --gpus)
+    CUDA_VISIBLE_DEVICES, else the environment's; "" for all of the machine's."""
+    return gpu_group(cfg.server.env) or gpu_group(os.environ)
+
+
 def worker_folder(study_folder: Path, gpus: str) -> Path:
     """Where a worker keeps its trials' logs, pidfiles and lock: the study folder, or one
     subfolder per GPU group so that workers on one machine never share them."""
     return study_folder / f"gpus-{gpus.replace(',', '-')}" if gpus else study_folder
+
+
+def study_folder_of(folder: Path, gpus: str) -> Path:
+    """The study folder a worker's folder (`worker_folder`) lies in."""
+    return folder.parent if gpus and worker_folder(folder.parent, gpus) == folder else folder
+
+
+GPU_LOCKS = "gpus"
+"""The folder (under the study folder's `run/`) of the locks the study's workers on one machine
+hold on their GPUs."""
+
+
+@contextmanager
+def gpu_claim(study_folder: Path, gpus: str, study: str) -> Iterator[None]:
+    """Hold this worker's GPUs against the other workers of the study on this machine while it
+    runs: two workers whose groups share a GPU would launch two servers on it, each sizing its
+    KV pool from memory the other takes. A UsageError names the worker that holds a GPU first.
+
+    Each GPU of the group is an exclusive lock (`run/gpus/gpu-N.lock`, the holder's pid and
+    group written in it); a worker on all the machine's GPUs (no group) holds `all.lock`
+    exclusively, and every group worker holds it shared. The locks die with their process, so a
+    killed worker never blocks the next one."""
+    folder = study_folder / "run" / GPU_LOCKS
+    names = [g.strip() for g in gpus.split(",") if g.strip()]
+    shown = f"--gpus {gpus}" if names else "all GPUs (no --gpus)"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"{study_folder} is not writable ({exc.strerror or exc}); fix its permissions or use "
+            "another --results-dir"
+        ) from None
+    with ExitStack() as held:
+        everything = held.enter_context(open(folder / "all.lock", "a+"))
+        try:
+            fcntl.flock(everything, (fcntl.LOCK_SH if names else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            everything.seek(0)
+            holder = everything.read().strip() or "another process"
+            raise UsageError(
+                f"{shown}: another worker of study {study} runs on all this machine's GPUs "
+                f"({holder}); give every worker on a machine a --gpus group of its own"
+                if names
+                else f"{shown}: workers of study {study} with --gpus groups run on this "
+                "machine; give this worker a --gpus group of its own, apart from theirs"
+            ) from None
+        if not names:
+            _sign(everything, shown)
+        for name in names:
+            lock = held.enter_context(open(folder / f"gpu-{name}.lock", "a+"))
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.seek(0)
+                holder = lock.read().strip() or "another process"
+                raise UsageError(
+                    f"{shown}: GPU {name} is in use by another worker of study {study} on this "
+                    f"machine ({holder}); give each worker GPUs of its own"
+                ) from None
+            _sign(lock, shown)
+        yield
+
+
+def _sign(lock: IO[str], shown: str) -> None:
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"pid {os.getpid()}, {shown}\n")
+    lock.flush()
 
 
 def with_worker_args(

@@ -34,7 +34,12 @@ class Leftover:
 
 
 def problems(trials: Sequence[FrozenTrial], folder: Path) -> list[str]:
-    """Every way in which the study `trials` and the results `folder` disagree ([] when none)."""
+    """Every way in which the study `trials` and the results `folder` disagree ([] when none).
+
+    A finished trial whose folder holds a trial.json must tell the storage's story there: the
+    same outcome, and COMPLETE in the storage only when complete on disk (a trial the storage
+    calls stale while its record still says what it measured is a disagreement); a trial stored
+    with its record must have its trial.json."""
     out: list[str] = []
     for t in trials:
         if t.state == TrialState.RUNNING:
@@ -46,10 +51,9 @@ def problems(trials: Sequence[FrozenTrial], folder: Path) -> list[str]:
         if not outcome:
             out.append(f"trial {t.number} is {t.state.name} without an outcome")
             continue
-        record = t.user_attrs.get("record")
-        if not isinstance(record, dict):
-            continue  # never launched: stale, skipped, interrupted before launch
         path = folder / "trials" / f"{t.number:04d}" / "trial.json"
+        if not isinstance(t.user_attrs.get("record"), dict) and not path.exists():
+            continue  # never launched here: stale before a launch, skipped, another worker's
         try:
             written = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
@@ -62,6 +66,8 @@ def problems(trials: Sequence[FrozenTrial], folder: Path) -> list[str]:
             )
         if t.state == TrialState.COMPLETE and written.get("state") != "complete":
             out.append(f"trial {t.number}: COMPLETE in the storage, {written.get('state')} on disk")
+        if t.state == TrialState.FAIL and written.get("state") == "complete":
+            out.append(f"trial {t.number}: FAIL in the storage, complete on disk")
     numbers = {t.number for t in trials}
     for path in sorted(folder.glob("trials/*/trial.json")):
         if int(path.parent.name) not in numbers:

@@ -1,0 +1,29 @@
+"""`autotune rebuild`: give a lost study storage its trials back from the trial folders."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from autotune.cli.common import add_study_args, resolve_config, storage_url, study_dir
+from autotune.study.rebuild import rebuild
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "rebuild",
+        help="rebuild a lost study storage from the trial folders (trials/NNNN/trial.json)",
+        description="Create the study again in an empty storage (default results/NAME/study.db) "
+        "from its trial folders, each trial under its own number; the folders are only read.",
+    )
+    add_study_args(p)
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    cfg = resolve_config(args)
+    folder = study_dir(cfg, args.results_dir)
+    url = storage_url(args, cfg, folder)
+    done = rebuild(cfg, folder, url)
+    sys.stdout.write(done.line(cfg.name, url) + "\n")
+    return 0
