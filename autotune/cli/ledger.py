@@ -5,6 +5,9 @@ or `journalctl -u sglang > server.log`, and prints where each GiB went, the effe
 how the run ended with the lines that prove it, a short summary of the serving lines, and what
 other mem_fraction_static values would give (the pool, the memory left after startup, the
 lowest fraction that can hold a pool), with the rules of the SGLang release the log shows.
+Every prefix SGLang has printed reads (`[2024-07-20 04:40:55 TP0]`, 0.3.0's `[04:40:55 TP0]`,
+0.2.x's `[gpu=0]`); a log that begins after the start (serving lines only) gives its serving
+figures and says the startup is missing (`startup_missing` in the JSON).
 With `--json` it prints one object; fields the log does not show are null.
 """
 
@@ -52,7 +55,7 @@ def handle(args: argparse.Namespace) -> int:
         doc["what_if"] = other.to_dict() if other is not None else None
         sys.stdout.write(json.dumps(doc) + "\n")
         return 0
-    out = as_text(ledger, verdict, serving)
+    out = as_text(ledger, verdict, serving, log)
     if other is not None:
         out += "\n" + what_if_text(other)
     sys.stdout.write(out)

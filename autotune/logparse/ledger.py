@@ -6,6 +6,11 @@ pool end, CUDA graphs, then a TP0 summary line. `build_ledger` turns those event
 
 * P and every "avail" figure take the MIN over ranks, because SGLang sizes the pool from the
   tightest GPU and the tightest GPU is the one that runs out first; usages take the MAX.
+* What SGLang computes alike on every rank (the pool's tokens, GiB and dtype, the draft's pool,
+  the model class: `_SHARED`) is read from the lowest rank that printed it, rank 0 first: an
+  excerpt or interleaved output may lack rank 0's line and still show the pool.
+* 0.2.x–0.3.x print no weight `mem usage=`; the weights are then the rank's `Load weight begin`
+  avail minus its `Load weight end` avail, the difference later releases print.
 * Speculative decoding prints `Load weight end` twice per rank, target first, then draft. Up to
   0.5.9 the draft loads after the target's graphs; from 0.5.18 it loads before the KV pool is
   sized, so `avail_after_weights_gib` (A, what the pool was sized from) is what the *last* load
@@ -224,6 +229,10 @@ class _Rank:
         self.kv_since_load = 0.0
         if self.loads_done == 1:
             self.weights, self.after_weights = v.get("usage_gib"), v.get("avail_gib")
+            if self.weights is None and self.p is not None and self.after_weights is not None:
+                # 0.2.x-0.3.x print no `mem usage=`; later releases print exactly this
+                # difference (`model_runner.py`: `weight_load_mem_usage = before - after`).
+                self.weights = round(self.p - self.after_weights, 2)
             self.model_type = event.label or None
         elif self.loads_done == 2:
             self.draft_weights = v.get("usage_gib")
@@ -389,22 +398,21 @@ def build_ledger(events: Iterable[Event]) -> Ledger:
         if kind is Kind.POST_CAPTURE and event.label in ("kv", "draft_kv"):
             ranks.setdefault(event.rank, _Rank()).add(event)
     ordered = [ranks[r] for r in sorted(ranks, key=rank_order)]
-    ref = ordered[0] if ordered else _Rank()
     rules, chosen_by = detect(events, any(r.draft_before_pool for r in ordered))
     mrr = summary.get("max_running_requests", mrr_reduced)
-    post = ref.post_kv is not None
+    post = _shared(ordered, "post_kv") is not None
+    tokens = _shared(ordered, "post_tokens" if post else "kv_tokens")
+    post_draft = _shared(ordered, "post_draft_kv")
     args = _from_server_args(first.get(Kind.SERVER_ARGS))
     led = Ledger(
         p_gib=_low(r.p for r in ordered),
         weights_gib=_high(r.weights for r in ordered),
         avail_after_weights_gib=_low(r.sized_from for r in ordered),
-        max_total_num_tokens=_int(
-            summary.get("max_total_num_tokens", ref.post_tokens if post else ref.kv_tokens)
-        ),
-        kv_gib=ref.post_kv if post else ref.kv,
-        kv_dtype=ref.kv_dtype or kv_dtype,
+        max_total_num_tokens=_int(summary.get("max_total_num_tokens", tokens)),
+        kv_gib=_shared(ordered, "post_kv" if post else "kv"),
+        kv_dtype=_shared(ordered, "kv_dtype") or kv_dtype,
         draft_weights_gib=_high(r.draft_weights for r in ordered),
-        draft_kv_gib=ref.post_draft_kv if ref.post_draft_kv is not None else ref.draft_kv,
+        draft_kv_gib=post_draft if post_draft is not None else _shared(ordered, "draft_kv"),
         req_to_token_gib=_high(r.req_to_token for r in ordered),
         avail_after_pool_gib=_low(r.after_pool for r in ordered),
         graph_gib=_high(r.graph for r in ordered),
@@ -417,7 +425,7 @@ def build_ledger(events: Iterable[Event]) -> Ledger:
         chunked_prefill_size=_int(summary.get("chunked_prefill_size")),
         max_prefill_tokens=_int(summary.get("max_prefill_tokens")),
         context_len=_int(summary.get("context_len")),
-        model_type=ref.model_type,
+        model_type=_shared(ordered, "model_type"),
         ranks=len(ordered) or None,
         semantics=rules.name if rules else None,
         semantics_from=chosen_by or None,
@@ -425,10 +433,10 @@ def build_ledger(events: Iterable[Event]) -> Ledger:
         graph_phases=_phases(ordered),
         graph_max_bs=_int(_graph_max_bs(events) or graph_bs),
         prefill_graph_max_tokens=_int(_prefill_max_tokens(events)),
-        kv_va_gib=ref.kv_va,
-        swa_kv_gib=ref.swa_kv,
-        swa_tokens=ref.swa_tokens,
-        aux_kv_gib=ref.aux_kv,
+        kv_va_gib=_shared(ordered, "kv_va"),
+        swa_kv_gib=_shared(ordered, "swa_kv"),
+        swa_tokens=_shared(ordered, "swa_tokens"),
+        aux_kv_gib=_shared(ordered, "aux_kv"),
         mamba_gib=_first_value(first, Kind.MAMBA_ALLOCATED, "gib"),
         canary_gib=_canary(events),
         draft_host_cache_gb=host.draft_gb,
@@ -439,6 +447,37 @@ def build_ledger(events: Iterable[Event]) -> Ledger:
         startup_timings=dict(t.values) if (t := first.get(Kind.STARTUP_TIMINGS)) else None,
     )
     return led.merged(Ledger(**{k: v for k, v in args.items() if v is not None}))
+
+
+_SHARED = frozenset(
+    {
+        "kv",
+        "kv_tokens",
+        "kv_dtype",
+        "kv_va",
+        "swa_kv",
+        "swa_tokens",
+        "aux_kv",
+        "draft_kv",
+        "post_kv",
+        "post_tokens",
+        "post_draft_kv",
+        "model_type",
+    }
+)
+"""What SGLang computes once for every rank: the pool is sized from the memory all ranks
+reduced to its minimum (`model_runner.py` `profile_max_num_token`, `get_available_gpu_memory(…,
+distributed=True)`), so its tokens, bytes and dtype, the draft's pool and the model class are the
+same on each. Free memory and usages are each GPU's own and are not in this set."""
+
+
+def _shared(ordered: Iterable[_Rank], name: str) -> Any:
+    """A value every rank computes alike (`_SHARED`), from the lowest rank that printed it: rank 0
+    when its line is in the log, else the next one (an excerpt, interleaved output that lost a
+    line). Ranks come in `rank_order`, so a pipeline stage's own ranks come before the next
+    stage's (whose pool holds other layers)."""
+    assert name in _SHARED, name
+    return next((v for r in ordered if (v := getattr(r, name)) is not None), None)
 
 
 def _first_value(first: Mapping[Kind, Event], kind: Kind, key: str) -> float | None:

@@ -1,11 +1,12 @@
-"""SGLang log lines -> typed events; pure functions, every format from 0.4.x to 0.5.23.
+"""SGLang log lines -> typed events; pure functions, every format from 0.2.x to 0.5.23.
 
-A line is read in two steps: its prefix (`[2026-02-24 11:57:16.123 DP0 TP0 EP0] `, or none at all
-for tracebacks and tqdm bars) gives the time and the rank tag; the message then goes through a
-chain of `startswith` checks ordered by frequency, because serving lines and access-log lines are
-most of a long log and must cost one or two string tests each. Batch lines are read as `key: value`
-pairs rather than by one regex per version, so 0.4.x (`Decode batch. …`), 0.5.4 (`Decode batch [n],
-…`), 0.5.9 and 0.5.23 field orders all parse with the same code. Anything unrecognised yields None:
+A line is read in two steps: its prefix (`[2026-02-24 11:57:16.123 DP0 TP0 EP0] `, 0.3.0's
+`[04:40:55 TP0] `, 0.2.x's `[gpu=0] `, or none at all for tracebacks and tqdm bars: `split_prefix`)
+gives the time and the rank tag; the message then goes through a chain of `startswith` checks
+ordered by frequency, because serving lines and access-log lines are most of a long log and must
+cost one or two string tests each. Batch lines are read as `key: value` pairs rather than by one
+regex per version, so 0.2.x–0.4.x (`Decode batch. …`), 0.5.4 (`Decode batch [n], …`), 0.5.9 and
+0.5.23 field orders all parse with the same code. Anything unrecognised yields None:
 logs carry junk (tqdm carriage returns, warnings, systemd prefixes) between the lines that matter.
 
 A line is a failure (`FAILURE_KINDS`) only when SGLang's code raises, exits or kills its tree
@@ -174,6 +175,29 @@ frame of the event loop or the forward pass. They place a failure at serving tim
 "fired up" line is outside the excerpt."""
 
 
+STARTUP_KINDS = frozenset(
+    {
+        Kind.SERVER_ARGS,
+        Kind.DIST_INIT_BEGIN,
+        Kind.DIST_INIT_END,
+        Kind.MEMORY_BASELINE,
+        Kind.WEIGHT_LOAD_BEGIN,
+        Kind.WEIGHT_LOAD_END,
+        Kind.KV_ALLOCATED,
+        Kind.MEMORY_POOL_END,
+        Kind.GRAPH_CAPTURE_BEGIN,
+        Kind.GRAPH_CAPTURE_END,
+        Kind.POST_CAPTURE,
+        Kind.SCHEDULER_SUMMARY,
+        Kind.STARTUP_TIMINGS,
+    }
+)
+"""The lines of a server start that the memory ledger is read from (`logparse.ledger`): the
+arguments, the per-rank accounting from distributed init to graph capture, the TP0 summary. A
+log with none of them began after the start (a rotated file, `journalctl --since`, an excerpt):
+its serving lines still read, its memory figures cannot."""
+
+
 _NO_VALUES: Mapping[str, float] = MappingProxyType({})
 
 
@@ -283,24 +307,77 @@ def split_prefix(line: str) -> tuple[float | None, str, str]:
     """(time, rank tag, message). The rank tag is e.g. "TP3" or "DP0 TP0 EP0"; "" for the main
     process, for tp=1 and for lines without a prefix (tracebacks, tqdm bars).
 
-    Plain string tests rather than a regex: this runs on every line of logs that reach millions.
+    Every prefix SGLang has printed (`configure_logger` in `srt/utils.py`, `[%(asctime)s{prefix}]
+    %(message)s`) is read:
+
+    * 0.3.4 onwards: `[2024-11-30 05:10:04 TP0] `, `[… DP0 TP0 EP0] `, `[… PP1 TP0] `, and
+      `[2026-02-24 11:57:16.123 TP0] ` where milliseconds are on; the main process's `[…] `.
+    * 0.3.0–0.3.3: `datefmt="%H:%M:%S"`, so `[04:40:55 TP0] `, `[04:40:55 DP0 TP0] `,
+      `[04:40:55] `. The time is seconds since midnight (only differences are used; a log that
+      runs past midnight steps back once there).
+    * 0.2.x: `logging.basicConfig(format="%(message)s")`, no prefix, but the worker's lines name
+      their GPU: `[gpu=0] Decode batch. …` (`managers/tp_worker.py`, `model_runner.py`). The GPU
+      index is the tensor-parallel rank there (`controller_single.py` gives rank i GPU i of its
+      node), so the tag reads "TP0".
+
+    A journald or container prefix before SGLang's own is skipped. Plain string tests on the
+    common shape rather than a regex: this runs on every line of logs that reach millions.
     """
-    start = 0
-    if not line.startswith("[20"):
-        start = line.find("[20")  # tolerate journald / container prefixes before SGLang's own
-        if start < 0:
+    if line.startswith("[20"):
+        if line[5:6] != "-" or line[14:15] != ":":
             return None, "", line
-    if line[start + 5 : start + 6] != "-" or line[start + 14 : start + 15] != ":":
+        end = line.find("]", 20)
+        if end < 0:
+            return None, "", line
+        cut = 24 if line[20] == "." else 20
+        time = _header_time(line[1:cut])
+        if time is None:
+            return None, "", line
+        rank = line[cut + 1 : end] if end > cut else ""
+        return time, rank, line[end + 2 :] if line[end + 1 : end + 2] == " " else line[end + 1 :]
+    if line.startswith("[gpu="):
+        return _gpu_prefix(None, line)
+    if "[" not in line:
         return None, "", line
-    end = line.find("]", start + 20)
-    if end < 0:
-        return None, "", line
-    cut = start + 24 if line[start + 20] == "." else start + 20
-    time = _header_time(line[start + 1 : cut])
-    if time is None:
-        return None, "", line
-    rank = line[cut + 1 : end] if end > cut else ""
-    return time, rank, line[end + 2 :] if line[end + 1 : end + 2] == " " else line[end + 1 :]
+    return _other_prefix(line)
+
+
+_PREFIX = re.compile(
+    r"\[(?:(\d{4}-\d\d-\d\d) )?(\d\d):(\d\d):(\d\d)(?:\.(\d{3}))?((?: [A-Z][A-Z_]*\d+)*)\] ?"
+)
+"""A prefix anywhere in the line: `[2024-07-20 04:40:55 TP0] ` or 0.3.0–0.3.3's `[04:40:55 TP0] `,
+`[04:40:55 DP0 TP0] `, `[04:40:55] `, also after a journald or container prefix. The rank tags
+must look like SGLang's (`TP0`, `DP1`, `EP3`), so tqdm's `[01:02<00:00, …]` and torch's
+`[W1203 10:00:00.123 file.cpp:119]` are not prefixes."""
+_GPU = re.compile(r"\[gpu=(\d+)\] ?")
+
+
+def _other_prefix(line: str) -> tuple[float | None, str, str]:
+    """The prefix of a line that does not begin with a dated one: a time-only or an embedded
+    one (either possibly followed by 0.2.x's `[gpu=N] `), a lone `[gpu=N] `, or none."""
+    m = _PREFIX.match(line) if line[0] == "[" else None
+    if m is None:
+        m = _PREFIX.search(line)
+    if m is None:
+        at = line.find("[gpu=")
+        return _gpu_prefix(None, line[at:]) if at >= 0 else (None, "", line)
+    day, h, mi, sec, ms, tags = m.groups()
+    if day is not None:
+        time = _header_time(f"{day} {h}:{mi}:{sec}" + (f".{ms}" if ms else ""))
+    else:
+        time = int(h) * 3600 + int(mi) * 60 + int(sec) + (int(ms) / 1000.0 if ms else 0.0)
+    rest = line[m.end() :]
+    if not tags and rest.startswith("[gpu="):
+        return _gpu_prefix(time, rest)
+    return time, tags.strip(), rest
+
+
+def _gpu_prefix(time: float | None, line: str) -> tuple[float | None, str, str]:
+    """0.2.x's `[gpu=N] message`: rank "TPN"."""
+    m = _GPU.match(line)
+    if m is None:
+        return time, "", line
+    return time, f"TP{m.group(1)}", line[m.end() :]
 
 
 def rank_order(rank: str) -> tuple[int, ...]:
@@ -524,7 +601,11 @@ def _batch(phase: str, message: str, line_no: int, time: float | None, rank: str
         return None
     slots: list[Any] = [None] * _BATCH_SLOTS
     found = False
-    for part in message[body_at:].split(", "):
+    body = message[body_at:]
+    if body_at < 30 and "). " in body:
+        # 0.3.x's mixed chunk: `Prefill batch(mixed #running-req: 2). #new-seq: 1, …`
+        body = body.replace("). ", ", ", 1)
+    for part in body.split(", "):
         key, _, raw = part.partition(": ")
         field = _BATCH_FIELDS.get(key)
         if field is None:

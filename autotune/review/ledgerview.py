@@ -8,7 +8,7 @@ from typing import Any
 
 from autotune.errors import UsageError
 from autotune.logparse.ledger import Ledger, build_ledger
-from autotune.logparse.lines import Kind, ParsedLog, parse_lines
+from autotune.logparse.lines import STARTUP_KINDS, Kind, ParsedLog, parse_lines
 from autotune.logparse.outcome import Verdict, classify
 from autotune.logparse.serving import ServingSummary, summarize
 
@@ -59,6 +59,19 @@ def _binary(head: bytes) -> bool:
     return bad > 0.1 * max(len(text), 1)
 
 
+def startup_missing(log: ParsedLog) -> bool:
+    """Whether the log shows none of the start's lines (`STARTUP_KINDS`): it begins after them
+    (a rotated file, `journalctl --since`, an excerpt), so only its serving figures and its
+    ending can be read."""
+    return not any(e.kind in STARTUP_KINDS for e in log.events)
+
+
+STARTUP_MISSING = (
+    "startup: not in this log (none of its lines, from the arguments to graph capture); the "
+    "memory figures need the log from the launch on"
+)
+
+
 def summarize_log(log: ParsedLog) -> tuple[Ledger, Verdict, ServingSummary]:
     verdict = classify(log.events, batches=log.batches)
     return build_ledger(log.events), verdict, summarize(log.batches, log.events)
@@ -69,6 +82,7 @@ def as_json(ledger: Ledger, verdict: Verdict, serving: ServingSummary, log: Pars
     doc["ready"] = log.first(Kind.READY) is not None
     doc.update(verdict.to_dict())
     doc["serving"] = serving.to_dict()
+    doc["startup_missing"] = startup_missing(log)
     doc["lines"] = log.lines
     return json.dumps(doc)
 
@@ -98,10 +112,16 @@ _ROWS = (
 )
 
 
-def as_text(ledger: Ledger, verdict: Verdict, serving: ServingSummary) -> str:
+def as_text(
+    ledger: Ledger, verdict: Verdict, serving: ServingSummary, log: ParsedLog | None = None
+) -> str:
+    """The outcome with its evidence, the ledger table, the serving summary; with `log`, one line
+    saying so when the log lacks the start (`startup_missing`)."""
     lines = [f"outcome: {verdict.outcome}" + (f" ({verdict.cause})" if verdict.cause else "")]
     for line in verdict.evidence:
         lines.append(f"  | {line}")
+    if log is not None and startup_missing(log):
+        lines.append(STARTUP_MISSING)
     lines.append("")
     values = ledger.to_dict()
     for key, label, unit in _ROWS:
