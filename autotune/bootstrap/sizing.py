@@ -8,7 +8,16 @@ request table, the CUDA graphs, the draft (up to 0.5.9 its weights, KV and graph
 workspaces, i.e. where the predicted free memory after startup reaches 0
 (`memory.arithmetic.Arithmetic.at`). The transient peak under load comes on top; the search
 finds it. Without such a log the ranges are set around the current values and say so. The grid
-is anchored on the baseline, so a fraction SGLang chose itself (0.827) stays on it.
+is anchored on the baseline, so a fraction SGLang chose itself (0.827) stays on it. A fraction
+with more decimals than a grid point keeps (SGLang 0.5.8's `adjust_mem_fraction_for_vlm` in
+`server_args.py` scales its own choice for a vision tower: 0.8260405859375) is the baseline as it
+ran, and the range around it has no step: its ends are on the hundredths and the capacity sampler
+walks its own lattice (`search.records.CONTINUOUS_FRACTION_STEP`); a step from a round low would
+leave the baseline off the grid, one anchored on it would make every point as long.
+
+`max_running_requests` is sized from the pool: the choices are at most what the baseline's pool
+holds at the workload's sketched prompt + answer length (or the most the log's serving lines ran
+at once, when that is more), spread below it.
 """
 
 from __future__ import annotations
@@ -28,6 +37,10 @@ SPAN = 0.30
 MAX_SLOTS = 4096
 MRR_FACTORS = (2 / 3, 1.0, 4 / 3, 2.0, 8 / 3)
 """max_running_requests choices around the current value (48 → 32, 48, 64, 96, 128)."""
+BELOW_FACTORS = (1 / 4, 1 / 3, 1 / 2, 2 / 3)
+"""Choices below the most the pool holds, when the current value is not below it."""
+GRID_DECIMALS = 4
+"""The decimals a fraction on the step's grid keeps (`config.space._snap`: the step's + 2)."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +51,8 @@ class Current:
     fraction_from: str = ""
     max_running_requests: int | None = None
     mrr_from: str = ""
+    mrr_by_command: bool = False
+    """The command (`--from-cmd`, `--from-unit`) sets it: the operator's own choice."""
     hicache_on: bool = False
     hicache_size: int | float | None = None
     """GB per rank; None (with `hicache_on`) when the cache is sized by --hicache-ratio."""
@@ -74,8 +89,25 @@ def _on_grid(x: float, anchor: float, up: bool) -> float:
     return round(anchor + n * STEP, 4)
 
 
-def _fraction_text(low: float, high: float) -> str:
+def grid_anchor(b: float | None) -> float | None:
+    """What the fraction's grid is anchored on: the baseline when a grid point can be it (its
+    decimals fit the grid's), else None: the range has no step, its ends on the hundredths."""
+    if b is None or round(b, GRID_DECIMALS) == b:
+        return b
+    return None
+
+
+def _fraction_text(low: float, high: float, stepped: bool = True) -> str:
+    if not stepped:
+        return f"{{ low = {low:g}, high = {high:g} }}"
     return f"{{ low = {low:g}, high = {high:g}, step = {STEP:g} }}"
+
+
+def _stepless_note(b: float) -> str:
+    return (
+        f"no step: the baseline {b!r} (as SGLang computed it) is on no 0.01 grid with round "
+        "ends; the capacity sampler walks its own lattice between low and high"
+    )
 
 
 def _bounded(low: float, high: float, anchor: float) -> tuple[float, float]:
@@ -149,7 +181,7 @@ def fraction_knob(
     comments: list[str] = []
     if ledger is not None and ledger.p_gib and ledger.avail_after_weights_gib is not None:
         floor = 1.0 - ledger.avail_after_weights_gib / ledger.p_gib
-        anchor = b if b is not None else 0.0
+        anchor = grid_anchor(b) or 0.0
         low = _on_grid(floor + STEP / 2, anchor, up=True)
         high = _on_grid(max(low + 0.1, 0.94, (b or low) + 0.04), anchor, up=False)
         comments.append(
@@ -158,8 +190,9 @@ def fraction_knob(
             "nothing is left for one; the top is the usual 0.94, not sized from the log"
         )
     elif b is not None:
-        low = _on_grid(max(0.5, b - 0.08), b, up=True)
-        high = _on_grid(min(0.97, b + 0.06), b, up=False)
+        a = grid_anchor(b) or 0.0
+        low = _on_grid(max(0.5, b - 0.08), a, up=True)
+        high = _on_grid(min(0.97, b + 0.06), a, up=False)
         comments.append(
             "no log to size it from: from 0.08 below to 0.06 above the current value "
             "(autotune init --from-log server.log sizes it from the memory ledger)"
@@ -170,16 +203,19 @@ def fraction_knob(
             "the command leaves mem_fraction_static to SGLang and there is no log to show what "
             "it chose: the usual range for large models (--from-log sizes it)"
         )
-    anchor = b if b is not None else low
+    stepped = b is None or grid_anchor(b) is not None
+    anchor = (grid_anchor(b) or 0.0) if b is not None else low
     low, high = _bounded(low, high, anchor)
     if b is not None:
         low, high = min(low, b), max(high, b)
     low, high, b, why = _exclude(low, high, b, failed, anchor)
     if why:
         comments.append(why)
+    if not stepped and current.fraction is not None:
+        comments.append(_stepless_note(current.fraction))
     return Knob(
         name="mem_fraction_static",
-        value=_fraction_text(low, high),
+        value=_fraction_text(low, high, stepped),
         comments=(
             "fraction of the free GPU memory measured before the weights load (P); the KV pool "
             "is A − P·(1 − f), A being what the weights left (docs/sglang-memory.md)",
@@ -202,18 +238,19 @@ def _lowest_pool(arith: Arithmetic, ledger: Ledger, b: float) -> tuple[float, in
     return low, need
 
 
-def _high_end(arith: Arithmetic, b: float, low: float) -> tuple[float, str]:
-    """The top of the fraction range, and the comment (a template) saying why."""
+def _high_end(arith: Arithmetic, b: float, low: float, anchor: float) -> tuple[float, str]:
+    """The top of the fraction range on `anchor`'s grid, and the comment (a template) saying
+    why."""
     f0, headroom = arith.fraction, arith.headroom
     if headroom is None:
-        high = _on_grid(min(HIGHEST, max(b, f0) + 0.05), b, up=False)
+        high = _on_grid(min(HIGHEST, max(b, f0) + 0.05), anchor, up=False)
         return high, (
             "high {high}: the log stops before the CUDA graphs, so the reserve they need is "
             "unknown: 0.05 above the log's fraction"
         )
     per_f = arith.free_per_fraction_gib
     top = f0 + headroom.free / per_f if per_f > 0 else HIGHEST
-    high = _on_grid(top, b, up=False)
+    high = _on_grid(top, anchor, up=False)
     while (arith.at(high).static_free_gib or 0.0) < 0 and high > low:
         high = round(high - STEP, 4)
     held = [f"the request table ({_gib(headroom.request_table)})"]
@@ -236,7 +273,7 @@ def _fraction_baseline_line(arith: Arithmetic, b: float, high: float) -> str:
     tokens_b = arith.tokens if b == f0 and arith.tokens else at_b.tokens
     free_b = headroom.free if b == f0 and headroom is not None else at_b.static_free_gib
     return (
-        f"at the baseline {b:g}: {tokens_b:,} tokens"
+        f"at the baseline {b:.15g}: {tokens_b:,} tokens"
         + (f", {_gib(free_b)} free after startup" if free_b is not None else "")
         + f"; at {high:g}: {arith.at(high).tokens:,} tokens"
     )
@@ -264,7 +301,9 @@ def _fraction_from_ledger(
 ) -> Knob:
     f0 = arith.fraction
     b = current.fraction if current.fraction is not None else f0
-    low, need = _lowest_pool(arith, ledger, b)
+    stepped = grid_anchor(b) is not None
+    anchor = grid_anchor(b) or 0.0
+    low, need = _lowest_pool(arith, ledger, anchor)
     lowest_pool = low
     comments = [
         "fraction of the free GPU memory measured before the weights load (P); the KV pool "
@@ -272,28 +311,30 @@ def _fraction_from_ledger(
         f"low {{low}}: the lowest fraction whose pool holds one prefill chunk "
         f"({need:,} tokens): {{low_tokens:,}} tokens",
     ]
-    high, high_comment = _high_end(arith, b, low)
+    high, high_comment = _high_end(arith, b, low, anchor)
     comments.append(high_comment)
-    low, high = _bounded(low, high, b)
+    low, high = _bounded(low, high, anchor)
     if high - low > SPAN + 1e-9:
-        low = _on_grid(high - SPAN, b, up=True)
+        low = _on_grid(high - SPAN, anchor, up=True)
         comments[1] = (
             f"low {{low}}: {SPAN:g} below the top; the pool holds one prefill chunk ({need:,} "
             f"tokens) from {lowest_pool:g} up, but lower fractions only give up capacity"
         )
     low, high = min(low, b), max(high, b)
-    low, high, kept, why = _exclude(low, high, b, failed, b)
+    low, high, kept, why = _exclude(low, high, b, failed, anchor)
     if why:
         comments.append(why)
+    if not stepped:
+        comments.append(_stepless_note(b))
     text = _fill_fraction_comments(comments, arith, low, high)
     note = current.fraction_from
     if b != f0:
-        note += f"; the log's start used {f0:g}"
+        note += f"; the log's start used {f0:.15g}"
     if kept is not None:
         text.append(_fraction_baseline_line(arith, b, high))
     return Knob(
         name="mem_fraction_static",
-        value=_fraction_text(low, high),
+        value=_fraction_text(low, high, stepped),
         comments=tuple(text),
         baseline=kept,
         baseline_note=note,
@@ -304,13 +345,78 @@ def _nice(x: float) -> int:
     return max(round(x / 8.0) * 8, 8) if x >= 16 else max(round(x), 1)
 
 
-def mrr_knob(current: Current, peak_running: int | None, pool_tokens: int | None) -> Knob:
+def pool_holds(pool_tokens: int | None, per_request: int | None) -> int | None:
+    """The requests the pool holds at once, each at its full length (prompt + answer)."""
+    if not pool_tokens or not per_request or per_request <= 0:
+        return None
+    return max(pool_tokens // per_request, 1)
+
+
+def _mrr_choices(c: int | None, cap: int) -> list[int]:
+    """Choices up to `cap`: around the current value when it is below it (⅔× … 8⁄3×, cut at the
+    cap, the cap itself the top), else spread below the cap (¼× … 1×); at least four where there
+    is room."""
+    if c is not None and c <= cap:
+        values = {_nice(c * m) for m in MRR_FACTORS} | {c}
+        values = {v for v in values if v <= cap}
+        if max(values) < _nice(c * MRR_FACTORS[-1]):
+            values.add(cap)
+        for m in reversed(BELOW_FACTORS[:-1]):
+            if len(values) >= 4:
+                break
+            values.add(max(_nice(c * m), 1))
+    else:
+        values = {max(_nice(cap * m), 1) for m in BELOW_FACTORS} | {cap}
+        values = {min(v, cap) for v in values}
+    return sorted(values)
+
+
+def mrr_knob(
+    current: Current,
+    peak_running: int | None,
+    pool_tokens: int | None,
+    per_request: int | None = None,
+) -> Knob:
+    """The request-slot choices: at most what the pool holds at `per_request` tokens a request
+    (the sketched prompt + answer) or the most the log ran at once, whichever is more. A
+    current value above that stays the baseline (and a choice) when the command sets it; one
+    the log shows (SGLang's own, sized from its request table) is left to the sampler."""
     c = current.max_running_requests
+    baseline = c
     comments = [
         "request slots: they size the request table and the captured CUDA-graph batches, "
         "not the KV pool"
     ]
-    if c is None:
+    holds = pool_holds(pool_tokens, per_request)
+    fill: int | None = None  # the most slots the workload fills: the cap, not a value past it
+    if holds is not None:
+        cap = fill = max(holds, peak_running or 0)
+        choices = _mrr_choices(c, cap)
+        comments.append(
+            f"the pool ({pool_tokens:,} tokens at the baseline) holds {holds:,} requests of "
+            f"{per_request:,} tokens (the workload's prompt + answer below)"
+            + (
+                f"; the log ran {peak_running} at once"
+                if peak_running and peak_running > holds
+                else ""
+            )
+            + f": choices up to {cap:,}"
+        )
+        if c is not None and c > cap:
+            if current.mrr_by_command:
+                choices.append(c)
+                comments.append(
+                    f"the command's {c} stays the baseline: more than the pool holds at that "
+                    "length (SGLang queues or retracts the rest)"
+                )
+            else:
+                baseline = None
+                comments.append(
+                    f"{c} request slots, {current.mrr_from or 'what the log shows'}, are more "
+                    "than the pool holds at that length: not searched, the baseline leaves it "
+                    "to the sampler"
+                )
+    elif c is None:
         choices = [32, 64, 128, 256]
         comments.append(
             "the command leaves it to SGLang (it derives it from the pool) and no log shows "
@@ -328,7 +434,7 @@ def mrr_knob(current: Current, peak_running: int | None, pool_tokens: int | None
         comments.append(
             f"the log's serving lines ran at most {peak_running} request{plural} at once{filled}"
         )
-    if pool_tokens:
+    if pool_tokens and holds is None:
         comments.append(
             f"the pool ({pool_tokens:,} tokens at the baseline) holds the context of every "
             "running request"
@@ -337,9 +443,9 @@ def mrr_knob(current: Current, peak_running: int | None, pool_tokens: int | None
         name="max_running_requests",
         value="{ choices = [" + ", ".join(str(v) for v in choices) + "] }",
         comments=tuple(comments),
-        baseline=c,
+        baseline=baseline,
         baseline_note=current.mrr_from,
-        top=max(choices),
+        top=max(v for v in choices if fill is None or v <= fill),
     )
 
 
@@ -486,7 +592,7 @@ def memory_notes(ledger: Ledger, arith: Arithmetic | None) -> tuple[str, ...]:
         out.append(", ".join(parts))
     if arith is not None:
         out.append(
-            f"at f = {arith.fraction:g} the reserve P·(1 − f) is {_gib(arith.reserve_gib)}; "
+            f"at f = {arith.fraction:.15g} the reserve P·(1 − f) is {_gib(arith.reserve_gib)}; "
             f"each 0.01 of f moves {_gib(arith.free_per_fraction_gib * STEP)} from it into the pool"
         )
     if ledger.semantics:

@@ -31,9 +31,10 @@ from autotune.bootstrap.sizing import (
     hicache_knob,
     memory_notes,
     mrr_knob,
+    pool_holds,
 )
 from autotune.bootstrap.sources import Launch, launch_from_command, launch_from_unit
-from autotune.bootstrap.traffic import sketch
+from autotune.bootstrap.traffic import lengths, sketch
 from autotune.config.space import flag_tokens
 from autotune.config.studyfile import (
     FlagValue,
@@ -242,6 +243,7 @@ def take_settings(
     taken = _take_flags(launch.flags)
     fraction_from = given("mem-fraction-static") if taken.fraction is not None else ""
     mrr_from = given("max-running-requests") if taken.mrr is not None else ""
+    mrr_by_command = taken.mrr is not None and not from_log
     if facts is not None:
         fraction_from, mrr_from = _fill_from_log(taken, facts, fraction_from, mrr_from)
     if taken.fraction is None:
@@ -253,6 +255,7 @@ def take_settings(
         fraction_from=fraction_from,
         max_running_requests=taken.mrr,
         mrr_from=mrr_from,
+        mrr_by_command=mrr_by_command,
         hicache_on=searched_host,
         hicache_size=taken.size if searched_host else None,
         hicache_from=hicache_from,
@@ -301,7 +304,11 @@ def _knob_lines(knobs: Sequence[Knob]) -> tuple[list[str], list[str]]:
 
 
 def _workload(
-    facts: LogFacts | None, current: Current, steady_s: float, most_slots: int = 0
+    facts: LogFacts | None,
+    current: Current,
+    steady_s: float,
+    most_slots: int = 0,
+    holds: int | None = None,
 ) -> list[str]:
     ledger = facts.ledger if facts is not None else None
     traffic = sketch(
@@ -311,6 +318,7 @@ def _workload(
         chunk=ledger.chunked_prefill_size if ledger is not None else None,
         context_len=ledger.context_len if ledger is not None else None,
         most_slots=most_slots,
+        holds=holds,
     )
     where = (
         f"sketched from {facts.path.name}'s serving lines"
@@ -411,25 +419,43 @@ def _launch_of(
     return launch, [f"read from the log's server_args line with {table.source}"], [], split
 
 
-def _knobs_for(current: Current, facts: LogFacts | None) -> tuple[list[Knob], Arithmetic | None]:
-    """The searched knobs, and the memory arithmetic the log's ledger gives."""
+def _per_request(facts: LogFacts | None) -> int:
+    """The tokens one request holds at its end: the sketched workload's mean prompt + answer
+    (`traffic.lengths`, the same lengths `[workload]` gets)."""
+    ledger = facts.ledger if facts is not None else None
+    inputs, outputs, _ = lengths(
+        facts.batches if facts is not None else (),
+        chunk=ledger.chunked_prefill_size if ledger is not None else None,
+        context_len=ledger.context_len if ledger is not None else None,
+    )
+    return inputs.mean + outputs.mean
+
+
+def _knobs_for(
+    current: Current, facts: LogFacts | None
+) -> tuple[list[Knob], Arithmetic | None, int | None]:
+    """The searched knobs, the memory arithmetic the log's ledger gives, and the requests the
+    baseline's pool holds at the sketched length (None without a pool to size it from)."""
     ledger = facts.ledger if facts is not None else None
     log_f = facts.fraction if facts is not None else None
     arith = arithmetic(ledger, log_f) if ledger is not None and log_f is not None else None
     f_knob = fraction_knob(current, ledger, log_f, _failure(facts))
     high = _high_of(f_knob)
+    pool = _pool_at(arith, current.fraction)
+    per_request = _per_request(facts) if pool else None
     knobs = [
         f_knob,
         mrr_knob(
             current,
             facts.serving.max_running if facts is not None else None,
-            _pool_at(arith, current.fraction),
+            pool,
+            per_request,
         ),
     ]
     host = hicache_knob(current, ledger, high, arith, _host_failure(facts))
     if host is not None:
         knobs.append(host)
-    return knobs, arith
+    return knobs, arith, pool_holds(pool, per_request)
 
 
 def _server_lines(
@@ -520,13 +546,54 @@ def _memory_lines(facts: LogFacts | None, arith: Arithmetic | None) -> list[str]
     return lines
 
 
+MIN_HEADROOM_GIB = 1.0
+"""The `constraints.min_headroom_gib` every composed study starts with."""
+
+
+def infeasible_baseline(facts: LogFacts | None, current: Current) -> list[str]:
+    """What makes the baseline infeasible under the composed constraints before anything ran,
+    from the log of its own start: each names the constraint and the value that would hold it."""
+    if facts is None or facts.fraction is None or current.fraction != facts.fraction:
+        return []
+    out: list[str] = []
+    ledger = facts.ledger
+    free = (
+        ledger.available_gpu_mem_gib
+        if ledger.available_gpu_mem_gib is not None
+        else ledger.avail_after_graphs_gib
+    )
+    served = facts.verdict.outcome in (Outcome.READY, Outcome.STOPPED)
+    if free is not None and free < MIN_HEADROOM_GIB and served:
+        holds = max(math.floor(free * 10) / 10, 0.0)
+        out.append(
+            f"the baseline is infeasible before anything runs: {facts.path.name} shows "
+            f"{free:.2f} GiB free after startup, below constraints.min_headroom_gib = "
+            f"{MIN_HEADROOM_GIB} (the load's peak comes on top); min_headroom_gib = {holds:g} "
+            "would hold it, or keep it to look for a setting with more room"
+        )
+    if facts.verdict.outcome is Outcome.RUNTIME_OOM:
+        out.append(
+            f"the baseline is infeasible before anything runs: {facts.path.name} shows it out "
+            "of GPU memory under load, and constraints.no_oom = true; no_oom = false would "
+            "hold it, or keep it to look for a setting that survives the load"
+        )
+    return out
+
+
+def _tail_lines(infeasible: Sequence[str]) -> list[str]:
+    """The `[constraints]`, `[budget]` and `[sampler]` tables every composed study ends with,
+    saying what already rules the baseline out."""
+    lines = ["", "[constraints]", "no_oom = true", "max_error_rate = 0.01"]
+    lines += t.comments(infeasible)
+    lines += [
+        "# keep this much GPU memory free at the worst moment of the load",
+        f"min_headroom_gib = {MIN_HEADROOM_GIB}",
+        *TAIL_LINES,
+    ]
+    return lines
+
+
 TAIL_LINES = (
-    "",
-    "[constraints]",
-    "no_oom = true",
-    "max_error_rate = 0.01",
-    "# keep this much GPU memory free at the worst moment of the load",
-    "min_headroom_gib = 1.0",
     "",
     "[budget]",
     "# every restart of a big model costs minutes: about a night",
@@ -540,7 +607,7 @@ TAIL_LINES = (
     "seed = 0",
     "",
 )
-"""The `[constraints]`, `[budget]` and `[sampler]` tables every composed study ends with."""
+"""The `[budget]` and `[sampler]` tables every composed study ends with."""
 
 
 def compose(
@@ -556,8 +623,10 @@ def compose(
     current, flags, setting_notes = take_settings(launch, facts)
     notes_all = [*launch.notes, *setting_notes]
     warnings += [n for n in notes_all if "by hand" in n or "not copied" in n]
-    knobs, arith = _knobs_for(current, facts)
+    knobs, arith, holds = _knobs_for(current, facts)
     search, baseline = _knob_lines(knobs)
+    infeasible = infeasible_baseline(facts, current)
+    warnings += infeasible
 
     lines = _header(src, launch, facts)
     lines.append(f"description = {t.string(_description(flags, launch.origin))}")
@@ -569,8 +638,8 @@ def compose(
     at = len(lines) + len(search)
     lines += [*search, "", *baseline, ""]
     slots = max((k.top for k in knobs if k.name == "max_running_requests" and k.top), default=0)
-    lines += _workload(facts, current, src.steady_s, slots)
-    lines += TAIL_LINES
+    lines += _workload(facts, current, src.steady_s, slots, holds)
+    lines += _tail_lines(infeasible)
     if src.from_log is not None:
         lines[at:at] = _seed_lines(src.from_log, lines, at)
     summary = _summary(flags, knobs, launch)

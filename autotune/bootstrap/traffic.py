@@ -1,7 +1,9 @@
 """A workload sketched from a log's Prefill and Decode lines.
 
 * concurrency: the most requests in the server at one line, running, being prefilled and queued
-  (what the clients asked for at the busiest moment);
+  (what the clients asked for at the busiest moment), raised to the most request slots the
+  search tries and, where the pool holds a known number of requests at the sketched length,
+  cut to the more of the two: clients past both would only queue;
 * prompt lengths: each Prefill line's tokens per new sequence (`#new-token` + `#cached-token`
   over `#new-seq`). A prompt longer than one prefill chunk shows as several lines, so long
   prompts read short: the sketch says so when the lengths reach the chunk;
@@ -158,6 +160,42 @@ def _fit_context(inputs: Lengths, outputs: Lengths, context_len: int | None) -> 
     return inputs
 
 
+def _fill(
+    concurrency: int, most_slots: int, holds: int | None, busiest: int, comments: list[str]
+) -> int:
+    """The clients, so the most request slots searched can fill and no more than the pool
+    holds (or those slots) wait: queued clients add no memory, only latency."""
+    if holds is not None:
+        top = max(most_slots, holds)
+        if concurrency > top:
+            comments.append(
+                f"cut to {top} clients: the pool holds {holds} requests of the sketched length "
+                f"and the search tries at most {most_slots} slots; "
+                + (f"the log's other {busiest - top}" if busiest > top else "more")
+                + " would only queue"
+            )
+            return top
+    if most_slots > concurrency:
+        concurrency = min(most_slots, MAX_CONCURRENCY)
+        comments.append(
+            f"raised to {concurrency} clients, the most request slots the search tries, so the "
+            "slots it tries can fill and their throughput differ"
+        )
+    return concurrency
+
+
+def lengths(
+    batches: Sequence[Batch], *, chunk: int | None, context_len: int | None
+) -> tuple[Lengths, Lengths, list[str]]:
+    """The prompt and answer lengths the serving lines show (else a generic chat mix), cut to
+    the context, and the comments saying where they came from."""
+    sizes, _ = _prompt_sizes(batches)
+    comments: list[str] = []
+    inputs = _input_lengths(sizes, chunk, comments)
+    outputs = _output_lengths(_contexts(batches), sizes, inputs, comments)
+    return _fit_context(inputs, outputs, context_len), outputs, comments
+
+
 def sketch(
     batches: Sequence[Batch],
     *,
@@ -166,22 +204,18 @@ def sketch(
     chunk: int | None,
     context_len: int | None,
     most_slots: int = 0,
+    holds: int | None = None,
 ) -> Traffic:
     """The workload sketched from the log's serving lines; its clients can fill `most_slots`
-    request slots (the most the search tries), so throughput can tell the slot counts apart."""
-    sizes, cached_share = _prompt_sizes(batches)
-    contexts = _contexts(batches)
+    request slots (the most the search tries), so throughput can tell the slot counts apart,
+    and, where `holds` (the requests the pool holds at the sketched length) is known, no more
+    clients wait than that or those slots."""
+    _, cached_share = _prompt_sizes(batches)
     comments: list[str] = []
-    concurrency = _concurrency(batches, peak_running, slots, comments)
-    if most_slots > concurrency:
-        concurrency = min(most_slots, MAX_CONCURRENCY)
-        comments.append(
-            f"raised to {concurrency} clients, the most request slots the search tries, so the "
-            "slots it tries can fill and their throughput differ"
-        )
-    inputs = _input_lengths(sizes, chunk, comments)
-    outputs = _output_lengths(contexts, sizes, inputs, comments)
-    inputs = _fit_context(inputs, outputs, context_len)
+    concurrency = _concurrency(batches, peak_running, slots if holds is None else None, comments)
+    concurrency = _fill(concurrency, most_slots, holds, _busiest(batches), comments)
+    inputs, outputs, said = lengths(batches, chunk=chunk, context_len=context_len)
+    comments += said
     if cached_share is not None and cached_share >= 0.2:
         comments.append(
             f"{cached_share:.0%} of prompt tokens came from the prefix cache: the traffic "

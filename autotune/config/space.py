@@ -65,8 +65,10 @@ def _suggest(trial: optuna.trial.BaseTrial, p: Param) -> Scalar:
 
 
 def _snap(value: float, step: float | None) -> float:
-    """Remove float noise (0.8800000000000001) so flags and records read like the study file."""
-    return round(value, 10) if step is None else round(value, _decimals(step) + 2)
+    """Remove float noise (0.8800000000000001) so flags and records read like the study file.
+    Without a step only the noise goes (15 significant digits): an enqueued point keeps every
+    digit it was given (a baseline SGLang computed itself, 0.8260405859375)."""
+    return float(f"{value:.15g}") if step is None else round(value, _decimals(step) + 2)
 
 
 def _decimals(step: float) -> int:
@@ -141,7 +143,7 @@ def render(value: Scalar) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        return f"{value:.10g}" if not value.is_integer() else str(int(value))
+        return f"{value:.15g}" if not value.is_integer() else str(int(value))
     return str(value)
 
 

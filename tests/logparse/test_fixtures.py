@@ -201,6 +201,21 @@ ROWS: list[tuple[str, Outcome, str, dict[str, Any]]] = [
         "ready",
         {"p_gib": 94.04, "weights_gib": 72.33, "kv_gib": 10.42, **KIMI_SUMMARY},
     ),
+    # Every prefix SGLang printed, and logs that lack rank 0's pool line or the whole start.
+    (
+        "partial_tp8_kv_odd_ranks.log",
+        Outcome.READY,
+        "ready",
+        {"p_gib": None, "kv_gib": 50.93, "max_total_num_tokens": 1000000, "ranks": 8},
+    ),
+    (
+        "v0_2_13_gpu_tagged_tp2.log",
+        Outcome.READY,
+        "ready",
+        {"p_gib": 78.84, "weights_gib": 8.14, "max_total_num_tokens": 954214, "ranks": 2},
+    ),
+    ("v0_3_0_time_only_serving.log", Outcome.UNKNOWN, "no_ready_line", {"kv_gib": None}),
+    ("v0_5_9_serving_only_dp2.log", Outcome.UNKNOWN, "no_ready_line", {"ranks": None}),
     ("startup_no_kv_room_v0_5_9.log", Outcome.STARTUP_OOM, "no_kv_room", {"kv_gib": None}),
     ("startup_no_kv_room_v0_4.log", Outcome.STARTUP_OOM, "no_kv_room", {"weights_gib": 15.62}),
     ("startup_no_kv_room_v0_5_14.log", Outcome.STARTUP_OOM, "no_kv_room", {"kv_gib": None}),
@@ -350,6 +365,34 @@ ROWS: list[tuple[str, Outcome, str, dict[str, Any]]] = [
     # The machine's faults, from Python's and uvicorn's own messages.
     ("v0_5_9_startup_port_in_use.log", Outcome.MACHINE_ERROR, "port_in_use", KIMI_SUMMARY),
     ("v0_5_9_runtime_disk_full.log", Outcome.MACHINE_ERROR, "disk_full", KIMI_SUMMARY),
+    # `autotune init`'s release logs: SGLang's own slots (0.4: min(pool // 2, 2049)) on a small
+    # pool, and 0.5.8's fraction for a vision model (adjust_mem_fraction_for_vlm), every digit.
+    (
+        "v0_4_qwq32b_tp4_l4.log",
+        Outcome.READY,
+        "ready",
+        {
+            "p_gib": 21.66,
+            "kv_gib": 2.82,
+            "avail_after_graphs_gib": 0.53,
+            "ranks": 4,
+            "max_total_num_tokens": 46080,
+            "max_running_requests": 2049,
+        },
+    ),
+    (
+        "v0_5_8_kimi_vl_computed_fraction_tp8.log",
+        Outcome.READY,
+        "ready",
+        {
+            "p_gib": 139.03,
+            "kv_gib": 42.94,
+            "available_gpu_mem_gib": 21.10,
+            "ranks": 8,
+            "max_total_num_tokens": 656182,
+            "mem_fraction_static": 0.8260405859375,
+        },
+    ),
 ]
 
 
