@@ -8,21 +8,25 @@ The study runs in child processes (this script with --child) that wrap autotune'
 launcher, so each launch gets a fault drawn from a seeded `random.Random` (`draw_fault`): none,
 one of the simulator's `--sim-fault` kinds, or one the child plays on the live server a moment
 into its workload: SIGSTOP to the whole server (`freeze`), logrotate's copytruncate of its log
-(`log-copytruncate`), `rm` of its log (`log-delete`), or another process holding `BEGIN
-EXCLUSIVE` on study.db for 15 s, past SQLite's 5 s busy timeout (`db-lock`, SQLite only). The
+(`log-copytruncate`), `rm` of its log (`log-delete`), another process holding `BEGIN
+EXCLUSIVE` on study.db for 15 s, past SQLite's 5 s busy timeout (`db-lock`, SQLite only),
+someone else's SIGKILL or SIGTERM to the server (`kill-server`, `term-server`: `killed`),
+autotune itself stopped for 8 s (`pause-harness`: `disturbed`), or a stranger listening on the
+server's port before it binds (`port-stolen`: `machine_error`). The
 child's wall clock (`time.time`) jumps hours and months both ways all night (`--no-clock-jumps`
 to keep it true).
 
 The parent plays the operator's night: now and then it SIGKILLs a child mid-trial or stops it
-with SIGINT, and it restarts a child whenever it exits before the budget is spent (a killed run,
-a run that stopped itself after repeated machine failures, a run refused because `confirm` held
-the study), just as re-running the same command resumes a study. Alongside, the whole time: a
-foreign `sleep`, and `status`, `report`, `export` and `confirm` run in a loop against the live
-study (`--no-review` to leave them out); none may fail other than with its documented one-line
-refusal, and none may touch the run's processes or records (a server they stopped would show as
-a record that does not match its fault). With `--workers N` (PostgreSQL `--storage`), N workers
-share the study, each on its own GPU group and port, and `--pg-restart CMD` restarts the
-database `--pg-restarts` times while they run: workers must carry on.
+with SIGINT or SIGHUP (a dropped SSH session), and it restarts a child whenever it exits before
+the budget is spent (a killed run, a run that stopped itself after repeated machine failures, a
+run refused because `confirm` held the study), just as re-running the same command resumes a
+study. Alongside, the whole time: a foreign `sleep`, and `status`, `report`, `export` and
+`confirm` run in a loop against the live study (`--no-review` to leave them out); none may fail
+other than with its documented one-line refusal, and none may touch the run's processes or
+records (a server they stopped would show as a record that does not match its fault). With
+`--workers N` (PostgreSQL `--storage`), N workers share the study, each on its own GPU group and
+port, and `--pg-restart CMD` restarts the database `--pg-restarts` times while they run: workers
+must carry on.
 
 At the end it prints: orphans (live processes that mention the soak folder), lost trials
 (`autotune.testing.audit.problems` per worker folder: trials left RUNNING, missing or
@@ -148,6 +152,10 @@ FAULTS: tuple[tuple[str, str, float], ...] = (
     ("log-copytruncate", PLAYED, 0.05),
     ("log-delete", PLAYED, 0.05),
     ("db-lock", PLAYED, 0.04),
+    ("kill-server", PLAYED, 0.03),
+    ("term-server", PLAYED, 0.03),
+    ("pause-harness", PLAYED, 0.03),
+    ("port-stolen", PLAYED, 0.03),
 )
 """Fault kinds, who injects them (the simulator, or the child on the live server), and how often
 each is drawn per launch ("" = no fault). `db-lock` is drawn only on SQLite."""
@@ -169,6 +177,10 @@ EXPECTED: Mapping[str, frozenset[str]] = {
     "log-copytruncate": SERVED,
     "log-delete": SERVED,
     "db-lock": SERVED | {"harness_error"},
+    "kill-server": frozenset({"killed"}),
+    "term-server": frozenset({"killed"}),
+    "pause-harness": frozenset({"disturbed"}),
+    "port-stolen": frozenset({"machine_error"}),
 }
 """Outcomes each injected fault may be recorded with; anything else is a wrong record."""
 STARTUP = frozenset({"startup_oom"})
@@ -193,7 +205,18 @@ def draw_fault(seed: int, number: int, sqlite: bool = True) -> str:
     return str(rng.choices([f[0] for f in faults], weights=[f[2] for f in faults])[0])
 
 
-WHILE_SERVING = frozenset({"oom-kill=0.3", "freeze", "log-copytruncate", "log-delete", "db-lock"})
+WHILE_SERVING = frozenset(
+    {
+        "oom-kill=0.3",
+        "freeze",
+        "log-copytruncate",
+        "log-delete",
+        "db-lock",
+        "kill-server",
+        "term-server",
+        "pause-harness",
+    }
+)
 """Faults that act only once the server serves: a start its parameters break comes first."""
 
 
@@ -229,6 +252,22 @@ def jump_the_wall_clock() -> None:
     time.time_ns = lambda: real_ns() + int(offset() * 1e9)
 
 
+def _listen(host: str, port: int) -> subprocess.Popen[bytes]:
+    """A stranger listening on `host:port` (and answering nothing) until it is killed, or
+    until the child that started it is gone (a SIGKILLed child must not leave it behind)."""
+    code = (
+        "import os, socket, time\nparent = os.getppid()\ns = socket.socket()\n"
+        f"s.bind(({host!r}, {port})); s.listen()\nprint('up', flush=True)\n"
+        "while os.getppid() == parent:\n    time.sleep(0.2)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True
+    )
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    return proc
+
+
 def child(args: argparse.Namespace) -> int:
     if args.clock_jumps:
         jump_the_wall_clock()
@@ -261,6 +300,9 @@ def child(args: argparse.Namespace) -> int:
 
         def __init__(self, inner: ServerRun, fault: str, plan: TrialPlan) -> None:
             self.inner, self.fault, self.plan = inner, fault, plan
+            self.listener: subprocess.Popen[bytes] | None = None
+            if fault == "port-stolen":  # another process takes the free port before the bind
+                self.listener = _listen(plan.host, plan.port)
 
         def wait_ready(self) -> Startup:
             return self.inner.wait_ready()
@@ -275,7 +317,12 @@ def child(args: argparse.Namespace) -> int:
                 timer.cancel()
 
         def stop(self) -> Stop:
-            return self.inner.stop()
+            try:
+                return self.inner.stop()
+            finally:
+                if self.listener is not None:  # the soak's own stranger, gone with the trial
+                    self.listener.kill()
+                    self.listener.wait()
 
         def _play(self) -> None:
             log = self.plan.log_path
@@ -291,6 +338,18 @@ def child(args: argparse.Namespace) -> int:
                         time.sleep(0.2)
                 elif self.fault == "log-delete":
                     log.unlink()
+                elif self.fault in ("kill-server", "term-server"):
+                    server = getattr(self.inner, "server", None)
+                    if server is not None:  # someone else's kill: autotune did not send it
+                        sig = signal.SIGKILL if self.fault == "kill-server" else signal.SIGTERM
+                        os.kill(server.record.pid, sig)
+                elif self.fault == "pause-harness":
+                    # autotune itself stopped for 8 s (a laptop lid, a VM migration), by a
+                    # process of its own so that something is left to send SIGCONT
+                    pause = f"kill -STOP {os.getpid()}; sleep 8; kill -CONT {os.getpid()}"
+                    subprocess.Popen(
+                        ["sh", "-c", pause], stdin=subprocess.DEVNULL, start_new_session=True
+                    )
                 elif self.fault == "db-lock":
                     db = study_dir / "study.db"
                     hold = (
@@ -321,6 +380,8 @@ def child(args: argparse.Namespace) -> int:
             kind = dict((f[0], f[1]) for f in FAULTS)[fault]
             if fault and kind == SIM:
                 plan = replace(plan, argv=(*plan.argv, "--sim-fault", fault))
+            elif fault == "port-stolen":  # a start slow enough for the stranger to bind first
+                plan = replace(plan, argv=(*plan.argv, "--sim-fault", "slow-startup=100"))
             run = self.inner.launch(plan)
             return Played(run, fault, plan) if fault and kind == PLAYED else run
 
@@ -451,6 +512,9 @@ def night(args: argparse.Namespace, folder: Path, workers: list[Worker]) -> dict
                     elif draw < args.kill_rate * 1.25:
                         os.kill(w.proc.pid, signal.SIGINT)
                         events["SIGINT mid-trial"] += 1
+                    elif draw < args.kill_rate * 1.5:
+                        os.kill(w.proc.pid, signal.SIGHUP)  # the SSH session dropped
+                        events["SIGHUP mid-trial"] += 1
             if restarts_left and time.monotonic() >= next_restart:
                 restarts_left -= 1
                 next_restart = time.monotonic() + args.pg_every
