@@ -49,7 +49,8 @@ def handle(args: argparse.Namespace) -> int:
     review = build_review(name, redact(url), trials, cfg=_config(args), study_attrs=attrs)
     me = current_worker("")
     gone = {t.number: why for t, why in stale(trials, me, (), grace_s=0, now=datetime.now())}
-    text = render(name, redact(url), trials, headline=headline(review), gone=gone)
+    ended = review.search_end.line() if review.search_end is not None else ""
+    text = render(name, redact(url), trials, headline=headline(review), gone=gone, ended=ended)
     sys.stdout.write(review.scrub(text))
     return 0
 

@@ -2,7 +2,8 @@
 
 Optuna's public `Study`/`Trial` API cannot read a trial fresh from the storage by id, write an
 attribute on a trial from inside a sampler, fail a trial by number, read an enqueued trial's
-parameters, or list the trials whose heartbeat stopped. Samplers (`autotune.search`) and the
+parameters, list the trials whose heartbeat stopped, or store a trial's constraints in both of the
+forms Optuna's readers take. Samplers (`autotune.search`) and the
 study loop and workers (`autotune.study`) need each of those; they call these functions, so an
 Optuna upgrade that moves a private name is fixed here and nowhere else.
 """
@@ -15,6 +16,7 @@ from typing import Any
 import optuna
 from optuna.storages import BaseStorage
 from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled
+from optuna.study._constrained_optimization import _CONSTRAINTS_KEY
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.record import keys
@@ -81,3 +83,36 @@ def stale_trial_ids(study: optuna.Study) -> set[int]:
     """Ids of RUNNING trials whose heartbeat is older than the grace period."""
     storage = heartbeat_storage(study)
     return set(storage._get_stale_trial_ids(study._study_id)) if storage is not None else set()
+
+
+CONSTRAINT_PREFIX = f"{_CONSTRAINTS_KEY}:"
+"""Optuna's system attribute of one named constraint (`trial.set_constraint`)."""
+
+
+def constraint_attrs(values: Mapping[str, float]) -> dict[str, Any]:
+    """A trial's constraints (≤ 0 satisfied) as the system attributes to store, in both forms
+    Optuna's readers take: one `constraints:<name>` each (what `trial.set_constraint` writes and
+    autotune reads back by name) and the list under `constraints`, in the order of the names
+    sorted (what a `constraints_func` sampler writes, and the only form Optuna Dashboard's
+    serializer reads: without it the dashboard draws an out-of-memory trial as feasible, on the
+    Pareto front). Optuna's own readers (`FrozenTrial.constraints`) see both; the values are the
+    same, so feasibility is."""
+    named: dict[str, Any] = {CONSTRAINT_PREFIX + k: float(v) for k, v in values.items()}
+    return {**named, _CONSTRAINTS_KEY: [float(values[k]) for k in sorted(values)]}
+
+
+def set_constraints(study: optuna.Study, trial: TrialLike, values: Mapping[str, float]) -> None:
+    """Store `values` on a trial not yet told (`constraint_attrs`)."""
+    for key, value in constraint_attrs(values).items():
+        study._storage.set_trial_system_attr(trial_id(trial), key, value)
+
+
+def constraints(t: FrozenTrial) -> dict[str, float]:
+    """The trial's named constraints (≤ 0 satisfied). A trial that has only the list form (a
+    sampler with `constraints_func`) gives them numbered, as Optuna does (`"0"`, `"1"`, …)."""
+    named = {
+        k[len(CONSTRAINT_PREFIX) :]: float(v)
+        for k, v in t.system_attrs.items()
+        if k.startswith(CONSTRAINT_PREFIX) and isinstance(v, int | float)
+    }
+    return named if named else dict(t.constraints)

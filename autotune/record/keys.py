@@ -1,6 +1,11 @@
-"""The names of the user attributes a trial is stored with, defined once for writers and readers."""
+"""The names of the attributes a trial and its study are stored with, defined once for writers and
+readers, and the flat form of a trial record's figures (`flat_attrs`: `ledger.kv_tokens`, …)."""
 
 from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TypeGuard
 
 OUTCOME = "outcome"
 REASON = "reason"
@@ -35,3 +40,85 @@ FORECAST = "capacity_aware:forecast"
 memory model's misses widened its margins when it was proposed."""
 SEEDED_FROM = "search_seeds"
 """A trial attribute: where each seed log the search's memory model started from came from."""
+SEARCH_DONE = "search_done"
+"""A study attribute: the search found nothing left worth a launch, decided before the next ask
+(so no trial is left behind): `{"reason": …, "trials": counted trials, "last_trial": N}`."""
+
+METRIC_NAMES = {"capacity": CAPACITY, "throughput": THROUGHPUT}
+"""Each objective's metric name on the study (`study.set_metric_names`): what Optuna's plots and
+Optuna Dashboard label the axes with, the trial attribute's own name."""
+
+LEDGER_PREFIX = "ledger."
+"""Flat user attributes: one per figure of the trial's memory ledger, `ledger.<name>_<unit>`
+(`ledger.kv_tokens`, `ledger.weights_gib`), written beside the nested `record` so Optuna
+Dashboard and any Optuna reader show each figure as its own column."""
+
+UNITS = ("_gib", "_gb", "_tokens", "_requests", "_ranks", "_gpus", "_s", "_fraction", "_ratio")
+"""The unit a flat ledger key of a number ends in: GiB per GPU, decimal GB (host memory), tokens,
+requests, ranks, GPUs, seconds, a ratio; `mem_fraction_static` keeps SGLang's flag name, which
+says it is a fraction (of the GPU's memory)."""
+
+LEDGER_RENAMES = {
+    "max_total_num_tokens": "kv_tokens",
+    "chunked_prefill_size": "chunked_prefill_tokens",
+    "context_len": "context_tokens",
+    "page_size": "page_tokens",
+    "graph_max_bs": "graph_max_batch_requests",
+    "ranks": "logged_ranks",
+    "tp_size": "tp_gpus",
+    "pp_size": "pp_gpus",
+    "dp_size": "dp_ranks",
+    "max_total_tokens_cap": "max_total_tokens_cap_tokens",
+}
+"""Ledger fields whose names end in no unit, as their flat key names (the others keep theirs)."""
+
+LEDGER_GROUPS = {"graph_phases": ("graph.", "_gib"), "startup_timings": ("startup.", "_s")}
+"""Ledger fields that hold one figure per name: each becomes `ledger.<prefix><name><unit>`
+(`ledger.graph.decode_gib`, `ledger.startup.load_weight_s`)."""
+
+MAX_TEXT = 200
+"""The longest string a flat ledger key holds (a dtype, a model type, a version)."""
+
+
+def ledger_key(field: str) -> str:
+    """The flat user attribute of one ledger field (`max_total_num_tokens` → `ledger.kv_tokens`)."""
+    return LEDGER_PREFIX + LEDGER_RENAMES.get(field, field)
+
+
+def ledger_attrs(ledger: object) -> dict[str, int | float | str]:
+    """The ledger of a trial record (`Ledger.to_dict`) as flat user attributes: one key per
+    figure the log showed (None ones are left out), its unit in the name. Keys stay far below
+    the 512 characters of Optuna's RDB key column (`MAX_INDEXED_STRING_LENGTH`) and values are
+    numbers or short strings, so every storage Optuna supports holds them whole."""
+    if not isinstance(ledger, Mapping):
+        return {}
+    out: dict[str, int | float | str] = {}
+    for field, value in ledger.items():
+        group = LEDGER_GROUPS.get(str(field))
+        if group is not None and isinstance(value, Mapping):
+            prefix, unit = group
+            for name, v in value.items():
+                if _figure(v):
+                    out[f"{LEDGER_PREFIX}{prefix}{name}{unit}"] = v
+        elif _figure(value) or (isinstance(value, str) and 0 < len(value) <= MAX_TEXT):
+            out[ledger_key(str(field))] = value
+    return out
+
+
+RECORD_FIGURES = (STRESS_PEAK, GROWTH, "error_rate", "p99_ttft_ms", "p99_itl_ms")
+"""Figures of a trial record, besides the ledger, that are stored flat under their own names."""
+
+
+def flat_attrs(record: object) -> dict[str, int | float | str]:
+    """A trial record's figures as flat user attributes: the ledger's (`ledger_attrs`) and the
+    workload's (`RECORD_FIGURES`); figures not measured are left out."""
+    if not isinstance(record, Mapping):
+        return {}
+    out: dict[str, int | float | str] = {
+        name: v for name in RECORD_FIGURES if _figure(v := record.get(name))
+    }
+    return {**out, **ledger_attrs(record.get("ledger"))}
+
+
+def _figure(v: object) -> TypeGuard[int | float]:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)

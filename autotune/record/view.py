@@ -17,6 +17,9 @@ surface (status, explain, export, the report) reads it from the view:
 * `stress_peak_gib`: what the load took at that moment on top of the free memory after startup,
   `static_free_gib − free_at_peak_gib`, so the three always add up;
 * `predict(f)`: the same figures for another fraction, by SGLang's arithmetic.
+
+The study's own end is read here too (`search_end`): the search's stop is a study attribute
+(`keys.SEARCH_DONE`), not a trial.
 """
 
 from __future__ import annotations
@@ -190,7 +193,7 @@ def view(t: FrozenTrial) -> TrialView:
     ledger_raw = rec.get("ledger")
     ledger = Ledger.from_dict(ledger_raw) if isinstance(ledger_raw, Mapping) else Ledger()
     headroom = _num(a.get(keys.HEADROOM, rec.get("headroom_gib")))
-    violated = tuple(sorted(k for k, v in t.constraints.items() if v > 0))
+    violated = tuple(sorted(k for k, v in internals.constraints(t).items() if v > 0))
     reason = scrub(str(a.get(keys.REASON, rec.get("reason", "")) or ""))
     kind = _kind(t.state, outcome, violated, reason)
     capacity = _num(a.get(keys.CAPACITY, rec.get("capacity_tokens")))
@@ -246,6 +249,41 @@ def view(t: FrozenTrial) -> TrialView:
         growth_gib=_num(rec.get(keys.GROWTH)),
         kappa=_num(_mapping(t.system_attrs.get(keys.FORECAST)).get("kappa")),
     )
+
+
+@dataclass(frozen=True)
+class SearchEnd:
+    """The search found nothing left worth a launch: why, and after how many trials."""
+
+    reason: str
+    trials: int
+
+    def line(self) -> str:
+        """`search done after 6 trials: what is left to learn is smaller than one step: …`"""
+        return f"search done after {self.trials} trials: {self.reason}"
+
+
+_DONE_REASON = "not launched: search done: "
+
+
+def search_end(attrs: Mapping[str, object], trials: Sequence[FrozenTrial]) -> SearchEnd | None:
+    """The search's stop as the study records it (`keys.SEARCH_DONE`), while it holds: None once
+    a trial ran after it (a later run found something worth a launch after all). A study from
+    before the stop was a study attribute says it with a FAIL trial, `skipped` with the reason
+    `not launched: search done: …`, as its last trial."""
+    ran = [t for t in trials if t.state != TrialState.WAITING]
+    last = max((t.number for t in ran), default=-1)
+    done = _mapping(attrs.get(keys.SEARCH_DONE))
+    at = done.get("last_trial")
+    if done.get("reason") and isinstance(at, int) and at >= last:
+        trials_n = done.get("trials")
+        count = trials_n if isinstance(trials_n, int) else sum(1 for t in ran if view(t).counted)
+        return SearchEnd(str(done["reason"]), count)
+    final = max(ran, key=lambda t: t.number, default=None)
+    reason = str(final.user_attrs.get(keys.REASON, "")) if final is not None else ""
+    if final is not None and final.state == TrialState.FAIL and reason.startswith(_DONE_REASON):
+        return SearchEnd(reason[len(_DONE_REASON) :], sum(1 for t in ran if view(t).counted))
+    return None
 
 
 def same_params(a: Mapping[str, Scalar], b: Mapping[str, Scalar]) -> bool:

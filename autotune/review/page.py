@@ -152,6 +152,8 @@ def render_page(
         f" ({feas} feasible, {oom} out of memory), {review.running} running, "
         f"{review.queued} queued{skipped}</p>"
     )
+    if review.search_end is not None:
+        head += f"<p>{e(review.search_end.line())}</p>"
     if review.running:
         head += "<p><b>The study is still running</b>; regenerate the report for newer trials.</p>"
     hrefs = {t.number: _href(t, out_dir) for t in review.trials if t.log_path}
@@ -248,6 +250,7 @@ def summary(review: Review, written: Written | None = None) -> str:
         f"study {review.name} ({review.storage}): {done} trials finished, {feas} feasible, "
         f"{oom} out of memory, {review.running} running, {review.queued} queued"
         f"{_skipped(review)}",
+        *([review.search_end.line()] if review.search_end is not None else []),
     ]
     w = review.winner
     if w is None:

@@ -19,8 +19,8 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config.studyfile import FRACTION, Fixed, FloatRange, Scalar, StudyConfig
 from autotune.errors import UsageError
 from autotune.masking import redact, scrub
-from autotune.record import keys
-from autotune.record.view import TrialView, view, views
+from autotune.record import internals, keys
+from autotune.record.view import SearchEnd, TrialView, search_end, view, views
 from autotune.review.plotdata import study_cell_bytes
 from autotune.review.winner import (
     DEFAULT_STEP,
@@ -105,6 +105,8 @@ class Review:
     """Literal secrets (the API key the workload reads) to mask in every output."""
     baseline: Mapping[str, Scalar] | None = None
     """The operator's baseline point (its searched parameters), None when the study has none."""
+    search_end: SearchEnd | None = None
+    """Why the search ended before its budget (nothing left worth a launch), None if it did not."""
 
     @property
     def baseline_trial(self) -> TrialView | None:
@@ -203,6 +205,7 @@ def build_review(
         queued=sum(1 for t in trials if t.state == TrialState.WAITING),
         secrets=secrets_of(cfg),
         baseline=baseline_of(study_attrs, cfg),
+        search_end=search_end(study_attrs, trials),
     )
 
 
@@ -281,7 +284,7 @@ def _min_headroom(cfg: StudyConfig | None, trials: Sequence[FrozenTrial]) -> flo
     if cfg is not None:
         return cfg.constraints.min_headroom_gib or None
     for t in trials:  # the constraint stores required − measured
-        c = t.constraints.get("headroom_gib")
+        c = internals.constraints(t).get("headroom_gib")
         h = view(t).recorded_headroom_gib
         if c is not None and h is not None:
             return round(c + h, 6) or None

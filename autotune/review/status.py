@@ -89,9 +89,11 @@ def render(
     *,
     headline: str = "",
     gone: Mapping[int, str] | None = None,
+    ended: str = "",
 ) -> str:
-    """The summary line and the table, below `headline` when one is given; one line per trial
-    in `gone` (number: why its worker is gone) below the table."""
+    """The summary line and the table, below `headline` when one is given; `ended` (why the
+    search stopped before its budget, `SearchEnd.line`) and one line per trial in `gone`
+    (number: why its worker is gone) below the table."""
     gone = gone or {}
     head, body = rows(trials, gone)
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
@@ -110,6 +112,7 @@ def render(
         "its worker marks it stale and runs its point again"
         for n, why in sorted(gone.items())
     ]
+    notes = [ended, *notes] if ended else notes
     return "\n".join([*([headline] if headline else []), summary, *lines, *notes]) + "\n"
 
 

@@ -4,9 +4,11 @@ It proposes all searched parameters at once (relative sampling) from `planner.pl
 with any storage and any number of workers: everything it knows is read back from the study's
 trials at each proposal — the ledgers, outcomes and stress peaks autotune records, and the
 trials other workers are running. Each proposal records why as user attributes of the trial:
-`search_rule`, `search_why` ("predicted 201,900 tokens, static free 3.10 ± 0.02 GiB, stress
-peak 2.40 ± 0.20 GiB, ...") and, once what is left to learn is smaller than one step,
-`search_done`; the numbers behind it are kept in the system attribute `capacity_aware:forecast`.
+`search_rule` and `search_why` ("predicted 201,900 tokens, static free 3.10 ± 0.02 GiB, stress
+peak 2.40 ± 0.20 GiB, ..."); the numbers behind it are kept in the system attribute
+`capacity_aware:forecast`. Whether anything is left worth a launch at all (`nothing_left`) is
+asked before `study.ask`, from the same planner and the same trials: Optuna cannot delete a
+trial, so a decision not to launch must never create one.
 
 Seed logs (`[search] seed_logs`, `record.seeds`) come first among the known points, numbered
 −1, −2, …: the model and its bounds learn from them as from finished trials, and the why names
@@ -91,7 +93,7 @@ class CapacityAwareSampler(BaseSampler):
     def infer_relative_search_space(
         self, study: optuna.Study, trial: FrozenTrial
     ) -> dict[str, BaseDistribution]:
-        return learnt_space(study, trial)
+        return learnt_space(study, trial.number)
 
     def sample_relative(
         self,
@@ -112,9 +114,30 @@ class CapacityAwareSampler(BaseSampler):
         if why is not None:
             record_rule(study, trial, RANDOM_RULE, why)
             return sample_randomly(self._fallback, study, trial, search_space)
-        proposal = self._plan(trials, finished, study, trial, search_space, seeds)
+        proposal = self._plan(trials, finished, study, trial.number, search_space, seeds)
         self._record(study, trial, proposal, seeds)
         return contained(proposal.params, search_space)
+
+    def nothing_left(self, study: optuna.Study) -> str | None:
+        """Why nothing is left worth a launch (what is left to learn is smaller than one step,
+        nothing starts, …), or None: the planner's verdict on the trial `study.ask()` would
+        create next (the first queued point, else a new one), reached as `sample_relative`
+        reaches it, but before the ask, so the decision leaves no trial behind."""
+        trials = study.get_trials(deepcopy=False)
+        queued = [t for t in trials if t.state == TrialState.WAITING]
+        nxt = min(queued, key=lambda t: t.number) if queued else None
+        number = nxt.number if nxt is not None else max((t.number for t in trials), default=-1) + 1
+        search_space = learnt_space(study, number)
+        if not search_space:
+            return None
+        started = any(t.state == TrialState.COMPLETE for t in trials)
+        if nxt is not None and internals.fixed_params(nxt) and not started:
+            return None  # a queued point (the baseline) before any trial: it runs
+        seeds = seeds_of(study)
+        finished = _known(seeds, trials, number)
+        if why_random(search_space, trials, number, finished) is not None:
+            return None
+        return self._plan(trials, finished, study, number, search_space, seeds).done
 
     def sample_independent(
         self,
@@ -143,14 +166,14 @@ class CapacityAwareSampler(BaseSampler):
         trials = study.get_trials(deepcopy=False)
         seeds = seeds_of(study)
         known = _known(seeds, trials, trial.number)
-        return self._plan(trials, known, study, trial, search_space, seeds)
+        return self._plan(trials, known, study, trial.number, search_space, seeds)
 
     def _plan(
         self,
         trials: Sequence[FrozenTrial],
         finished: Sequence[Point],
         study: optuna.Study,
-        trial: FrozenTrial,
+        number: int,
         search_space: dict[str, BaseDistribution],
         seeds: Seeds | None,
     ) -> Proposal:
@@ -166,7 +189,7 @@ class CapacityAwareSampler(BaseSampler):
             probe_p=self._probe_p,
             explore=wants_throughput(study),
         )
-        proposal = plan(axes, finished, pending_params(trials, trial.number), goal)
+        proposal = plan(axes, finished, pending_params(trials, number), goal)
         names = seed_names(seeds)
         if names:
             proposal = dataclasses.replace(

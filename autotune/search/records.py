@@ -2,8 +2,8 @@
 
 A trial's record is what `autotune.trial.run` stores as user attributes: `outcome`, `reason`,
 `headroom_gib`, `throughput_tok_s` and the whole `record` (params, ledger, outcome, the stress
-peak when measured). Constraints are Optuna's (`trial.constraints`, ≤ 0 satisfied). Nothing here
-knows about the simulator.
+peak when measured). Constraints are Optuna's, read by name (`internals.constraints`, ≤ 0
+satisfied). Nothing here knows about the simulator.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def trial_params(t: FrozenTrial) -> dict[str, Scalar]:
 
 
 def is_feasible(t: FrozenTrial) -> bool:
-    return t.state == TrialState.COMPLETE and all(v <= 0 for v in t.constraints.values())
+    constraints = internals.constraints(t)
+    return t.state == TrialState.COMPLETE and all(v <= 0 for v in constraints.values())
 
 
 def _float(v: object) -> float | None:
@@ -92,7 +93,7 @@ def point_of(t: FrozenTrial) -> Point | None:
         params=params,
         observation=obs,
         throughput=_float(t.user_attrs.get(keys.THROUGHPUT)) or 0.0,
-        violated=frozenset(k for k, v in t.constraints.items() if v > 0),
+        violated=frozenset(k for k, v in internals.constraints(t).items() if v > 0),
     )
 
 
@@ -147,7 +148,7 @@ def pending_params(trials: Sequence[FrozenTrial], current: int) -> list[dict[str
 def required_headroom(trials: Sequence[FrozenTrial]) -> float | None:
     """The study's min_headroom_gib, read back from a constraint: value = required − measured."""
     for t in trials:
-        c = t.constraints.get("headroom_gib")
+        c = internals.constraints(t).get("headroom_gib")
         h = _float(t.user_attrs.get(keys.HEADROOM))
         if c is not None and h is not None:
             return max(round(c + h, 6), 0.0)
@@ -161,10 +162,10 @@ def wants_throughput(study: optuna.Study) -> bool:
     return len(study.directions) > 1
 
 
-def learnt_space(study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+def learnt_space(study: optuna.Study, current: int) -> dict[str, BaseDistribution]:
     """The searched parameters (more than one value) seen in finished trials, or, before any
     finished, the space the study's seeds were stored with (`record.seeds`), else the trials
-    other workers are running."""
+    other workers are running (other than trial number `current`)."""
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     seeds = seeds_of(study)
     if done:
@@ -175,7 +176,7 @@ def learnt_space(study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistr
         running = [
             t
             for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-            if t.number != trial.number and t.distributions
+            if t.number != current and t.distributions
         ]
         space = _intersection([t.distributions for t in running])
     return {k: d for k, d in space.items() if not d.single()}

@@ -45,7 +45,7 @@ class WalkDownSampler(BaseSampler):
     def infer_relative_search_space(
         self, study: optuna.Study, trial: FrozenTrial
     ) -> dict[str, BaseDistribution]:
-        return learnt_space(study, trial)
+        return learnt_space(study, trial.number)
 
     def sample_relative(
         self,

@@ -1,5 +1,11 @@
 """The ask/run/tell loop: the queue (baseline first, the grid), the budget, the stop rules, and
-telling each trial's result to the study."""
+telling each trial's result to the study.
+
+The search's own stop (the capacity-aware sampler finds nothing left worth a launch) is asked
+before each `study.ask`, never inside it: Optuna creates the trial before its sampler proposes,
+and cannot delete one, so a decision taken inside the ask would leave a FAIL trial that never
+ran. The stop is recorded on the study instead (`keys.SEARCH_DONE`), with its reason and the
+trial count, and the run's closing line says it."""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from typing import TypeVar
 
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
+from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.space import grid
@@ -27,6 +34,7 @@ from autotune.record import internals, keys
 from autotune.record.remedy import remedy
 from autotune.record.seeds import seeded_baseline
 from autotune.record.view import view
+from autotune.search.capacity import CapacityAwareSampler
 from autotune.study.objectives import constraint_values, objective_values
 from autotune.study.storage import STORAGE_ERRORS, Worker, counted, first_line
 from autotune.study.workers import Coordinator
@@ -227,6 +235,13 @@ def run_loop(
             return stop
         if stop == "again":
             continue
+        done = (
+            nothing_left(study)
+            if storage_failed is None
+            else patiently(lambda: nothing_left(study), note=note)
+        )
+        if done:
+            return search_done(study, done, ran)
         try:
             trial, result, skipped = _run_asked(
                 study, cfg, run_one, n_trials, worker, coordinator, patient=bool(storage_failed)
@@ -244,8 +259,6 @@ def run_loop(
             raise Interrupted(f"stopped by the operator during trial {trial.number}")
         if result.fatal:
             raise HarnessError(f"trial {trial.number}: {result.fatal}; stopping the study")
-        if result.end:
-            return LoopEnd(result.end, ran, counted(study.get_trials(deepcopy=False)))
         failures = failures + 1 if Outcome.of(result.outcome).machine_suspect else 0
         if failures >= MAX_CONSECUTIVE_FAILURES:
             hint = remedy(view(_frozen(study, trial)))
@@ -255,6 +268,26 @@ def run_loop(
                 + (f"; what would fix it: {hint}" if hint else "")
                 + (f"; see {records}/" if records is not None else "")
             )
+
+
+def nothing_left(study: optuna.Study, sampler: BaseSampler | None = None) -> str:
+    """Why the study's sampler (or `sampler`) finds nothing left worth a launch, asked before
+    the next `study.ask` ("" when it finds something, or cannot tell: only the capacity-aware
+    search says so)."""
+    sampler = sampler or study.sampler
+    if not isinstance(sampler, CapacityAwareSampler):
+        return ""
+    return sampler.nothing_left(study) or ""
+
+
+def search_done(study: optuna.Study, why: str, ran: int = 0) -> LoopEnd:
+    """Record the search's stop on the study (`keys.SEARCH_DONE`: the reason, the trials that
+    count and the last trial it saw) and end the loop; no trial is created for it."""
+    trials = study.get_trials(deepcopy=False)
+    done = counted(trials)
+    last = max((t.number for t in trials if t.state != TrialState.WAITING), default=-1)
+    study.set_user_attr(keys.SEARCH_DONE, {"reason": why, "trials": done, "last_trial": last})
+    return LoopEnd(f"search done: {why}", ran, done)
 
 
 def _budget_left(
@@ -357,17 +390,18 @@ def _tell_unless_finished(
 
 
 def tell(study: optuna.Study, trial: optuna.trial.Trial, result: Result, cfg: StudyConfig) -> None:
-    """Store one trial's result; the point of a trial that was interrupted or cut short by the
-    machine or from outside (`Outcome.requeued`) is enqueued again, so the study loses no
-    point."""
+    """Store one trial's result: its attributes (the record's figures flat besides the nested
+    record, `Result.user_attrs`) and, for a complete trial, its constraints in both of Optuna's
+    forms (`internals.constraint_attrs`) and its objective values. The point of a trial that was
+    interrupted or cut short by the machine or from outside (`Outcome.requeued`) is enqueued
+    again, so the study loses no point."""
     trial.set_user_attr(keys.OUTCOME, result.outcome)
     trial.set_user_attr(keys.REASON, result.reason)
-    for key, value in result.attrs.items():
+    for key, value in result.user_attrs.items():
         trial.set_user_attr(key, value)
     if result.state == "complete" and result.measured is not None:
         m = result.measured
-        for key, value in constraint_values(m, cfg.constraints).items():
-            trial.set_constraint(key, value)
+        internals.set_constraints(study, trial, constraint_values(m, cfg.constraints))
         study.tell(trial, objective_values(m, cfg.objectives))
         return
     study.tell(trial, state=TrialState.FAIL)

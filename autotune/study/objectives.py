@@ -1,5 +1,6 @@
 """Objectives and constraints (pure): what a trial measured as Optuna's objective values and
-constraint values (≤ 0 satisfied), and which stored trials are feasible."""
+constraint values (≤ 0 satisfied), the objectives' metric names, and which stored trials are
+feasible."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from optuna.trial import FrozenTrial
 from autotune.config.studyfile import (
     Constraints,
 )
+from autotune.record import keys
 from autotune.record.view import view
 from autotune.trial.record import Measured
 
@@ -17,6 +19,13 @@ from autotune.trial.record import Measured
 def objective_values(m: Measured, objectives: Sequence[str]) -> list[float]:
     table = {"capacity": float(m.capacity_tokens), "throughput": float(m.throughput_tok_s)}
     return [table[name] for name in objectives]
+
+
+def metric_names(objectives: Sequence[str]) -> list[str]:
+    """The study's metric names, in the order of its objectives (`capacity` → `capacity_tokens`,
+    `throughput` → `throughput_tok_s`): what Optuna's plots and Optuna Dashboard label each
+    objective with instead of "Objective 0"."""
+    return [keys.METRIC_NAMES[name] for name in objectives]
 
 
 def constraint_values(m: Measured, c: Constraints) -> dict[str, float]:

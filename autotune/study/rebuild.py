@@ -21,9 +21,11 @@ and its folder:
   counts for nothing.
 
 The study's own attributes come back from the study file as a first run sets them (objectives,
-backend, baseline, seed logs); the queue a first run makes (the baseline, the grid) is queued
-again from where the folders end, and so is every point cut short (`Outcome.requeued`) that no
-later trial ran. The storage must hold no trial of the study; the folders are only read.
+metric names, backend, baseline, seed logs), and the search's stop (`search_done`) is decided
+again from the restored trials, as the run decides it before an ask; the queue a first run makes
+(the baseline, the grid) is queued again from where the folders end, and so is every point cut
+short (`Outcome.requeued`) that no later trial ran. The storage must hold no trial of the
+study; the folders are only read.
 """
 
 from __future__ import annotations
@@ -47,10 +49,11 @@ from autotune.logparse.outcome import Outcome
 from autotune.masking import redact
 from autotune.record import internals, keys
 from autotune.record.seeds import read_seeds, store_seeds
-from autotune.study.loop import prepare
+from autotune.study.loop import nothing_left, prepare, search_done
 from autotune.study.objectives import constraint_values, objective_values
 from autotune.study.records import STORAGE_BLOCK, not_launched, trial_folders
 from autotune.study.runner import study_lock
+from autotune.study.samplers import make_sampler
 from autotune.study.storage import check_sqlite, open_study
 from autotune.study.workers import same_point
 from autotune.trial.record import Measured
@@ -174,6 +177,9 @@ def _rebuild(cfg: StudyConfig, study_folder: Path, url: str) -> Rebuilt:
     points += _owed(rebuilt, points)
     for params in points:
         study.enqueue_trial(params)
+    why = nothing_left(study, make_sampler(cfg.sampler))
+    if why:  # the search's stop is the study's, not a trial's: decided again from the trials
+        search_done(study, why)
     return Rebuilt(
         folders=len(folders),
         as_stored=counts["stored"],
@@ -249,6 +255,7 @@ def _from_record(
         keys.HEADROOM: record.get("headroom_gib"),
         keys.RECORD: dict(record),
     }
+    user = {**keys.flat_attrs(record), **user}
     if record.get("state") == "complete" and measured is not None:
         return create_trial(
             state=TrialState.COMPLETE,
@@ -256,7 +263,7 @@ def _from_record(
             params=params,
             distributions={k: space[k] for k in params},
             user_attrs=user,
-            constraints=constraint_values(measured, cfg.constraints),
+            system_attrs=internals.constraint_attrs(constraint_values(measured, cfg.constraints)),
         )
     return create_trial(
         state=TrialState.FAIL,

@@ -31,7 +31,6 @@ from autotune.record import internals, keys
 from autotune.record.remedy import remedy
 from autotune.record.seeds import origins, read_seeds, store_seeds
 from autotune.record.view import TrialView, view, views
-from autotune.search.capacity import DONE_ATTR, CapacityAwareSampler
 from autotune.server.hostcheck import results_disk_problem
 from autotune.server.procs import writers
 from autotune.sim.profiles import Profile, ProfileError, load_profile
@@ -218,12 +217,9 @@ class _Night:
             self.progress.message(f"warning: {warning}")
 
     def run_one(self, trial: optuna.trial.Trial) -> Result:
-        """Launch the asked trial (unless the search is done or the disk is full), record it."""
+        """Launch the asked trial (unless the disk is full), record it."""
         cfg, folder = self.cfg, self.folder
         settings = settings_for(trial, cfg.search)
-        done = sampler_done(self.study, trial)
-        if done:
-            return Result("fail", "skipped", f"not launched: {done}", None, {}, end=done)
         full = results_disk_problem(folder)
         if full:
             return Result("fail", "harness_error", f"not launched: {full}", None, {}, fatal=full)
@@ -324,18 +320,6 @@ def _fail_patiently(
     except STORAGE_ERRORS:
         return False
     return True
-
-
-def sampler_done(study: optuna.Study, trial: optuna.trial.Trial) -> str:
-    """Why the sampler, while proposing `trial`, found nothing left worth a launch ("" if not).
-
-    Samplers that can tell (the capacity-aware search) say so in a user attribute of the trial
-    they were asked for; that trial is then recorded as skipped instead of launched.
-    """
-    if not isinstance(study.sampler, CapacityAwareSampler):
-        return ""  # the others never say so; spare the storage a read
-    done = internals.fresh(study, trial).user_attrs.get(DONE_ATTR)
-    return f"search done: {done}" if done else ""
 
 
 @contextmanager

@@ -40,6 +40,7 @@ from autotune.errors import HarnessError, UsageError
 from autotune.masking import redact, redact_text
 from autotune.record import internals, keys
 from autotune.record.view import view
+from autotune.study.objectives import metric_names
 
 STUDY_DB = "study.db"
 """Outcomes of trials autotune cut short or the machine failed (their points run again) or
@@ -117,6 +118,11 @@ def open_study(
     _check_backend(study, cfg)
     if stored is None:
         study.set_user_attr(keys.OBJECTIVES, list(cfg.objectives))
+    names = metric_names(cfg.objectives)
+    if study.metric_names != names:  # a new study, or one created before names were set
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ExperimentalWarning)
+            study.set_metric_names(names)
     if study.user_attrs.get(keys.BACKEND) is None:
         study.set_user_attr(keys.BACKEND, cfg.server.backend)
     return study

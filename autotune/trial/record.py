@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from autotune.record import keys
+
 
 @dataclass(frozen=True)
 class Measured:
@@ -35,6 +37,10 @@ class Result:
     fatal: str = ""
     """Non-empty when the run must stop after this trial: `interrupted`, or why the machine is
     no longer fit for the next launch (a server that would not go away)."""
-    end: str = ""
-    """Non-empty when the study has nothing left worth a launch (the sampler says so); the loop
-    records this trial and ends normally."""
+
+    @property
+    def user_attrs(self) -> dict[str, object]:
+        """What the study stores as the trial's user attributes: `attrs` (the nested `record`
+        that autotune's readers take), and each figure of the record flat, one key each, so
+        Optuna Dashboard and any Optuna reader show them as columns (`keys.flat_attrs`)."""
+        return {**keys.flat_attrs(self.attrs.get(keys.RECORD)), **self.attrs}

@@ -127,23 +127,27 @@ def test_status_command(
 def test_sampler_done_ends_the_study_without_a_launch(
     study_file: Callable[[str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import autotune.study.runner
+    import autotune.study.loop
 
     calls = {"n": 0}
 
-    def done(study: optuna.Study, trial: optuna.trial.Trial) -> str:
+    def done(study: optuna.Study) -> str:
         calls["n"] += 1
-        return "search done: nothing left" if calls["n"] == 3 else ""
+        return "nothing left" if calls["n"] == 3 else ""
 
-    monkeypatch.setattr(autotune.study.runner, "sampler_done", done)
+    monkeypatch.setattr(autotune.study.loop, "nothing_left", done)
     code, out, launcher = _run(study_file, tmp_path, VALID.replace("n_trials = 5", "n_trials = 9"))
     assert code == 0 and len(launcher.plans) == 2
     assert "finished (search done: nothing left): 2 trials" in out
     study = optuna.load_study(
         study_name="t", storage=default_storage_url(tmp_path / "results" / "t")
     )
-    last = study.get_trials()[-1]
-    assert last.state == TrialState.FAIL and last.user_attrs["outcome"] == "skipped"
+    assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE] * 2  # no trial left
+    assert study.user_attrs["search_done"] == {
+        "reason": "nothing left",
+        "trials": 2,
+        "last_trial": 1,
+    }
 
 
 def test_one_run_per_results_folder(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from optuna.trial import TrialState
 from autotune.config.studyfile import Constraints, StudyConfig, load_study
 from autotune.errors import HarnessError, UsageError
 from autotune.masking import redact
+from autotune.record import internals
 from autotune.study.loop import Interrupted, prepare, run_loop
 from autotune.study.objectives import constraint_values, feasible
 from autotune.study.samplers import make_sampler
@@ -117,9 +118,12 @@ def test_baseline_runs_first_and_constraints_are_stored(
         "max_running_requests": 48,
         "hicache_size": 48,
     }
-    assert set(trials[0].constraints) == {"oom", "crash", "error_rate", "headroom_gib"}
+    named = internals.constraints(trials[0])
+    assert set(named) == {"oom", "crash", "error_rate", "headroom_gib"}
+    listed = [named[k] for k in sorted(named)]  # the form Optuna Dashboard reads
+    assert trials[0].system_attrs["constraints"] == listed
     assert feasible(trials[0]) and not feasible(trials[1])
-    assert trials[1].constraints["oom"] == 1.0
+    assert internals.constraints(trials[1])["oom"] == 1.0
     assert trials[0].user_attrs["worker"]["pid"] == os.getpid()
 
 
