@@ -215,9 +215,11 @@ WHILE_SERVING = frozenset(
         "kill-server",
         "term-server",
         "pause-harness",
+        "port-stolen",
     }
 )
-"""Faults that act only once the server serves: a start its parameters break comes first."""
+"""Faults that act only once the server serves, or at its very end of startup (the HTTP bind
+comes after the KV pool is sized): a start its parameters break comes first."""
 
 
 def allowed(fault: str) -> frozenset[str]:
