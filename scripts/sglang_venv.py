@@ -23,9 +23,10 @@ VERSION = "0.5.23"
 TORCH = "torch==2.13.0"
 NEEDS = (
     "triton", "numpy", "pydantic", "orjson", "psutil", "pybase64", "requests", "packaging",
-    "pillow", "starlette", "msgspec", "pyzmq", "tqdm", "IPython", "aiohttp",
+    "pillow", "starlette", "msgspec", "pyzmq", "tqdm", "IPython", "aiohttp", "openai",
 )  # fmt: skip
-"""What `import sglang.srt.server_args` needs besides torch (SGLang itself is --no-deps)."""
+"""What `import sglang.srt.server_args` needs besides torch (SGLang itself is --no-deps), and
+`openai`, which `sglang.srt.entrypoints.openai.protocol` imports (the stream chunk models)."""
 
 PROBE = (
     "import argparse, importlib.metadata as m; from sglang.srt.server_args import ServerArgs; "

@@ -22,7 +22,10 @@ from dataclasses import dataclass
 from autotune.config.workload import Api
 from autotune.loadgen.shapes import RequestPlan, TokenPool
 
-_decode = json.JSONDecoder().decode
+_decoder = json.JSONDecoder()
+_decode = _decoder.decode
+_raw_decode = _decoder.raw_decode
+_NATIVE_HEADS = (b'data: {"text":"', b'data: {"text": "')  # orjson's, json.dumps' spacing
 PATHS = {
     Api.GENERATE: "/generate",
     Api.COMPLETIONS: "/v1/completions",
@@ -79,6 +82,18 @@ class ResponseReader:
     """A `BodySink` turning one response into TTFT, ITL gaps, token counts and an error.
 
     `start` is the send time; timestamps come from the socket callback.
+
+    A stream is read line by line, as bench_serving's aiohttp `response.content` iterator
+    does: bytes gather in one buffer, each read is searched once for the one byte `\\n` from
+    where the last search stopped, and a line is looked at in place (offsets into the buffer,
+    no copy of the buffer per event). A native `/generate` event holds the whole text so far
+    (SGLang's `TokenizerManager._handle_batch_output` keeps `text` cumulative unless
+    `--incremental-streaming-output`), and `http_server.generate_request` writes it with orjson
+    as `{"text":…,"output_ids":[…],"meta_info":{…}}` (the simulator with json.dumps' spaces):
+    the text is only checked for being non-empty (its first byte) and only the small
+    `meta_info` object is decoded. The key `,"meta_info":` cannot occur inside a JSON string
+    (a quote there is always preceded by a backslash), so the last one in the line is the
+    object's own. An event shaped otherwise (an error, other keys first) is decoded whole.
     """
 
     def __init__(self, api: Api, stream: bool, start: float, requested_output: int) -> None:
@@ -95,37 +110,36 @@ class ResponseReader:
         self.error: str | None = None
         self.done = False
         self._pending = bytearray()
+        self._scanned = 0  # bytes of _pending already searched for a newline
         self._body = bytearray()
         self._usage_output: int | None = None
+        self._native_api = api is Api.GENERATE
 
     # BodySink
     def on_headers(self, status: int, headers: dict[str, str]) -> None:
         self.status = status
 
-    def on_data(self, ts: float, data: bytes) -> None:
+    def on_data(self, ts: float, data: bytes | memoryview) -> None:
         if self.status != 200 or not self.stream:
             self._body += data
             return
-        # Search only the new bytes (plus one) so an event spread over many reads costs linear
-        # time, and copy only the unfinished tail.
-        pending = self._pending
-        buf: bytes | bytearray
-        if pending:
-            search = len(pending) - 1
-            pending += data
-            buf = pending
-        else:
-            search, buf = 0, data
+        buf = self._pending
+        buf += data
+        find = buf.find
         start = 0
-        while True:
-            end = buf.find(b"\n\n", search)
-            if end < 0:
-                break
-            self._event(ts, buf[start:end])
-            start = search = end + 2
-        if start == 0 and buf is pending:
-            return
-        self._pending = bytearray(buf[start:])
+        nl = find(b"\n", self._scanned)
+        while nl >= 0:
+            if nl > start:
+                self._line(ts, buf, start, nl)
+            start = nl + 1
+            nl = find(b"\n", start)
+        if start == len(buf):
+            self._pending = bytearray()
+            self._scanned = 0
+        else:
+            if start:
+                del buf[:start]  # O(1): CPython moves a bytearray's start for a front delete
+            self._scanned = len(buf)
 
     def finish(self, end_ts: float) -> None:
         """Called when the response has ended, to settle the non-streamed parts."""
@@ -143,8 +157,8 @@ class ResponseReader:
                 self.error = "bad response: body is not a JSON object"
                 return
             self._chunk(end_ts, obj)
-        elif self._pending.strip():
-            self._event(end_ts, bytes(self._pending))
+        elif self._pending:
+            self._line(end_ts, self._pending, 0, len(self._pending))
             self._pending = bytearray()
         if self.error is None and self.first_ts is None:
             self.error = "empty response: no token arrived"
@@ -153,32 +167,61 @@ class ResponseReader:
                 self._usage_output if self._usage_output is not None else self.requested_output
             )
 
-    # SSE events and chunks
-    def _event(self, ts: float, event: bytes | bytearray) -> None:
-        if event.startswith(b"data: {") and b"\n" not in event:  # the usual one-line event
+    # SSE lines and chunks
+    def _line(self, ts: float, buf: bytearray, start: int, end: int) -> None:
+        """One line of the stream, `buf[start:end]` without its newline."""
+        if buf[end - 1] == 13:  # "\r\n" line ends
+            end -= 1
+        if self._native_api and buf.startswith(_NATIVE_HEADS, start, end):
+            if self._native_in_place(ts, buf, start, end):
+                return
+        elif buf.startswith(b"data: {", start, end):  # the usual OpenAI chunk
+            payload = buf[start + 6 : end]
             try:
-                obj = _decode(event[6:].decode("utf-8"))
+                obj = _decode(payload.decode("utf-8"))
             except ValueError:
-                self.error = self.error or f"bad stream chunk: {bytes(event[:80])!r}"
+                self.error = self.error or f"bad stream chunk: {bytes(payload[:80])!r}"
                 return
             if isinstance(obj, dict):
                 self._chunk(ts, obj)
             return
-        for line in event.split(b"\n"):
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                self.done = True
-                continue
+        line = bytes(buf[start:end]).strip()
+        if not line.startswith(b"data:"):
+            return  # blank, a comment (":"), or another SSE field
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            self.done = True
+            return
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            self.error = self.error or f"bad stream chunk: {data[:80]!r}"
+            return
+        if isinstance(obj, dict):
+            self._chunk(ts, obj)
+
+    def _native_in_place(self, ts: float, buf: bytearray, start: int, end: int) -> bool:
+        """A native event read without decoding its text; False if it is not shaped so."""
+        at = buf.rfind(b',"meta_info":', start, end)
+        if at >= 0:
+            at += 13
+        else:
+            at = buf.rfind(b', "meta_info": ', start, end)
+            if at < 0:
+                return False
+            at += 15
+        try:  # meta_info is small; decode a window first, everything after it if need be
+            meta, _ = _raw_decode(buf[at : min(end, at + 4096)].decode("utf-8", "replace"))
+        except ValueError:
             try:
-                obj = json.loads(payload)
+                meta, _ = _raw_decode(buf[at:end].decode("utf-8"))
             except ValueError:
-                self.error = self.error or f"bad stream chunk: {payload[:80]!r}"
-                continue
-            if isinstance(obj, dict):
-                self._chunk(ts, obj)
+                return False
+        if not isinstance(meta, dict):
+            return False
+        first = start + 15 if buf[start + 14] == 0x22 else start + 16  # the text's first byte
+        self._native(ts, meta, buf[first] != 0x22)  # the text is not ""
+        return True
 
     def _chunk(self, ts: float, obj: dict[str, object]) -> None:
         err = obj.get("error")
@@ -187,20 +230,19 @@ class ResponseReader:
             self.error = self.error or f"server error: {msg}"
             return
         if self.api is Api.GENERATE:
-            self._native(ts, obj)
+            meta = obj.get("meta_info")
+            self._native(ts, meta if isinstance(meta, dict) else {}, bool(obj.get("text")))
         else:
             self._openai(ts, obj)
 
-    def _native(self, ts: float, obj: dict[str, object]) -> None:
-        meta = obj.get("meta_info")
-        meta = meta if isinstance(meta, dict) else {}
+    def _native(self, ts: float, meta: dict[str, object], has_text: bool) -> None:
         prompt = meta.get("prompt_tokens")
         if isinstance(prompt, int):
             self.prompt_tokens = prompt
         finish = meta.get("finish_reason")
         if isinstance(finish, dict) and finish.get("type") == "abort":
             self.error = self.error or f"aborted: {finish.get('message', '')}"
-        if not obj.get("text"):
+        if not has_text:
             return
         tokens = meta.get("completion_tokens")
         count = tokens if isinstance(tokens, int) else self.output_tokens + 1

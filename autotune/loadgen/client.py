@@ -32,7 +32,8 @@ class BodySink(Protocol):
 
     def on_headers(self, status: int, headers: dict[str, str]) -> None: ...
 
-    def on_data(self, ts: float, data: bytes) -> None: ...
+    def on_data(self, ts: float, data: bytes | memoryview) -> None:
+        """A piece of the body; a memoryview is valid only during the call (copy to keep)."""
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,20 @@ class Connection(asyncio.Protocol):
             return
         self.answered = True
         self._heard.at = ts
-        self._buf += data
+        if self._state == 4 and not self._buf:
+            # Inside a chunk with nothing buffered (a big event spread over many reads): hand
+            # the chunk's bytes to the sink straight from this read, without buffering them.
+            left = self._left
+            if len(data) < left:
+                self._left = left - len(data)
+                self._ex.sink.on_data(ts, data)
+                return
+            with memoryview(data) as view:
+                self._ex.sink.on_data(ts, view[:left])
+                self._left, self._state = 0, 5
+                self._buf += view[left:]
+        else:
+            self._buf += data
         try:
             self._parse(ts)
         except HttpError as exc:
@@ -149,7 +163,8 @@ class Connection(asyncio.Protocol):
                 if not buf:
                     return
                 n = min(self._left, len(buf))
-                ex.sink.on_data(ts, bytes(buf[:n]))
+                with memoryview(buf) as view:
+                    ex.sink.on_data(ts, view[:n])
                 del buf[:n]
                 self._left -= n
                 if self._left == 0:
@@ -185,38 +200,44 @@ class Connection(asyncio.Protocol):
                         self._left, self._state = size, 4
             elif state == 7:
                 if buf:
-                    ex.sink.on_data(ts, bytes(buf))
+                    with memoryview(buf) as view:
+                        ex.sink.on_data(ts, view)
                     buf.clear()
                 return
             else:
                 return
 
     def _whole_chunks(self, ts: float, ex: _Exchange) -> bool:
-        """Fast path: hand every complete non-final chunk in the buffer to the sink at once.
+        """Fast path: hand every complete non-final chunk in the buffer to the sink at once
+        (one chunk as a view of the buffer, several joined once).
 
         Returns False when there is none (a partial chunk or the last one is next).
         """
         buf = self._buf
         n = len(buf)
         pos = 0
-        parts: list[bytearray] = []
+        parts: list[tuple[int, int]] = []
         while True:
-            end = buf.find(b"\r\n", pos)
-            if end < 0:
-                break
+            end = buf.find(b"\n", pos)
+            if end < 1 or buf[end - 1] != 13:
+                break  # no whole size line yet, or a bad one: the slow path reports it
             try:
-                size = int(buf[pos:end].split(b";", 1)[0], 16)
+                size = int(buf[pos : end - 1].split(b";", 1)[0], 16)
             except ValueError:
-                break  # the slow path reports it
-            stop = end + 2 + size
+                break
+            stop = end + 1 + size
             if size == 0 or stop + 2 > n:
                 break
-            parts.append(buf[end + 2 : stop])
+            parts.append((end + 1, stop))
             pos = stop + 2
         if not parts:
             return False
+        with memoryview(buf) as view:
+            if len(parts) == 1:
+                ex.sink.on_data(ts, view[parts[0][0] : parts[0][1]])
+            else:
+                ex.sink.on_data(ts, b"".join([view[a:b] for a, b in parts]))
         del buf[:pos]
-        ex.sink.on_data(ts, b"".join(parts))
         return True
 
     def _headers(self, head: bytes, ex: _Exchange) -> None:
@@ -435,5 +456,5 @@ class BufferSink:
     def on_headers(self, status: int, headers: dict[str, str]) -> None:
         self.status = status
 
-    def on_data(self, ts: float, data: bytes) -> None:
+    def on_data(self, ts: float, data: bytes | memoryview) -> None:
         self.body += data

@@ -1,13 +1,19 @@
 """A minimal, fast SGLang-like HTTP server for testing and benchmarking the load generator.
 
 `python -m autotune.testing.fakeserver --port 0` prints `listening on PORT` and serves
-/generate, /v1/completions, /v1/chat/completions (streamed or not, SGLang's chunk formats),
-/health, /v1/models and /server_info over keep-alive HTTP/1.1 on raw asyncio. It does no model
-work: a request gets `max_new_tokens` tokens after `--ttft-ms`, one every `--itl-ms`. It reads
-only what it needs from a body (regexes, a comma count for input ids), so a 128K-token request
-costs it little and the client is what gets measured. `--die-after N` kills the process with
-SIGKILL once N generation requests have started, like an SGLang crash; `--api-key` demands
-`Authorization: Bearer KEY`.
+/generate, /v1/completions, /v1/chat/completions (streamed or not), /health, /v1/models and
+/server_info over keep-alive HTTP/1.1 on raw asyncio. Answers are shaped exactly as SGLang
+0.5.23 writes them (`StreamEvents`, `whole_response`: the native cumulative stream, the OpenAI
+chunk objects with `id`, `object`, `created`, `model`, the usage chunk only when
+`stream_options.include_usage` asks, usage on every chunk with `continuous_usage_stats`, then
+`data: [DONE]`), so real clients (the `openai` package, bench_serving) read it as they read
+SGLang. It does no model work: a request gets `max_new_tokens` (`max_tokens`,
+`max_completion_tokens`) tokens "w" after `--ttft-ms`, one every `--itl-ms`. It reads only what
+it needs from a body (regexes, a comma count for input ids), so a 128K-token request costs it
+little and the client is what gets measured. `--pad-bytes N` puts N bytes of earlier text in
+every native event (a long answer's cumulative text) and an N-byte `pad` field in OpenAI
+chunks. `--die-after N` kills the process with SIGKILL once N generation requests have
+started, like an SGLang crash; `--api-key` demands `Authorization: Bearer KEY`.
 """
 
 from __future__ import annotations
@@ -20,9 +26,11 @@ import os
 import re
 import signal
 import sys
+import time
+import uuid
 from dataclasses import dataclass
 
-_MAX_NEW = re.compile(rb'"max_(?:new_)?tokens"\s*:\s*(\d+)')
+_MAX_NEW = re.compile(rb'"max_(?:new_|completion_)?tokens"\s*:\s*(\d+)')
 _STREAM = re.compile(rb'"stream"\s*:\s*true')
 _IDS = re.compile(rb'"(?:input_ids|prompt)"\s*:\s*\[')
 
@@ -130,81 +138,219 @@ class _Conn(asyncio.Protocol):
         m = _MAX_NEW.search(body)
         n = int(m.group(1)) if m else 128
         stream = _STREAM.search(body) is not None
-        prompt = _input_tokens(body)
+        req = Request.parse(path, body, opt.model)
         if opt.ttft_s > 0:
             await asyncio.sleep(opt.ttft_s)
         if not stream:
             if opt.itl_s > 0:
                 await asyncio.sleep(opt.itl_s * (n - 1))
-            self._reply(200, _whole(path, n, prompt, opt.model))
+            self._reply(200, whole_response(req, n))
             return
         self._send(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
             b"Transfer-Encoding: chunked\r\n\r\n"
         )
-        frames: list[bytes] = []
+        events = StreamEvents(req, n, opt.pad_bytes)
+        frames: list[bytes] = []  # the pieces of the frames to send in one write
+        if req.api == "chat":
+            frames += _frame(events.chat_role())
         for i in range(1, n + 1):
-            event = _chunk(path, i, n, prompt, opt.model)
-            if opt.pad_bytes:
-                event = event[:-1] + b',"pad":"' + b"p" * opt.pad_bytes + b'"}'
-            frames.append(_frame(event))
-            if len(frames) >= opt.batch or i == n:
-                self._send(b"".join(frames))
+            frames += _frame(*events.token(i))
+            if i % opt.batch == 0 or i == n:
+                self._send(b"".join(frames))  # a big event's text is copied once, here
                 frames.clear()
                 if opt.itl_s > 0 and i < n:
                     await asyncio.sleep(opt.itl_s)
                 elif i % 256 == 0:
                     await asyncio.sleep(0)
-        if path != "/generate":
-            usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
-            self._send(_frame(b"data: " + json.dumps({"choices": [], "usage": usage}).encode()))
-        self._send(_frame(b"data: [DONE]") + b"0\r\n\r\n")
+        self._send(b"".join(b"".join(_frame(e)) for e in events.closing()) + b"0\r\n\r\n")
 
 
-def _frame(event: bytes) -> bytes:
-    data = event + b"\n\n"
-    return b"%x\r\n%s\r\n" % (len(data), data)
+def _frame(*event: bytes) -> list[bytes]:
+    """The pieces of one SSE event (`data: …` plus the blank line, given in pieces) as one HTTP
+    chunk, as uvicorn sends each piece a StreamingResponse yields."""
+    size = sum(len(piece) for piece in event) + 2
+    return [b"%x\r\n" % size, *event, b"\n\n\r\n"]
 
 
-def _chunk(path: str, i: int, n: int, prompt: int, model: str) -> bytes:
-    last = i == n
-    if path == "/generate":
-        fin = b'{"type":"length","length":%d}' % n if last else b"null"
+_MODEL = re.compile(rb'\s*:\s*"((?:[^"\\]|\\.)*)"')
+_TRUE = re.compile(rb"\s*:\s*true")
+_API_OF_PATH = {"/generate": "generate", "/v1/completions": "completions"}
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a generation request asks for, as far as the answer's shape depends on it."""
+
+    api: str  # "generate", "completions" or "chat"
+    rid: str
+    created: int
+    model: str
+    prompt_tokens: int
+    include_usage: bool
+    continuous_usage: bool
+
+    @staticmethod
+    def parse(path: str, body: bytes, default_model: str) -> Request:
+        """`stream_options` as SGLang's `should_include_usage` (entrypoints/openai/utils.py)
+        reads it: the usage chunk only with `include_usage` true (the server default
+        `stream_response_default_include_usage` is off), usage on every chunk with
+        `continuous_usage_stats` true. `model` is echoed as `request.model` is."""
+        api = _API_OF_PATH.get(path, "chat")
+        model, include, continuous = default_model, False, False
+        if api != "generate":  # keys found with bytes.find: a regex over a 128K prompt is slow
+            at = body.find(b'"model"')
+            m = _MODEL.match(body, at + 7) if at >= 0 else None
+            model = json.loads(b'"%s"' % m.group(1)) if m else default_model
+            include = _flag(body, b'"include_usage"')
+            continuous = _flag(body, b'"continuous_usage_stats"')
+        rid = uuid.uuid4().hex
+        return Request(api, rid, int(time.time()), model, _input_tokens(body), include, continuous)
+
+    def usage(self, completion: int, *, full: bool = True) -> dict[str, object]:
+        """`UsageInfo` from `UsageProcessor` (protocol.py); `full` dumps its None fields too,
+        as `model_dump_json()` does, else as `model_dump_json(exclude_none=True)`."""
+        usage: dict[str, object] = {
+            "prompt_tokens": self.prompt_tokens,
+            "total_tokens": self.prompt_tokens + completion,
+            "completion_tokens": completion,
+            "prompt_tokens_details": None,
+            "reasoning_tokens": 0,
+            "completion_tokens_details": None,
+        }
+        return usage if full else {k: v for k, v in usage.items() if v is not None}
+
+
+def _flag(body: bytes, key: bytes) -> bool:
+    at = body.find(key)
+    return at >= 0 and _TRUE.match(body, at + len(key)) is not None
+
+
+def _dumps(obj: object) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+class StreamEvents:
+    """The `data:` payloads of one streamed answer, exactly as SGLang 0.5.23 writes them.
+
+    - native `/generate` (`http_server.generate_request`, `TokenizerManager`
+      `_handle_batch_output`): every event holds the whole text so far, all output ids so far
+      and `meta_info`, written by orjson; `finish_reason` is set on the last;
+    - `/v1/completions` (`OpenAIServingCompletion._generate_completion_stream`):
+      `CompletionStreamResponse.model_dump_json()` per token, `usage` null unless
+      `continuous_usage_stats`, `finish_reason` on the last token's chunk; then, only with
+      `include_usage`, a chunk with `choices: []` dumped with `exclude_none=True`;
+    - `/v1/chat/completions` (`OpenAIServingChat._generate_chat_stream`, chunks from
+      `sse_utils.build_sse_content`, msgspec with omitted defaults): a first chunk with
+      `role: assistant` and empty content, one chunk per token with `finish_reason` null, a
+      chunk with an empty delta and the finish reason, then, only with `include_usage`, the
+      `ChatCompletionStreamResponse` usage chunk (`choices: []`, None fields dumped);
+    - then `data: [DONE]`.
+    `pad` bytes of text come before the answer in the native stream (a long answer's
+    cumulative text) and in an extra `pad` field of OpenAI chunks.
+    """
+
+    def __init__(self, req: Request, n: int, pad: int = 0) -> None:
+        self.req = req
+        self.n = n
+        self._pad = b"p" * pad
+        self._ids = bytearray()
+        self._heads = {
+            kind: b'{"id":"%s","object":"%s","created":%d,"model":%s'
+            % (req.rid.encode(), kind.encode(), req.created, _dumps(req.model))
+            for kind in ("text_completion", "chat.completion.chunk")
+        }
+
+    def _openai(self, kind: str, rest: bytes) -> bytes:
+        pad = b',"pad":"%s"' % self._pad if self._pad else b""
+        return b"data: %s,%s%s}" % (self._heads[kind], rest, pad)
+
+    def chat_role(self) -> bytes:
+        delta = b'{"reasoning_content":null,"role":"assistant","content":""}'
+        return self._openai("chat.completion.chunk", self._chat_choice(delta, b"null"))
+
+    @staticmethod
+    def _chat_choice(delta: bytes, finish: bytes) -> bytes:
         return (
-            b'data: {"text":"%s","output_ids":[%d],"meta_info":{"id":"x","finish_reason":%s,'
-            b'"prompt_tokens":%d,"completion_tokens":%d,"cached_tokens":0}}'
-            % (b"w" * i, i, fin, prompt, i)
+            b'"choices":[{"index":0,"delta":%s,"logprobs":null,"finish_reason":%s,'
+            b'"matched_stop":null}]' % (delta, finish)
         )
-    finish = b'"length"' if last else b"null"
-    if path == "/v1/completions":
-        choice = b'{"index":0,"text":"w","finish_reason":%s}' % finish
-        obj = b'"object":"text_completion"'
-    else:
-        choice = b'{"index":0,"delta":{"content":"w"},"finish_reason":%s}' % finish
-        obj = b'"object":"chat.completion.chunk"'
-    return b'data: {"id":"x",%s,"model":"%s","choices":[%s]}' % (obj, model.encode(), choice)
+
+    def token(self, i: int) -> tuple[bytes, ...]:
+        """The event carrying token `i` (1-based), in pieces (the padding is not copied)."""
+        req, last = self.req, i == self.n
+        if req.api == "generate":
+            self._ids += b"%s%d" % (b"," if i > 1 else b"", 1000 + i % 30000)
+            fin = b'{"type":"length","length":%d}' % self.n if last else b"null"
+            rest = (
+                b'%s","output_ids":[%s],"meta_info":{"id":"%s","finish_reason":%s,'
+                b'"prompt_tokens":%d,"completion_tokens":%d,"cached_tokens":0}}'
+                % (b"w" * i, self._ids, req.rid.encode(), fin, req.prompt_tokens, i)
+            )
+            return (b'data: {"text":"', self._pad, rest)
+        usage = _dumps(req.usage(i)) if req.continuous_usage else b"null"
+        if req.api == "completions":
+            finish = b'"length"' if last else b"null"
+            rest = (
+                b'"choices":[{"index":0,"text":"w","logprobs":null,"finish_reason":%s,'
+                b'"matched_stop":null}],"usage":%s' % (finish, usage)
+            )
+            return (self._openai("text_completion", rest),)
+        rest = self._chat_choice(b'{"reasoning_content":null,"content":"w"}', b"null")
+        if req.continuous_usage:
+            rest += b',"usage":' + usage
+        return (self._openai("chat.completion.chunk", rest),)
+
+    def closing(self) -> list[bytes]:
+        """The events after the last token, `data: [DONE]` last."""
+        req, out = self.req, []
+        if req.api == "chat":
+            choice = self._chat_choice(b'{"reasoning_content":null}', b'"length"')
+            out.append(self._openai("chat.completion.chunk", choice))
+        if req.api != "generate" and req.include_usage:
+            full = req.api == "chat"
+            usage = _dumps(req.usage(self.n, full=full))
+            obj = "chat.completion.chunk" if full else "text_completion"
+            out.append(self._openai(obj, b'"choices":[],"usage":' + usage))
+        out.append(b"data: [DONE]")
+        return out
 
 
-def _whole(path: str, n: int, prompt: int, model: str) -> bytes:
-    if path == "/generate":
+def whole_response(req: Request, n: int) -> bytes:
+    """A non-streamed answer: the native `{"text","output_ids","meta_info"}` object, or
+    `CompletionResponse` / `ChatCompletionResponse` (protocol.py) with their usage."""
+    if req.api == "generate":
         meta = {
-            "id": "x",
+            "id": req.rid,
             "finish_reason": {"type": "length", "length": n},
-            "prompt_tokens": prompt,
+            "prompt_tokens": req.prompt_tokens,
             "completion_tokens": n,
             "cached_tokens": 0,
         }
-        return json.dumps({"text": "w" * n, "output_ids": [1] * n, "meta_info": meta}).encode()
-    usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
-    if path == "/v1/completions":
-        choice: dict[str, object] = {"index": 0, "text": "w" * n, "finish_reason": "length"}
+        ids = [1000 + i % 30000 for i in range(1, n + 1)]
+        return _dumps({"text": "w" * n, "output_ids": ids, "meta_info": meta})
+    choice: dict[str, object] = {"index": 0}
+    if req.api == "completions":
+        choice["text"] = "w" * n
     else:
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": "w" * n},
-            "finish_reason": "length",
+        choice["message"] = {
+            "role": "assistant",
+            "content": "w" * n,
+            "reasoning_content": None,
+            "tool_calls": None,
         }
-    return json.dumps({"id": "x", "model": model, "choices": [choice], "usage": usage}).encode()
+    choice.update(logprobs=None, finish_reason="length", matched_stop=None)
+    obj = "text_completion" if req.api == "completions" else "chat.completion"
+    return _dumps(
+        {
+            "id": req.rid,
+            "object": obj,
+            "created": req.created,
+            "model": req.model,
+            "choices": [choice],
+            "usage": req.usage(n),
+        }
+    )
 
 
 class FakeServer:
@@ -234,7 +380,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--die-after", type=int)
     p.add_argument("--batch", type=int, default=1, help="SSE frames per socket write")
     p.add_argument("--model", default="fake-model")
-    p.add_argument("--pad-bytes", type=int, default=0, help="padding added to each SSE event")
+    p.add_argument(
+        "--pad-bytes", type=int, default=0, help="earlier text in each native event, or padding"
+    )
     a = p.parse_args(argv)
     opt = Options(
         a.ttft_ms / 1000,

@@ -10,7 +10,8 @@ so tests can stage every ending the lifecycle must recognise without the simulat
     exit-after-ready  becomes ready, then exits silently (an OOM-killed scheduler)
     health-fail       /health and /health_generate answer 503 once ready
     health-late       /health_generate answers 503 for half a second after ready
-    generate          serves a one-token POST /generate once ready
+    generate          serves a one-token POST /generate once ready (SGLang's native answer, as
+                      autotune.testing.fakeserver writes it)
     batches           logs a Decode batch line every 0.1 s once ready
     ignore-sigterm    ignores SIGTERM
     child             starts a child process in its group (a scheduler)
@@ -94,12 +95,15 @@ def make_handler(modes: set[str]) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length", "0"))
-            self.rfile.read(length)
+            body = self.rfile.read(length)
             if self.path == "/generate" and "generate" in modes and STATE["ready_at"] > 0:
+                # the answer's shape has one definition: the load-testing fake server's
+                from autotune.testing.fakeserver import Request, whole_response
+
                 log("Prefill batch, #new-seq: 1, #new-token: 1, #cached-token: 0, token usage: "
                     "0.00, #running-req: 0, #queue-req: 0, input throughput (token/s): 1.00, "
                     "cuda graph: False")  # fmt: skip
-                self._send(200, json.dumps({"text": "x", "meta_info": {}}).encode())
+                self._send(200, whole_response(Request.parse(self.path, body, "fake"), 1))
             else:
                 self._send(404)
 
