@@ -274,7 +274,7 @@ def child(args: argparse.Namespace) -> int:
     if args.clock_jumps:
         jump_the_wall_clock()
 
-    from autotune.cli.common import stop_signals
+    from autotune.cli.common import HUNG_UP, INTERRUPTED, HungUp, stop_signals
     from autotune.config.studyfile import load_study
     from autotune.errors import AutotuneError
     from autotune.server.hostcheck import check_host
@@ -395,14 +395,16 @@ def child(args: argparse.Namespace) -> int:
         check_host(cfg)
         where = worker_folder(study_dir, gpu_group(cfg.server.env))
         where.mkdir(parents=True, exist_ok=True)
-        with study_lock(where), stop_signals():
+        with study_lock(where), stop_signals() as stopped:
             launcher = FaultLauncher(live_launcher(cfg, where))
-            return run(cfg, where, url, launcher, sys.stdout)
+            return stopped.exit_code(run(cfg, where, url, launcher, sys.stdout))
     except AutotuneError as exc:
         sys.stderr.write(f"autotune: error: {exc}\n")
         return exc.exit_code
+    except HungUp:
+        return HUNG_UP
     except KeyboardInterrupt:
-        return 130
+        return INTERRUPTED
 
 
 # ------------------------------------------------------------------------------------------------
