@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.reliability.helpers import World
 from tests.simstudy import assert_none_left
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,6 +23,17 @@ def no_leftovers(tmp_path: Path) -> Iterator[Path]:
     """The test's folder; at the end no process mentioning it may be alive."""
     yield tmp_path
     assert_none_left(tmp_path)
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    """A test folder that runs real `autotune` processes and, at the end, checks that nothing
+    they started is left and every foreign process the test started still lives."""
+    w = World(tmp_path)
+    try:
+        yield w
+    finally:
+        w.finish()
 
 
 @pytest.fixture(scope="session")

@@ -6,8 +6,6 @@ COMPLETE `ok`, never an OOM, and `autotune ledger` on its log counts the retract
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from optuna.trial import TrialState
@@ -15,15 +13,6 @@ from optuna.trial import TrialState
 from tests.reliability.helpers import World
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    w = World(tmp_path)
-    try:
-        yield w
-    finally:
-        w.finish()
 
 
 def test_a_pool_at_its_edge_retracts_and_the_trial_is_ok(world: World) -> None:

@@ -8,6 +8,7 @@ and at the end asserts that nothing autotune started is left and every foreign p
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import sqlite3
@@ -255,3 +256,19 @@ def server_record(world: World) -> pidfile.PidRecord:
     """The pidfile of the one server the run has up now."""
     [(_, record)] = pidfile.records(world.study_dir / "run")
     return record
+
+
+def fill_disk(folder: Path) -> Path:
+    """Write a ballast file in `folder` until its disk says `ENOSPC`: not a byte left."""
+    ballast = folder / "ballast"
+    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for size in (1 << 20, 4096, 1):
+            try:
+                while os.write(fd, b"\0" * size):
+                    pass
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+    finally:
+        os.close(fd)
+    return ballast

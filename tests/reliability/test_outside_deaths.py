@@ -11,7 +11,6 @@ that the foreign processes (a `sleep`, the listener) still run.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import signal
@@ -26,28 +25,12 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.record import keys
 from autotune.server import pidfile
-from tests.reliability.helpers import EAGLE, STRESS, World, one_line, wait_for_log
+from tests.reliability.helpers import EAGLE, STRESS, World, fill_disk, one_line, wait_for_log
 
 pytestmark = pytest.mark.e2e
 
 SERVING = "Decode batch"
 """A line the simulated server logs only while it serves the workload."""
-
-
-def _fill(folder: Path) -> Path:
-    """Write to `folder` until its disk says `ENOSPC`: not a byte left."""
-    ballast = folder / "ballast"
-    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        for size in (1 << 20, 4096, 1):
-            try:
-                while os.write(fd, b"\0" * size):
-                    pass
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC, exc
-    finally:
-        os.close(fd)
-    return ballast
 
 
 def _record(world: World, number: int) -> dict[str, object]:
@@ -203,7 +186,7 @@ def test_disk_full_under_the_server_is_a_machine_error(world: World, full_cache_
     simulator died of its own GPU-state writes on a full disk, and the trial was COMPLETE
     `startup_error`)."""
     world.foreign_sleep()
-    ballast = _fill(full_cache_disk)
+    ballast = fill_disk(full_cache_disk)
     env = f'env = {{ TRITON_CACHE_DIR = "{full_cache_disk / "triton"}" }}'
     world.study(server=env, n_trials=1)
     done = world.run()

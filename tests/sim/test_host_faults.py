@@ -5,8 +5,6 @@ with `[Errno 28]`). Full disks are real tmpfs mounts (root only; skipped otherwi
 
 from __future__ import annotations
 
-import errno
-import os
 import re
 import socket
 import subprocess
@@ -15,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.reliability.helpers import fill_disk
 from tests.sim.conftest import READY, SMALL, Launcher
 
 STAMP = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] "
@@ -30,16 +29,7 @@ def full_disk(tmp_path: Path) -> Iterator[Path]:
     )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    fd = os.open(disk / "ballast", os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for size in (1 << 20, 4096, 1):
-            try:
-                while os.write(fd, b"\0" * size):
-                    pass
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC, exc
-    finally:
-        os.close(fd)
+    fill_disk(disk)
     try:
         yield disk
     finally:

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -40,15 +39,6 @@ from tests.reliability.helpers import World, one_line, wait_for_log
 from tests.study.fakes import FakeLauncher
 
 e2e = pytest.mark.e2e
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    w = World(tmp_path)
-    try:
-        yield w
-    finally:
-        w.finish()
 
 
 def _hashes(folder: Path) -> dict[str, str]:

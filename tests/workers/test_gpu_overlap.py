@@ -4,7 +4,6 @@ overlaps a live worker's is refused in one line (exit 2) before it touches the s
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -51,15 +50,6 @@ n_trials = 4
 [sampler]
 name = "tpe"
 """
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    w = World(tmp_path)
-    try:
-        yield w
-    finally:
-        w.finish()
 
 
 def test_overlapping_groups_are_refused_and_disjoint_ones_are_not(tmp_path: Path) -> None:
