@@ -23,7 +23,7 @@ at once, when that is more), spread below it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from autotune.config.studyfile import Scalar
 from autotune.logparse.ledger import Ledger
@@ -70,13 +70,6 @@ class Knob:
     baseline_note: str = ""
     top: int | None = None
     """The largest value searched, for a knob whose values the workload must be able to fill."""
-
-
-@dataclass(frozen=True)
-class Space:
-    knobs: tuple[Knob, ...]
-    memory_notes: tuple[str, ...] = field(default_factory=tuple)
-    """What the log's ledger says, for the comment above `[search]`."""
 
 
 def _gib(x: float) -> str:

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import optuna
-from optuna.storages import BaseStorage
 from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled
 from optuna.study._constrained_optimization import _CONSTRAINTS_KEY
 from optuna.trial import FrozenTrial, TrialState
@@ -23,10 +22,6 @@ from autotune.record import keys
 
 TrialLike = optuna.trial.Trial | FrozenTrial
 __all__ = ["BaseHeartbeat", "TrialLike"]
-
-
-def storage_of(study: optuna.Study) -> BaseStorage:
-    return study._storage
 
 
 def trial_id(trial: TrialLike) -> int:

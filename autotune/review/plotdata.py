@@ -17,7 +17,7 @@ import numpy as np
 
 from autotune.config.studyfile import FRACTION, REQUESTS
 from autotune.memory import model as memory_model
-from autotune.memory.arithmetic import Arithmetic, cell_from_fit
+from autotune.memory.arithmetic import cell_from_fit
 from autotune.memory.model import Observation, Setting
 from autotune.record.view import TrialView
 from autotune.review import figures as fig
@@ -461,11 +461,6 @@ def study_cell_bytes(trials: Sequence[TrialView]) -> float | None:
         and t.ledger.max_total_num_tokens
     ]  # fmt: skip
     return cell_from_fit(pts)
-
-
-def trial_arithmetic(t: TrialView, cell_bytes: float | None) -> Arithmetic | None:
-    """The trial's arithmetic (`TrialView.arithmetic`), kept for callers of the old name."""
-    return t.arithmetic(cell_bytes)
 
 
 def _scalar(v: object) -> str:
