@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import optuna
@@ -132,11 +132,17 @@ def _trials(url: str) -> list[FrozenTrial]:
     return optuna.load_study(study_name="w", storage=url).get_trials()
 
 
+SIDE_BY_SIDE = timedelta(seconds=1)
+"""How long two trials must overlap to have run side by side. A trial's start is Optuna's ask,
+a moment before its worker looks for a running twin: a twin told in between (a few
+milliseconds) is rightly not a twin any more, though the two spans touch."""
+
+
 def _overlap(a: FrozenTrial, b: FrozenTrial) -> bool:
     end_a = a.datetime_complete or datetime.max
     end_b = b.datetime_complete or datetime.max
     assert a.datetime_start is not None and b.datetime_start is not None
-    return a.datetime_start < end_b and b.datetime_start < end_a
+    return a.datetime_start + SIDE_BY_SIDE < end_b and b.datetime_start + SIDE_BY_SIDE < end_a
 
 
 def _dump(trials: Sequence[FrozenTrial]) -> str:
