@@ -259,26 +259,18 @@ def _listening_inodes(port: int) -> set[int]:
     return inodes
 
 
-def port_holders(port: int) -> list[int]:
-    """Pids of the processes holding a socket that listens on `port` (those /proc lets us see)."""
-    inodes = _listening_inodes(port)
+def port_holders(port: int, inodes: set[int] | None = None) -> list[int]:
+    """Pids of the processes holding a socket that listens on `port` (those /proc lets us see);
+    `inodes` are that port's listening sockets when the caller has read them already."""
+    inodes = _listening_inodes(port) if inodes is None else inodes
     if not inodes:
         return []
     wanted = {f"socket:[{i}]" for i in inodes}
-    holders: list[int] = []
-    for entry in procs.PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fds = os.listdir(entry / "fd")
-        except OSError:
-            continue
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                if os.readlink(entry / "fd" / fd) in wanted:
-                    holders.append(int(entry.name))
-                    break
-    return sorted(holders)
+    return sorted(
+        info.pid
+        for info in procs.all_procs()
+        if any(link in wanted for _, link in procs.descriptors(info.pid))
+    )
 
 
 def _comm(pid: int) -> str:
@@ -292,9 +284,10 @@ def port_line(host: str, port: int, ours: Iterable[int]) -> str:
     """`port N on H is held by pid P (comm), a process autotune did not start` when a process
     that is not the server's listens on it, else ""."""
     mine = set(ours)
-    if not _listening_inodes(port):
+    inodes = _listening_inodes(port)
+    if not inodes:
         return ""
-    holders = port_holders(port)
+    holders = port_holders(port, inodes)
     foreign = [p for p in holders if p not in mine]
     if holders and not foreign:
         return ""

@@ -7,6 +7,7 @@ it recorded, so it can never kill a stranger that inherited a number. Zombies co
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from collections.abc import Iterable, Iterator
@@ -91,6 +92,19 @@ def all_procs() -> Iterator[ProcInfo]:
                 yield info
 
 
+def descriptors(pid: int) -> Iterator[tuple[Path, str]]:
+    """Each open descriptor of `pid` (its /proc/<pid>/fd entry) with what it points at: a path,
+    or `socket:[INODE]`; nothing for a process whose descriptors cannot be read (another
+    user's, or gone)."""
+    try:
+        entries = list((PROC / str(pid) / "fd").iterdir())
+    except OSError:
+        return
+    for fd in entries:
+        with contextlib.suppress(OSError):
+            yield fd, os.readlink(fd)
+
+
 def writers(path: Path) -> list[ProcInfo]:
     """Live processes with a descriptor open for writing on the file `path` (a server writing
     its log, the masking writer writing it for the server); a reader such as `tail -f` is not
@@ -98,15 +112,10 @@ def writers(path: Path) -> list[ProcInfo]:
     target = os.path.realpath(path)
     out = []
     for info in all_procs():
-        fds = PROC / str(info.pid) / "fd"
-        try:
-            entries = list(fds.iterdir())
-        except OSError:
-            continue
-        for fd in entries:
+        for fd, link in descriptors(info.pid):
+            if link != target:
+                continue
             try:
-                if os.readlink(fd) != target:
-                    continue
                 flags = (PROC / str(info.pid) / "fdinfo" / fd.name).read_text().split("flags:")[1]
             except (OSError, IndexError):
                 continue
