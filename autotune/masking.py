@@ -24,6 +24,7 @@ import signal
 import sys
 from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 MASK = "***"
 SECRET_FLAGS = ("--api-key", "--admin-api-key")
@@ -73,6 +74,18 @@ def masked_argv(argv: Iterable[str], secrets: Collection[str] = ()) -> tuple[str
             continue
         out.append(mask_secrets(arg, secrets))
     return tuple(out)
+
+
+def masked_fields(value: Any) -> Any:
+    """`value` (decoded JSON, such as SGLang's `/server_info`, which lists every server argument)
+    with every `*api_key` field that holds something replaced by the mask."""
+    if isinstance(value, dict):
+        return {
+            k: MASK if k.endswith("api_key") and v else masked_fields(v) for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [masked_fields(v) for v in value]
+    return value
 
 
 def scrub_file(path: Path, secret: str) -> int:

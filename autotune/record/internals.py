@@ -2,10 +2,11 @@
 
 Optuna's public `Study`/`Trial` API cannot read a trial fresh from the storage by id, write an
 attribute on a trial from inside a sampler, fail a trial by number, read an enqueued trial's
-parameters, list the trials whose heartbeat stopped, or store a trial's constraints in both of the
-forms Optuna's readers take. Samplers (`autotune.search`) and the
-study loop and workers (`autotune.study`) need each of those; they call these functions, so an
-Optuna upgrade that moves a private name is fixed here and nowhere else.
+parameters, tell whether a distribution holds a value, list the trials whose heartbeat stopped,
+or store a trial's constraints in both of the forms Optuna's readers take. Samplers
+(`autotune.search`) and the study loop and workers (`autotune.study`) need each of those; they
+call these functions, so an Optuna upgrade that moves a private name is fixed here and nowhere
+else (`tests/test_architecture.py` fails on a private Optuna name used anywhere else).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import optuna
+from optuna.distributions import BaseDistribution
 from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled
 from optuna.study._constrained_optimization import _CONSTRAINTS_KEY
 from optuna.trial import FrozenTrial, TrialState
@@ -22,6 +24,15 @@ from autotune.record import keys
 
 TrialLike = optuna.trial.Trial | FrozenTrial
 __all__ = ["BaseHeartbeat", "TrialLike"]
+
+
+def holds(dist: BaseDistribution, value: Any) -> bool:
+    """Whether `dist` holds `value` (Optuna's own check, private on its distributions); a value
+    of the wrong type is not held."""
+    try:
+        return bool(dist._contains(dist.to_internal_repr(value)))
+    except (TypeError, ValueError):
+        return False
 
 
 def trial_id(trial: TrialLike) -> int:

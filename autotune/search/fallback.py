@@ -17,6 +17,7 @@ from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.record import internals
 from autotune.search.points import FRACTION, MEMORY_PARAMS, Point
 
 RANDOM_RULE = "random"
@@ -62,10 +63,6 @@ def contained(
         dist = search_space.get(name)
         if dist is None:
             continue
-        try:
-            inside = dist._contains(dist.to_internal_repr(value))
-        except (TypeError, ValueError):
-            inside = False
-        if inside:
+        if internals.holds(dist, value):
             out[name] = value
     return out

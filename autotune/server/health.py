@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.logparse.ledger import graph_usage
+from autotune.masking import masked_fields
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ def server_info(base_url: str, api_key: str | None, timeout_s: float = 10.0) -> 
         except ValueError:
             continue
         if isinstance(data, dict):
-            return dict(masked(data))
+            return dict(masked_fields(data))
     return {}
 
 
@@ -153,15 +154,6 @@ def memory_usage(info: Mapping[str, Any]) -> list[dict[str, Any]]:
         row["graph"] = graph_usage(usage)
         out.append(row)
     return out
-
-
-def masked(value: Any) -> Any:
-    """`value` with every `*api_key` field that holds something replaced by ***."""
-    if isinstance(value, dict):
-        return {k: "***" if k.endswith("api_key") and v else masked(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [masked(v) for v in value]
-    return value
 
 
 @dataclass(frozen=True)

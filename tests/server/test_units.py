@@ -284,7 +284,7 @@ def test_nvml_probe_without_a_driver_is_a_harness_error(monkeypatch: pytest.Monk
 
 
 def test_server_info_key_fields_are_masked() -> None:
-    from autotune.server.health import masked
+    from autotune.masking import masked_fields as masked
 
     info = {"api_key": "k", "admin_api_key": None, "internal_states": [{"api_key": "k", "x": 1}]}
     assert masked(info) == {
