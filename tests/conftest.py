@@ -1,13 +1,14 @@
 """Fixtures every test folder may use: `no_leftovers`, the test's folder, checked at the end for
 processes that outlive the test (see tests/simstudy.py); `sglang_python`, a Python with the
-real SGLang package, the oracle for flags, log formats and response shapes."""
+real SGLang package, the oracle for flags, log formats and response shapes (under CI an oracle
+test that skips fails)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,17 @@ def sglang_python() -> Path:
     if done.returncode != 0:
         pytest.fail(f"no SGLang venv for the oracle tests: {done.stderr.strip()[-500:]}")
     return Path(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Under CI (`CI` set), an oracle test (marker `sglang`) that skips fails instead: CI's SGLang
+    venv holds everything SGLang's code imports, so a skip there means an oracle checked nothing."""
+    report: pytest.TestReport = yield
+    if os.environ.get("CI") and report.skipped and item.get_closest_marker("sglang") is not None:
+        report.outcome = "failed"
+        reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.longrepr = f"an SGLang oracle test skipped under CI: {reason}"
+    return report
