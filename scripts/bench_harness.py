@@ -25,7 +25,8 @@ from autotune.cli.common import PACKAGE_CONFIGS
 from autotune.config.studyfile import load_study
 from autotune.study.runner import run
 from autotune.study.storage import default_storage_url
-from autotune.trial.run import Launcher, Load, ServerRun, Startup, Stop, TrialPlan
+from autotune.trial.plan import TrialPlan
+from autotune.trial.seam import Launcher, Load, ServerRun, Startup, Stop
 
 T = TypeVar("T")
 
@@ -115,7 +116,7 @@ def main() -> int:
         folder = Path(tmp) / "bench"
         folder.mkdir()
         if args.backend == "sim":
-            from autotune.trial.run import live_launcher
+            from autotune.trial.live import live_launcher
 
             inner: Launcher = live_launcher(cfg, folder)
         else:

@@ -25,10 +25,8 @@ bench_serving at 256 KiB.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -36,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.loadgen import ServerFacts, Target, WorkloadResult, run_workload, workload_from_dict
+from autotune.testing import fakeserver
 
 BYTES_PER_ID = 6.0  # "12345," on average for ids in [1000, 30000)
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,35 +57,20 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _start_server(args: tuple[str, ...], core: int | None) -> tuple[subprocess.Popen[str], int]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "autotune.testing.fakeserver", "--port", "0", *args],
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line.startswith("listening on "):
-        proc.kill()
-        raise SystemExit(f"fake server did not start: {line!r}")
+def _start_server(args: tuple[str, ...], core: int | None) -> fakeserver.Running:
+    try:
+        server = fakeserver.start(*args)
+    except RuntimeError as exc:
+        raise SystemExit(str(exc)) from None
     if core is not None:
-        os.sched_setaffinity(proc.pid, {core})
-    return proc, int(line.split()[-1])
-
-
-def _stop(proc: subprocess.Popen[str]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=10)
-    if proc.stdout is not None:
-        proc.stdout.close()
+        os.sched_setaffinity(server.proc.pid, {core})
+    return server
 
 
 def _run(
     case: Case, seconds: float, server_core: int | None
 ) -> tuple[WorkloadResult, float, float]:
-    proc, port = _start_server(case.server_args, server_core)
+    server = _start_server(case.server_args, server_core)
     try:
         phases = [
             {"kind": "warmup", "requests": 20, "concurrency": 4},
@@ -94,17 +78,21 @@ def _run(
         ]
         spec = workload_from_dict({**case.workload, "phases": phases, "drain_timeout_s": 30})
         facts = ServerFacts(context_len=1 << 20)
-        c0, s0, w0 = time.process_time(), _cpu_seconds(proc.pid), time.perf_counter()
+        c0, s0, w0 = time.process_time(), _cpu_seconds(server.proc.pid), time.perf_counter()
         result = run_workload(
             spec,
-            Target(f"http://127.0.0.1:{port}"),
+            Target(server.url),
             facts,
-            is_dead=lambda: None if proc.poll() is None else "server exited",
+            is_dead=server.is_dead,
         )
         wall = time.perf_counter() - w0
-        return result, (time.process_time() - c0) / wall, (_cpu_seconds(proc.pid) - s0) / wall
+        return (
+            result,
+            (time.process_time() - c0) / wall,
+            (_cpu_seconds(server.proc.pid) - s0) / wall,
+        )
     finally:
-        _stop(proc)
+        server.stop()
 
 
 def main() -> int:
@@ -210,7 +198,7 @@ def main() -> int:
 
 def _stop_latency(server_core: int | None) -> None:
     """How long run_workload takes to return once is_dead() reports, with much in flight."""
-    proc, port = _start_server(("--ttft-ms", "1000000"), server_core)
+    server = _start_server(("--ttft-ms", "1000000"), server_core)
     try:
         start = time.perf_counter()
         reported: list[float] = []
@@ -222,12 +210,12 @@ def _stop_latency(server_core: int | None) -> None:
             return "stop now"
 
         spec = workload_from_dict({"phases": [{"kind": "poisson", "rate": 500, "duration_s": 60}]})
-        res = run_workload(spec, Target(f"http://127.0.0.1:{port}"), ServerFacts(), is_dead=is_dead)
+        res = run_workload(spec, Target(server.url), ServerFacts(), is_dead=is_dead)
         latency = time.perf_counter() - reported[0]
         n = res.died.in_flight if res.died else 0
         print(f"stop after is_dead reports: {latency:.3f} s with {n} requests in flight cancelled")
     finally:
-        _stop(proc)
+        server.stop()
 
 
 def _requests_for(size: int, seconds: float) -> int:
@@ -296,16 +284,16 @@ def _versus_bench_serving(seconds: float, client_core: int, server_core: int | N
     print(f"{head} {'failed':>6} {'CPU':>5} {'ratio':>6}")
     for size in EVENT_SIZES:
         requests = _requests_for(size, seconds)
-        proc, port = _start_server(("--pad-bytes", str(size)), server_core)
+        server = _start_server(("--pad-bytes", str(size)), server_core)
         try:
             runs = [
-                (_theirs(python, port, requests, client_core), _ours(port, requests))
+                (_theirs(python, server.port, requests, client_core), _ours(server.port, requests))
                 for _ in range(REPEATS)
             ]
             theirs = max((r[0] for r in runs), key=lambda r: r[0])
             ours = max((r[1] for r in runs), key=lambda r: r[0])
         finally:
-            _stop(proc)
+            server.stop()
         for name, (rate, failed, cpu) in (("bench_serving", theirs), ("autotune", ours)):
             ratio = f"{rate / theirs[0]:>5.2f}x" if theirs[0] else "   n/a"
             print(

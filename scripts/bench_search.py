@@ -168,7 +168,7 @@ def exported_passes_soak(bench: Bench, study: optuna.Study, seed: int) -> bool |
     window is too narrow), soaked as long as that margin was sized for, exactly as exported
     (a margin may back the fraction off below the search space's own low end)."""
     seen = views(study.trials)
-    w = choose(seen, fraction_step=0.01, min_headroom_gib=bench.constraints.min_headroom_gib)
+    w = choose(seen, space=bench.search, min_headroom_gib=bench.constraints.min_headroom_gib)
     if w is None:
         return None
     factor = w.soak.factor if w.soak is not None else DEFAULT_SOAK_FACTOR

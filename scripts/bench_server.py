@@ -25,10 +25,11 @@ from pathlib import Path
 from autotune.logparse.outcome import Outcome
 from autotune.review.ledgerview import read_log
 from autotune.server.gpu import GpuProbe, SimProbe
-from autotune.server.lifecycle import LaunchSpec, Server
+from autotune.server.launchspec import LaunchSpec
+from autotune.server.lifecycle import Server
 
 ROOT = Path(__file__).resolve().parent.parent
-FAKE = ROOT / "tests" / "server" / "fake_server.py"
+FAKE = (sys.executable, "-m", "autotune.testing.fakeserver", "--log")
 FIXTURE = ROOT / "tests" / "fixtures" / "logs" / "v0_5_9_kimi_tp8_eagle3.log"
 READY = b"The server is fired up and ready to roll!"
 
@@ -79,7 +80,7 @@ def one_run(backend: str, work: Path) -> tuple[float, float]:
         )  # fmt: skip
         probe = SimProbe(gpu_dir)
     else:
-        argv = (sys.executable, str(FAKE))
+        argv = FAKE
     spec = LaunchSpec(
         argv=argv,
         log_path=work / "server.log",

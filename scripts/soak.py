@@ -281,15 +281,9 @@ def child(args: argparse.Namespace) -> int:
     from autotune.study.runner import run, study_lock
     from autotune.study.storage import default_storage_url
     from autotune.study.workers import gpu_group, with_worker_args, worker_folder
-    from autotune.trial.run import (
-        Launcher,
-        Load,
-        ServerRun,
-        Startup,
-        Stop,
-        TrialPlan,
-        live_launcher,
-    )
+    from autotune.trial.live import live_launcher
+    from autotune.trial.plan import TrialPlan
+    from autotune.trial.seam import Launcher, Load, ServerRun, Startup, Stop
 
     folder: Path = args.folder
     seed: int = args.seed

@@ -1,5 +1,7 @@
 """Fixtures every test folder may use: `no_leftovers`, the test's folder, checked at the end for
-processes that outlive the test (see tests/simstudy.py); `sglang_python`, a Python with the
+processes that outlive the test (see tests/simstudy.py); `fake_server`, which starts the fake
+SGLang server (`autotune.testing.fakeserver`); `study_file`, a writer of study files;
+`sglang_python`, a Python with the
 real SGLang package, the oracle for flags, log formats and response shapes (under CI an oracle
 test that skips fails)."""
 
@@ -8,11 +10,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
 
+from autotune.testing import fakeserver
 from tests.reliability.helpers import World
 from tests.simstudy import assert_none_left
 
@@ -24,6 +27,35 @@ def no_leftovers(tmp_path: Path) -> Iterator[Path]:
     """The test's folder; at the end no process mentioning it may be alive."""
     yield tmp_path
     assert_none_left(tmp_path)
+
+
+@pytest.fixture
+def fake_server() -> Iterator[Callable[..., fakeserver.Running]]:
+    """Starts `python -m autotune.testing.fakeserver ARGS` on a free port; at the end each one's
+    process group is killed and must be gone."""
+    started: list[fakeserver.Running] = []
+
+    def start(*args: str) -> fakeserver.Running:
+        server = fakeserver.start(*args)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        assert server.stop(), f"fake server group {server.proc.pid} still alive"
+
+
+@pytest.fixture
+def study_file(tmp_path: Path) -> Callable[[str], Path]:
+    """Write study text to tmp_path/configs/t.toml and return its path."""
+
+    def write(text: str) -> Path:
+        path = tmp_path / "configs" / "t.toml"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+        return path
+
+    return write
 
 
 @pytest.fixture

@@ -1,9 +1,9 @@
 """SGLang's flags as data, and a log's `server_args=` values turned back into the flags given.
 
-The table comes from SGLang's own parser in the study's Python (`argsprobe` run there) when SGLang
-imports there, else from the simulator's table of the release the log's format names
-(`server.flagcheck.sim_parser`: 0.5.23's `server_args={…}`, 0.5.9's `ServerArgs(…)`). Either gives
-each flag's canonical spelling, its default and its arity.
+The table comes from SGLang's own parser in the study's Python (`server.flagprobe` run there)
+when SGLang imports there, else from the simulator's table of the release the log's format names
+(`server.flagcheck.sim_parser`: 0.5.23's `server_args={…}`, 0.5.9's `ServerArgs(…)`). Either
+gives each flag's canonical spelling, its default and its arity.
 
 A log prints every argument, and after SGLang has resolved them: besides what the operator gave
 it shows defaults and values SGLang worked out itself (the prefill chunk, the page size, the
@@ -19,19 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
-from autotune.bootstrap import argsprobe, tomltext
+from autotune.bootstrap import tomltext
 from autotune.config.studyfile import FlagValue
-from autotune.server import flagcheck
-
-PROBE_TIMEOUT_S = 180.0
-"""Importing SGLang loads torch: seconds on a warm box, a minute on a cold disk."""
-MARK = argsprobe.MARK
+from autotune.server import flagcheck, flagprobe
 
 OWNED = frozenset({"host", "port", "api_key", "admin_api_key"})
 """Set by autotune (the address, per trial) or secrets: never written to a study."""
@@ -201,30 +195,13 @@ def sim_table(release: str | None = None) -> FlagTable:
         if release
         else ("the simulator's flag table")
     )
-    return _table(argsprobe.describe(parser or argparse.ArgumentParser()), source, sglang=False)
+    return _table(flagprobe.describe(parser or argparse.ArgumentParser()), source, sglang=False)
 
 
 def probe_sglang(python: str) -> FlagTable | None:
     """SGLang's own table in `python`; None when SGLang does not import there."""
-    script = Path(argsprobe.__file__).read_text(encoding="utf-8")
-    try:
-        done = subprocess.run(
-            [python, "-c", script],
-            capture_output=True,
-            text=True,
-            timeout=PROBE_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    at = done.stdout.rfind(MARK)
-    if at < 0:
-        return None
-    try:
-        raw = json.loads(done.stdout[at + len(MARK) :])
-    except ValueError:
-        return None
-    if not isinstance(raw, dict) or not isinstance(raw.get("flags"), list):
+    raw = flagprobe.run_in(python, {"describe": True})
+    if raw is None or not isinstance(raw.get("flags"), list):
         return None
     return _table(raw["flags"], f"SGLang {raw.get('version', '?')} ({python})", sglang=True)
 
@@ -252,7 +229,8 @@ class SplitArgs:
     """`name: value` for given values a study's flags cannot say (a nested dict, a None)."""
 
 
-def _same(value: Any, default: Any) -> bool:
+def _equal(value: Any, default: Any) -> bool:
+    """Whether a given flag value is SGLang's `default` (or `const`): a flag value, not a point."""
     if isinstance(value, list | tuple) and isinstance(default, list | tuple):
         return list(value) == list(default)
     if isinstance(value, bool) or isinstance(default, bool):
@@ -272,7 +250,7 @@ def _text(value: Any) -> str:
 def as_flag_value(info: FlagInfo, value: Any) -> FlagValue | None:
     """What a study's `[server.flags]` holds for `value` of this flag; None when it cannot."""
     if not info.takes_value:
-        return True if value is True or (value is not False and _same(value, info.const)) else None
+        return True if value is True or (value is not False and _equal(value, info.const)) else None
     if isinstance(value, bool) or value is None or isinstance(value, dict):
         return None
     if isinstance(value, float) and not math.isfinite(value):
@@ -303,7 +281,7 @@ def split_args(
     model = args.get("model_path")
     for dest, value in args.items():
         info = table.get(dest)
-        if info is None or dest in OWNED or dest in skip or _same(value, info.default):
+        if info is None or dest in OWNED or dest in skip or _equal(value, info.default):
             continue
         if dest in ("tokenizer_path", "served_model_name") and value == model:
             continue

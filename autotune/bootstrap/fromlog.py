@@ -3,8 +3,8 @@ lines.
 
 A log may hold several starts (a journal over restarts); the arguments and the ledger are the
 last start's (from its `server_args=` line on), the serving lines are every start's: traffic is
-traffic. The `server_args=` line is read by `logparse.lines.read_server_args` (0.5.23's resolved
-dict and 0.5.9's `ServerArgs(…)` repr, literals only, never evaluated).
+traffic. The `server_args=` line is read by `logparse.serverargs.read_server_args` (0.5.23's
+resolved dict and 0.5.9's `ServerArgs(…)` repr, literals only, never evaluated).
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ from typing import Any
 
 from autotune.bootstrap.sizing import implied_fraction
 from autotune.errors import UsageError
+from autotune.logparse.events import Batch, Kind, ParsedLog
 from autotune.logparse.ledger import Ledger, build_ledger
-from autotune.logparse.lines import Batch, Kind, ParsedLog, parse_lines, read_server_args
+from autotune.logparse.lines import parse_lines
 from autotune.logparse.outcome import Verdict, classify
+from autotune.logparse.serverargs import read_server_args
 from autotune.logparse.serving import ServingSummary, summarize
 
 

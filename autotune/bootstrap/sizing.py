@@ -12,7 +12,7 @@ is anchored on the baseline, so a fraction SGLang chose itself (0.827) stays on 
 with more decimals than a grid point keeps (SGLang 0.5.8's `adjust_mem_fraction_for_vlm` in
 `server_args.py` scales its own choice for a vision tower: 0.8260405859375) is the baseline as it
 ran, and the range around it has no step: its ends are on the hundredths and the capacity sampler
-walks its own lattice (`search.records.CONTINUOUS_FRACTION_STEP`); a step from a round low would
+walks its own lattice (`config.space.CONTINUOUS_FRACTION_STEP`); a step from a round low would
 leave the baseline off the grid, one anchored on it would make every point as long.
 
 `max_running_requests` is sized from the pool: the choices are at most what the baseline's pool
@@ -28,7 +28,13 @@ from dataclasses import dataclass
 from autotune.config.studyfile import Scalar
 from autotune.logparse.ledger import Ledger
 from autotune.logparse.semantics import rules
-from autotune.memory.arithmetic import GIB, Arithmetic, arithmetic, kv_gib
+from autotune.memory.arithmetic import (
+    Arithmetic,
+    arithmetic,
+    fraction_for_budget,
+    free_after_capture_gib,
+    lowest_fraction,
+)
 
 STEP = 0.01
 LOWEST, HIGHEST = 0.05, 0.99
@@ -122,7 +128,7 @@ def implied_fraction(ledger: Ledger) -> float | None:
         return None  # the pool did not come from the budget
     if rules(ledger.semantics).draft_in_budget:
         kv += ledger.draft_kv_gib or 0.0
-    f = 1.0 - (a - kv) / p
+    f = fraction_for_budget(p, a, kv)
     return round(f, 3) if 0.0 < f < 1.0 else None
 
 
@@ -173,7 +179,7 @@ def fraction_knob(
         return _fraction_from_ledger(current, arith, ledger, failed)  # type: ignore[arg-type]
     comments: list[str] = []
     if ledger is not None and ledger.p_gib and ledger.avail_after_weights_gib is not None:
-        floor = 1.0 - ledger.avail_after_weights_gib / ledger.p_gib
+        floor = lowest_fraction(ledger.p_gib, ledger.avail_after_weights_gib)
         anchor = grid_anchor(b) or 0.0
         low = _on_grid(floor + STEP / 2, anchor, up=True)
         high = _on_grid(max(low + 0.1, 0.94, (b or low) + 0.04), anchor, up=False)
@@ -221,10 +227,9 @@ def fraction_knob(
 
 def _lowest_pool(arith: Arithmetic, ledger: Ledger, b: float) -> tuple[float, int]:
     """The lowest fraction on `b`'s grid whose pool holds one prefill chunk, and that chunk."""
-    p, a = arith.p_gib, arith.avail_after_weights_gib
     chunk = ledger.chunked_prefill_size if (ledger.chunked_prefill_size or 0) > 0 else None
     need = chunk or 1
-    floor = 1.0 - (a - need * arith.cell_bytes / GIB) / p
+    floor = arith.fraction_for_tokens(need)
     low = _on_grid(floor, b, up=True)
     while arith.at(low).tokens < need and low < HIGHEST:
         low = round(low + STEP, 4)
@@ -241,9 +246,8 @@ def _high_end(arith: Arithmetic, b: float, low: float, anchor: float) -> tuple[f
             "high {high}: the log stops before the CUDA graphs, so the reserve they need is "
             "unknown: 0.05 above the log's fraction"
         )
-    per_f = arith.free_per_fraction_gib
-    top = f0 + headroom.free / per_f if per_f > 0 else HIGHEST
-    high = _on_grid(top, anchor, up=False)
+    top = arith.fraction_for_free(0.0)
+    high = _on_grid(HIGHEST if top is None else top, anchor, up=False)
     while (arith.at(high).static_free_gib or 0.0) < 0 and high > low:
         high = round(high - STEP, 4)
     held = [f"the request table ({_gib(headroom.request_table)})"]
@@ -474,8 +478,7 @@ def _device_pool_limits(
     sem = rules(ledger.semantics if ledger is not None else None)
     if arith is None or not sem.host_smaller_fatal or current.fraction is None:
         return options
-    at_b = arith.at(current.fraction)
-    device_gb = kv_gib(at_b.tokens, arith.kv_cell_bytes or arith.cell_bytes) * GIB / 1e9
+    device_gb = arith.at(current.fraction).kv_gb
     small = sorted(v for v in options if 0 < v <= device_gb)
     if small:
         options -= set(small)
@@ -484,8 +487,7 @@ def _device_pool_limits(
             f"host pool not larger than the GPU pool ({device_gb:.1f} GB at the baseline)"
         )
     if high_fraction is not None:
-        cell = arith.kv_cell_bytes or arith.cell_bytes
-        top_gb = kv_gib(arith.at(high_fraction).tokens, cell) * GIB / 1e9
+        top_gb = arith.at(high_fraction).kv_gb
         if any(0 < v <= top_gb for v in options):
             comments.append(
                 f"at f = {high_fraction:g} the GPU pool is {top_gb:.1f} GB: a host cache "
@@ -574,11 +576,7 @@ def memory_notes(ledger: Ledger, arith: Arithmetic | None) -> tuple[str, ...]:
         parts.append(f"draft weights {_gib(ledger.draft_weights_gib)}")
     if ledger.draft_graph_gib:
         parts.append(f"draft graphs {_gib(ledger.draft_graph_gib)}")
-    free = (
-        ledger.available_gpu_mem_gib
-        if ledger.available_gpu_mem_gib is not None
-        else ledger.avail_after_graphs_gib
-    )
+    free = free_after_capture_gib(ledger)
     if free is not None:
         parts.append(f"free after startup {_gib(free)}")
     if parts:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -42,11 +41,11 @@ from autotune.config.studyfile import (
     check_study_name,
     load_study,
     param_name,
-    parse_study,
+    read_study,
 )
 from autotune.errors import AutotuneError, ConfigError, HarnessError, UsageError
 from autotune.logparse.outcome import Outcome
-from autotune.memory.arithmetic import Arithmetic, arithmetic
+from autotune.memory.arithmetic import Arithmetic, arithmetic, free_after_capture_gib
 from autotune.record.seeds import read_seed
 from autotune.server import flagcheck
 from autotune.server.flagcheck import FlagReport
@@ -557,11 +556,7 @@ def infeasible_baseline(facts: LogFacts | None, current: Current) -> list[str]:
         return []
     out: list[str] = []
     ledger = facts.ledger
-    free = (
-        ledger.available_gpu_mem_gib
-        if ledger.available_gpu_mem_gib is not None
-        else ledger.avail_after_graphs_gib
-    )
+    free = free_after_capture_gib(ledger)
     served = facts.verdict.outcome in (Outcome.READY, Outcome.STOPPED)
     if free is not None and free < MIN_HEADROOM_GIB and served:
         holds = max(math.floor(free * 10) / 10, 0.0)
@@ -659,8 +654,8 @@ def _seed_lines(log: Path, lines: Sequence[str], at: int) -> list[str]:
     )
     text = "\n".join([*lines[:at], entry, *lines[at:]])
     try:
-        cfg = parse_study(tomllib.loads(text), name="draft", path=Path.cwd() / "draft.toml")
-    except (AutotuneError, tomllib.TOMLDecodeError):
+        cfg = read_study(text, name="draft", path=Path.cwd() / "draft.toml")
+    except AutotuneError:
         return [*note, entry]  # the draft's own fault: write_study says so
     try:
         read_seed(cfg.search.seed_logs[0], cfg)

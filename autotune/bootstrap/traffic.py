@@ -21,7 +21,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from autotune.logparse.lines import Batch
+from autotune.logparse.events import Batch
 
 MAX_CONCURRENCY = 4096
 

@@ -26,7 +26,7 @@ from autotune.study.workers import (
     worker_folder,
     worker_gpus,
 )
-from autotune.trial.run import live_launcher
+from autotune.trial.live import live_launcher
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -13,6 +13,7 @@ from autotune.cli.common import add_study_args, resolve_config, storage_url, stu
 from autotune.config.studyfile import StudyConfig
 from autotune.errors import UsageError
 from autotune.masking import redact
+from autotune.record.stored import study_record
 from autotune.review.headline import headline
 from autotune.review.source import build_review
 from autotune.review.status import render
@@ -43,7 +44,7 @@ def handle(args: argparse.Namespace) -> int:
     try:
         study = load_existing(name, url)
         trials = study.get_trials(deepcopy=False)
-        attrs = study.user_attrs
+        attrs = study_record(study)
     except STORAGE_ERRORS as exc:
         raise storage_failure(exc, url, "cannot be read") from exc
     review = build_review(name, redact(url), trials, cfg=_config(args), study_attrs=attrs)

@@ -1,16 +1,29 @@
-"""The search space, defined once: a trial ⇄ parameters ⇄ SGLang flags.
+"""The search space, defined once: a trial ⇄ parameters ⇄ SGLang flags, and a point's identity.
 
 `settings_for(trial, search)` is the only place that asks a trial for values, so a live
 `optuna.trial.Trial` (during the search) and an `optuna.trial.FixedTrial` (export, confirmation)
-always give the same flags. Special meanings live here too: `hicache_size = 0` means the
-hierarchical cache is off, any other value turns it on with that many GB per rank.
+always give the same flags; `settings_of(params, search)` is the one constructor of `Settings`
+(the export, the confirmation soak and the host check build theirs with it). Special meanings
+live here too: `hicache_size = 0` means the hierarchical cache is off, any other value turns it
+on with that many GB per rank.
+
+A point (one assignment of parameter values) has one identity, `point_key`: each value in its
+canonical form (`canonical`: a float snapped to its parameter's step in the space, `snap`; without
+a step only its float noise goes), a bool kept apart from the number Python makes it equal to.
+The search (what is taken, what is running, what to retry), the workers (a point queued twice, a
+twin of a running trial), the rebuild (a point still owed), the loop (the baseline's trial) and
+the review (the trial that ran the exported point, the soak of it) all compare, deduplicate and
+queue points by it. The step comes from the space: the study file's (`SearchConfig`) or the
+distributions Optuna holds (what a sampler sees, and what a study stores with its trials);
+`fraction_step` is the one lattice `mem_fraction_static` is walked and backed off on.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import optuna
 from optuna.distributions import (
@@ -21,6 +34,7 @@ from optuna.distributions import (
 )
 
 from autotune.config.studyfile import (
+    FRACTION,
     HICACHE,
     Choices,
     Fixed,
@@ -48,7 +62,14 @@ def settings_for(trial: optuna.trial.BaseTrial, search: SearchConfig) -> Setting
     params: dict[str, Scalar] = {}
     for p in search.params:
         params[p.name] = _suggest(trial, p)
-    return Settings(params=params, flags=tuned_flags(params, search))
+    return settings_of(params, search)
+
+
+def settings_of(params: Mapping[str, Scalar], search: SearchConfig) -> Settings:
+    """The one constructor of `Settings`: `params` in their canonical form (`canonical`) and the
+    flags they become (`tuned_flags`)."""
+    point = canonical(params, search)
+    return Settings(params=point, flags=tuned_flags(point, search))
 
 
 def _suggest(trial: optuna.trial.BaseTrial, p: Param) -> Scalar:
@@ -61,19 +82,137 @@ def _suggest(trial: optuna.trial.BaseTrial, p: Param) -> Scalar:
     if isinstance(p, IntRange):
         return trial.suggest_int(p.name, p.low, p.high, step=p.step, log=p.log)
     value = trial.suggest_float(p.name, p.low, p.high, step=p.step, log=p.log)
-    return _snap(value, p.step)
+    return snap(value, p.step)
 
 
-def _snap(value: float, step: float | None) -> float:
-    """Remove float noise (0.8800000000000001) so flags and records read like the study file.
-    Without a step only the noise goes (15 significant digits): an enqueued point keeps every
-    digit it was given (a baseline SGLang computed itself, 0.8260405859375)."""
-    return float(f"{value:.15g}") if step is None else round(value, _decimals(step) + 2)
+# ---------------------------------------------------------------------------------------------
+# A point's identity
+
+
+Space: TypeAlias = SearchConfig | Mapping[str, BaseDistribution]
+"""A search space: the study file's, or Optuna's distributions of it (what a sampler is given,
+what a study stores with each trial)."""
+
+CONTINUOUS_FRACTION_STEP = 0.005
+"""The lattice of a `mem_fraction_static` range without a step (a baseline SGLang computed
+itself, `bootstrap.sizing`): the capacity search's candidates and the review's margin both move
+by it."""
+
+
+def snap(value: float, step: float | None = None) -> float:
+    """Remove float noise (0.8800000000000001) so flags and records read like the study file: to
+    two decimals more than `step` has. Without a step only the noise goes (15 significant
+    digits): an enqueued point keeps every digit it was given (a baseline SGLang computed itself,
+    0.8260405859375)."""
+    return float(f"{value:.15g}") if not step else round(value, _decimals(step) + 2)
 
 
 def _decimals(step: float) -> int:
     text = f"{step:.10f}".rstrip("0")
     return len(text.split(".")[1]) if "." in text else 0
+
+
+def step_of(space: Space | None, name: str) -> float | None:
+    """The step of parameter `name` in `space`: a range's own; None for a range without one, a
+    log range, a choice, a fixed value, or a name the space does not hold."""
+    if space is None:
+        return None
+    if isinstance(space, SearchConfig):
+        p = next((p for p in space.params if p.name == name), None)
+        return p.step if isinstance(p, FloatRange | IntRange) and not p.log else None
+    d = space.get(name)
+    if isinstance(d, FloatDistribution | IntDistribution) and not d.log:
+        return d.step
+    return None
+
+
+def fraction_step(space: Space | None) -> float:
+    """The step `mem_fraction_static` moves by: its range's own, else (no step, a fixed fraction,
+    no space at hand) `CONTINUOUS_FRACTION_STEP`."""
+    step = step_of(space, FRACTION)
+    return float(step) if step else CONTINUOUS_FRACTION_STEP
+
+
+def canonical_value(value: Scalar, step: float | None = None) -> Scalar:
+    """One parameter's value as a point holds it: a float snapped to `step` (`snap`), any other
+    value (an int, a bool, a string) as it is."""
+    return snap(value, step) if isinstance(value, float) else value
+
+
+def canonical(params: Mapping[str, Scalar], space: Space | None = None) -> dict[str, Scalar]:
+    """`params` with each value in its canonical form, snapped to its parameter's step in
+    `space` (`canonical_value`); without a space only the float noise goes."""
+    return {k: canonical_value(v, step_of(space, k)) for k, v in params.items()}
+
+
+_Value: TypeAlias = tuple[bool, object]
+"""A canonical value and whether it is a bool (True is not the number 1 of another point)."""
+
+
+def _value(value: object, step: float | None) -> _Value:
+    if isinstance(value, float):
+        return (False, snap(value, step))
+    if isinstance(value, list | tuple):  # a value read back from JSON: compared element-wise
+        return (False, tuple(_value(v, step) for v in value))
+    if isinstance(value, Mapping):
+        return (False, tuple(sorted((str(k), _value(v, step)) for k, v in value.items())))
+    return (isinstance(value, bool), value)
+
+
+@dataclass(frozen=True)
+class PointKey:
+    """A point's identity: its parameter names with their canonical values. Equal keys are the
+    same point; a key hashes, so points are deduplicated and queued in sets and dicts. Numbers
+    compare as numbers (8 is 8.0), a bool only with a bool."""
+
+    items: frozenset[tuple[str, _Value]]
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(name for name, _ in self.items)
+
+    def only(self, names: Iterable[str]) -> PointKey:
+        """The point on `names` alone (a name it lacks stays absent)."""
+        keep = set(names)
+        return PointKey(frozenset(i for i in self.items if i[0] in keep))
+
+    def without(self, names: Iterable[str]) -> PointKey:
+        """The point less `names`."""
+        drop = set(names)
+        return PointKey(frozenset(i for i in self.items if i[0] not in drop))
+
+    def within(self, other: PointKey) -> bool:
+        """Every value of this point is `other`'s (a partial point, such as the baseline's
+        searched parameters, that a full one runs)."""
+        return self.items <= other.items
+
+
+def point_key(params: Mapping[str, object], space: Space | None = None) -> PointKey:
+    """The identity of the point `params` in `space` (`PointKey`); `params` may be read back
+    from storage (an enqueued point, a stored record), so any value is taken."""
+    return PointKey(frozenset((k, _value(v, step_of(space, k))) for k, v in params.items()))
+
+
+def same_point(
+    a: Mapping[str, object], b: Mapping[str, object], space: Space | None = None
+) -> bool:
+    """Whether `a` and `b` are the same point of `space` (the same names, `PointKey`)."""
+    return point_key(a, space) == point_key(b, space)
+
+
+def same_value(a: object, b: object, step: float | None = None) -> bool:
+    """Whether `a` and `b` are the same value of one parameter, by the rule of `PointKey` (None
+    for a value a point lacks)."""
+    return _value(a, step) == _value(b, step)
+
+
+def stored_space(trials: Iterable[optuna.trial.FrozenTrial]) -> dict[str, BaseDistribution]:
+    """The space a study's trials were sampled from, as Optuna stored it with each (for a review
+    without the study file); a later trial's distribution of a name replaces an earlier's."""
+    out: dict[str, BaseDistribution] = {}
+    for t in sorted(trials, key=lambda t: t.number):
+        out.update(t.distributions)
+    return out
 
 
 def distributions(search: SearchConfig) -> dict[str, BaseDistribution]:
@@ -99,7 +238,7 @@ def grid(search: SearchConfig) -> list[dict[str, Scalar]] | None:
             axes.append((p.name, list(range(p.low, p.high + 1, p.step))))
         elif isinstance(p, FloatRange) and p.step is not None:
             n = round((p.high - p.low) / p.step)
-            axes.append((p.name, [_snap(p.low + i * p.step, p.step) for i in range(n + 1)]))
+            axes.append((p.name, [snap(p.low + i * p.step, p.step) for i in range(n + 1)]))
         elif not isinstance(p, Fixed):
             return None
     points: list[dict[str, Scalar]] = [{}]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeAlias
 
+from autotune.config.table import Table
 from autotune.config.workload import WorkloadSpec, workload_from_dict
 from autotune.errors import ConfigError, UsageError
 from autotune.sim.profiles import ProfileError, load_profile
@@ -225,17 +226,23 @@ def load_study(path: Path, name: str | None = None) -> StudyConfig:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"cannot read study file {path}: {exc.strerror}") from exc
+    return read_study(text, name=check_study_name(name or path.stem), path=path)
+
+
+def read_study(text: str, *, name: str, path: Path) -> StudyConfig:
+    """A study file's text (at `path`, for its messages and relative paths), parsed and
+    validated; text that is not TOML is a UsageError too."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: not valid TOML ({exc}); fix the syntax") from exc
-    return parse_study(raw, name=check_study_name(name or path.stem), path=path)
+    return parse_study(raw, name=name, path=path)
 
 
 def parse_study(raw: Mapping[str, object], *, name: str, path: Path) -> StudyConfig:
     """Validate an already parsed study file."""
     _refuse_control(raw, "")
-    top = _Table(raw, "")
+    top = Table(raw, "")
     top.only(
         "description",
         "server",
@@ -311,7 +318,7 @@ def _refuse_control(data: object, dotted: str) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-def _server(t: _Table) -> ServerConfig:
+def _server(t: Table) -> ServerConfig:
     t.only(
         "backend",
         "command",
@@ -379,7 +386,7 @@ def _server(t: _Table) -> ServerConfig:
     )
 
 
-def _sim_version(t: _Table) -> str | None:
+def _sim_version(t: Table) -> str | None:
     if "sim_version" not in t:
         return None
     version = t.string("sim_version")
@@ -390,14 +397,14 @@ def _sim_version(t: _Table) -> str | None:
     return version
 
 
-def _non_negative(t: _Table, k: str, *, default: float) -> float:
+def _non_negative(t: Table, k: str, *, default: float) -> float:
     v = t.number(k, default=default)
     if v < 0:
         raise ConfigError(t.key(k), f"must be ≥ 0 (0 refuses a launch at once); got {v}")
     return float(v)
 
 
-def _sim_profile(t: _Table) -> str:
+def _sim_profile(t: Table) -> str:
     """The simulator profile, checked now so that a rehearsal does not fail at every launch."""
     name = t.string("sim_profile", default=DEFAULT_SIM_PROFILE)
     try:
@@ -407,7 +414,7 @@ def _sim_profile(t: _Table) -> str:
     return name
 
 
-def _fixed_flags(t: _Table) -> tuple[tuple[str, FlagValue], ...]:
+def _fixed_flags(t: Table) -> tuple[tuple[str, FlagValue], ...]:
     out: list[tuple[str, FlagValue]] = []
     seen: dict[str, str] = {}
     for key in t.keys():  # noqa: SIM118
@@ -430,7 +437,7 @@ SEED_LOGS = "seed_logs"
 """The one key of `[search]` that is not a flag: logs that seed the memory model."""
 
 
-def _search(t: _Table, bt: _Table, server: ServerConfig, base_dir: Path) -> SearchConfig:
+def _search(t: Table, bt: Table, server: ServerConfig, base_dir: Path) -> SearchConfig:
     params: list[Param] = []
     seen: dict[str, str] = {}
     seeds = _seed_logs(t, base_dir)
@@ -470,7 +477,7 @@ def _search(t: _Table, bt: _Table, server: ServerConfig, base_dir: Path) -> Sear
     return SearchConfig(params=tuple(params), baseline=baseline, seed_logs=seeds)
 
 
-def _seed_logs(t: _Table, base_dir: Path) -> tuple[Path, ...]:
+def _seed_logs(t: Table, base_dir: Path) -> tuple[Path, ...]:
     """Each path relative to the study file's folder, an existing readable file, listed once.
     What the log says (a ledger, the same model and flags) is checked when a run starts
     (`autotune.record.seeds`), by the log parser this layer sits below."""
@@ -501,7 +508,7 @@ def _seed_logs(t: _Table, base_dir: Path) -> tuple[Path, ...]:
     return tuple(out)
 
 
-def _param(t: _Table, key: str, name: str) -> Param:
+def _param(t: Table, key: str, name: str) -> Param:
     dotted = t.key(key)
     value = t.raw(key)
     if isinstance(value, bool | int | float | str):
@@ -510,7 +517,7 @@ def _param(t: _Table, key: str, name: str) -> Param:
         return fixed
     if not isinstance(value, dict):
         raise ConfigError(dotted, "must be a value, {low, high[, step, log]} or {choices = [...]}")
-    pt = _Table(value, dotted)
+    pt = Table(value, dotted)
     if "choices" in value:
         pt.only("choices")
         choices = pt.raw("choices")
@@ -611,7 +618,7 @@ def _workload(raw: object, base_dir: Path) -> WorkloadSpec:
     return workload_from_dict(raw, "workload", base_dir=base_dir)
 
 
-def _objectives(t: _Table) -> tuple[str, ...]:
+def _objectives(t: Table) -> tuple[str, ...]:
     t.only("maximize")
     names = t.string_list("maximize", default=list(OBJECTIVES))
     if not names:
@@ -624,7 +631,7 @@ def _objectives(t: _Table) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _constraints(t: _Table) -> Constraints:
+def _constraints(t: Table) -> Constraints:
     t.only("no_oom", "max_error_rate", "min_headroom_gib", "max_p99_ttft_ms", "max_p99_itl_ms")
     d = Constraints()
     rate = t.number("max_error_rate", default=d.max_error_rate)
@@ -642,7 +649,7 @@ def _constraints(t: _Table) -> Constraints:
     )
 
 
-def _budget(t: _Table) -> Budget:
+def _budget(t: Table) -> Budget:
     t.only("n_trials", "timeout_s")
     return Budget(
         n_trials=t.integer("n_trials", default=Budget.n_trials, low=1),
@@ -650,7 +657,7 @@ def _budget(t: _Table) -> Budget:
     )
 
 
-def _heartbeat(t: _Table) -> Heartbeat:
+def _heartbeat(t: Table) -> Heartbeat:
     d = Heartbeat()
     interval = t.integer("heartbeat_s", default=d.interval_s, low=1)
     grace = t.integer("grace_s", default=max(d.grace_s, 2 * interval), low=1)
@@ -662,7 +669,7 @@ def _heartbeat(t: _Table) -> Heartbeat:
     return Heartbeat(interval_s=interval, grace_s=grace)
 
 
-def _sampler(t: _Table) -> SamplerConfig:
+def _sampler(t: Table) -> SamplerConfig:
     t.only("name", "seed")
     return SamplerConfig(
         name=t.choice("name", SAMPLERS, default="capacity"),
@@ -670,7 +677,7 @@ def _sampler(t: _Table) -> SamplerConfig:
     )
 
 
-def _checked_name(t: _Table, key: str, seen: dict[str, str]) -> str:
+def _checked_name(t: Table, key: str, seen: dict[str, str]) -> str:
     if not _FLAG_NAME.match(key):
         raise ConfigError(t.key(key), "is not an SGLang flag name (e.g. mem_fraction_static)")
     name = param_name(key)
@@ -684,119 +691,3 @@ def _finite(dotted: str, v: Scalar) -> Scalar:
     if isinstance(v, float) and not math.isfinite(v):
         raise ConfigError(dotted, f"must be a finite number; got {v}")
     return v
-
-
-# ------------------------------------------------------------------------------------------------
-# A typed view of one TOML table that knows its dotted path
-# ------------------------------------------------------------------------------------------------
-
-
-class _Table:
-    def __init__(self, data: Mapping[str, object], prefix: str) -> None:
-        self._data = data
-        self._prefix = prefix
-
-    def key(self, k: str) -> str:
-        if not k:
-            return self._prefix
-        return f"{self._prefix}.{k}" if self._prefix else k
-
-    def keys(self) -> list[str]:
-        return list(self._data)
-
-    def __contains__(self, k: str) -> bool:
-        return k in self._data
-
-    def raw(self, k: str) -> object:
-        return self._data.get(k)
-
-    def only(self, *allowed: str) -> None:
-        for k in self._data:
-            if k not in allowed:
-                close = [a for a in allowed if a.replace("_", "") == k.replace("_", "").lower()]
-                hint = f"did you mean {close[0]}?" if close else f"known keys: {', '.join(allowed)}"
-                raise ConfigError(self.key(k), f"unknown key; {hint}")
-
-    def table(self, k: str, *, required: bool = False) -> _Table:
-        v = self._data.get(k)
-        if v is None:
-            if required:
-                raise ConfigError(self.key(k), f"is missing; add a [{self.key(k)}] table")
-            return _Table({}, self.key(k))
-        if not isinstance(v, dict):
-            raise ConfigError(self.key(k), f"must be a table ([{self.key(k)}]), not {_kind(v)}")
-        return _Table(v, self.key(k))
-
-    def string(self, k: str, *, default: str = "", required: bool = False) -> str:
-        v = self._data.get(k)
-        if v is None:
-            if required:
-                raise ConfigError(self.key(k), "is missing")
-            return default
-        if not isinstance(v, str):
-            raise ConfigError(self.key(k), f"must be a string, not {_kind(v)}")
-        return v
-
-    def string_list(self, k: str, *, default: list[str]) -> list[str]:
-        v = self._data.get(k)
-        if v is None:
-            return list(default)
-        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-            raise ConfigError(self.key(k), f"must be a list of strings, not {_kind(v)}")
-        return [str(x) for x in v]
-
-    def choice(self, k: str, allowed: Sequence[str], *, default: str) -> str:
-        v = self.string(k, default=default)
-        if v not in allowed:
-            raise ConfigError(self.key(k), f"{v!r} is not one of {', '.join(allowed)}")
-        return v
-
-    def boolean(self, k: str, *, default: bool) -> bool:
-        v = self._data.get(k, default)
-        if not isinstance(v, bool):
-            raise ConfigError(self.key(k), f"must be true or false, not {_kind(v)}")
-        return v
-
-    def number(self, k: str, *, default: float = 0.0, required: bool = False) -> float:
-        v = self._data.get(k)
-        if v is None:
-            if required:
-                raise ConfigError(self.key(k), "is missing")
-            return default
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            raise ConfigError(self.key(k), f"must be a number, not {_kind(v)}")
-        if not math.isfinite(v):
-            raise ConfigError(self.key(k), f"must be a finite number; got {v}")
-        return v
-
-    def positive(self, k: str, *, default: float = 1.0) -> float:
-        v = self.number(k, default=default)
-        if v <= 0:
-            raise ConfigError(self.key(k), f"must be > 0; got {v}")
-        return float(v)
-
-    def integer(
-        self, k: str, *, default: int, low: int | None = None, high: int | None = None
-    ) -> int:
-        v = self._data.get(k, default)
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ConfigError(self.key(k), f"must be a whole number, not {_kind(v)}")
-        if low is not None and v < low:
-            raise ConfigError(self.key(k), f"must be ≥ {low}; got {v}")
-        if high is not None and v > high:
-            raise ConfigError(self.key(k), f"must be ≤ {high}; got {v}")
-        return v
-
-
-def _kind(v: object) -> str:
-    if isinstance(v, bool):
-        return f"a boolean ({str(v).lower()})"
-    if isinstance(v, int | float):
-        return f"a number ({v})"
-    if isinstance(v, str):
-        return f"a string ({v!r})"
-    if isinstance(v, list):
-        return "a list"
-    if isinstance(v, dict):
-        return "a table"
-    return type(v).__name__

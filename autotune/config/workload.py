@@ -8,15 +8,14 @@ needs later is decided here, so a trial never fails halfway through on a bad stu
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from autotune.config.table import Table
 from autotune.errors import ConfigError
 
 LENGTH_KINDS = ("fixed", "uniform", "normal", "lognormal")
@@ -25,11 +24,15 @@ MAX_DURATION_S = 7 * 24 * 3600.0
 
 
 class Api(StrEnum):
-    """Which HTTP API requests go to (reference §5)."""
+    """The names `workload.api` accepts: which HTTP API requests go to (reference §5).
 
-    GENERATE = "generate"  # SGLang native /generate with input_ids
-    COMPLETIONS = "completions"  # OpenAI /v1/completions
-    CHAT = "chat"  # OpenAI /v1/chat/completions
+    The names only; each API's path, body and answer are its class in `autotune.loadgen.apis`,
+    registered in `APIS` under its name (config sits below loadgen, so the study file is checked
+    against these names, and a contract test holds `APIS` and this list equal)."""
+
+    GENERATE = "generate"
+    COMPLETIONS = "completions"
+    CHAT = "chat"
 
 
 @dataclass(frozen=True)
@@ -177,92 +180,6 @@ class WorkloadSpec:
         return total
 
 
-class _Table:
-    """Reads one TOML table, remembering which keys were used so leftovers are reported."""
-
-    def __init__(self, raw: object, key: str) -> None:
-        if not isinstance(raw, Mapping):
-            raise ConfigError(key, f"expected a table, got {type(raw).__name__}")
-        self.raw: Mapping[str, object] = raw
-        self.key = key
-        self.used: set[str] = set()
-
-    def sub(self, name: str) -> str:
-        return f"{self.key}.{name}"
-
-    def get(self, name: str) -> object:
-        self.used.add(name)
-        return self.raw.get(name)
-
-    def has(self, name: str) -> bool:
-        return name in self.raw
-
-    def get_int(self, name: str, default: int | None, lo: int, hi: int = MAX_TOKENS) -> int | None:
-        value = self.get(name)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(self.sub(name), f"expected an integer in [{lo}, {hi}], got {value!r}")
-        if not lo <= value <= hi:
-            raise ConfigError(self.sub(name), f"must be in [{lo}, {hi}], got {value}")
-        return value
-
-    def req_int(self, name: str, lo: int, hi: int = MAX_TOKENS) -> int:
-        value = self.get_int(name, None, lo, hi)
-        if value is None:
-            self._misspelt(name)
-            raise ConfigError(self.sub(name), f"is required: an integer in [{lo}, {hi}]")
-        return value
-
-    def get_float(self, name: str, default: float | None, lo: float, hi: float) -> float | None:
-        value = self.get(name)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
-            raise ConfigError(self.sub(name), f"expected a number in [{lo}, {hi}], got {value!r}")
-        if not lo <= value <= hi:
-            raise ConfigError(self.sub(name), f"must be in [{lo}, {hi}], got {value}")
-        return float(value)
-
-    def req_float(self, name: str, lo: float, hi: float) -> float:
-        value = self.get_float(name, None, lo, hi)
-        if value is None:
-            self._misspelt(name)
-            raise ConfigError(self.sub(name), f"is required: a number in [{lo}, {hi}]")
-        return value
-
-    def _misspelt(self, name: str) -> None:
-        """A missing required key next to an unknown one that looks like it: name the typo."""
-        unknown = [k for k in self.raw if k not in self.used and k != name]
-        close = difflib.get_close_matches(name, unknown, n=1, cutoff=0.75)
-        if close:
-            raise ConfigError(self.sub(close[0]), f"unknown key; did you mean {name}?")
-
-    def get_bool(self, name: str, default: bool) -> bool:
-        value = self.get(name)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise ConfigError(self.sub(name), f"expected true or false, got {value!r}")
-        return value
-
-    def get_str(self, name: str, default: str | None, choices: Sequence[str] = ()) -> str | None:
-        value = self.get(name)
-        if value is None:
-            return default
-        if not isinstance(value, str) or not value:
-            raise ConfigError(self.sub(name), f"expected a non-empty string, got {value!r}")
-        if choices and value not in choices:
-            raise ConfigError(self.sub(name), f"must be one of {', '.join(choices)}; got {value!r}")
-        return value
-
-    def finish(self) -> None:
-        extra = sorted(set(self.raw) - self.used)
-        if extra:
-            allowed = ", ".join(sorted(self.used))
-            raise ConfigError(self.sub(extra[0]), f"unknown key; allowed here: {allowed}")
-
-
 def length_from_value(raw: object, key: str) -> LengthDist:
     """`512` (fixed) or `{dist = "uniform"|"normal"|"lognormal"|"fixed", ...}`."""
     if isinstance(raw, int) and not isinstance(raw, bool):
@@ -275,90 +192,92 @@ def length_from_value(raw: object, key: str) -> LengthDist:
             "expected a token count or a table like "
             f'{{dist = "uniform", min = 1, max = 512}}, got {raw!r}',
         )
-    t = _Table(raw, key)
-    kind = t.get_str("dist", None, LENGTH_KINDS)
+    t = Table.of(raw, key)
+    kind = t.maybe_string("dist", choices=LENGTH_KINDS)
     if kind is None:
-        raise ConfigError(t.sub("dist"), f"is required: one of {', '.join(LENGTH_KINDS)}")
+        raise ConfigError(t.key("dist"), f"is required: one of {', '.join(LENGTH_KINDS)}")
     if kind == "fixed":
-        n = t.req_int("value", 1)
+        n = t.integer("value", required=True, low=1, high=MAX_TOKENS)
         t.finish()
         return LengthDist.fixed(n)
     if kind == "uniform":
-        lo, hi = t.req_int("min", 1), t.req_int("max", 1)
+        lo, hi = (
+            t.integer("min", required=True, low=1, high=MAX_TOKENS),
+            t.integer("max", required=True, low=1, high=MAX_TOKENS),
+        )
         t.finish()
         if hi < lo:
-            raise ConfigError(t.sub("max"), f"must be >= min ({lo}), got {hi}")
+            raise ConfigError(t.key("max"), f"must be >= min ({lo}), got {hi}")
         return LengthDist("uniform", lo, hi, (lo + hi) / 2, 0.0)
-    mean = t.req_float("mean", 1.0, float(MAX_TOKENS))
-    std = t.req_float("std", 0.0, float(MAX_TOKENS))
-    lo = t.get_int("min", 1, 1) or 1
-    hi = t.get_int("max", MAX_TOKENS, 1) or MAX_TOKENS
+    mean = float(t.number("mean", required=True, low=1.0, high=float(MAX_TOKENS)))
+    std = float(t.number("std", required=True, low=0.0, high=float(MAX_TOKENS)))
+    lo = t.integer("min", default=1, low=1, high=MAX_TOKENS)
+    hi = t.integer("max", default=MAX_TOKENS, low=1, high=MAX_TOKENS)
     t.finish()
     if hi < lo:
-        raise ConfigError(t.sub("max"), f"must be >= min ({lo}), got {hi}")
+        raise ConfigError(t.key("max"), f"must be >= min ({lo}), got {hi}")
     return LengthDist(kind, lo, hi, mean, std)
 
 
-def _opt_length(t: _Table, name: str) -> LengthDist | None:
-    raw = t.get(name)
-    return None if raw is None else length_from_value(raw, t.sub(name))
+def _opt_length(t: Table, name: str) -> LengthDist | None:
+    raw = t.raw(name)
+    return None if raw is None else length_from_value(raw, t.key(name))
 
 
 def _phase_from_dict(raw: object, key: str, index: int) -> Phase:
-    t = _Table(raw, key)
+    t = Table.of(raw, key)
     kinds = ("warmup", "steady", "poisson", "stress")
-    kind = t.get_str("kind", None, kinds)
+    kind = t.maybe_string("kind", choices=kinds)
     if kind is None:
-        raise ConfigError(t.sub("kind"), f"is required: one of {', '.join(kinds)}")
-    name = t.get_str("name", f"{kind}-{index}")
-    assert name is not None
+        raise ConfigError(t.key("kind"), f"is required: one of {', '.join(kinds)}")
+    name = t.maybe_string("name") or f"{kind}-{index}"
     phase: Phase
     if kind == "warmup":
         phase = Warmup(
             name=name,
-            requests=t.get_int("requests", 4, 1, 100_000) or 4,
-            concurrency=t.get_int("concurrency", 1, 1, 4096) or 1,
-            timeout_s=t.get_float("timeout_s", 300.0, 1.0, MAX_DURATION_S) or 300.0,
+            requests=t.integer("requests", default=4, low=1, high=100_000),
+            concurrency=t.integer("concurrency", default=1, low=1, high=4096),
+            timeout_s=float(t.number("timeout_s", default=300.0, low=1.0, high=MAX_DURATION_S)),
             input_len=_opt_length(t, "input_len"),
             output_len=_opt_length(t, "output_len"),
         )
     elif kind == "steady":
         phase = Steady(
             name=name,
-            concurrency=t.req_int("concurrency", 1, 4096),
-            duration_s=t.req_float("duration_s", 0.1, MAX_DURATION_S),
-            max_requests=t.get_int("max_requests", None, 1, 100_000_000),
+            concurrency=t.integer("concurrency", required=True, low=1, high=4096),
+            duration_s=float(t.number("duration_s", required=True, low=0.1, high=MAX_DURATION_S)),
+            max_requests=t.maybe_integer("max_requests", low=1, high=100_000_000),
             input_len=_opt_length(t, "input_len"),
             output_len=_opt_length(t, "output_len"),
         )
     elif kind == "poisson":
         phase = Poisson(
             name=name,
-            rate=t.req_float("rate", 0.001, 100_000.0),
-            duration_s=t.req_float("duration_s", 0.1, MAX_DURATION_S),
-            max_in_flight=t.get_int("max_in_flight", 1024, 1, 16384) or 1024,
+            rate=float(t.number("rate", required=True, low=0.001, high=100_000.0)),
+            duration_s=float(t.number("duration_s", required=True, low=0.1, high=MAX_DURATION_S)),
+            max_in_flight=t.integer("max_in_flight", default=1024, low=1, high=16384),
             input_len=_opt_length(t, "input_len"),
             output_len=_opt_length(t, "output_len"),
         )
     else:
         phase = Stress(
             name=name,
-            rounds=t.get_int("rounds", 2, 1, 1000) or 2,
-            requests=t.get_int("requests", None, 1, 16384),
-            input_len=t.get_int("input_len", None, 1),
-            output_len=t.get_int("output_len", 64, 1) or 64,
-            timeout_s=t.get_float("timeout_s", 600.0, 1.0, MAX_DURATION_S) or 600.0,
+            rounds=t.integer("rounds", default=2, low=1, high=1000),
+            requests=t.maybe_integer("requests", low=1, high=16384),
+            input_len=t.maybe_integer("input_len", low=1, high=MAX_TOKENS),
+            output_len=t.integer("output_len", default=64, low=1, high=MAX_TOKENS),
+            timeout_s=float(t.number("timeout_s", default=600.0, low=1.0, high=MAX_DURATION_S)),
         )
     t.finish()
     return phase
 
 
 def _sessions_from_dict(raw: object, key: str) -> Sessions:
-    t = _Table(raw, key)
+    t = Table.of(raw, key)
     sessions = Sessions(
-        turns=t.req_int("turns", 1, 1000),
-        system_prompt_len=t.get_int("system_prompt_len", 0, 0) or 0,
-        system_prompts=t.get_int("system_prompts", 1, 1, 100_000) or 1,
+        turns=t.integer("turns", required=True, low=1, high=1000),
+        system_prompt_len=t.integer("system_prompt_len", default=0, low=0, high=MAX_TOKENS),
+        system_prompts=t.integer("system_prompts", default=1, low=1, high=100_000),
     )
     t.finish()
     return sessions
@@ -371,15 +290,15 @@ def workload_from_dict(
 
     A relative `dataset` path is taken relative to `base_dir` (the study file's folder) when given.
     """
-    t = _Table(d, key)
-    raw_phases = t.get("phases")
+    t = Table.of(d, key)
+    raw_phases = t.raw("phases")
     if raw_phases is None:
         raise ConfigError(
-            t.sub("phases"), 'is required: add [[workload.phases]] tables with kind = "steady", ...'
+            t.key("phases"), 'is required: add [[workload.phases]] tables with kind = "steady", ...'
         )
     if not isinstance(raw_phases, Sequence) or isinstance(raw_phases, str) or not raw_phases:
         raise ConfigError(
-            t.sub("phases"), "expected a non-empty array of [[workload.phases]] tables"
+            t.key("phases"), "expected a non-empty array of [[workload.phases]] tables"
         )
     phases = tuple(_phase_from_dict(p, f"{key}.phases[{i}]", i) for i, p in enumerate(raw_phases))
     names = [p.name for p in phases]
@@ -389,39 +308,43 @@ def workload_from_dict(
                 f"{key}.phases[{i}].name", f"duplicate phase name {name!r}; rename it"
             )
     if len(phases) > 64:
-        raise ConfigError(t.sub("phases"), f"at most 64 phases, got {len(phases)}")
-    api = t.get_str("api", Api.GENERATE.value, [a.value for a in Api]) or Api.GENERATE.value
-    dataset = t.get_str("dataset", None)
-    if dataset is not None and (t.has("input_len") or t.has("output_len")):
+        raise ConfigError(t.key("phases"), f"at most 64 phases, got {len(phases)}")
+    api = t.maybe_string("api", choices=[a.value for a in Api]) or Api.GENERATE.value
+    dataset = t.maybe_string("dataset")
+    if dataset is not None and ("input_len" in t or "output_len" in t):
         raise ConfigError(
-            t.sub("dataset"), "takes lengths from the file; remove input_len/output_len or dataset"
+            t.key("dataset"), "takes lengths from the file; remove input_len/output_len or dataset"
         )
-    raw_sessions = t.get("sessions")
-    api_key_env = t.get_str("api_key_env", None)
+    raw_sessions = t.raw("sessions")
+    api_key_env = t.maybe_string("api_key_env")
     if api_key_env is not None and not api_key_env.replace("_", "").isalnum():
         raise ConfigError(
-            t.sub("api_key_env"), f"is an environment variable name, got {api_key_env!r}"
+            t.key("api_key_env"), f"is an environment variable name, got {api_key_env!r}"
         )
     spec = WorkloadSpec(
         phases=phases,
         api=Api(api),
-        stream=t.get_bool("stream", True),
-        ignore_eos=t.get_bool("ignore_eos", True),
-        temperature=t.get_float("temperature", 0.0, 0.0, 2.0) or 0.0,
-        seed=t.get_int("seed", 0, 0, 2**63 - 1) or 0,
+        stream=t.boolean("stream", default=True),
+        ignore_eos=t.boolean("ignore_eos", default=True),
+        temperature=float(t.number("temperature", default=0.0, low=0.0, high=2.0)),
+        seed=t.integer("seed", default=0, low=0, high=2**63 - 1),
         input_len=_opt_length(t, "input_len") or DEFAULT_INPUT_LEN,
         output_len=_opt_length(t, "output_len") or DEFAULT_OUTPUT_LEN,
         dataset=_resolve(dataset, base_dir),
         sessions=None
         if raw_sessions is None
-        else _sessions_from_dict(raw_sessions, t.sub("sessions")),
+        else _sessions_from_dict(raw_sessions, t.key("sessions")),
         api_key_env=api_key_env,
-        request_timeout_s=t.get_float("request_timeout_s", 600.0, 0.1, MAX_DURATION_S) or 600.0,
-        drain_timeout_s=t.get_float("drain_timeout_s", 60.0, 0.0, MAX_DURATION_S) or 0.0,
+        request_timeout_s=float(
+            t.number("request_timeout_s", default=600.0, low=0.1, high=MAX_DURATION_S)
+        ),
+        drain_timeout_s=float(
+            t.number("drain_timeout_s", default=60.0, low=0.0, high=MAX_DURATION_S)
+        ),
     )
     t.finish()
     if spec.dataset is not None:
-        rows = load_dataset(spec.dataset, t.sub("dataset"))
+        rows = load_dataset(spec.dataset, t.key("dataset"))
         spec = dataclasses.replace(spec, dataset_rows=rows)
     return spec
 
@@ -457,10 +380,10 @@ def load_dataset(path: Path, key: str, max_rows: int = 1_000_000) -> tuple[Datas
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ConfigError(where, f"not JSON ({exc.msg}); one object per line") from exc
-        t = _Table(obj, where)
-        prompt = t.get_str("prompt", None)
-        input_len = t.get_int("input_len", None, 1)
-        output_len = t.req_int("output_len", 1)
+        t = Table.of(obj, where)
+        prompt = t.maybe_string("prompt")
+        input_len = t.maybe_integer("input_len", low=1, high=MAX_TOKENS)
+        output_len = t.integer("output_len", required=True, low=1, high=MAX_TOKENS)
         t.finish()
         if prompt is None and input_len is None:
             raise ConfigError(where, "needs input_len or prompt")

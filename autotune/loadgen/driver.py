@@ -24,7 +24,7 @@ from typing import assert_never
 
 from autotune.config.workload import Api, Phase, Poisson, Steady, Stress, Warmup, WorkloadSpec
 from autotune.loadgen import phases as ph
-from autotune.loadgen.apis import RequestOptions
+from autotune.loadgen.apis import APIS, RequestOptions
 from autotune.loadgen.client import Client, HttpError
 from autotune.loadgen.metrics import RequestRecord, Slo, Summary, summarize
 from autotune.loadgen.shapes import Shaper, TokenPool
@@ -229,7 +229,7 @@ class _Watch:
 
 
 async def _model_name(client: Client, target: Target, api: Api) -> str:
-    if target.model is not None or api is Api.GENERATE:
+    if target.model is not None or not APIS[api].names_model:
         return target.model or "default"
     try:
         status, body = await client.get_json("/v1/models", 5.0)

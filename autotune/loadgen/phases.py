@@ -16,7 +16,7 @@ from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from autotune.loadgen.apis import PATHS, RequestOptions, ResponseReader, build_body
+from autotune.loadgen.apis import APIS, RequestOptions, ResponseReader
 from autotune.loadgen.client import Client, HttpError
 from autotune.loadgen.metrics import UNFINISHED, RequestRecord
 from autotune.loadgen.shapes import RequestPlan, Shaper, TokenPool
@@ -78,8 +78,9 @@ async def send_one(
 ) -> RequestRecord:
     """Send one request and append its record to `out` (also when cancelled)."""
     key = next(rt._ids)
-    body = build_body(plan, rt.pool, rt.options)
-    path = PATHS[rt.options.api]
+    api = APIS[rt.options.api]
+    body = api.body(plan, rt.pool, rt.options)
+    path = api.path
     sent: float | None = None
     end: float | None = None
     error: str | None = None

@@ -41,8 +41,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from autotune.logparse.lines import POOL_AUX, POOL_SWA, Event, Kind, rank_order, read_server_args
+from autotune.logparse.events import POOL_AUX, POOL_SWA, Event, Kind
+from autotune.logparse.prefix import rank_order
 from autotune.logparse.semantics import detect
+from autotune.logparse.serverargs import read_server_args
 
 GRAPH_PHASES = (
     "prefill",

@@ -12,9 +12,9 @@ that speaks (`classify`):
    SGLang SIGKILLs its own tree when a scheduler fails (`utils` `kill_process_tree`, called by
    `engine.py`'s launch-phase and `tokenizer_manager.py`'s running-phase SIGQUIT handlers), so
    a -9 after a failure line is that line's verdict. A signal from `autotune` is our stop.
-2. **The log's own failure lines** (`logparse.lines.FAILURE_KINDS`; the most specific wins,
+2. **The log's own failure lines** (`logparse.events.FAILURE_KINDS`; the most specific wins,
    `_PRIORITY`, so a traceback's exception line beats the `Scheduler hit an exception` that
-   announced it and any line before it). A machine fault (`logparse.lines.MACHINE_KINDS`: port
+   announced it and any line before it). A machine fault (`logparse.events.MACHINE_KINDS`: port
    taken, disk full, GPU or driver fault, the host's limits, NCCL's system and network errors)
    is `machine_error`; a memory line is an OOM; anything else a crash (`startup_error` before the
    server served). Whether the server was serving when it came (after "fired up", batch lines,
@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from autotune.logparse.lines import (
+from autotune.logparse.events import (
     FAILURE_KINDS,
     MACHINE_KINDS,
     OOM_KINDS,

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from autotune.logparse.lines import Event, Kind
+from autotune.logparse.events import Event, Kind
 
 
 class Phase(StrEnum):

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from autotune.logparse.lines import Event, Kind
+from autotune.logparse.events import Event, Kind
 
 
 @dataclass(frozen=True)

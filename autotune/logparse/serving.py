@@ -18,7 +18,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from autotune.logparse.lines import Batch, Event, Kind, split_prefix
+from autotune.logparse.events import Batch, Event, Kind
+from autotune.logparse.prefix import split_prefix
 
 
 @dataclass(frozen=True)

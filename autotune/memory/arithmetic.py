@@ -17,6 +17,13 @@ two the version puts it.
 `Arithmetic.at(f)` says what another fraction would give, holding P, A, both cells and every
 post-pool allocation fixed (they do not depend on f): the pool moves by `P·Δf` GiB of budget, and
 the free memory by that times the GPU bytes per token over the sizing cell.
+
+Every figure of this kind that another package prints or decides by is one of the functions here,
+so the search, the review, `init` and the progress line cannot drift apart: the reserve
+(`reserve_gib`), the pool's budget and tokens (`kv_budget_gib`, `pool_tokens`), the fraction a
+budget needs (`fraction_for_budget`, `lowest_fraction`), the free memory after CUDA-graph capture
+(`free_after_capture_gib`), the stress peak and the free memory at it (`under_load`,
+`stress_peak_gib`, `free_at_peak_gib`) and what a fraction step moves (`Arithmetic.per_step_gib`).
 """
 
 from __future__ import annotations
@@ -47,6 +54,92 @@ def cell_from_kv(kv_size_gib: float, tokens: int) -> float:
 def tokens_for(budget_gib: float, cell_bytes: float) -> int:
     """Usable tokens a KV budget of `budget_gib` holds."""
     return max(int(budget_gib * GIB) // round(cell_bytes), 0)
+
+
+def reserve_gib(p_gib: float, fraction: float) -> float:
+    """`P·(1 − f)`: what SGLang leaves outside the static budget (weights + KV pool) for
+    everything allocated later and for the transient peak."""
+    return p_gib * (1.0 - fraction)
+
+
+def kv_budget_gib(p_gib: float, avail_after_weights_gib: float, fraction: float) -> float:
+    """`A − P·(1 − f)`: the GiB SGLang hands the KV pool at `fraction`."""
+    return avail_after_weights_gib - reserve_gib(p_gib, fraction)
+
+
+def pool_tokens(
+    p_gib: float, avail_after_weights_gib: float, fraction: float, cell_bytes: float
+) -> int:
+    """Usable tokens of the pool `fraction` gives, at `cell_bytes` a token."""
+    return tokens_for(kv_budget_gib(p_gib, avail_after_weights_gib, fraction), cell_bytes)
+
+
+def fraction_for_budget(p_gib: float, avail_after_weights_gib: float, budget_gib: float) -> float:
+    """`1 − (A − budget)/P`: the fraction whose KV budget is `budget_gib` (the inverse of
+    `kv_budget_gib`)."""
+    return 1.0 - (avail_after_weights_gib - budget_gib) / p_gib
+
+
+def lowest_fraction(p_gib: float, avail_after_weights_gib: float) -> float:
+    """`1 − A/P`: the fraction at which the KV budget turns positive; below it nothing is left
+    for a pool."""
+    return 1.0 - avail_after_weights_gib / p_gib
+
+
+def free_after_capture_gib(ledger: Ledger) -> float | None:
+    """Free GPU memory once startup allocated everything, CUDA graphs included: the summary
+    line's figure, else the one after graph capture (the last figure the log shows)."""
+    if ledger.available_gpu_mem_gib is not None:
+        return ledger.available_gpu_mem_gib
+    return ledger.avail_after_graphs_gib
+
+
+def stress_peak_gib(static_free_gib: float, least_free_gib: float) -> float:
+    """What the load took at its worst on top of the free memory after startup: the drop from
+    it to the least free memory seen, never below 0."""
+    return max(static_free_gib - least_free_gib, 0.0)
+
+
+def free_at_peak_gib(static_free_gib: float, peak_gib: float) -> float:
+    """The free memory left at the stress peak: free after startup less the peak."""
+    return static_free_gib - peak_gib
+
+
+def under_load(
+    static_free_gib: float | None, least_free_gib: float | None, rise_gib: float | None
+) -> tuple[float | None, float | None]:
+    """(free at the worst moment, stress peak) of a launch that served its workload, consistent
+    with its free memory after startup: the least free memory seen is the measurement and the
+    peak is what it took from the startup's free memory; without it, the probe's own rise
+    (`rise_gib`) is the peak and the free memory at it follows."""
+    if least_free_gib is not None:
+        if static_free_gib is None:
+            return least_free_gib, rise_gib
+        return least_free_gib, stress_peak_gib(static_free_gib, least_free_gib)
+    if rise_gib is not None and static_free_gib is not None:
+        return free_at_peak_gib(static_free_gib, rise_gib), rise_gib
+    return None, rise_gib
+
+
+def cell_from_geometry(
+    *,
+    layers: int,
+    elem_bytes: int,
+    mla: bool,
+    kv_lora_rank: int = 0,
+    qk_rope_head_dim: int = 0,
+    kv_heads: int = 0,
+    head_dim: int = 0,
+    v_head_dim: int | None = None,
+    tp: int = 1,
+) -> int:
+    """Bytes per token of the target's pool from the model's attention: MLA keeps
+    `(kv_lora_rank + qk_rope_head_dim)` elements a layer, other attention K and V for each KV
+    head on a rank (at least one)."""
+    if mla:
+        return (kv_lora_rank + qk_rope_head_dim) * layers * elem_bytes
+    per_layer = max(1, kv_heads // tp) * (head_dim + (v_head_dim or head_dim))
+    return per_layer * layers * elem_bytes
 
 
 FOLDING_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "FROZEN_KV_MTP"})
@@ -89,7 +182,7 @@ def implied_cell(ledger: Ledger, fraction: float) -> float | None:
         return None
     if ledger.max_total_tokens_cap is not None and n >= ledger.max_total_tokens_cap:
         return None
-    rest = a - p * (1.0 - fraction)
+    rest = kv_budget_gib(p, a, fraction)
     return rest * GIB / n if rest > 0 else None
 
 
@@ -150,6 +243,51 @@ class Headroom:
 
 
 @dataclass(frozen=True)
+class StartupParts:
+    """Where P went at startup as the log's lines show it, GiB per GPU, each None where no line
+    shows it: the weights, the KV pool, the draft (its weights, KV and graphs together), the
+    request table and the CUDA graphs. What they and the free memory after startup leave of P
+    is `unexplained_gib` (workspaces, NCCL and cuBLAS buffers)."""
+
+    weights_gib: float | None
+    kv_gib: float | None
+    draft_gib: float | None
+    request_table_gib: float | None
+    graphs_gib: float | None
+
+    @property
+    def used_gib(self) -> float:
+        """The parts the log shows, added up (a missing one counts 0)."""
+        used = 0.0
+        for v in (
+            self.weights_gib,
+            self.kv_gib,
+            self.draft_gib,
+            self.request_table_gib,
+            self.graphs_gib,
+        ):
+            if v is not None:
+                used += v
+        return used
+
+    def unexplained_gib(self, p_gib: float, free_gib: float) -> float:
+        """What P less the parts and the free memory after startup leaves."""
+        return p_gib - self.used_gib - free_gib
+
+
+def startup_parts(ledger: Ledger) -> StartupParts:
+    """The parts of P a launch's log shows (`StartupParts`)."""
+    draft = [ledger.draft_weights_gib, ledger.draft_kv_gib, ledger.draft_graph_gib]
+    return StartupParts(
+        weights_gib=ledger.weights_gib,
+        kv_gib=ledger.kv_gib,
+        draft_gib=None if all(d is None for d in draft) else sum(d or 0.0 for d in draft),
+        request_table_gib=ledger.req_to_token_gib,
+        graphs_gib=ledger.graph_gib,
+    )
+
+
+@dataclass(frozen=True)
 class AtFraction:
     """A prediction for another `mem_fraction_static`."""
 
@@ -159,6 +297,11 @@ class AtFraction:
     reserve_gib: float
     static_free_gib: float | None
     free_at_peak_gib: float | None
+
+    @property
+    def kv_gb(self) -> float:
+        """The target pool in decimal GB, the unit `--hicache-size` counts in."""
+        return self.kv_gib * GIB / 1e9
 
 
 @dataclass(frozen=True)
@@ -187,33 +330,64 @@ class Arithmetic:
 
     @property
     def reserve_gib(self) -> float:
-        return self.p_gib * (1.0 - self.fraction)
+        """`P·(1 − f)` at this launch's fraction."""
+        return reserve_gib(self.p_gib, self.fraction)
 
     @property
     def kv_budget_gib(self) -> float:
         """`A − P·(1 − f)`: what SGLang hands the pool."""
-        return self.avail_after_weights_gib - self.reserve_gib
+        return kv_budget_gib(self.p_gib, self.avail_after_weights_gib, self.fraction)
 
     @property
     def tokens_from_formula(self) -> int:
+        """The tokens the budget holds at the sizing cell (the log's own count may differ by
+        the rounding of its printed figures)."""
         return tokens_for(self.kv_budget_gib, self.cell_bytes)
 
     @property
     def free_at_peak_gib(self) -> float | None:
+        """Free memory after startup less the stress peak; None without either."""
         if self.headroom is None or self.stress_peak_gib is None:
             return None
-        return self.headroom.free - self.stress_peak_gib
+        return free_at_peak_gib(self.headroom.free, self.stress_peak_gib)
 
     @property
     def free_per_fraction_gib(self) -> float:
         """GiB of free GPU memory one unit of f takes (the draft counted once)."""
         return self.p_gib * (1.0 + self.draft_ratio)
 
+    def per_step_gib(self, step: float) -> float:
+        """GiB of free GPU memory one fraction step of `step` hands back from the KV pool
+        (`P × step × (1 + draft)`): what backing a setting off by one step buys."""
+        return self.p_gib * step * (1.0 + self.draft_ratio)
+
+    def budget_per_step_gib(self, step: float) -> float:
+        """GiB of KV budget one fraction step of `step` moves (`P × step`)."""
+        return self.p_gib * step
+
+    def tokens_per_step(self, step: float) -> int:
+        """Tokens of pool one fraction step of `step` moves, at the sizing cell."""
+        return int(self.budget_per_step_gib(step) * GIB // self.cell_bytes)
+
+    def fraction_for_tokens(self, tokens: int) -> float:
+        """The fraction whose budget is exactly `tokens` at the sizing cell (unrounded)."""
+        return fraction_for_budget(
+            self.p_gib, self.avail_after_weights_gib, tokens * self.cell_bytes / GIB
+        )
+
+    def fraction_for_free(self, free_gib: float = 0.0) -> float | None:
+        """The fraction at which the predicted free memory after startup is `free_gib`
+        (unrounded); None without the free memory after startup, or where it does not move
+        with f."""
+        per_f = self.free_per_fraction_gib
+        if self.headroom is None or per_f <= 0:
+            return None
+        return self.fraction + (self.headroom.free - free_gib) / per_f
+
     def at(self, fraction: float) -> AtFraction:
         """What `fraction` would give, all else equal. `kv_gib` is the target pool as its KV line
         would print it."""
-        budget = self.avail_after_weights_gib - self.p_gib * (1.0 - fraction)
-        tokens = tokens_for(budget, self.cell_bytes)
+        tokens = pool_tokens(self.p_gib, self.avail_after_weights_gib, fraction, self.cell_bytes)
         pool_cell = self.kv_cell_bytes or self.cell_bytes
         kv = kv_gib(tokens, pool_cell)
         static_free = None
@@ -222,12 +396,12 @@ class Arithmetic:
             moved = kv_gib(tokens, self.cell_bytes) - kv_gib(self.tokens, self.cell_bytes)
             static_free = self.headroom.free - moved * (1.0 + self.draft_ratio)
             if self.stress_peak_gib is not None:
-                peak_free = static_free - self.stress_peak_gib
+                peak_free = free_at_peak_gib(static_free, self.stress_peak_gib)
         return AtFraction(
             fraction=fraction,
             kv_gib=kv,
             tokens=tokens,
-            reserve_gib=self.p_gib * (1.0 - fraction),
+            reserve_gib=reserve_gib(self.p_gib, fraction),
             static_free_gib=static_free,
             free_at_peak_gib=peak_free,
         )
@@ -285,7 +459,7 @@ def arithmetic(
         tokens=ledger.max_total_num_tokens,
         kv_logged_gib=ledger.kv_gib,
         draft_ratio=ratio,
-        headroom=_headroom(ledger, p * (1.0 - fraction), sem),
+        headroom=_headroom(ledger, reserve_gib(p, fraction), sem),
         stress_peak_gib=stress_peak_gib,
         kv_cell_bytes=pool_cell,
         semantics=sem.name,
@@ -320,11 +494,7 @@ def _headroom(ledger: Ledger, reserve: float, sem: Semantics) -> Headroom | None
     """Where the reserve went. Up to 0.5.9 it holds the draft's weights, KV and graphs; from
     0.5.18 the draft's weights are in A and its KV in the pool budget, so only its graphs are
     in the reserve (`draft_weights` and `draft_kv` are then 0 here)."""
-    free = (
-        ledger.available_gpu_mem_gib
-        if ledger.available_gpu_mem_gib is not None
-        else ledger.avail_after_graphs_gib
-    )
+    free = free_after_capture_gib(ledger)
     if free is None:
         return None
     table = ledger.req_to_token_gib or 0.0

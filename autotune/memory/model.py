@@ -39,7 +39,14 @@ import numpy as np
 from autotune.logparse.ledger import Ledger
 from autotune.logparse.outcome import Outcome
 from autotune.logparse.semantics import Semantics, rules
-from autotune.memory.arithmetic import GIB, gpu_cell, kv_gib, sizing_cell
+from autotune.memory.arithmetic import (
+    GIB,
+    free_after_capture_gib,
+    gpu_cell,
+    kv_gib,
+    sizing_cell,
+    stress_peak_gib,
+)
 
 GiB = GIB
 LOG_ROUNDING_GIB = 0.005
@@ -120,10 +127,7 @@ class Observation:
     @property
     def static_free_gib(self) -> float | None:
         """Free GPU memory once startup allocated everything (the last figure the log shows)."""
-        led = self.ledger
-        if led.available_gpu_mem_gib is not None:
-            return led.available_gpu_mem_gib
-        return led.avail_after_graphs_gib
+        return free_after_capture_gib(self.ledger)
 
     @property
     def slots(self) -> int | None:
@@ -141,7 +145,7 @@ class Observation:
             return self.stress_peak_gib
         free = self.static_free_gib
         if self.outcome == "ok" and free is not None and self.headroom_gib is not None:
-            return max(free - self.headroom_gib, 0.0)
+            return stress_peak_gib(free, self.headroom_gib)
         return None
 
     @property
@@ -169,6 +173,17 @@ class Observation:
         if free is None or not self.semantics.host_free_per_rank:
             return None
         return free + (led.host_cache_gb or 0.0) + (led.draft_host_cache_gb or 0.0)
+
+
+def peak_fall_gib(peak_gib: float, growth_gib: float | None, was: int, to: int) -> float:
+    """How far a stress peak of `peak_gib` should fall with the prefill chunk cut from `was` to
+    `to` tokens, counted at the low end of the chunk prior: the peak less the server's growth
+    over the trial is a prefill's transient, taken as proportional to the chunk, and the fall is
+    two spreads of `CHUNK_SLOPE_REL_SD` below the proportional one (part of a peak, a base and
+    the decode batch, does not shrink with the chunk)."""
+    transient = max(peak_gib - max(growth_gib or 0.0, 0.0), 0.0)
+    least = transient * (1.0 - 2.0 * CHUNK_SLOPE_REL_SD)
+    return least * (1.0 - to / was)
 
 
 def p_above_floor(room_gib: float, floor_gib: float) -> float:

@@ -31,6 +31,7 @@ from enum import StrEnum
 
 from autotune.logparse.ledger import Ledger
 from autotune.logparse.outcome import Outcome
+from autotune.memory.arithmetic import lowest_fraction
 from autotune.record.view import TrialView
 
 __all__ = ["Push", "direction", "floor_fraction", "push_of"]
@@ -123,7 +124,7 @@ def floor_fraction(ledger: Ledger, reason: str = "") -> float | None:
     p, a = ledger.p_gib, ledger.avail_after_weights_gib
     if p is None or a is None or not math.isfinite(p) or p <= 0:
         return None
-    return 1.0 - a / p
+    return lowest_fraction(p, a)
 
 
 def _weights_did_not_load(ledger: Ledger | None) -> bool:

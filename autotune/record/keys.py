@@ -43,6 +43,19 @@ SEEDED_FROM = "search_seeds"
 SEARCH_DONE = "search_done"
 """A study attribute: the search found nothing left worth a launch, decided before the next ask
 (so no trial is left behind): `{"reason": …, "trials": counted trials, "last_trial": N}`."""
+SEEDS = "seeds"
+"""A study attribute: the seed logs, `{"points": [...], "space": {...}, ...}` (`record.seeds`)."""
+CONFIRMATION = "confirmation"
+"""A study attribute: the latest verdict of `autotune confirm`."""
+CONFIRMATIONS = "confirmations"
+"""A study attribute: the short history of confirmation verdicts, oldest first."""
+SEARCH_RULE = "search_rule"
+"""A trial attribute: the capacity search's rule that chose the trial's point."""
+SEARCH_WHY = "search_why"
+"""A trial attribute: why the capacity search chose the point, in a sentence."""
+SEARCH_STOP = "search_done"
+"""A trial attribute: why the capacity search had nothing left worth a launch after this trial
+(the name of the study's `SEARCH_DONE`, here on the trial)."""
 
 METRIC_NAMES = {"capacity": CAPACITY, "throughput": THROUGHPUT}
 """Each objective's metric name on the study (`study.set_metric_names`): what Optuna's plots and

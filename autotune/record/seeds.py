@@ -33,6 +33,7 @@ from typing import Any
 import optuna
 from optuna.distributions import BaseDistribution, distribution_to_json, json_to_distribution
 
+from autotune.config.space import point_key, same_value
 from autotune.config.studyfile import (
     HICACHE,
     Choices,
@@ -45,14 +46,15 @@ from autotune.config.studyfile import (
     StudyConfig,
 )
 from autotune.errors import ConfigError
+from autotune.logparse.events import Kind
 from autotune.logparse.ledger import Ledger, build_ledger
-from autotune.logparse.lines import Kind, parse_lines, read_server_args
+from autotune.logparse.lines import parse_lines
 from autotune.logparse.outcome import Outcome, classify
+from autotune.logparse.serverargs import read_server_args
 from autotune.record import keys
+from autotune.record.stored import study_record
 
 KEY = "search.seed_logs"
-SEEDS = "seeds"
-"""The study attribute that holds the seeds: `{"points": [...], "space": {...}, ...}`."""
 _ALIASES = {
     "tensor_parallel_size": "tp_size",
     "pipeline_parallel_size": "pp_size",
@@ -190,21 +192,21 @@ def store_seeds(
         "min_headroom_gib": cfg.constraints.min_headroom_gib,
         "backend": cfg.server.backend,
     }
-    held = study.user_attrs.get(SEEDS)
+    held = study_record(study).seeds
     if not records and held is None:
         return
     if held != json.loads(json.dumps(value)):
-        study.set_user_attr(SEEDS, value)
+        study.set_user_attr(keys.SEEDS, value)
 
 
 def seeds_of(study: optuna.Study) -> Seeds | None:
     """The seeds the study holds, or None; seeds stored on another backend are left out."""
-    attrs = study.user_attrs
-    raw = attrs.get(SEEDS)
+    attrs = study_record(study)
+    raw = attrs.seeds
     if not isinstance(raw, Mapping):
         return None
     backend = str(raw.get("backend", ""))
-    held = attrs.get(keys.BACKEND)
+    held = attrs.backend
     if held is not None and backend and held != backend:
         return None
     points = []
@@ -231,12 +233,14 @@ def origins(study: optuna.Study) -> list[str]:
 
 
 def seeded_baseline(study: optuna.Study, baseline: Mapping[str, Scalar]) -> Seed | None:
-    """The seed whose setting is the baseline's (every baseline parameter equal), or None."""
+    """The seed whose setting is the baseline's (every baseline parameter equal, in the space
+    the seeds were stored with), or None."""
     seeds = seeds_of(study)
     if seeds is None or not baseline:
         return None
+    key = point_key(baseline, seeds.space)
     for s in seeds.points:
-        if all(k in s.params and _same(s.params[k], v) for k, v in baseline.items()):
+        if key.within(point_key(s.params, seeds.space)):
             return s
     return None
 
@@ -313,7 +317,7 @@ def _params(
                 "a log whose server_args line shows it, or remove it",
             )
         value = _typed(p, value)
-        if isinstance(p, Fixed) and not _same(value, p.value):
+        if isinstance(p, Fixed) and not same_value(value, p.value):
             raise ConfigError(
                 KEY,
                 f"{shown}: ran {p.name}={_text(value)}, the study fixes {_text(p.value)} "
@@ -344,7 +348,7 @@ def _typed(p: Param, value: Scalar) -> Scalar:
         return int(value)
     if isinstance(p, Choices):
         for choice in p.values:
-            if _same(choice, value):
+            if same_value(choice, value):
                 return choice
     return value
 
@@ -396,15 +400,9 @@ def _float(v: object) -> float | None:
     return None
 
 
-def _same(a: object, b: object) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a is b
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        return abs(float(a) - float(b)) <= 1e-9
-    return a == b
-
-
 def _same_flag(value: FlagValue, arg: object) -> bool:
+    """Whether a fixed flag's value is what a log's server_args show for it (not a point: a
+    bare flag is any true value, a list flag element by element, else the value or its text)."""
     if isinstance(value, bool):
         return bool(arg) is value
     if isinstance(value, tuple):
@@ -415,7 +413,7 @@ def _same_flag(value: FlagValue, arg: object) -> bool:
         return all(_same_flag(v, a) for v, a in zip(value, arg, strict=True))
     if arg is None:
         return False
-    if _same(value, arg):
+    if isinstance(arg, bool | int | float | str) and same_value(value, arg):
         return True
     return str(value) == str(arg)
 

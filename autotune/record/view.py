@@ -1,13 +1,14 @@
 """One stored trial read back: a flat, immutable `TrialView`, and every figure of it.
 
-Trials are read from what `autotune.trial.run` stored as user attributes (`outcome`, `reason`,
-`capacity_tokens`, `throughput_tok_s`, `headroom_gib` and the whole `record`: params, ledger,
-workload summary, log path, versions, host; names in `autotune.record.keys`) and from Optuna's
-constraints (≤ 0 satisfied). Every figure is None when the trial never got that far, so a study
-that is still running, or one whose records are older, still reads.
+A trial's attributes are read once, by `autotune.record.stored` (the one reader of what Optuna
+holds: `outcome`, `reason`, the flat figures, the whole `record` with params, ledger, workload
+summary, log path, versions, host, and Optuna's constraints, ≤ 0 satisfied); the view is built
+from that reading and keeps it (`TrialView.stored`). Every figure is None when the trial never
+got that far, so a study that is still running, or one whose records are older, still reads.
 
-Each figure that the review prints in more than one place is computed here, once, and every
-surface (status, explain, export, the report) reads it from the view:
+Each figure that the review prints in more than one place is one property here, computed by the
+functions of `autotune.memory.arithmetic`, and every surface (status, explain, export, the report)
+reads it from the view:
 
 * `capacity_tokens`: the KV pool, `max_total_num_tokens`;
 * `reserve_gib`: `P·(1 − f)`, what SGLang leaves outside the static budget (docs/sglang-memory.md);
@@ -29,7 +30,6 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
@@ -37,8 +37,15 @@ from autotune.config.studyfile import CHUNK, FRACTION, REQUESTS, Scalar
 from autotune.logparse.ledger import Ledger
 from autotune.logparse.outcome import Outcome
 from autotune.masking import masked_argv, scrub
-from autotune.memory.arithmetic import Arithmetic, AtFraction, arithmetic
-from autotune.record import internals, keys
+from autotune.memory.arithmetic import (
+    Arithmetic,
+    AtFraction,
+    arithmetic,
+    free_after_capture_gib,
+    reserve_gib,
+    under_load,
+)
+from autotune.record.stored import Stored, StudyRecord, stored
 
 KINDS = ("feasible", "infeasible", "oom", "failed", "running", "skipped")
 """How a trial is drawn: feasible; complete but a constraint broken; out of memory; failed for a
@@ -102,6 +109,9 @@ class TrialView:
     """How far the server's footprint grew over the trial's workload (`keys.GROWTH`)."""
     kappa: float | None = None
     """How much the capacity search had widened its margins when it proposed this trial."""
+    stored: Stored = field(default_factory=Stored, repr=False)
+    """The trial's attributes as stored, which every figure above is read from (the search
+    learns from them as written: `autotune.search.records`)."""
 
     @property
     def ending(self) -> Outcome:
@@ -147,7 +157,7 @@ class TrialView:
         """`P·(1 − f)`: the memory SGLang leaves outside the static budget (weights + KV pool) for
         everything allocated later and for the transient peak."""
         p, f = self.ledger.p_gib, self.fraction
-        return p * (1.0 - f) if p is not None and f is not None else None
+        return reserve_gib(p, f) if p is not None and f is not None else None
 
     @property
     def launched(self) -> bool:
@@ -186,68 +196,57 @@ class TrialView:
 
 
 def view(t: FrozenTrial) -> TrialView:
-    """Read one Optuna trial into a `TrialView` (pure)."""
-    a = t.user_attrs
-    rec = _mapping(a.get(keys.RECORD))
-    outcome = str(a.get(keys.OUTCOME, rec.get("outcome", "")) or "")
-    ledger_raw = rec.get("ledger")
-    ledger = Ledger.from_dict(ledger_raw) if isinstance(ledger_raw, Mapping) else Ledger()
-    headroom = _num(a.get(keys.HEADROOM, rec.get("headroom_gib")))
-    violated = tuple(sorted(k for k, v in internals.constraints(t).items() if v > 0))
-    reason = scrub(str(a.get(keys.REASON, rec.get("reason", "")) or ""))
+    """Read one Optuna trial into a `TrialView` (pure): its attributes once (`stored`), then
+    every figure from them."""
+    s = stored(t)
+    outcome = s.outcome if s.outcome is not None else s.recorded_outcome
+    ledger = s.ledger
+    violated = tuple(sorted(k for k, v in s.constraints.items() if v > 0))
+    reason = scrub(s.reason if s.reason is not None else s.recorded_reason)
     kind = _kind(t.state, outcome, violated, reason)
-    capacity = _num(a.get(keys.CAPACITY, rec.get("capacity_tokens")))
+    capacity = s.capacity_tokens
     if capacity is None or capacity <= 0:  # a trial cut short keeps what its ledger showed
         capacity = _num(ledger.max_total_num_tokens)
-    throughput = _num(a.get(keys.THROUGHPUT, rec.get("throughput_tok_s")))
-    overall = _mapping(_mapping(rec.get("workload")).get("overall"))
     free_at_peak, peak = _peak_figures(
-        outcome,
-        _static_free(ledger),
-        headroom,
-        _num(rec.get("stress_peak_gib", a.get(keys.STRESS_PEAK))),
+        outcome, _static_free(ledger), s.headroom_gib, s.stress_peak_gib
     )
-    phases = _mapping(rec.get("phases"))
-    log_path = rec.get("log_path")
-    trial_dir = a.get(keys.TRIAL_DIR)
-    if not log_path and isinstance(trial_dir, str):  # a trial still running
-        log_path = f"{trial_dir}/server.log"
-    worker = a.get(keys.WORKER)
-    version = rec.get("sglang_version")
-    host = rec.get("host")
+    log_path = s.log_path
+    if log_path is None and s.trial_dir is not None:  # a trial still running
+        log_path = f"{s.trial_dir}/server.log"
     return TrialView(
         number=t.number,
         state=_STATES.get(t.state, t.state.name.lower()),
         outcome=outcome,
         kind=kind,
-        params=params_of(t),
+        params=_params(t, s),
         capacity_tokens=int(capacity) if capacity is not None and capacity > 0 else None,
-        throughput_tok_s=throughput if outcome == "ok" else None,
+        throughput_tok_s=s.throughput_tok_s if outcome == "ok" else None,
         free_at_peak_gib=free_at_peak,
         stress_peak_gib=peak,
         ledger=ledger,
         violated=violated,
-        error_rate=_num(rec.get("error_rate")),
-        p99_ttft_ms=_num(rec.get("p99_ttft_ms")),
-        p99_itl_ms=_num(rec.get("p99_itl_ms")),
-        median_tpot_ms=_num(_mapping(overall.get("tpot_ms")).get("p50")),
+        error_rate=s.error_rate,
+        p99_ttft_ms=s.p99_ttft_ms,
+        p99_itl_ms=s.p99_itl_ms,
+        median_tpot_ms=s.median_tpot_ms,
         reason=reason,
-        log_path=str(log_path) if isinstance(log_path, str) and log_path else None,
-        argv=masked_argv(str(x) for x in rec.get("argv", ()) or ()),
-        sglang_version=str(version) if version else None,
-        host=str(host) if host else None,
-        seconds=_num(phases.get("total")),
+        log_path=log_path or None,
+        argv=masked_argv(s.argv),
+        sglang_version=s.sglang_version,
+        host=s.host,
+        seconds=s.phases.get("total"),
         started=t.datetime_start,
-        evidence=tuple(scrub(str(e)) for e in rec.get("evidence", ()) or ()),
-        trial_dir=trial_dir if isinstance(trial_dir, str) else None,
-        worker=worker if isinstance(worker, Mapping) else None,
-        phases={k: float(v) for k, v in phases.items() if _num(v) is not None},
-        workload_phases=_workload_phases(rec.get("workload")),
-        recorded_headroom_gib=headroom,
+        evidence=tuple(scrub(e) for e in s.evidence),
+        trial_dir=s.trial_dir,
+        worker=s.worker,
+        phases=dict(s.phases),
+        workload_phases=dict(s.workload_phases),
+        recorded_headroom_gib=s.headroom_gib,
         finished=t.state.is_finished(),
-        seeded_from=tuple(str(o) for o in a.get(keys.SEEDED_FROM, ()) or ()),
-        growth_gib=_num(rec.get(keys.GROWTH)),
-        kappa=_num(_mapping(t.system_attrs.get(keys.FORECAST)).get("kappa")),
+        seeded_from=s.seeded_from,
+        growth_gib=s.growth_gib,
+        kappa=s.kappa,
+        stored=s,
     )
 
 
@@ -266,39 +265,26 @@ class SearchEnd:
 _DONE_REASON = "not launched: search done: "
 
 
-def search_end(attrs: Mapping[str, object], trials: Sequence[FrozenTrial]) -> SearchEnd | None:
-    """The search's stop as the study records it (`keys.SEARCH_DONE`), while it holds: None once
-    a trial ran after it (a later run found something worth a launch after all). A study from
+def search_end(
+    study: StudyRecord | Mapping[str, object], trials: Sequence[FrozenTrial]
+) -> SearchEnd | None:
+    """The search's stop as the study records it (`keys.SEARCH_DONE`; `study` is the study's
+    record, or its attributes as stored), while it holds: None once a trial ran after it (a
+    later run found something worth a launch after all). A study from
     before the stop was a study attribute says it with a FAIL trial, `skipped` with the reason
     `not launched: search done: …`, as its last trial."""
     ran = [t for t in trials if t.state != TrialState.WAITING]
     last = max((t.number for t in ran), default=-1)
-    done = _mapping(attrs.get(keys.SEARCH_DONE))
-    at = done.get("last_trial")
-    if done.get("reason") and isinstance(at, int) and at >= last:
-        trials_n = done.get("trials")
-        count = trials_n if isinstance(trials_n, int) else sum(1 for t in ran if view(t).counted)
-        return SearchEnd(str(done["reason"]), count)
+    done = (study if isinstance(study, StudyRecord) else StudyRecord.of(study)).search_done
+    at = done.last_trial if done is not None else None
+    if done is not None and at is not None and at >= last:
+        count = done.trials if done.trials is not None else sum(1 for t in ran if view(t).counted)
+        return SearchEnd(done.reason, count)
     final = max(ran, key=lambda t: t.number, default=None)
-    reason = str(final.user_attrs.get(keys.REASON, "")) if final is not None else ""
+    reason = (stored(final).reason or "") if final is not None else ""
     if final is not None and final.state == TrialState.FAIL and reason.startswith(_DONE_REASON):
         return SearchEnd(reason[len(_DONE_REASON) :], sum(1 for t in ran if view(t).counted))
     return None
-
-
-def same_params(a: Mapping[str, Scalar], b: Mapping[str, Scalar]) -> bool:
-    """The same parameters: the same names, numbers equal to 1e-9 (a bool never equals a
-    number), everything else equal."""
-    if set(a) != set(b):
-        return False
-    for k, va in a.items():
-        vb = b[k]
-        if isinstance(va, float | int) and isinstance(vb, float | int):
-            if isinstance(va, bool) != isinstance(vb, bool) or abs(float(va) - float(vb)) > 1e-9:
-                return False
-        elif va != vb:
-            return False
-    return True
 
 
 def views(trials: Sequence[FrozenTrial]) -> list[TrialView]:
@@ -306,36 +292,21 @@ def views(trials: Sequence[FrozenTrial]) -> list[TrialView]:
     return [view(t) for t in trials if t.state != TrialState.WAITING]
 
 
-def params_of(t: FrozenTrial) -> dict[str, Scalar]:
+def _params(t: FrozenTrial, s: Stored) -> dict[str, Scalar]:
     """Every parameter the trial ran with: recorded (fixed ones too), then sampled; for a queued
     trial, the point it was queued with."""
     params: dict[str, Scalar] = {}
     if t.state == TrialState.WAITING:
-        for k, v in internals.fixed_params(t).items():
+        for k, v in s.queued.items():
             if isinstance(v, bool | int | float | str):
                 params[k] = v
-    recorded = _mapping(t.user_attrs.get(keys.RECORD)).get("params")
-    if isinstance(recorded, Mapping):
-        params.update(recorded)
+    params.update(s.params)
     params.update(t.params)
     return params
 
 
-def _workload_phases(workload: object) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for p in _mapping(workload).get("phases", ()) or ():
-        seconds = _num(_mapping(p).get("duration_s"))
-        if seconds is not None and _mapping(p).get("ended_by") != "skipped":
-            out[str(_mapping(p).get("name", ""))] = seconds
-    return out
-
-
 def _static_free(led: Ledger) -> float | None:
-    return (
-        led.available_gpu_mem_gib
-        if led.available_gpu_mem_gib is not None
-        else (led.avail_after_graphs_gib)
-    )
+    return free_after_capture_gib(led)
 
 
 def _peak_figures(
@@ -346,13 +317,7 @@ def _peak_figures(
     startup's free memory. Only a trial that served the workload has them."""
     if outcome != "ok":
         return None, None
-    if least_free is not None:
-        if static_free is None:
-            return least_free, rise
-        return least_free, max(static_free - least_free, 0.0)
-    if rise is not None and static_free is not None:
-        return static_free - rise, rise
-    return None, rise
+    return under_load(static_free, least_free, rise)
 
 
 def _kind(state: TrialState, outcome: str, violated: Sequence[str], reason: str = "") -> str:
@@ -368,10 +333,6 @@ def _kind(state: TrialState, outcome: str, violated: Sequence[str], reason: str 
     if state != TrialState.COMPLETE:
         return "failed"
     return "infeasible" if violated else "feasible"
-
-
-def _mapping(v: object) -> Mapping[str, Any]:
-    return v if isinstance(v, Mapping) else {}
 
 
 def _num(v: object) -> float | None:

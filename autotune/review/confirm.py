@@ -22,15 +22,20 @@ from pathlib import Path
 
 import optuna
 
-from autotune.config.space import Settings, tuned_flags
+from autotune.config.space import settings_of
 from autotune.config.studyfile import StudyConfig
 from autotune.config.workload import Poisson, Steady, Stress
 from autotune.errors import HarnessError
-from autotune.review.source import CONFIRMATION, CONFIRMATIONS
+from autotune.record import keys
+from autotune.record.stored import study_record
 from autotune.study.loop import patiently
 from autotune.study.objectives import constraint_values
 from autotune.study.storage import STORAGE_ERRORS, storage_failure
-from autotune.trial.run import Launcher, live_launcher, plan_trial, run_trial, write_record
+from autotune.trial.live import live_launcher
+from autotune.trial.plan import plan_trial
+from autotune.trial.run import run_trial
+from autotune.trial.seam import Launcher
+from autotune.trial.trialfile import write_record
 
 MAX_HISTORY = 20
 
@@ -63,17 +68,17 @@ def run_confirmation(
     params: Mapping[str, object],
     *,
     trial: int,
-    launcher_factory: Callable[[StudyConfig, Path], object] | None = None,
+    launcher_factory: Callable[[StudyConfig, Path], Launcher] | None = None,
     clock: Callable[[], float] = time.monotonic,
     phase: Callable[[str], None] = lambda p: None,
 ) -> dict[str, object]:
     """Launch, soak, tear down; the verdict as a JSON-safe dict."""
 
-    launcher: Launcher = (launcher_factory or live_launcher)(cfg, folder)  # type: ignore[assignment]
+    launcher = (launcher_factory or live_launcher)(cfg, folder)
     for note in launcher.stop_orphans():
         sys.stdout.write(f"stopped an orphaned server: {note}\n")
     typed = {k: v for k, v in params.items() if isinstance(v, bool | int | float | str)}
-    settings = Settings(params=typed, flags=tuned_flags(typed, cfg.search))
+    settings = settings_of(typed, cfg.search)
     number = _next_number(folder / "confirm")
     plan = plan_trial(
         cfg,
@@ -140,10 +145,9 @@ def record_verdict(study: object, verdict: dict[str, object]) -> None:
     """Store the verdict on the study (the latest, and a short history)."""
 
     assert isinstance(study, optuna.Study)
-    study.set_user_attr(CONFIRMATION, verdict)
-    history = study.user_attrs.get(CONFIRMATIONS)
-    past = list(history) if isinstance(history, list) else []
-    study.set_user_attr(CONFIRMATIONS, [*past, verdict][-MAX_HISTORY:])
+    study.set_user_attr(keys.CONFIRMATION, verdict)
+    past = list(study_record(study).confirmations)
+    study.set_user_attr(keys.CONFIRMATIONS, [*past, verdict][-MAX_HISTORY:])
 
 
 def describe(v: Mapping[str, object]) -> str:

@@ -15,6 +15,7 @@ import dataclasses
 import statistics
 from collections.abc import Sequence
 
+from autotune.config.space import PointKey, point_key, same_value, snap
 from autotune.config.studyfile import FRACTION
 from autotune.memory.arithmetic import Arithmetic, AtFraction
 from autotune.record.remedy import remedy
@@ -66,7 +67,7 @@ def _started_neighbour(review: Review, t: TrialView) -> TrialView | None:
         and x.static_free_gib is not None
         and not x.ending.fails_at_startup
         and x.kind not in ("running", "skipped")
-        and _same_except_fraction(x, t)
+        and _besides_fraction(review, x) == _besides_fraction(review, t)
     ]
     if not started or t.fraction is None:
         return None
@@ -80,7 +81,9 @@ def _borrowed_peak(review: Review, t: TrialView) -> tuple[float, list[int]] | No
     found = [
         (x.stress_peak_gib, x.number)
         for x in review.trials
-        if x.stress_peak_gib is not None and x.number != t.number and _same_except_fraction(x, t)
+        if x.stress_peak_gib is not None
+        and x.number != t.number
+        and _besides_fraction(review, x) == _besides_fraction(review, t)
     ]
     if not found:
         return None
@@ -197,8 +200,8 @@ def _other_fractions(
 ) -> list[str]:
     step = review.fraction_step
     centre = t.fraction if t.fraction is not None else a.fraction
-    fs = {round(centre + i * step, 6) for i in range(-NEIGHBOURS, NEIGHBOURS + 1)}
-    fs |= {round(x, 6) for x in extra}
+    fs = {snap(centre + i * step, step) for i in range(-NEIGHBOURS, NEIGHBOURS + 1)}
+    fs |= {snap(x, step) for x in extra}
     fs = {f for f in fs if 0.0 < f < 1.0}
     ran = _ran_at(review, t)
     rows = [
@@ -208,8 +211,8 @@ def _other_fractions(
     ]
     for f in sorted(fs):
         at = a.at(f)
-        x = ran.get(round(f, 6))
-        mark = "*" if abs(f - centre) < 1e-9 else " "
+        x = ran.get(f)
+        mark = "*" if same_value(f, centre, step) else " "
         rows.append(f" {mark}" + (_measured_row(f, x, at) if x is not None else _predicted_row(at)))
     return rows
 
@@ -220,9 +223,9 @@ def _ran_at(review: Review, t: TrialView) -> dict[float, TrialView]:
     for x in review.trials:
         if x.fraction is None or x.kind in ("running", "skipped"):
             continue
-        if not _same_except_fraction(x, t):
+        if _besides_fraction(review, x) != _besides_fraction(review, t):
             continue
-        key = round(x.fraction, 6)
+        key = snap(x.fraction, review.fraction_step)
         held = ran.get(key)
         if held is None or (held.number != t.number and (x.number == t.number or x.feasible)):
             ran[key] = x
@@ -268,7 +271,7 @@ def _limits(a: Arithmetic, review: Review, t: TrialView) -> list[str]:
     above = sorted(
         (x for x in review.trials
          if x.fraction is not None and (t.fraction or a.fraction) < x.fraction
-         and _same_except_fraction(x, t)
+         and _besides_fraction(review, x) == _besides_fraction(review, t)
          and not x.feasible and x.kind not in ("running", "skipped")),
         key=lambda x: x.fraction or 0.0,
     )  # fmt: skip
@@ -307,7 +310,6 @@ def _why(x: TrialView) -> str:
     return broke
 
 
-def _same_except_fraction(x: TrialView, t: TrialView) -> bool:
-    a = {k: v for k, v in x.params.items() if k != FRACTION}
-    b = {k: v for k, v in t.params.items() if k != FRACTION}
-    return a == b
+def _besides_fraction(review: Review, x: TrialView) -> PointKey:
+    """The point `x` ran, less the fraction: trials with equal ones differ only in it."""
+    return point_key(x.params, review.space).without((FRACTION,))

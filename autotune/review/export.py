@@ -39,11 +39,10 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from autotune.config.space import (
-    Settings,
     base_command,
     params_from_flags,
     server_argv,
-    tuned_flags,
+    settings_of,
 )
 from autotune.config.studyfile import Scalar, StudyConfig, flag_of, is_env_name
 from autotune.errors import UsageError
@@ -250,7 +249,7 @@ def _int(v: object) -> int | None:
 
 def launch_argv(cfg: StudyConfig, params: Mapping[str, Scalar], *, backend: str) -> list[str]:
     """Base command + fixed flags + tuned flags (+ host and port when the study fixes them)."""
-    settings = Settings(params=params, flags=tuned_flags(params, cfg.search))
+    settings = settings_of(params, cfg.search)
     extra: list[str] = []
     if cfg.server.port:
         extra = ["--host", cfg.server.host, "--port", str(cfg.server.port)]

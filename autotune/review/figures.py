@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from autotune.config.space import same_value
 from autotune.config.studyfile import FRACTION, Scalar
 from autotune.record.view import TrialView
 
@@ -43,7 +44,7 @@ def point(params: Mapping[str, Scalar], against: Mapping[str, Scalar] | None = N
     for k, v in params.items():
         if k == FRACTION:
             continue
-        if against is not None and (k not in against or _same(against[k], v)):
+        if against is not None and (k not in against or same_value(against[k], v)):
             continue
         parts.append(f"{k}={scalar(v)}")
     return ", ".join(parts) or "(no parameters)"
@@ -67,9 +68,3 @@ def ending(t: TrialView) -> str:
     if t.kind == "failed":
         return f"failed ({what or t.state})"
     return "was feasible"
-
-
-def _same(a: object, b: object) -> bool:
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        return abs(float(a) - float(b)) <= 1e-9
-    return a == b

@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import UsageError
+from autotune.logparse.events import STARTUP_KINDS, Kind, ParsedLog
 from autotune.logparse.ledger import Ledger, build_ledger
-from autotune.logparse.lines import STARTUP_KINDS, Kind, ParsedLog, parse_lines
+from autotune.logparse.lines import parse_lines
 from autotune.logparse.outcome import Verdict, classify
 from autotune.logparse.serving import ServingSummary, summarize
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from autotune.config.studyfile import FRACTION, REQUESTS
 from autotune.memory import model as memory_model
-from autotune.memory.arithmetic import cell_from_fit
+from autotune.memory.arithmetic import cell_from_fit, startup_parts
 from autotune.memory.model import Observation, Setting
 from autotune.record.view import TrialView
 from autotune.review import figures as fig
@@ -354,23 +354,22 @@ def waterfall(
     steps: list[Step] = []
     if led.p_gib is not None:
         steps.append(Step("P (free before weights)", led.p_gib, "absolute"))
+    shown = startup_parts(led)
     parts = [
-        ("weights", led.weights_gib),
-        ("KV pool", led.kv_gib),
-        ("draft (weights, KV, graphs)", _draft(t)),
-        ("request table", led.req_to_token_gib),
-        ("CUDA graphs", led.graph_gib),
+        ("weights", shown.weights_gib),
+        ("KV pool", shown.kv_gib),
+        ("draft (weights, KV, graphs)", shown.draft_gib),
+        ("request table", shown.request_table_gib),
+        ("CUDA graphs", shown.graphs_gib),
     ]
-    used = 0.0
     for label, value in parts:
         if value is not None:
             steps.append(Step(label, -value, "relative"))
-            used += value
     free = t.static_free_gib
     peak = t.stress_peak_gib
     at_peak = t.free_at_peak_gib
     if free is not None and led.p_gib is not None:
-        other = led.p_gib - used - free
+        other = shown.unexplained_gib(led.p_gib, free)
         if abs(other) >= 0.005:
             steps.append(Step("other (workspaces)", -other, "relative"))
         steps.append(Step("free after startup", free, "total"))
@@ -381,14 +380,6 @@ def waterfall(
     return WaterfallData(
         t.number, title, tuple(steps), t.reserve_gib, min_headroom_gib, peak, at_peak
     )
-
-
-def _draft(t: TrialView) -> float | None:
-    led = t.ledger
-    parts = [led.draft_weights_gib, led.draft_kv_gib, led.draft_graph_gib]
-    if all(p is None for p in parts):
-        return None
-    return sum(p or 0.0 for p in parts)
 
 
 def load(trials: Sequence[TrialView], *, tolerance: float = DEFAULT_NOISE) -> LoadData:

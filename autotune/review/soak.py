@@ -18,8 +18,9 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from autotune.config.space import Space, point_key
 from autotune.config.studyfile import Scalar
-from autotune.record.view import TrialView, same_params
+from autotune.record.view import TrialView
 
 DEFAULT_SOAK_FACTOR = 3.0
 """A soak's length in trials where the trials measured no growth."""
@@ -185,13 +186,15 @@ def soak_plan(
     required_gib: float,
     step: float,
     default_factor: float = DEFAULT_SOAK_FACTOR,
+    space: Space | None = None,
 ) -> SoakPlan | None:
     """The soak for the setting `params` that held, sized from the trials: its worst headroom,
     the growth they measured, the spread of their stress peaks by demand, and how much the
     capacity search had widened its margins (`kappa`); None when no trial that held at `params`
-    kept a measured headroom or its launch logged no P."""
+    (the same point of `space`) kept a measured headroom or its launch logged no P."""
     held = [t for t in trials if t.feasible]
-    same = [t for t in held if same_params(t.params, params)]
+    key = point_key(params, space)
+    same = [t for t in held if point_key(t.params, space) == key]
     heads = [h for t in same if (h := _headroom(t)) is not None]
     if not heads:
         return None
@@ -199,7 +202,7 @@ def soak_plan(
     a = same[-1].arithmetic()
     if a is None:
         return None
-    per_step = a.p_gib * step * (1.0 + a.draft_ratio)
+    per_step = a.per_step_gib(step)
     growth = growth_per_trial(trials)
     factor = soak_factor(growth, head - required_gib, default_factor)
     groups: dict[tuple[object, ...], list[float]] = {}

@@ -2,8 +2,11 @@
 
 `open_source` finds the study from the command line the way `status` does (the results folder's
 `study.db`, or --storage), reading the study file too when there is one (`export` and `confirm`
-need it for the launch command; `report` and `explain` use it for the fraction's step and the
-headroom constraint and do without). `build_review` is pure: trials in, a `Review` out.
+need it for the launch command; `report` and `explain` use it for the search space and the
+headroom constraint and do without: the space is then the one Optuna stored with the trials).
+The space gives a point its identity (`config.space.point_key`: the trial that ran the exported
+point, the soak of it, the baseline's trial) and the fraction its step. `build_review` is pure:
+trials in, a `Review` out.
 """
 
 from __future__ import annotations
@@ -16,25 +19,20 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config.studyfile import FRACTION, Fixed, FloatRange, Scalar, StudyConfig
+from autotune.config.space import Space, fraction_step, point_key, stored_space
+from autotune.config.studyfile import Fixed, Scalar, StudyConfig
 from autotune.errors import UsageError
 from autotune.masking import redact, scrub
-from autotune.record import internals, keys
-from autotune.record.view import SearchEnd, TrialView, search_end, view, views
+from autotune.record.stored import StudyRecord, stored, study_record
+from autotune.record.view import SearchEnd, TrialView, search_end, views
 from autotune.review.plotdata import study_cell_bytes
 from autotune.review.winner import (
-    DEFAULT_STEP,
     DEFAULT_TOLERANCE,
     Margin,
     Winner,
     choose,
 )
 from autotune.study.storage import STUDY_DB, default_storage_url, load_existing
-
-CONFIRMATION = "confirmation"
-"""Study user attribute `autotune confirm` writes: the last soak of an exported setting."""
-CONFIRMATIONS = "confirmations"
-"""Study user attribute: the recent soaks, oldest first."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +50,7 @@ class Source:
 class Confirmation:
     """The last confirmation soak, as recorded on the study."""
 
-    params: Mapping[str, object]
+    params: Mapping[str, Scalar]
     passed: bool
     outcome: str
     reason: str
@@ -64,7 +62,7 @@ class Confirmation:
         if not isinstance(value, Mapping) or not isinstance(value.get("params"), Mapping):
             return None
         return Confirmation(
-            params=dict(value["params"]),
+            params=_scalars(value["params"]),
             passed=bool(value.get("passed")),
             outcome=str(value.get("outcome", "")),
             reason=str(value.get("reason", "")),
@@ -72,18 +70,9 @@ class Confirmation:
             record=dict(value),
         )
 
-    def covers(self, params: Mapping[str, object]) -> bool:
-        """True when this soak ran exactly `params`."""
-        if set(self.params) != set(params):
-            return False
-        for k, v in params.items():
-            c = self.params[k]
-            if isinstance(v, int | float) and isinstance(c, int | float):
-                if abs(float(v) - float(c)) > 1e-9:
-                    return False
-            elif v != c:
-                return False
-        return True
+    def covers(self, params: Mapping[str, Scalar], space: Space | None = None) -> bool:
+        """True when this soak ran the point `params` of `space`."""
+        return point_key(self.params, space) == point_key(params, space)
 
 
 @dataclass(frozen=True)
@@ -107,15 +96,21 @@ class Review:
     """The operator's baseline point (its searched parameters), None when the study has none."""
     search_end: SearchEnd | None = None
     """Why the search ended before its budget (nothing left worth a launch), None if it did not."""
+    space: Space | None = None
+    """The search space (the study file's, else the one the trials were stored with): a
+    point's identity (`config.space.point_key`) and the fraction's step."""
 
     @property
     def baseline_trial(self) -> TrialView | None:
         """The latest finished trial that ran the baseline (a feasible one first)."""
         if not self.baseline:
             return None
+        baseline = point_key(self.baseline, self.space)
         found = None
         for t in self.trials:
-            if t.kind in ("running", "skipped") or not _covers(t.params, self.baseline):
+            if t.kind in ("running", "skipped") or not baseline.within(
+                point_key(t.params, self.space)
+            ):
                 continue
             if found is None or t.feasible or not found.feasible:
                 found = t
@@ -131,9 +126,10 @@ class Review:
             return None
         return self.confirmation_of(self.winner.params)
 
-    def confirmation_of(self, params: Mapping[str, object]) -> Confirmation | None:
+    def confirmation_of(self, params: Mapping[str, Scalar]) -> Confirmation | None:
+        """The latest soak of the point `params`."""
         for c in reversed(self.confirmations):
-            if c.covers(params):
+            if c.covers(params, self.space):
                 return c
         return None
 
@@ -143,7 +139,7 @@ class Review:
         c = self.confirmation
         return c.passed if c is not None else None
 
-    def confirmed_label(self, params: Mapping[str, object] | None = None) -> str:
+    def confirmed_label(self, params: Mapping[str, Scalar] | None = None) -> str:
         """How the exported setting (or `params`) fared in a soak, in words."""
         c = self.confirmation if params is None else self.confirmation_of(params)
         if c is None:
@@ -176,13 +172,16 @@ def build_review(
     trials: Sequence[FrozenTrial],
     *,
     cfg: StudyConfig | None,
-    study_attrs: Mapping[str, object],
+    study_attrs: StudyRecord | Mapping[str, object],
     tolerance: float = DEFAULT_TOLERANCE,
     margin: Margin | None = None,
 ) -> Review:
-    """Read the trials and choose the winner (pure)."""
+    """Read the trials and choose the winner (pure). `study_attrs`: the study's record
+    (`record.stored.study_record`), or its attributes as stored."""
+    held = study_attrs if isinstance(study_attrs, StudyRecord) else StudyRecord.of(study_attrs)
     seen = views(trials)
-    step = fraction_step(cfg)
+    space: Space = cfg.search if cfg is not None else stored_space(trials)
+    step = fraction_step(space)
     cell = study_cell_bytes(seen)
     required = _min_headroom(cfg, trials)
     return Review(
@@ -191,21 +190,22 @@ def build_review(
         trials=tuple(seen),
         winner=choose(
             seen,
-            fraction_step=step,
+            space=space,
             tolerance=tolerance,
             margin=margin,
             cell_bytes=cell,
             min_headroom_gib=required or 0.0,
         ),
-        confirmations=_confirmations(study_attrs),
+        confirmations=_confirmations(held),
         fraction_step=step,
         min_headroom_gib=required,
         cell_bytes=cell,
         running=sum(1 for t in trials if t.state == TrialState.RUNNING),
         queued=sum(1 for t in trials if t.state == TrialState.WAITING),
         secrets=secrets_of(cfg),
-        baseline=baseline_of(study_attrs, cfg),
-        search_end=search_end(study_attrs, trials),
+        baseline=baseline_of(held, cfg),
+        search_end=search_end(held, trials),
+        space=space,
     )
 
 
@@ -223,44 +223,25 @@ def review_of(
         redact(source.url),
         trials,
         cfg=source.cfg,
-        study_attrs=source.study.user_attrs,
+        study_attrs=study_record(source.study),
         tolerance=tolerance,
         margin=margin,
     )
 
 
-def baseline_of(attrs: Mapping[str, object], cfg: StudyConfig | None) -> dict[str, Scalar] | None:
+def baseline_of(study: StudyRecord, cfg: StudyConfig | None) -> dict[str, Scalar] | None:
     """The baseline the study queued first (stored on it), else the study file's."""
-    stored = attrs.get(keys.BASELINE)
-    if isinstance(stored, Mapping) and stored:
-        return {str(k): v for k, v in stored.items() if isinstance(v, bool | int | float | str)}
+    held = study.baseline
+    if held:
+        return {str(k): v for k, v in held.items() if isinstance(v, bool | int | float | str)}
     if cfg is None or not cfg.search.baseline:
         return None
     searched = {p.name for p in cfg.search.params if not isinstance(p, Fixed)}
     return {k: v for k, v in cfg.search.baseline.items() if k in searched} or None
 
 
-def _covers(params: Mapping[str, object], point: Mapping[str, object]) -> bool:
-    """Whether `params` has every value of `point` (floats compared to 1e-9)."""
-    for k, v in point.items():
-        if k not in params:
-            return False
-        c = params[k]
-        if isinstance(v, int | float) and isinstance(c, int | float):
-            if abs(float(v) - float(c)) > 1e-9:
-                return False
-        elif v != c:
-            return False
-    return True
-
-
-def _confirmations(attrs: Mapping[str, object]) -> tuple[Confirmation, ...]:
-    history = attrs.get(CONFIRMATIONS)
-    items = list(history) if isinstance(history, list) else []
-    latest = attrs.get(CONFIRMATION)
-    if latest is not None and latest not in items:
-        items.append(latest)
-    return tuple(c for c in map(Confirmation.from_attr, items) if c is not None)
+def _confirmations(study: StudyRecord) -> tuple[Confirmation, ...]:
+    return tuple(c for c in map(Confirmation.from_attr, study.verdicts) if c is not None)
 
 
 def secrets_of(cfg: StudyConfig | None) -> tuple[str, ...]:
@@ -271,21 +252,18 @@ def secrets_of(cfg: StudyConfig | None) -> tuple[str, ...]:
     return (value,) if value else ()
 
 
-def fraction_step(cfg: StudyConfig | None) -> float:
-    """The step of mem_fraction_static in the search space (0.01 when it has none)."""
-    if cfg is not None:
-        for p in cfg.search.params:
-            if p.name == FRACTION and isinstance(p, FloatRange) and p.step:
-                return p.step
-    return DEFAULT_STEP
-
-
 def _min_headroom(cfg: StudyConfig | None, trials: Sequence[FrozenTrial]) -> float | None:
     if cfg is not None:
         return cfg.constraints.min_headroom_gib or None
     for t in trials:  # the constraint stores required − measured
-        c = internals.constraints(t).get("headroom_gib")
-        h = view(t).recorded_headroom_gib
+        s = stored(t)
+        c = s.constraints.get("headroom_gib")
+        h = s.headroom_gib
         if c is not None and h is not None:
             return round(c + h, 6) or None
     return None
+
+
+def _scalars(params: Mapping[object, object]) -> dict[str, Scalar]:
+    """The parameter values of a stored point (a JSON object)."""
+    return {str(k): v for k, v in params.items() if isinstance(v, bool | int | float | str)}

@@ -14,7 +14,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from autotune.logparse.ledger import Ledger
-from autotune.memory.arithmetic import Arithmetic, arithmetic
+from autotune.memory.arithmetic import (
+    Arithmetic,
+    arithmetic,
+    fraction_for_budget,
+    lowest_fraction,
+)
 
 DEFAULT_STEP = 0.01
 SPAN = 4
@@ -136,7 +141,7 @@ def _row(a: Arithmetic, fraction: float) -> Row:
 
 def _lowest(a: Arithmetic) -> float:
     """The pool is A − P·(1 − f): it has room only above f = 1 − A/P."""
-    return max(0.0, 1.0 - a.avail_after_weights_gib / a.p_gib) if a.p_gib > 0 else 0.0
+    return max(0.0, lowest_fraction(a.p_gib, a.avail_after_weights_gib)) if a.p_gib > 0 else 0.0
 
 
 def _words(
@@ -149,8 +154,8 @@ def _words(
     out = [
         f"The KV pool is what is free after the weights less the reserve: "
         f"{a.avail_after_weights_gib:.2f} − {a.p_gib:.2f} × (1 − f) GiB, at "
-        f"{a.cell_bytes:,.0f} bytes per token; each 0.01 of f is {a.p_gib * 0.01:.2f} GiB, "
-        f"about {int(a.p_gib * 0.01 * 2**30 // a.cell_bytes):,} tokens.",
+        f"{a.cell_bytes:,.0f} bytes per token; each 0.01 of f is "
+        f"{a.budget_per_step_gib(0.01):.2f} GiB, about {a.tokens_per_step(0.01):,} tokens.",
         f"Below f = {lowest:.3f} there is no room for a pool: SGLang stops at startup with "
         "'Not enough memory' (raise the fraction).",
         "max_running_requests does not size the pool: it sizes the request table"
@@ -178,7 +183,7 @@ def _fraction_from_pool(ledger: Ledger) -> float | None:
     p, a, kv = ledger.p_gib, ledger.avail_after_weights_gib, ledger.kv_gib
     if p is None or a is None or kv is None or p <= 0:
         return None
-    return round(1.0 - (a - kv) / p, 3)
+    return round(fraction_for_budget(p, a, kv), 3)
 
 
 def _r(v: float | None) -> float | None:

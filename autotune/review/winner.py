@@ -25,15 +25,16 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from autotune.config import space as search_space
+from autotune.config.space import Space, point_key, snap
 from autotune.config.studyfile import CHUNK, FRACTION, Scalar
 from autotune.errors import UsageError
-from autotune.memory.model import CHUNK_SLOPE_REL_SD
+from autotune.memory.model import peak_fall_gib
 from autotune.record.direction import Push, direction, floor_fraction
-from autotune.record.view import TrialView, same_params
+from autotune.record.view import TrialView
 from autotune.review.soak import SoakPlan, soak_plan
 
 DEFAULT_TOLERANCE = 0.05
-DEFAULT_STEP = 0.01
 SAME_CAPACITY = 0.99
 """Where backing off cannot give the soak's margin, the export trades demand for it among the
 settings that keep this share of the chosen one's capacity (the same fraction), never capacity."""
@@ -143,15 +144,19 @@ class Winner:
 def choose(
     trials: Sequence[TrialView],
     *,
-    fraction_step: float = DEFAULT_STEP,
+    space: Space | None = None,
+    fraction_step: float | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
     margin: Margin | None = None,
     cell_bytes: float | None = None,
     min_headroom_gib: float = 0.0,
 ) -> Winner | None:
-    """The winner among `trials`, or None while no trial is feasible; `cell_bytes` (bytes per
-    token fitted across the study) sharpens predictions for a point that never ran;
-    `min_headroom_gib` is the study's required headroom (the soak's margin keeps it)."""
+    """The winner among `trials`, or None while no trial is feasible; `space` is the study's
+    (a point's identity and the fraction's step, `config.space.fraction_step`, unless
+    `fraction_step` says otherwise); `cell_bytes` (bytes per token fitted across the study)
+    sharpens predictions for a point that never ran; `min_headroom_gib` is the study's required
+    headroom (the soak's margin keeps it)."""
+    step = fraction_step if fraction_step is not None else search_space.fraction_step(space)
     margin = margin or DEFAULT_MARGIN
     feasible = [t for t in trials if t.feasible]
     if not feasible:
@@ -165,50 +170,52 @@ def choose(
     plan = None
     chunk: SmallerChunk | None = None
     if margin.soak:
-        plan = soak_plan(trials, chosen.params, required_gib=min_headroom_gib, step=fraction_step)
+        plan = soak_plan(
+            trials, chosen.params, required_gib=min_headroom_gib, step=step, space=space
+        )
         if plan is None:
             notes.append("no headroom measured to size the soak's margin from; backed off 1 step")
         else:
-            lowest = lowest_startable(trials, fraction_step)
-            short = _short(chosen, plan, lowest, fraction_step)
+            lowest = lowest_startable(trials, step)
+            short = _short(chosen, plan, lowest, step)
             if short > 0:
                 level = [
                     t
                     for t in feasible
                     if (t.capacity_tokens or 0) >= SAME_CAPACITY * (chosen.capacity_tokens or 0)
                 ]
-                closer = _closest_to_soak(level, trials, lowest, fraction_step, min_headroom_gib)
+                closer = _closest_to_soak(level, trials, lowest, step, min_headroom_gib, space)
                 if closer is not None and closer[0] is not chosen and short > closer[2] + 0.005:
                     notes.append(
                         f"no fraction that can start gives trial {chosen.number}'s setting the "
                         f"soak's margin; trial {closer[0].number}'s comes closer"
                     )
                     chosen, plan = closer[0], closer[1]
-            chunk = _chunk_for_soak(chosen, plan, _short(chosen, plan, lowest, fraction_step))
+            chunk = _chunk_for_soak(chosen, plan, _short(chosen, plan, lowest, step))
             if chunk is not None:
                 notes.append(chunk.note(chosen.number))
         steps = plan.steps if plan is not None else 1
     else:
-        steps = _steps_back(chosen, margin, fraction_step, notes, cell_bytes)
+        steps = _steps_back(chosen, margin, step, notes, cell_bytes)
     params = dict(chosen.params)
     if chunk is not None:
         params[CHUNK] = chunk.to
     f0 = chosen.fraction
     if f0 is not None and steps:
-        lowest = lowest_startable(trials, fraction_step)
-        if lowest is not None and f0 - steps * fraction_step < lowest - 1e-9:
-            room = max(0, math.floor((f0 - lowest) / fraction_step + 1e-9))
+        lowest = lowest_startable(trials, step)
+        if lowest is not None and f0 - steps * step < lowest - 1e-9:
+            room = max(0, math.floor((f0 - lowest) / step + 1e-9))
             notes.append(
                 f"backed off {room} step{'s' if room != 1 else ''} instead of {steps}: below "
-                f"{FRACTION}={_snap(lowest, fraction_step)} the KV pool finds no room"
+                f"{FRACTION}={snap(lowest, step)} the KV pool finds no room"
             )
             steps = room
     if f0 is not None and steps:
-        params[FRACTION] = _snap(f0 - steps * fraction_step, fraction_step)
+        params[FRACTION] = snap(f0 - steps * step, step)
     elif f0 is None:
         steps = 0
         notes.append(f"the trials have no {FRACTION}; exported as run, without a margin")
-    source = chosen if steps == 0 and chunk is None else _same_params(trials, params)
+    source = chosen if steps == 0 and chunk is None else _ran(trials, params, space)
     if source is not None and not source.feasible:
         notes.append(
             f"trial {source.number} ran these settings and was {source.kind} "
@@ -275,13 +282,14 @@ def _closest_to_soak(
     lowest: float | None,
     step: float,
     required: float,
+    space: Space | None,
 ) -> tuple[TrialView, SoakPlan, float] | None:
     """On a narrow window (weights leave little above the lowest fraction that can start)
     backing off may not give the soak's margin: of `feasible`, the setting whose margin the
     window cuts least (less demand: a smaller peak), then the most capacity and speed."""
     scored = []
     for t in feasible:
-        plan = soak_plan(trials, t.params, required_gib=required, step=step)
+        plan = soak_plan(trials, t.params, required_gib=required, step=step, space=space)
         if plan is not None:
             scored.append((t, plan, _short(t, plan, lowest, step)))
     if not scored:
@@ -332,18 +340,16 @@ def _chunk_for_soak(t: TrialView, plan: SoakPlan, short: float) -> SmallerChunk 
     predicted fall of the peak (the trial's peak less its growth, taken as proportional to the
     chunk, and the soak's rise with it) covers the shortfall, else the smallest; None when
     nothing is short or the chunk or the peak is unknown. The fall counted on is the least the
-    chunk prior allows, two spreads of `CHUNK_SLOPE_REL_SD` below the proportional one: part of
-    a peak (a base, the decode batch) does not shrink with the chunk."""
+    chunk prior allows (`memory.model.peak_fall_gib`): part of a peak (a base, the decode
+    batch) does not shrink with the chunk."""
     was = t.chunk
     peak = t.stress_peak_gib
     if short <= 0.005 or not was or peak is None or peak <= 0:
         return None
-    transient = max(peak - max(plan.growth_gib or 0.0, 0.0), 0.0)
-    least = transient * (1.0 - 2.0 * CHUNK_SLOPE_REL_SD)
     best: SmallerChunk | None = None
     size = was // 2
     while size >= MIN_CHUNK:
-        saving = least * (1.0 - size / was)
+        saving = peak_fall_gib(peak, plan.growth_gib, was, size)
         rise_fall = plan.rise_gib * saving / peak
         left = max(0.0, short - saving - rise_fall)
         best = SmallerChunk(was, size, saving, short, left)
@@ -353,7 +359,7 @@ def _chunk_for_soak(t: TrialView, plan: SoakPlan, short: float) -> SmallerChunk 
     return best
 
 
-def lowest_startable(trials: Sequence[TrialView], step: float = DEFAULT_STEP) -> float | None:
+def lowest_startable(trials: Sequence[TrialView], step: float) -> float | None:
     """The lowest mem_fraction_static the trials say can start: above every fraction that
     failed for want of room for the KV pool, and a step above the `1 − A/P` of every ledger
     (where the pool's budget turns positive; a step more for ranks the log does not show), on
@@ -390,19 +396,17 @@ def _steps_back(
     missing = margin.headroom_gib - free
     if missing <= 0:
         return 0
-    per_step = a.p_gib * step * (1.0 + a.draft_ratio)
+    per_step = a.per_step_gib(step)
     return math.ceil(missing / per_step - 1e-9)
 
 
-def _same_params(trials: Sequence[TrialView], params: Mapping[str, Scalar]) -> TrialView | None:
-    """The latest finished trial that ran exactly `params` (floats compared to 1e-9)."""
+def _ran(
+    trials: Sequence[TrialView], params: Mapping[str, Scalar], space: Space | None
+) -> TrialView | None:
+    """The latest finished trial that ran the point `params` of `space` (a feasible one first)."""
+    key = point_key(params, space)
     found = None
     for t in trials:
-        if t.kind != "running" and same_params(t.params, params):
+        if t.kind != "running" and point_key(t.params, space) == key:
             found = t if found is None or t.feasible or not found.feasible else found
     return found
-
-
-def _snap(value: float, step: float) -> float:
-    digits = max(0, -math.floor(math.log10(step)) + 2) if step > 0 else 6
-    return round(value, digits)

@@ -26,17 +26,27 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution
-from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.config.studyfile import Scalar
 from autotune.memory.model import phi
 from autotune.record import internals, keys
 from autotune.record.seeds import Seeds, seeds_of
-from autotune.search.fallback import RANDOM_RULE, contained, sample_randomly, why_random
+from autotune.record.stored import stored
+from autotune.search.base import (
+    DONE_ATTR,
+    RULE_ATTR,
+    WHY_ATTR,
+    Ask,
+    Known,
+    MemorySampler,
+    Param,
+    record_rule,
+)
+from autotune.search.fallback import why_random
 from autotune.search.planner import Goal, Proposal, plan
 from autotune.search.points import MEMORY_PARAMS, Point
 from autotune.search.records import (
@@ -50,13 +60,19 @@ from autotune.search.records import (
     wants_throughput,
 )
 
-WHY_ATTR = "search_why"
-RULE_ATTR = "search_rule"
-DONE_ATTR = "search_done"
 FORECAST_ATTR = keys.FORECAST
+__all__ = [
+    "DONE_ATTR",
+    "FORECAST_ATTR",
+    "RULE_ATTR",
+    "WHY_ATTR",
+    "CapacityAwareSampler",
+    "record_rule",
+    "search_done",
+]
 
 
-class CapacityAwareSampler(BaseSampler):
+class CapacityAwareSampler(MemorySampler):
     """Learns SGLang's memory arithmetic from the trials and walks to the OOM edge with a margin.
 
     Args:
@@ -76,7 +92,7 @@ class CapacityAwareSampler(BaseSampler):
         margin_sd: float = 2.0,
         probe_p: float = 0.25,
     ) -> None:
-        self._fallback = RandomSampler(seed=seed)
+        super().__init__(seed=seed)
         self._min_headroom = min_headroom_gib
         self._safe_p = phi(margin_sd)
         self._probe_p = probe_p
@@ -87,36 +103,24 @@ class CapacityAwareSampler(BaseSampler):
         """The latest proposal this instance made (for tests and the benchmark)."""
         return self._last
 
-    def reseed_rng(self) -> None:
-        self._fallback.reseed_rng()
-
-    def infer_relative_search_space(
-        self, study: optuna.Study, trial: FrozenTrial
-    ) -> dict[str, BaseDistribution]:
-        return learnt_space(study, trial.number)
-
-    def sample_relative(
-        self,
-        study: optuna.Study,
-        trial: FrozenTrial,
-        search_space: dict[str, BaseDistribution],
-    ) -> dict[str, Any]:
-        if not search_space:
-            return {}
-        trials = study.get_trials(deepcopy=False)
-        if internals.fixed_params(trial) and not any(
+    def _runs_as_queued(self, trial: FrozenTrial, trials: Sequence[FrozenTrial]) -> bool:
+        """An enqueued point (the baseline) before any trial finished: nothing to propose."""
+        return bool(internals.fixed_params(trial)) and not any(
             t.state == TrialState.COMPLETE for t in trials
-        ):
-            return {}  # an enqueued point (the baseline) before any trial: nothing to propose
+        )
+
+    def _known(self, study: optuna.Study, trials: Sequence[FrozenTrial], number: int) -> Known:
+        """The seeds (oldest), then the finished trials other than `number`."""
         seeds = seeds_of(study)
-        finished = _known(seeds, trials, trial.number)
-        why = why_random(search_space, trials, trial.number, finished)
-        if why is not None:
-            record_rule(study, trial, RANDOM_RULE, why)
-            return sample_randomly(self._fallback, study, trial, search_space)
-        proposal = self._plan(trials, finished, study, trial.number, search_space, seeds)
-        self._record(study, trial, proposal, seeds)
-        return contained(proposal.params, search_space)
+        return Known([*seed_points(seeds), *finished_points(trials, number)], seeds)
+
+    def _choose(self, ask: Ask) -> Mapping[str, Scalar]:
+        known = ask.known
+        proposal = self._plan(
+            ask.trials, known.points, ask.study, ask.trial.number, ask.space, known.seeds
+        )
+        self._record(ask.study, ask.trial, proposal, known.seeds)
+        return proposal.params
 
     def nothing_left(self, study: optuna.Study) -> str | None:
         """Why nothing is left worth a launch (what is left to learn is smaller than one step,
@@ -133,28 +137,21 @@ class CapacityAwareSampler(BaseSampler):
         started = any(t.state == TrialState.COMPLETE for t in trials)
         if nxt is not None and internals.fixed_params(nxt) and not started:
             return None  # a queued point (the baseline) before any trial: it runs
-        seeds = seeds_of(study)
-        finished = _known(seeds, trials, number)
-        if why_random(search_space, trials, number, finished) is not None:
+        known = self._known(study, trials, number)
+        if why_random(search_space, trials, number, known.points) is not None:
             return None
-        return self._plan(trials, finished, study, number, search_space, seeds).done
+        return self._plan(trials, known.points, study, number, search_space, known.seeds).done
 
-    def sample_independent(
-        self,
-        study: optuna.Study,
-        trial: FrozenTrial,
-        param_name: str,
-        param_distribution: BaseDistribution,
-    ) -> Any:
-        """Parameters outside the learnt space (the very first trial without a baseline): the
-        planner's conservative start for a memory parameter, random for any other."""
-        values = candidate_values(param_distribution, param_name)
-        if param_name in MEMORY_PARAMS and values:
-            trials = study.get_trials(deepcopy=False)
-            finished = _known(seeds_of(study), trials, trial.number)
-            if why_random({param_name: param_distribution}, trials, trial.number, finished) is None:
-                return plan({param_name: values}, [], [], Goal()).params[param_name]
-        return self._fallback.sample_independent(study, trial, param_name, param_distribution)
+    def _first_value(self, study: optuna.Study, trial: FrozenTrial, p: Param) -> Scalar | None:
+        """The planner's conservative start for a memory parameter, random for any other."""
+        if p.name not in MEMORY_PARAMS:
+            return None
+        trials = study.get_trials(deepcopy=False)
+        known = self._known(study, trials, trial.number)
+        space = {p.name: p.distribution}
+        if why_random(space, trials, trial.number, known.points) is not None:
+            return None
+        return plan({p.name: p.values}, [], [], Goal(), space).params[p.name]
 
     def propose(
         self,
@@ -164,9 +161,8 @@ class CapacityAwareSampler(BaseSampler):
     ) -> Proposal:
         """The planner's proposal for `trial`, from everything the study holds now."""
         trials = study.get_trials(deepcopy=False)
-        seeds = seeds_of(study)
-        known = _known(seeds, trials, trial.number)
-        return self._plan(trials, known, study, trial.number, search_space, seeds)
+        known = self._known(study, trials, trial.number)
+        return self._plan(trials, known.points, study, trial.number, search_space, known.seeds)
 
     def _plan(
         self,
@@ -189,7 +185,7 @@ class CapacityAwareSampler(BaseSampler):
             probe_p=self._probe_p,
             explore=wants_throughput(study),
         )
-        proposal = plan(axes, finished, pending_params(trials, number), goal)
+        proposal = plan(axes, finished, pending_params(trials, number), goal, search_space)
         names = seed_names(seeds)
         if names:
             proposal = dataclasses.replace(
@@ -221,11 +217,6 @@ class CapacityAwareSampler(BaseSampler):
             internals.set_system_attr(study, trial, FORECAST_ATTR, numbers)
 
 
-def _known(seeds: Seeds | None, trials: Sequence[FrozenTrial], current: int) -> list[Point]:
-    """The seeds (oldest), then the finished trials other than `current`."""
-    return [*seed_points(seeds), *finished_points(trials, current)]
-
-
 _SEED_REF = re.compile(r"\btrial (-\d+)\b")
 
 
@@ -240,18 +231,7 @@ def search_done(trials: Sequence[FrozenTrial]) -> str | None:
     Looks at the newest trial that carries a search rule; a run loop may stop on it.
     """
     for t in sorted(trials, key=lambda t: t.number, reverse=True):
-        if RULE_ATTR in t.user_attrs:
-            done = t.user_attrs.get(DONE_ATTR)
-            return str(done) if done else None
+        s = stored(t)
+        if s.search_rule is not None:
+            return s.search_done
     return None
-
-
-def record_rule(
-    study: optuna.Study, trial: FrozenTrial, rule: str, why: str, done: str | None = None
-) -> None:
-    """The rule that chose `trial`'s point and why (and, when `done` says so, that the search
-    has finished) as the trial's user attributes."""
-    internals.set_user_attr(study, trial, RULE_ATTR, rule)
-    internals.set_user_attr(study, trial, WHY_ATTR, why)
-    if done:
-        internals.set_user_attr(study, trial, DONE_ATTR, done)

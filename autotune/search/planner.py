@@ -30,10 +30,20 @@ failure until it is known, so workers spread below each other's probes).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from autotune.config.space import (
+    PointKey,
+    Space,
+    canonical,
+    canonical_value,
+    point_key,
+    same_value,
+    step_of,
+)
 from autotune.config.studyfile import Scalar
 from autotune.memory.model import SPIKE_RATIO, Forecast, MemoryModel, Setting, fit
 from autotune.search.calibration import calibrate
@@ -47,9 +57,7 @@ from autotune.search.points import (
     Push,
     fmt,
     host_failure,
-    key,
     needs_more,
-    norm,
     num,
     setting_of,
     tokens_of,
@@ -105,10 +113,20 @@ def plan(
     finished: Sequence[Point],
     pending: Sequence[Mapping[str, Scalar]],
     goal: Goal,
+    space: Space | None = None,
 ) -> Proposal:
-    """The next setting to launch, given candidate values per searched parameter."""
+    """The next setting to launch, given candidate values per searched parameter. Every point
+    (the candidates, the finished launches, those running elsewhere) is taken in its canonical
+    form in `space` (`config.space.canonical`) first, so what is taken, what runs and what to
+    retry are told apart by the one identity of a point."""
+    axes = {n: tuple(canonical_value(v, step_of(space, n)) for v in vs) for n, vs in axes.items()}
     names = sorted(axes)
-    known = [p for p in finished if p.observation is not None]
+    known = [
+        dataclasses.replace(p, params=canonical(p.params, space))
+        for p in finished
+        if p.observation is not None
+    ]
+    pending = [canonical(p, space) for p in pending]
     if not any(p.observation.tokens for p in known if p.observation):
         return _without_model(axes, names, known, pending)
     return _Planner(axes, names, known, pending, goal).run()
@@ -128,13 +146,13 @@ def _without_model(
     if known or pending:
         source = known[-1].params if known else pending[0]
         base.update({k: v for k, v in source.items() if k in axes and k != FRACTION})
-    taken = {key(p.params, names) for p in known if not _retry_once(p, known)}
-    taken |= {key(p, names) for p in pending}
+    taken = {_key(p.params, names) for p in known if not _retry_once(p, known)}
+    taken |= {_key(p, names) for p in pending}
     report = _not_memory(known)
     if report is not None:
         return Proposal(dict(base), "confirm", report, done=report)
     retry = next((p for p in reversed(known) if _retry_once(p, known)), None)
-    if retry is not None and key(retry.params, names) not in {key(p, names) for p in pending}:
+    if retry is not None and _key(retry.params, names) not in {_key(p, names) for p in pending}:
         params = {k: v for k, v in retry.params.items() if k in axes}
         return Proposal(params, "retry", _retry_why(retry))
     if FRACTION not in axes:
@@ -148,7 +166,7 @@ def _without_model(
         # nearest to the conservative start first, lower before higher
         for f in sorted(fractions, key=lambda f: (abs(f - float(start)), f)):
             params[FRACTION] = f
-            if key(params, names) not in taken:
+            if _key(params, names) not in taken:
                 break
     return Proposal(params, "start", "no launch recorded yet: a conservative first setting")
 
@@ -164,7 +182,7 @@ def _bracket(
     names: Sequence[str],
     fractions: Sequence[float],
     known: Sequence[Point],
-    taken: set[tuple[Scalar | None, ...]],
+    taken: set[PointKey],
 ) -> Proposal:
     """Nothing started yet, and the failures say which way: above every pool that found no room
     (the ledger's `1 − A/P` gives the lowest fraction that holds one, so one such failure is
@@ -181,7 +199,7 @@ def _bracket(
         for f in fractions
         if (floor is None or f > floor + 1e-9)
         and (ceiling is None or f < ceiling - 1e-9)
-        and key({**base, FRACTION: f}, names) not in taken
+        and _key({**base, FRACTION: f}, names) not in taken
     ]
     if not inside:
         done = nothing_between(floor, ceiling, fractions, known)
@@ -240,13 +258,14 @@ def _retry_once(p: Point, known: Sequence[Point]) -> bool:
     """A failure that says nothing about memory, at a setting not yet tried RETRIES more times."""
     if p.feasible or p.observation is None or p.push is not Push.NONE:
         return False
-    same = [q for q in known if _same_params(q.params, p.params)]
+    mine = point_key(p.params)
+    same = [q for q in known if point_key(q.params) == mine]
     return len(same) <= RETRIES and p is same[-1]
 
 
-def _same_params(a: Mapping[str, Scalar], b: Mapping[str, Scalar]) -> bool:
-    names = set(a) | set(b)
-    return all(norm(a.get(n)) == norm(b.get(n)) for n in names)
+def _key(params: Mapping[str, Scalar], names: Iterable[str]) -> PointKey:
+    """The identity of `params` on the searched `names` (`config.space.point_key`)."""
+    return point_key(params).only(names)
 
 
 def _retry_why(p: Point) -> str:
@@ -278,18 +297,18 @@ def _untried(
     axes: Mapping[str, Sequence[Scalar]],
     names: Sequence[str],
     base: dict[str, Scalar],
-    taken: set[tuple[Scalar | None, ...]],
+    taken: set[PointKey],
     *,
     nothing_started: bool,
 ) -> Proposal:
     """mem_fraction_static is not searched (fixed, or SGLang's own choice) and no launch showed a
     KV pool yet: the conservative start, then untried combinations, the least memory first."""
-    if key(base, names) not in taken:
+    if _key(base, names) not in taken:
         return Proposal(base, "start", "no launch recorded yet: a conservative first setting")
     ordered = [sorted(axes[n], key=_order) for n in names]
     for combo in itertools.product(*ordered):
         params = dict(zip(names, combo, strict=True))
-        if key(params, names) not in taken:
+        if _key(params, names) not in taken:
             why = "an untried combination, the least memory first"
             if nothing_started:
                 why = f"nothing started yet at the fixed {FRACTION}; {why}"
@@ -371,8 +390,8 @@ class _Planner:
         self.default_slots = ref_obs.slots
         self.default_chunk = ref_obs.chunk
         self.launched_gpu = [p.observation.setting for p in known if p.observation is not None]
-        self.taken = {key(p.params, names) for p in known if not _retry_once(p, known)}
-        self.taken |= {key(p, names) for p in pending}
+        self.taken = {_key(p.params, names) for p in known if not _retry_once(p, known)}
+        self.taken |= {_key(p, names) for p in pending}
         self.floor = max((f for p in known if (f := p.floor) is not None), default=None)
         """Below this fraction the KV pool finds no room (a launch's ledger said so)."""
 
@@ -428,7 +447,7 @@ class _Planner:
                 **dict(zip(mem, combo, strict=True)),
             }
             params = {k: v for k, v in params.items() if k in self.axes}
-            if key(params, self.names) in self.taken:
+            if _key(params, self.names) in self.taken:
                 continue
             s = setting_of({**self.ref.params, **params})
             if s is None or self._ruled_out(s):
@@ -568,7 +587,7 @@ class _Planner:
             if x[2] >= self.goal.probe_p
             and f0 + 1.5 * step < x[1].setting.mem_fraction < hi - 1.5 * step
             and not _more_demand(x[1].setting, safe.setting)
-            and self._same_but_demand(x[0], top)
+            and self._besides_demand(x[0]) == self._besides_demand(top)
         ]
         if not inside:
             return None
@@ -604,7 +623,7 @@ class _Planner:
             if x[2] >= self.goal.accept_p
             and abs(x[1].setting.mem_fraction - (f0 + step)) < 0.25 * step
             and not _more_demand(x[1].setting, safe.setting)
-            and self._same_but_demand(x[0], top)
+            and self._besides_demand(x[0]) == self._besides_demand(top)
         ]
         if not above:
             return None
@@ -705,7 +724,7 @@ class _Planner:
             for x in scored
             if abs(x[1].setting.mem_fraction - s.mem_fraction) < 1e-9
             and _less_demand(x[1].setting, s)
-            and self._same_but_demand(x[0], target.params)
+            and self._besides_demand(x[0]) == self._besides_demand(target.params)
             and not any(_same_gpu(x[1].setting, o) for o in self.launched_gpu)
             and x[2] >= self.goal.probe_p
         ]
@@ -844,7 +863,7 @@ class _Planner:
                 diff = [
                     n
                     for n in self.names
-                    if n != FRACTION and norm(params.get(n)) != norm(fastest.params.get(n))
+                    if n != FRACTION and not same_value(params.get(n), fastest.params.get(n))
                 ]
                 more = name != REQUESTS or num(params.get(name)) > num(fastest.params.get(name))
                 if diff == [name] and more:
@@ -860,8 +879,9 @@ class _Planner:
                 )
         return None
 
-    def _combo(self, params: Mapping[str, Scalar]) -> tuple[Scalar | None, ...]:
-        return tuple(norm(params.get(n)) for n in self.names if n != FRACTION)
+    def _combo(self, params: Mapping[str, Scalar]) -> PointKey:
+        """The point on the searched parameters other than the fraction."""
+        return _key(params, self.names).without((FRACTION,))
 
     # ---- text ----------------------------------------------------------------------------
 
@@ -932,7 +952,7 @@ class _Planner:
         others = [
             f"{n}={fmt(params.get(n))}"
             for n in self.names
-            if n != FRACTION and (against is None or norm(params.get(n)) != norm(against.get(n)))
+            if n != FRACTION and (against is None or not same_value(params.get(n), against.get(n)))
         ]
         if FRACTION not in params:  # fixed, or SGLang's own choice
             return ", ".join(others) or "the fixed setting"
@@ -949,21 +969,15 @@ class _Planner:
         `demand` False, nor max_running_requests and chunked_prefill_size)."""
         skip = (FRACTION,) if demand else (FRACTION, REQUESTS, CHUNK)
         return sum(
-            norm(params.get(n)) != norm(self.ref.params.get(n)) for n in self.names if n not in skip
-        )
-
-    def _same_but_demand(self, a: Mapping[str, Scalar], b: Mapping[str, Scalar]) -> bool:
-        """a and b differ at most in the fraction, max_running_requests and the prefill chunk."""
-        return all(
-            norm(a.get(n)) == norm(b.get(n))
+            not same_value(params.get(n), self.ref.params.get(n))
             for n in self.names
-            if n not in (FRACTION, REQUESTS, CHUNK)
+            if n not in skip
         )
 
-    def _same_combo(self, params: Mapping[str, Scalar]) -> bool:
-        return all(
-            norm(params.get(n)) == norm(self.ref.params.get(n)) for n in self.names if n != FRACTION
-        )
+    def _besides_demand(self, params: Mapping[str, Scalar]) -> PointKey:
+        """The point less the fraction, max_running_requests and the prefill chunk: two points
+        with equal ones differ at most in their GPU memory demand."""
+        return _key(params, self.names).without((FRACTION, REQUESTS, CHUNK))
 
     def _step(self) -> float:
         fs = sorted(float(v) for v in self.axes.get(FRACTION, ()))

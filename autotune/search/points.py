@@ -8,7 +8,7 @@ failure rule out everything beyond it without a model.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from autotune.config.studyfile import CHUNK, FRACTION, HICACHE, REQUESTS, Scalar
@@ -27,9 +27,7 @@ __all__ = [
     "Push",
     "fmt",
     "host_failure",
-    "key",
     "needs_more",
-    "norm",
     "num",
     "push_for",
     "setting_of",
@@ -106,14 +104,6 @@ def setting_of(params: Mapping[str, Scalar]) -> Setting | None:
         else None,
         hicache_gb=float(h) if isinstance(h, int | float) and not isinstance(h, bool) else 0.0,
     )
-
-
-def key(params: Mapping[str, Scalar], names: Sequence[str]) -> tuple[Scalar | None, ...]:
-    return tuple(norm(params.get(n)) for n in names)
-
-
-def norm(v: Scalar | None) -> Scalar | None:
-    return round(float(v), 9) if isinstance(v, float) else v
 
 
 def needs_more(s: Setting, other: Setting, *, host: str | None = None) -> bool:

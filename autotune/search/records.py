@@ -1,16 +1,15 @@
 """Reading what trials recorded into the planner's terms, and the search space into candidates.
 
-A trial's record is what `autotune.trial.run` stores as user attributes: `outcome`, `reason`,
-`headroom_gib`, `throughput_tok_s` and the whole `record` (params, ledger, outcome, the stress
-peak when measured). Constraints are Optuna's, read by name (`internals.constraints`, ≤ 0
-satisfied). Nothing here knows about the simulator.
+A finished trial becomes a point from its view (`autotune.record.view`), which holds what it
+stored (`autotune.record.stored`: outcome, reason, headroom, throughput, the record's params,
+ledger, evidence and stress peak, Optuna's constraints, ≤ 0 satisfied); nothing here reads an
+attribute by its name. Nothing here knows about the simulator.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import optuna
 from optuna.distributions import (
@@ -22,78 +21,56 @@ from optuna.distributions import (
 from optuna.search_space import intersection_search_space
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.config.space import fraction_step, snap
 from autotune.config.studyfile import Scalar
-from autotune.logparse.ledger import Ledger
-from autotune.logparse.outcome import Outcome
 from autotune.memory.model import Observation
-from autotune.record import internals, keys
 from autotune.record.seeds import Seed, Seeds, seeds_of
+from autotune.record.stored import Stored, stored, study_record
+from autotune.record.view import view
 from autotune.search.points import FRACTION, Point, setting_of
 
-CONTINUOUS_FRACTION_STEP = 0.005
 MAX_INT_CANDIDATES = 24
 
 
-def _record(t: FrozenTrial) -> Mapping[str, Any]:
-    rec = t.user_attrs.get(keys.RECORD)
-    return rec if isinstance(rec, Mapping) else {}
-
-
-def trial_params(t: FrozenTrial) -> dict[str, Scalar]:
-    """Every parameter the trial ran with: recorded (fixed ones too), enqueued, then sampled."""
-    params: dict[str, Scalar] = {}
-    recorded = _record(t).get("params")
-    if isinstance(recorded, Mapping):
-        params.update(recorded)
-    params.update(internals.fixed_params(t))  # type: ignore[arg-type]
+def trial_params(t: FrozenTrial, s: Stored | None = None) -> dict[str, Scalar]:
+    """Every parameter the trial ran with: recorded (fixed ones too), enqueued, then sampled
+    (`s`: the trial's attributes when read already)."""
+    s = stored(t) if s is None else s
+    params: dict[str, Scalar] = dict(s.params)
+    params.update(s.queued)  # type: ignore[arg-type]
     params.update(t.params)
     return params
 
 
-def is_feasible(t: FrozenTrial) -> bool:
-    constraints = internals.constraints(t)
-    return t.state == TrialState.COMPLETE and all(v <= 0 for v in constraints.values())
-
-
-def _float(v: object) -> float | None:
-    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
-        return float(v)
-    return None
-
-
 def point_of(t: FrozenTrial) -> Point | None:
-    """A finished trial in the planner's terms; None when it says nothing about memory."""
-    outcome = str(t.user_attrs.get(keys.OUTCOME, _record(t).get("outcome", "")))
-    if t.state == TrialState.FAIL and not Outcome.of(outcome).is_parameter_result:
-        return None
+    """A finished trial in the planner's terms, from its view; None when it says nothing about
+    memory. The planner learns from the record as written (`TrialView.stored`: the reason and
+    evidence unmasked, the stress peak as the probe saw it)."""
     if t.state not in (TrialState.COMPLETE, TrialState.FAIL):
         return None
-    params = trial_params(t)
+    v = view(t)
+    s = v.stored
+    if t.state == TrialState.FAIL and not v.ending.is_parameter_result:
+        return None
+    params = trial_params(t, s)
     setting = setting_of(params)
     if setting is None:
         return None
-    rec = _record(t)
-    led = rec.get("ledger")
-    ledger = Ledger.from_dict(led) if isinstance(led, Mapping) else Ledger()
-    peak = _float(rec.get("stress_peak_gib", t.user_attrs.get(keys.STRESS_PEAK)))
-    reason = " ".join(
-        [str(t.user_attrs.get(keys.REASON, "")), *[str(e) for e in rec.get("evidence", ()) or ()]]
-    )
     obs = Observation(
         setting=setting,
-        ledger=ledger,
-        outcome=outcome,
-        stress_peak_gib=peak,
-        headroom_gib=_float(t.user_attrs.get(keys.HEADROOM)),
-        feasible=is_feasible(t),
-        reason=reason,
+        ledger=v.ledger,
+        outcome=v.outcome,
+        stress_peak_gib=s.stress_peak_gib,
+        headroom_gib=s.headroom_gib,
+        feasible=t.state == TrialState.COMPLETE and all(c <= 0 for c in s.constraints.values()),
+        reason=" ".join([s.reason or "", *s.evidence]),
     )
     return Point(
         number=t.number,
         params=params,
         observation=obs,
-        throughput=_float(t.user_attrs.get(keys.THROUGHPUT)) or 0.0,
-        violated=frozenset(k for k, v in internals.constraints(t).items() if v > 0),
+        throughput=s.throughput_tok_s or 0.0,
+        violated=frozenset(v.violated),
     )
 
 
@@ -148,16 +125,19 @@ def pending_params(trials: Sequence[FrozenTrial], current: int) -> list[dict[str
 def required_headroom(trials: Sequence[FrozenTrial]) -> float | None:
     """The study's min_headroom_gib, read back from a constraint: value = required − measured."""
     for t in trials:
-        c = internals.constraints(t).get("headroom_gib")
-        h = _float(t.user_attrs.get(keys.HEADROOM))
+        s = stored(t)
+        c = s.constraints.get("headroom_gib")
+        h = s.headroom_gib
         if c is not None and h is not None:
             return max(round(c + h, 6), 0.0)
     return None
 
 
 def wants_throughput(study: optuna.Study) -> bool:
-    objectives = study.user_attrs.get(keys.OBJECTIVES)
-    if isinstance(objectives, list):
+    """Whether the study maximises throughput too (its objectives as stored, else whether it
+    has more than one direction)."""
+    objectives = study_record(study).objectives
+    if objectives is not None:
         return "throughput" in objectives
     return len(study.directions) > 1
 
@@ -204,9 +184,10 @@ def candidate_values(dist: BaseDistribution, name: str) -> tuple[Scalar, ...]:
 
 def _float_values(dist: FloatDistribution, name: str) -> tuple[float, ...]:
     """The step's grid; without a step, MAX_INT_CANDIDATES values spread evenly (evenly in the
-    logarithm for a log range), or CONTINUOUS_FRACTION_STEP for mem_fraction_static."""
+    logarithm for a log range), or for mem_fraction_static the lattice of `space.fraction_step`;
+    each value snapped (`space.snap`) as a trial's value is."""
     lo, hi = dist.low, dist.high
-    step = dist.step or (CONTINUOUS_FRACTION_STEP if name == FRACTION else None)
+    step = fraction_step({name: dist}) if name == FRACTION else dist.step
     if step is None:
         n = MAX_INT_CANDIDATES - 1
         if dist.log:
@@ -216,9 +197,8 @@ def _float_values(dist: FloatDistribution, name: str) -> tuple[float, ...]:
             values = [lo + (hi - lo) * i / n for i in range(n + 1)]
     else:
         n = math.floor((hi - lo) / step + 1e-9)
-        digits = max(0, -math.floor(math.log10(step)) + 2)
-        values = [round(lo + i * step, digits) for i in range(n + 1)]
-    return tuple(sorted({min(max(v, lo), hi) for v in values}))
+        values = [lo + i * step for i in range(n + 1)]
+    return tuple(sorted({min(max(snap(v, step), lo), hi) for v in values}))
 
 
 def _spread(values: list[int], log: bool) -> list[int]:

@@ -11,86 +11,81 @@ it: the benchmark measures what the memory model saves over it.
 With `mem_fraction_static` not searched (fixed in the study file) there is nothing to walk down:
 each combination of the other parameters is launched once. Where the walk has nothing to act on
 (`fallback.why_random`), parameters are sampled at random.
+
+The sampler is a `base.MemorySampler`, as the capacity-aware search is: the ask, the random
+fallback and the recorded rule and why are theirs in common; what is this module's own is what
+the walk knows (the finished trials, no seed logs), `walk`, and the first fraction of a study
+without a baseline (the top of the range).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
 
 import optuna
-from optuna.distributions import BaseDistribution
-from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial
 
+from autotune.config.space import (
+    Space,
+    canonical,
+    canonical_value,
+    point_key,
+    same_value,
+    step_of,
+)
 from autotune.config.studyfile import Scalar
-from autotune.search.capacity import record_rule
-from autotune.search.fallback import RANDOM_RULE, contained, sample_randomly, why_random
+from autotune.search.base import Ask, Known, MemorySampler, Param, record_rule
 from autotune.search.planner import nothing_between
 from autotune.search.points import FRACTION, Point, Push, fmt, num, tokens_of
-from autotune.search.records import candidate_values, finished_points, learnt_space, pending_params
+from autotune.search.records import candidate_values, finished_points, pending_params
 
 WALK_RULE = "walkdown"
 CONFIRM_RULE = "confirm"
 
 
-class WalkDownSampler(BaseSampler):
-    def __init__(self, *, seed: int | None = None) -> None:
-        self._fallback = RandomSampler(seed=seed)
+class WalkDownSampler(MemorySampler):
+    """The walk-down baseline (`walk`): no model, no seeds, one step down per failure.
 
-    def reseed_rng(self) -> None:
-        self._fallback.reseed_rng()
+    Args:
+        seed: seeds the random fallback.
+    """
 
-    def infer_relative_search_space(
-        self, study: optuna.Study, trial: FrozenTrial
-    ) -> dict[str, BaseDistribution]:
-        return learnt_space(study, trial.number)
+    def _known(self, study: optuna.Study, trials: Sequence[FrozenTrial], number: int) -> Known:
+        """The finished trials other than `number` (the walk reads no seed logs)."""
+        return Known(finished_points(trials, number))
 
-    def sample_relative(
-        self,
-        study: optuna.Study,
-        trial: FrozenTrial,
-        search_space: dict[str, BaseDistribution],
-    ) -> dict[str, Any]:
-        if not search_space:
-            return {}
-        trials = study.get_trials(deepcopy=False)
-        finished = finished_points(trials, trial.number)
-        random_why = why_random(search_space, trials, trial.number, finished)
-        if random_why is not None:
-            record_rule(study, trial, RANDOM_RULE, random_why)
-            return sample_randomly(self._fallback, study, trial, search_space)
-        axes = {n: candidate_values(d, n) for n, d in search_space.items()}
-        params, rule, why = walk(axes, finished, pending_params(trials, trial.number))
-        record_rule(study, trial, rule, why, done=why if rule == CONFIRM_RULE else None)
-        return contained(params, search_space)
+    def _choose(self, ask: Ask) -> Mapping[str, Scalar]:
+        axes = {n: candidate_values(d, n) for n, d in ask.space.items()}
+        pending = pending_params(ask.trials, ask.trial.number)
+        params, rule, why = walk(axes, ask.known.points, pending, ask.space)
+        done = why if rule == CONFIRM_RULE else None
+        record_rule(ask.study, ask.trial, rule, why, done=done)
+        return params
 
-    def sample_independent(
-        self,
-        study: optuna.Study,
-        trial: FrozenTrial,
-        param_name: str,
-        param_distribution: BaseDistribution,
-    ) -> Any:
-        values = candidate_values(param_distribution, param_name)
-        if param_name == FRACTION and values:
-            return max(values)
-        return self._fallback.sample_independent(study, trial, param_name, param_distribution)
+    def _first_value(self, study: optuna.Study, trial: FrozenTrial, p: Param) -> Scalar | None:
+        """The top of the fraction's range; any other parameter at random."""
+        return max(p.values) if p.name == FRACTION else None
 
 
 def walk(
     axes: Mapping[str, Sequence[Scalar]],
     finished: Sequence[Point],
     pending: Sequence[Mapping[str, Scalar]] = (),
+    space: Space | None = None,
 ) -> tuple[dict[str, Scalar], str, str]:
     """(params, rule, why) for the next launch of the walk; what other workers run now is
-    skipped, so several workers walk down side by side.
+    skipped, so several workers walk down side by side. Every point is taken in its canonical
+    form in `space` first (`config.space.canonical`), as the capacity search takes it.
 
     Each failure pushes the way it says (`record.direction`): out of memory or headroom, one step
     down; a KV pool that found no room says every fraction up to the lowest that holds one is too
     low (its ledger gives it), so the walk never steps below that; a host cache too big for host
     RAM ends that combination; a failure that is not about memory is run once more."""
+    axes = {n: tuple(canonical_value(v, step_of(space, n)) for v in vs) for n, vs in axes.items()}
+    finished = [dataclasses.replace(p, params=canonical(p.params, space)) for p in finished]
+    pending = [canonical(p, space) for p in pending]
     fractions = sorted(num(v) for v in axes.get(FRACTION, ()))
     others = [n for n in sorted(axes) if n != FRACTION]
     start = fractions[-1] if fractions else None
@@ -124,7 +119,7 @@ def _combinations(
     if finished:
         first = {n: v for n in others if (v := finished[0].params.get(n)) is not None}
         if len(first) == len(others) and all(
-            any(_same(first[n], v) for v in axes[n]) for n in others
+            any(same_value(first[n], v) for v in axes[n]) for n in others
         ):
             yield first
         else:
@@ -147,20 +142,20 @@ def _next_fraction(
     retry = _retry(here)
     if retry is not None and held is None:
         f = num(here[-1].params.get(FRACTION))
-        if not any(_same(f, x) for x in running):
+        if not any(same_value(f, x) for x in running):
             return f, f"once more: {retry}"
     down = [num(p.params.get(FRACTION)) for p in here if _steps_down(p, here)]
     if start is not None and start < fractions[0] - 1e-9:
         start = fractions[0]  # the previous combination settled below the lowest allowed
     nxt = start if not down else _below(fractions, min(down))
-    if nxt is not None and not any(_same(nxt, f) for f in fractions):
+    if nxt is not None and not any(same_value(nxt, f) for f in fractions):
         nxt = _below(fractions, nxt + 1e-6)
-    while nxt is not None and any(_same(nxt, f) for f in running):
+    while nxt is not None and any(same_value(nxt, f) for f in running):
         nxt = _below(fractions, nxt)
     if nxt is None or (held is not None and held >= nxt - 1e-9):
         return None, ""
     if not down:
-        top = not fractions or _same(nxt, fractions[-1])
+        top = not fractions or same_value(nxt, fractions[-1])
         return nxt, "top of the range" if top else "where the previous combination held"
     return nxt, f"one step below {min(down):g}, which ran out of memory or headroom"
 
@@ -175,7 +170,7 @@ def _steps_down(p: Point, here: Sequence[Point]) -> bool:
         return True
     if p.push is Push.NONE:
         f = num(p.params.get(FRACTION))
-        return sum(_same(num(q.params.get(FRACTION)), f) for q in here if not q.feasible) > 1
+        return sum(same_value(num(q.params.get(FRACTION)), f) for q in here if not q.feasible) > 1
     return False
 
 
@@ -189,7 +184,7 @@ def _retry(here: Sequence[Point]) -> str | None:
     if o is None or last.feasible or last.push is not Push.NONE:
         return None
     f = last.params.get(FRACTION)
-    if sum(_same(q.params.get(FRACTION), f) for q in here) > 1:
+    if sum(same_value(q.params.get(FRACTION), f) for q in here) > 1:
         return None
     return f"trial {last.number} failed for a reason that is not memory ({o.outcome})"
 
@@ -242,13 +237,5 @@ def _text(combo: Mapping[str, Scalar]) -> str:
 
 
 def _at(params: Mapping[str, Scalar], combo: Mapping[str, Scalar]) -> bool:
-    return all(_same(params.get(n), v) for n, v in combo.items())
-
-
-def _same(a: object, b: object) -> bool:
-    if isinstance(a, float) or isinstance(b, float):
-        try:
-            return abs(float(a) - float(b)) < 1e-9  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            return False
-    return a == b
+    """Whether the point `params` runs the combination `combo` (`config.space.PointKey`)."""
+    return point_key(combo).within(point_key(params))

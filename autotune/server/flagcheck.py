@@ -11,12 +11,9 @@ report names its canonical spelling, which exports use. Without a parser nothing
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from autotune.server import flagprobe
 from autotune.sim.flags import build_parser
@@ -28,9 +25,6 @@ RENAMED = {
     "--cuda-graph-bs": "--cuda-graph-bs-decode (SGLang 0.5.14+)",
 }
 """Flags SGLang renamed or removed, with what to use instead."""
-
-PROBE_TIMEOUT_S = 180.0
-"""Importing SGLang loads torch: seconds on a warm box, a minute on a cold disk."""
 
 ParserFactory = Callable[[], argparse.ArgumentParser | None]
 
@@ -165,21 +159,5 @@ def _report(raw: Mapping[str, object], who: str) -> FlagReport:
 
 
 def _probe(python: str, flag_lists: list[list[str]]) -> dict[str, object] | None:
-    """`flagprobe.py` run by `python`; None when it cannot run there (no such Python)."""
-    script = Path(flagprobe.__file__).read_text()
-    try:
-        done = subprocess.run(
-            [python, "-c", script],
-            input=json.dumps(flag_lists),
-            capture_output=True,
-            text=True,
-            timeout=PROBE_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    try:
-        out = json.loads(done.stdout or "null")
-    except ValueError:
-        return None
-    return out if isinstance(out, dict) else None
+    """`flagprobe` run by `python` on `flag_lists`; None when it cannot run there."""
+    return flagprobe.run_in(python, {"examine": flag_lists})

@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from autotune.config.space import Settings, gpus_needed, server_argv, tuned_flags
+from autotune.config.space import gpus_needed, server_argv, settings_of
 from autotune.config.studyfile import (
     HICACHE,
     Choices,
@@ -107,7 +107,7 @@ def argvs_to_check(cfg: StudyConfig) -> list[list[str]]:
             values.append((p.name, p.high))
     argvs = []
     for point in [first, *({**first, name: v} for name, v in values)]:
-        settings = Settings(params=point, flags=tuned_flags(point, cfg.search))
+        settings = settings_of(point, cfg.search)
         argvs.append(server_argv(cfg.server, settings, backend=cfg.server.backend))
     return argvs
 

@@ -34,109 +34,42 @@ before its schedulers.
 
 Every signal goes to a process identified by pid and start time, never by name; a process
 autotune did not start is never touched.
+
+What the handle is given and uses lives beside it: the spec (`server.launchspec`), the masking
+log writer between the server and its log (`server.logpipe`), stopping the process tree
+(`server.teardown`) and the wait for the GPU memory and the port after it (`server.release`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import signal
-import struct
 import subprocess
-import sys
-import termios
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from autotune import masking as scrub
-from autotune.errors import HarnessError, UsageError
+from autotune.errors import HarnessError
+from autotune.logparse.events import Batch, Event, Kind
 from autotune.logparse.ledger import Ledger, build_ledger, cross_check, ledger_from_server_info
-from autotune.logparse.lines import Batch, Event, Kind
 from autotune.logparse.outcome import Outcome, RunFacts, Verdict, classify
-from autotune.logparse.phase import Phase, PhaseLimits
+from autotune.logparse.phase import Phase
 from autotune.logparse.serving import ServingSummary, summarize
 from autotune.server import deaths, pidfile, preflight, procs
-from autotune.server.gpu import GiB, GpuMemory, GpuProbe, MiB, unreleased, visible_devices
+from autotune.server.gpu import GpuMemory, GpuProbe
 from autotune.server.health import HealthWatch, probe_ready, server_info
+from autotune.server.launchspec import LaunchSpec
+from autotune.server.logpipe import WRITER_END_S, LogWriter
 from autotune.server.logwatch import LogWatch
-from autotune.server.teardown import Teardown, port_is_free, terminate
-
-Clock = Callable[[], float]
-Sleep = Callable[[float], None]
+from autotune.server.release import wait_released
+from autotune.server.teardown import Clock, Sleep, Teardown, terminate
 
 OBSERVE_S = 1.0
 """How often a running server's processes are looked for in /proc (one scan each time)."""
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    """How to launch and judge one server. `argv` is the full command without `--host`/`--port`
-    (added from `host`/`port`); `env` is added to (or, with `inherit_env=False`, replaces) the
-    environment. `api_key` authenticates autotune's own HTTP checks and is masked wherever
-    autotune writes the command line; it is not added to `argv`."""
-
-    argv: tuple[str, ...]
-    log_path: Path
-    run_dir: Path
-    host: str = "127.0.0.1"
-    port: int = 30000
-    env: Mapping[str, str] = field(default_factory=dict)
-    inherit_env: bool = True
-    api_key: str | None = None
-    study: str = ""
-    """The study this server runs for, recorded in its pidfile."""
-    phase_limits: PhaseLimits = field(default_factory=PhaseLimits)
-    startup_s: float = 7200.0
-    stall_s: float = 600.0
-    ready_check_s: float = 120.0
-    health_timeout_s: float = 30.0
-    poll_s: float = 0.05
-    exit_wait_s: float = 10.0
-    health_interval_s: float = 5.0
-    unhealthy_s: float = 60.0
-    stop_grace_s: float = 30.0
-    release_s: float = 120.0
-    gpu_indices: tuple[int, ...] | None = None
-    foreign_gpu: str = "refuse"
-    foreign_wait_s: float = 600.0
-    gpu_tolerance_bytes: int = 256 * MiB
-
-    @property
-    def base_url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
-    def command(self) -> tuple[str, ...]:
-        if any(a.split("=", 1)[0] in ("--host", "--port") for a in self.argv):
-            raise UsageError("the server command must not set --host or --port; autotune sets them")
-        return (*self.argv, "--host", self.host, "--port", str(self.port))
-
-    def environment(self) -> dict[str, str]:
-        """The server's environment. CUDA numbers devices fastest-first unless told otherwise;
-        `CUDA_DEVICE_ORDER=PCI_BUS_ID` makes CUDA_VISIBLE_DEVICES (and --gpus) mean the NVML
-        indices the GPU checks read, unless the study sets an order itself."""
-        base = dict(os.environ) if self.inherit_env else {}
-        base.update(self.env)
-        base.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-        return base
-
-    def secrets(self) -> tuple[str, ...]:
-        """What must never reach the log in clear: the API key and every secret flag's value."""
-        found = [self.api_key] if self.api_key else []
-        for i, arg in enumerate(self.argv):
-            flag, eq, value = arg.partition("=")
-            if flag in scrub.SECRET_FLAGS:
-                found.append(value if eq else (self.argv[i + 1] if i + 1 < len(self.argv) else ""))
-        return tuple(dict.fromkeys(s for s in found if s))
-
-    def devices(self) -> tuple[int, ...] | None:
-        if self.gpu_indices is not None:
-            return self.gpu_indices
-        return visible_devices(self.environment())
 
 
 @dataclass(frozen=True)
@@ -184,147 +117,6 @@ class Death:
     def describe(self) -> str:
         last = self.evidence[0] if self.evidence else ""
         return f"{self.outcome} ({self.cause})" + (f": {last}" if last else "")
-
-
-# ---------------------------------------------------------------------------------------------
-# The log writer
-# ---------------------------------------------------------------------------------------------
-
-WRITER_SETTLE_S = 2.0
-"""How long a server's exit waits for its log writer to write what is still in the pipe."""
-WRITER_END_S = 2.0
-"""How long the teardown waits for the log writer to end by itself once the server is gone."""
-
-
-class LogWriter:
-    """The masking writer between a server and its log (`autotune.masking`: the script
-    `masking.py LOG FD`): a process of its own session, so neither autotune's death nor a
-    signal meant for either can end it before the server. autotune keeps a read end of the pipe
-    too: it never reads it while the writer lives (it only asks how much is waiting), and takes
-    over, masking the same way, should the writer die first, so the server never blocks on a
-    full pipe or dies of a broken one. Started with `posix_spawn` and reaped here by its pid:
-    a handle dropped without `finish` (a crashed autotune) leaves nothing to warn about."""
-
-    def __init__(self, pid: int, read_fd: int, log: Path, secrets: tuple[str, ...]) -> None:
-        self.pid = pid
-        info = procs.read_proc(pid)
-        self.identity = (pid, info.start_ticks if info else 0)
-        self._read_fd = read_fd
-        self._log = log
-        self._secrets = tuple(s.encode() for s in secrets)
-        self._relay: scrub.StreamMask | None = None
-        self._closed = False
-        self._ended = False
-
-    @classmethod
-    def start(cls, log: Path, secrets: tuple[str, ...]) -> tuple[LogWriter, int]:
-        """Start the writer; returns it and the pipe's write end for the server's output."""
-        read_fd, write_fd = os.pipe()
-        keys_r, keys_w = os.pipe()
-        try:
-            os.write(keys_w, b"\0".join(s.encode() for s in secrets))
-            os.close(keys_w)
-            keys_w = -1
-            pid = os.posix_spawn(
-                sys.executable,
-                [sys.executable, "-P", str(scrub.__file__), str(log), "3"],
-                {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"},
-                file_actions=[
-                    (os.POSIX_SPAWN_DUP2, read_fd, 0),
-                    (os.POSIX_SPAWN_DUP2, keys_r, 3),  # a dup2 to another number is inherited
-                    (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
-                    (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
-                ],
-                setsid=True,
-            )
-        except OSError as exc:
-            for fd in (read_fd, write_fd, keys_w):
-                if fd >= 0:
-                    os.close(fd)
-            raise HarnessError(f"could not start the log writer for {log}: {exc}") from exc
-        finally:
-            os.close(keys_r)
-        return cls(pid, read_fd, log, secrets), write_fd
-
-    def alive(self) -> bool:
-        """The writer still runs (it is reaped here once it ended)."""
-        if self._ended:
-            return False
-        try:
-            done, _ = os.waitpid(self.pid, os.WNOHANG)
-        except ChildProcessError:
-            done = self.pid
-        self._ended = done == self.pid
-        return not self._ended
-
-    def waiting(self) -> int:
-        """Bytes in the pipe that nobody has read yet."""
-        if self._closed:
-            return 0
-        raw = fcntl.ioctl(self._read_fd, termios.FIONREAD, b"\0\0\0\0")
-        return int(struct.unpack("i", raw)[0])
-
-    def settle(self, clock: Clock, sleep: Sleep, limit_s: float = WRITER_SETTLE_S) -> None:
-        """Wait until what the server wrote is in the log: the writer ended (end of file), or
-        nothing is waiting in the pipe twice in a row; at most `limit_s`."""
-        deadline = clock() + limit_s
-        empty = 0
-        while clock() < deadline and self.alive():
-            empty = empty + 1 if self.waiting() == 0 else 0
-            if empty >= 2:
-                return
-            sleep(0.02)
-
-    def relay(self) -> None:
-        """Should the writer have died while the server runs, write what waits in the pipe to
-        the log ourselves (masked), so the server is never blocked by a full pipe."""
-        if self._closed or self.alive():
-            return
-        if self._relay is None:
-            self._relay = scrub.StreamMask(self._secrets)
-            os.set_blocking(self._read_fd, False)
-        out = b""
-        with contextlib.suppress(BlockingIOError, OSError):
-            while chunk := os.read(self._read_fd, 1 << 16):
-                out += self._relay.feed(chunk)
-        if out:
-            self._append(out)
-
-    def _append(self, data: bytes) -> None:
-        if not data:
-            return
-        with contextlib.suppress(OSError):  # a full disk drops lines, as the writer does
-            fd = os.open(self._log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                os.write(fd, data)
-            finally:
-                os.close(fd)
-
-    def finish(self, clock: Clock, sleep: Sleep, limit_s: float) -> str:
-        """Once the server is gone: wait up to `limit_s` for the writer to end by itself, else
-        kill it (by pid and start time) and write what is left ourselves. Returns a line for
-        the teardown's record when it had to be killed ("" otherwise)."""
-        note = ""
-        deadline = clock() + limit_s
-        while self.alive() and clock() < deadline:
-            sleep(0.02)
-        if self.alive():
-            me = procs.ProcInfo(self.identity[0], 0, 0, 0, self.identity[1], "?")
-            procs.signal_verified(me, signal.SIGKILL)
-            gone_by = clock() + 5.0
-            while self.alive() and clock() < gone_by:
-                sleep(0.02)
-            note = (
-                f"log writer pid {self.identity[0]} killed: the pipe was still open "
-                f"{limit_s:g} s after the server's processes were stopped"
-            )
-        self.relay()
-        if self._relay is not None:
-            self._append(self._relay.end())
-        if not self._closed:
-            self._closed = True
-            os.close(self._read_fd)
-        return note
 
 
 # ---------------------------------------------------------------------------------------------
@@ -770,7 +562,16 @@ class Server:
         if self.writer is not None:  # it ends once the server's last process closed the pipe
             self._pump()
             writer_note = self.writer.finish(self._clock, self._sleep, WRITER_END_S)
-        gpu_problems, gpu_record, port_free = self._wait_released(started, started + budget)
+        gpu_problems, gpu_record, port_free = wait_released(
+            self.spec,
+            self._probe,
+            self._baseline,
+            self._seen,
+            started,
+            started + budget,
+            clock=self._clock,
+            sleep=self._sleep,
+        )
         self._pump(final=True)
         self.log.close()
         verdict = self._final_verdict(was_running, stop_line)
@@ -817,101 +618,11 @@ class Server:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=1.0)
 
-    def _wait_released(self, started: float, deadline: float) -> tuple[list[str], list[str], bool]:
-        """Wait until GPU memory is back at the baseline and the port is free, up to `deadline`.
-        Every pid of the server seen is ours here, so memory its schedulers still hold is waited
-        for rather than taken for a newcomer's. A port another process listens on (one that took
-        it while the server started) is not ours to wait for: it is named in the record and the
-        port counts as released. Returns the problems, what was waited for, and whether the port
-        is free."""
-        devices = self.spec.devices()
-        holders: dict[int, dict[int, int]] = {}
-        held_by: dict[int, dict[int, int]] = {}
-        waited = busy = False
-        taken = ""
-        looked = float("-inf")
-        while True:
-            problems: list[str] = []
-            if self._probe is not None:
-                ours = self._seen.pids_now()
-                snapshot = self._probe.snapshot()
-                problems = unreleased(
-                    self._baseline, snapshot, ours, devices, self.spec.gpu_tolerance_bytes
-                )
-                holders = _holders(snapshot, ours, devices)
-                for pid, gpus in holders.items():
-                    held_by.setdefault(pid, {}).update(gpus)
-            port_free = port_is_free(self.spec.host, self.spec.port)
-            if not port_free and self._clock() - looked >= 0.5:  # one /proc scan per look
-                looked = self._clock()
-                taken = deaths.port_line(self.spec.host, self.spec.port, self._seen.pids_now())
-            port_free = port_free or bool(taken)
-            if (not problems and port_free) or self._clock() >= deadline:
-                break
-            waited = waited or bool(problems)
-            busy = busy or not port_free
-            self._sleep(0.05)
-        elapsed = self._clock() - started
-        budget = self.spec.stop_grace_s + self.spec.release_s
-        record: list[str] = []
-        if problems:
-            who = self._describe(holders, "holds") or "no process of the server holds it"
-            head = (
-                f"GPU memory not back at the baseline {elapsed:.1f} s after the stop began, past "
-                f"the teardown budget (stop_grace_s + release_s = {budget:g} s): {who}"
-            )
-            problems = [head, *(p for p in problems if "our pid" not in p)]
-        elif waited:
-            who = self._describe(held_by, "held") or "no process of the server held it"
-            back = f"GPU memory back at the baseline {elapsed:.2f} s after the stop began"
-            record.append(f"{back}, waited for: {who}")
-        if taken:
-            record.append(f"{taken}; not waited for")
-        elif busy and port_free:
-            record.append(f"port {self.spec.port} free {elapsed:.2f} s after the stop began")
-        return problems, record, port_free
-
-    def _describe(self, holders: Mapping[int, Mapping[int, int]], verb: str) -> str:
-        """`pid P (main process, exited) holds 90.00 GiB on GPUs 0-7`, one per holder."""
-        parts = []
-        for pid, gpus in sorted(holders.items()):
-            info = procs.read_proc(pid)
-            live = info is not None and not info.gone
-            state = f"state {procs.describe_state(info.state)}" if live and info else "exited"
-            total = sum(gpus.values()) / GiB
-            where = _gpu_list(sorted(gpus))
-            role = self._seen.role_of(pid)
-            parts.append(f"pid {pid} ({role}, {state}) {verb} {total:.2f} GiB on {where}")
-        return ", ".join(parts)
-
     def __enter__(self) -> Server:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _holders(
-    snapshot: Sequence[GpuMemory], ours: set[int], devices: tuple[int, ...] | None
-) -> dict[int, dict[int, int]]:
-    """Our pids holding memory on the selected GPUs: pid -> GPU index -> bytes."""
-    out: dict[int, dict[int, int]] = {}
-    for gpu in snapshot:
-        if devices is not None and gpu.index not in devices:
-            continue
-        for pid, used in gpu.pids.items():
-            if pid in ours:
-                out.setdefault(pid, {})[gpu.index] = used
-    return out
-
-
-def _gpu_list(indices: Sequence[int]) -> str:
-    """`GPU 3`, `GPUs 0-7`, `GPUs 0, 2, 5`."""
-    if len(indices) == 1:
-        return f"GPU {indices[0]}"
-    if list(indices) == list(range(indices[0], indices[-1] + 1)):
-        return f"GPUs {indices[0]}-{indices[-1]}"
-    return "GPUs " + ", ".join(map(str, indices))
 
 
 def _pid_record(

@@ -6,7 +6,7 @@ decides on: the last byte of growth (stall watchdog), the last batch line (a liv
 "fired up" line and the first line that ends the run (`failure_at`). Time comes from the injected
 clock.
 
-A line ends the run when SGLang treats it as a death (`logparse.lines.FAILURE_KINDS`, but not a
+A line ends the run when SGLang treats it as a death (`logparse.events.FAILURE_KINDS`, but not a
 bare `…Error:` line, which can be a handled request error) or SGLang logged a SIGTERM (autotune
 reads the log while it stops the server only after its stop began, so one seen while following
 is foreign: the server now drains and refuses requests). Serving events never end it: a
@@ -20,7 +20,8 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from autotune.logparse.lines import FAILURE_KINDS, Batch, Event, Kind, parse_line
+from autotune.logparse.events import FAILURE_KINDS, Batch, Event, Kind
+from autotune.logparse.lines import parse_line
 from autotune.logparse.phase import Phase, PhaseClock
 from autotune.server.logtail import LogTail
 

@@ -21,7 +21,7 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config.space import grid
+from autotune.config.space import grid, point_key
 from autotune.config.studyfile import (
     Fixed,
     Scalar,
@@ -33,6 +33,7 @@ from autotune.logparse.outcome import Outcome
 from autotune.record import internals, keys
 from autotune.record.remedy import remedy
 from autotune.record.seeds import seeded_baseline
+from autotune.record.stored import stored, study_record
 from autotune.record.view import view
 from autotune.search.capacity import CapacityAwareSampler
 from autotune.study.objectives import constraint_values, objective_values
@@ -69,7 +70,9 @@ def prepare(study: optuna.Study, cfg: StudyConfig) -> int:
                 "--sampler grid needs a step (or choices) on every searched parameter; "
                 "add step = ... or use tpe"
             )
-        queued += [p for p in sorted(points, key=_grid_order(cfg.search)) if p != baseline]
+        first = point_key(baseline, cfg.search)
+        ordered = sorted(points, key=_grid_order(cfg.search))
+        queued += [p for p in ordered if point_key(p, cfg.search) != first]
     for params in queued:
         study.enqueue_trial(dict(params))
     return len(queued)
@@ -79,23 +82,25 @@ def baseline_first(study: optuna.Study, cfg: StudyConfig) -> bool:
     """Put the baseline back at the head of the queue when a run cut it short (Ctrl-C, or a
     killed autotune) and its point was queued again behind the others: the operator's setting is
     measured first on resume, as on the first night. True when the queue was reordered."""
-    stored = study.user_attrs.get(keys.BASELINE)
+    held = study_record(study).baseline
     searched = _searched_names(cfg.search)
     baseline = (
-        dict(stored)
-        if isinstance(stored, Mapping)
+        dict(held)
+        if held is not None
         else {k: v for k, v in cfg.search.baseline.items() if k in searched}
     )
     if not baseline:
         return False
     trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
 
+    point = point_key(baseline, cfg.search)
+
     def runs_baseline(params: Mapping[str, object]) -> bool:
-        return all(k in params and _same(params[k], v) for k, v in baseline.items())
+        return point.within(point_key(params, cfg.search))
 
     for t in trials:
         if t.state.is_finished() and runs_baseline(t.params):
-            outcome = Outcome.of(t.user_attrs.get(keys.OUTCOME, ""))
+            outcome = Outcome.of(stored(t).outcome or "")
             if t.state == TrialState.COMPLETE or outcome.counted:
                 return False  # the baseline was measured already
     waiting = [t for t in trials if t.state == TrialState.WAITING]
@@ -108,12 +113,6 @@ def baseline_first(study: optuna.Study, cfg: StudyConfig) -> bool:
         if was != now:
             internals.set_fixed_params(study, t, now)
     return True
-
-
-def _same(a: object, b: object) -> bool:
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        return abs(float(a) - float(b)) <= 1e-9
-    return a == b
 
 
 def _searched_names(search: SearchConfig) -> set[str]:
@@ -391,13 +390,13 @@ def _tell_unless_finished(
 
 def tell(study: optuna.Study, trial: optuna.trial.Trial, result: Result, cfg: StudyConfig) -> None:
     """Store one trial's result: its attributes (the record's figures flat besides the nested
-    record, `Result.user_attrs`) and, for a complete trial, its constraints in both of Optuna's
+    record, `Result.attrs_to_store`) and, for a complete trial, its constraints in both of Optuna's
     forms (`internals.constraint_attrs`) and its objective values. The point of a trial that was
     interrupted or cut short by the machine or from outside (`Outcome.requeued`) is enqueued
     again, so the study loses no point."""
     trial.set_user_attr(keys.OUTCOME, result.outcome)
     trial.set_user_attr(keys.REASON, result.reason)
-    for key, value in result.user_attrs.items():
+    for key, value in result.attrs_to_store.items():
         trial.set_user_attr(key, value)
     if result.state == "complete" and result.measured is not None:
         m = result.measured

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, TextIO
 
+from autotune.config.space import fraction_step, snap
 from autotune.config.studyfile import (
     FRACTION,
     HICACHE,
@@ -42,7 +43,7 @@ from autotune.config.studyfile import (
     StudyConfig,
 )
 from autotune.config.workload import Poisson, Steady, Stress, Warmup, WorkloadSpec
-from autotune.memory.arithmetic import tokens_for
+from autotune.memory.arithmetic import cell_from_geometry, pool_tokens
 from autotune.record.view import TrialView
 from autotune.sim.profiles import Profile
 
@@ -492,8 +493,8 @@ def _host_cache(
     device = device_tokens(top)
     if device is None or host > device:
         return []
-    step = f.step if isinstance(f, FloatRange) and f.step else 0.01
-    grid = [round(low + i * step, 6) for i in range(int((top - low) / step + 1e-9) + 1)]
+    step = fraction_step(cfg.search)
+    grid = [snap(low + i * step, step) for i in range(int((top - low) / step + 1e-9) + 1)]
     first = next((x for x in grid if (device_tokens(x) or 0) >= host), top)
     where = (
         f"from {FRACTION} {first:g} on (at {top:g}: about {device:,})"
@@ -539,18 +540,23 @@ def _profile_pools(
     tp_flag = flags.get("tp_size", flags.get("tensor_parallel_size", flags.get("tp", 1)))
     tp = tp_flag if isinstance(tp_flag, int) and tp_flag > 0 else 1
     att = profile.attention
-    elem = 1 if str(flags.get("kv_cache_dtype", "")).startswith("fp8") else 2
-    if att.kind == "mla":
-        cell = (att.kv_lora_rank + att.qk_rope_head_dim) * att.layers * elem
-    else:
-        cell = max(1, att.kv_heads // tp) * (att.head_dim + (att.v_head_dim or att.head_dim))
-        cell *= att.layers * elem
+    cell = cell_from_geometry(
+        layers=att.layers,
+        elem_bytes=1 if str(flags.get("kv_cache_dtype", "")).startswith("fp8") else 2,
+        mla=att.kind == "mla",
+        kv_lora_rank=att.kv_lora_rank,
+        qk_rope_head_dim=att.qk_rope_head_dim,
+        kv_heads=att.kv_heads,
+        head_dim=att.head_dim,
+        v_head_dim=att.v_head_dim,
+        tp=tp,
+    )
     if cell <= 0:
         return None
     p = profile.hardware.gpu_memory_mib / 1024 - profile.hardware.cuda_context_gib
     a = p - profile.model.weights_gib * profile.model.weights_tp / tp
 
     def at(frac: float) -> int | None:
-        return tokens_for(a - p * (1.0 - frac), cell)
+        return pool_tokens(p, a, frac, cell)
 
     return float(cell), at

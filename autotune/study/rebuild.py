@@ -42,22 +42,22 @@ from optuna.distributions import BaseDistribution, json_to_distribution
 from optuna.samplers import RandomSampler
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
-from autotune.config.space import distributions
+from autotune.config.space import Space, distributions, same_point
 from autotune.config.studyfile import StudyConfig
 from autotune.errors import UsageError
 from autotune.logparse.outcome import Outcome
 from autotune.masking import redact
 from autotune.record import internals, keys
 from autotune.record.seeds import read_seeds, store_seeds
+from autotune.record.stored import stored, study_record
 from autotune.study.loop import nothing_left, prepare, search_done
 from autotune.study.objectives import constraint_values, objective_values
 from autotune.study.records import STORAGE_BLOCK, not_launched, trial_folders
 from autotune.study.runner import study_lock
 from autotune.study.samplers import make_sampler
 from autotune.study.storage import check_sqlite, open_study
-from autotune.study.workers import same_point
 from autotune.trial.record import Measured
-from autotune.trial.run import TrialRecord, read_record
+from autotune.trial.trialfile import TrialRecord, read_record
 
 KILLED = (
     "autotune was killed mid-trial and wrote no record; restored from its trial folder by "
@@ -174,7 +174,7 @@ def _rebuild(cfg: StudyConfig, study_folder: Path, url: str) -> Rebuilt:
         study.add_trial(t)
         rebuilt.append(t)
     points = [dict(p) for p in queue[last + 1 :]]
-    points += _owed(rebuilt, points)
+    points += _owed(rebuilt, points, space)
     for params in points:
         study.enqueue_trial(params)
     why = nothing_left(study, make_sampler(cfg.sampler))
@@ -200,7 +200,7 @@ def _first_queue(
     store_seeds(scratch, cfg, seeds, distributions(cfg.search))
     prepare(scratch, cfg)
     points = [internals.fixed_params(t) for t in scratch.get_trials(deepcopy=False)]
-    return points, scratch.user_attrs.get(keys.BASELINE)
+    return points, study_record(scratch).baseline
 
 
 def _search_order(record: Mapping[str, Any], cfg: StudyConfig) -> dict[str, Any]:
@@ -306,17 +306,18 @@ def _searched(params: Mapping[str, Any], space: Mapping[str, BaseDistribution]) 
 
 
 def _owed(
-    rebuilt: Sequence[FrozenTrial], queued: Sequence[Mapping[str, object]]
+    rebuilt: Sequence[FrozenTrial], queued: Sequence[Mapping[str, object]], space: Space
 ) -> list[dict[str, object]]:
     """Points of trials cut short (their ending runs the point again) that no later trial ran
-    and that are not queued already: a run queued each again when it ended so."""
+    and that are not queued already (the same point of `space`): a run queued each again when
+    it ended so."""
     out: list[dict[str, object]] = []
     for i, t in enumerate(rebuilt):
         params = dict(t.params)
-        if not params or not Outcome.of(t.user_attrs.get(keys.OUTCOME, "")).requeued:
+        if not params or not Outcome.of(stored(t).outcome or "").requeued:
             continue
         later = [dict(u.params) for u in rebuilt[i + 1 :]] + [dict(q) for q in queued] + out
-        if not any(same_point(params, p) for p in later):
+        if not any(same_point(params, p, space) for p in later):
             out.append(params)
     return out
 

@@ -26,14 +26,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from optuna.distributions import distribution_to_json
 from optuna.trial import FrozenTrial
 
 from autotune.errors import HarnessError, UsageError
 from autotune.masking import redact
-from autotune.record import keys
+from autotune.record.stored import as_json, stored
 from autotune.study.storage import default_storage_url
-from autotune.trial.run import read_record, rewrite_record
+from autotune.trial.trialfile import read_record, rewrite_record
 
 TRIALS = "trials"
 STORAGE_BLOCK = "storage"
@@ -91,7 +90,7 @@ def rebuild_command(name: str, study_folder: Path, url: str) -> str:
 
 
 def claim(folder: Path, number: int) -> Path:
-    """Create trial `number`'s folder (owner-only, as `trial.run.private_dir` keeps it); a
+    """Create trial `number`'s folder (owner-only, as `trial.trialfile.private_dir` keeps it); a
     HarnessError when it exists already: it holds another trial's log and record."""
     path = trial_dir(folder, number)
     try:
@@ -108,29 +107,12 @@ def claim(folder: Path, number: int) -> Path:
     return path
 
 
-def stored(t: FrozenTrial) -> dict[str, object]:
-    """The trial as the storage holds it, as JSON (the `storage` block of trial.json); the
-    whole record (`keys.RECORD`) is the rest of trial.json, so only whether it is there."""
-    user = {k: v for k, v in t.user_attrs.items() if k != keys.RECORD}
-    return {
-        "state": t.state.name,
-        "values": list(t.values) if t.values is not None else None,
-        "params": dict(t.params),
-        "distributions": {k: distribution_to_json(d) for k, d in t.distributions.items()},
-        "user_attrs": user,
-        "system_attrs": dict(t.system_attrs),
-        "record": keys.RECORD in t.user_attrs,
-        "datetime_start": t.datetime_start.isoformat() if t.datetime_start else None,
-        "datetime_complete": t.datetime_complete.isoformat() if t.datetime_complete else None,
-    }
-
-
 def agrees(record: Mapping[str, object], t: FrozenTrial) -> bool:
     """Whether `record` (a trial.json) tells the stored trial `t`'s story: the same outcome,
     and the trial as the storage holds it now."""
-    outcome = str(t.user_attrs.get(keys.OUTCOME, ""))
+    outcome = stored(t).outcome or ""
     block = record.get(STORAGE_BLOCK)
-    return record.get("outcome") == outcome and _same_json(block, stored(t))
+    return record.get("outcome") == outcome and _same_json(block, as_json(t))
 
 
 def keep(where: Path, t: FrozenTrial) -> bool:
@@ -144,8 +126,8 @@ def keep(where: Path, t: FrozenTrial) -> bool:
     record: dict[str, Any] = dict(read_record(where) or {})
     if record and agrees(record, t):
         return True
-    outcome = str(t.user_attrs.get(keys.OUTCOME, ""))
-    reason = str(t.user_attrs.get(keys.REASON, ""))
+    told = stored(t)
+    outcome, reason = told.outcome or "", told.reason or ""
     written = record.get("outcome")
     if written and written != outcome and MEASURED_OUTCOME not in record:
         record[MEASURED_OUTCOME] = written
@@ -157,7 +139,7 @@ def keep(where: Path, t: FrozenTrial) -> bool:
             outcome=outcome,
             reason=reason,
         )
-    record[STORAGE_BLOCK] = stored(t)
+    record[STORAGE_BLOCK] = as_json(t)
     try:
         rewrite_record(where, record)
     except HarnessError as exc:
@@ -173,11 +155,12 @@ def keep_unlaunched(folder: Path, t: FrozenTrial) -> bool:
     not be written (a warning says why) or a folder of that number exists."""
     if trial_dir(folder, t.number).exists():
         return False
+    told = stored(t)
     line = {
         "number": t.number,
-        "outcome": str(t.user_attrs.get(keys.OUTCOME, "")),
-        "reason": str(t.user_attrs.get(keys.REASON, "")),
-        STORAGE_BLOCK: stored(t),
+        "outcome": told.outcome or "",
+        "reason": told.reason or "",
+        STORAGE_BLOCK: as_json(t),
     }
     path = folder / TRIALS / NOT_LAUNCHED
     try:
@@ -210,8 +193,8 @@ def not_launched(folder: Path) -> dict[int, dict[str, Any]]:
 
 def owns(t: FrozenTrial, where: Path) -> bool:
     """Whether `where` is the trial folder `t` recorded (`keys.TRIAL_DIR`) when it was launched."""
-    recorded = t.user_attrs.get(keys.TRIAL_DIR)
-    return isinstance(recorded, str) and Path(recorded).resolve() == where.resolve()
+    recorded = stored(t).trial_dir
+    return recorded is not None and Path(recorded).resolve() == where.resolve()
 
 
 def reconcile(folder: Path, trials: Sequence[FrozenTrial]) -> list[int]:

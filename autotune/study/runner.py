@@ -30,6 +30,7 @@ from autotune.masking import redact, redact_text
 from autotune.record import internals, keys
 from autotune.record.remedy import remedy
 from autotune.record.seeds import origins, read_seeds, store_seeds
+from autotune.record.stored import stored
 from autotune.record.view import TrialView, view, views
 from autotune.server.hostcheck import results_disk_problem
 from autotune.server.procs import writers
@@ -78,16 +79,12 @@ from autotune.study.workers import (
     worker_gpus,
     worker_seed,
 )
+from autotune.trial.plan import plan_trial
 from autotune.trial.record import Result
-from autotune.trial.run import (
-    Launcher,
-    plan_trial,
-    read_record,
-    rewrite_record,
-    run_trial,
-    write_record,
-)
+from autotune.trial.run import run_trial
+from autotune.trial.seam import Launcher
 from autotune.trial.signals import STOP_SIGNALS
+from autotune.trial.trialfile import read_record, rewrite_record, write_record
 
 
 def run(
@@ -191,7 +188,7 @@ class _Night:
         reconcile(self.folder, study.get_trials(deepcopy=False))
         queued = prepare(study, cfg)
         if queued:
-            drop_twice_queued(study)
+            drop_twice_queued(study, cfg.search)
         elif baseline_first(study, cfg):
             recovered_note = "; the baseline goes first again"
         else:
@@ -280,7 +277,7 @@ class _Night:
         return Result("fail", "harness_error", reason, None, attrs)
 
     def on_told(self, t: FrozenTrial) -> None:
-        if keys.TRIAL_DIR in t.user_attrs:
+        if stored(t).trial_dir is not None:
             keep(trial_dir(self.folder, t.number), t)
         else:
             keep_unlaunched(self.folder, t)

@@ -39,6 +39,7 @@ from autotune.config.studyfile import (
 from autotune.errors import HarnessError, UsageError
 from autotune.masking import redact, redact_text
 from autotune.record import internals, keys
+from autotune.record.stored import stored, study_record
 from autotune.record.view import view
 from autotune.study.objectives import metric_names
 
@@ -109,10 +110,10 @@ def open_study(
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         first = redact_text(first, storage_url)
         raise UsageError(f"--storage {redact(storage_url)}: cannot open it ({first})") from exc
-    stored = study.user_attrs.get(keys.OBJECTIVES)
+    stored = study_record(study).objectives
     if stored is not None and list(stored) != list(cfg.objectives):
         raise UsageError(
-            f"study {cfg.name} was created with objectives {stored}; "
+            f"study {cfg.name} was created with objectives {list(stored)}; "
             "use another --study name or --results-dir for different objectives"
         )
     _check_backend(study, cfg)
@@ -123,7 +124,7 @@ def open_study(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ExperimentalWarning)
             study.set_metric_names(names)
-    if study.user_attrs.get(keys.BACKEND) is None:
+    if study_record(study).backend is None:
         study.set_user_attr(keys.BACKEND, cfg.server.backend)
     return study
 
@@ -132,9 +133,10 @@ def _check_backend(study: optuna.Study, cfg: StudyConfig) -> None:
     """A study holds the trials of one backend: rehearsal trials on the simulator must never
     join a real night's history (nor the memory model's fit), and the other way round."""
     backend = cfg.server.backend
-    held = study.user_attrs.get(keys.BACKEND)
+    held = study_record(study).backend
     if held is None:  # a study from before backends were recorded: its trials tell
-        held = next((b for b in map(_backend_of, study.get_trials(deepcopy=False)) if b), None)
+        backends = (stored(t).backend for t in study.get_trials(deepcopy=False))
+        held = next((b for b in backends if b), None)
     if held is None or held == backend:
         return
     what = "simulator rehearsal" if held == "sim" else f"{held} backend"
@@ -142,12 +144,6 @@ def _check_backend(study: optuna.Study, cfg: StudyConfig) -> None:
         f"study {cfg.name} holds trials of the {what}; a {backend} run would mix with them: "
         f"use another --study name, or --results-dir (e.g. --results-dir results/{backend})"
     )
-
-
-def _backend_of(t: FrozenTrial) -> str | None:
-    record = t.user_attrs.get(keys.RECORD)
-    backend = record.get("backend") if isinstance(record, dict) else None
-    return str(backend) if backend else None
 
 
 OPTUNA_TABLES = frozenset({"version_info", "studies"})
@@ -405,7 +401,7 @@ def stale(
     for t in trials:
         if t.state != TrialState.RUNNING:
             continue
-        w = Worker.from_dict(t.user_attrs.get(keys.WORKER))
+        w = Worker.from_dict(stored(t).worker)
         if w == me:
             continue
         if w is not None and w.same_machine(me.host, me.machine):

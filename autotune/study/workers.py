@@ -41,11 +41,19 @@ from optuna.samplers import RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
-from autotune.config.space import gpus_needed, settings_for
+from autotune.config.space import (
+    PointKey,
+    Space,
+    gpus_needed,
+    point_key,
+    same_point,
+    settings_for,
+)
 from autotune.config.studyfile import Heartbeat, Limits, SearchConfig, StudyConfig
 from autotune.errors import UsageError
-from autotune.record import internals, keys
+from autotune.record import internals
 from autotune.record.internals import BaseHeartbeat
+from autotune.record.stored import stored
 from autotune.study.storage import Worker, counted, describe, fail, stale
 
 log = logging.getLogger("autotune.study.workers")
@@ -227,15 +235,16 @@ def worker_seed(seed: int, worker: Worker) -> int:
 # ------------------------------------------------------------------------------------------------
 
 
-def drop_twice_queued(study: optuna.Study) -> list[int]:
+def drop_twice_queued(study: optuna.Study, space: Space | None = None) -> list[int]:
     """Workers that open a new study together each queue its first points (the baseline, the
-    grid); keep the first of each queued point and record the others as skipped."""
-    seen: set[str] = set()
+    grid); keep the first of each queued point (the same point of `space`) and record the others
+    as skipped."""
+    seen: set[PointKey] = set()
     dropped = []
     for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
         if t.state != TrialState.WAITING:
             continue
-        key = repr(sorted((k, _norm(v)) for k, v in point(t).items()))
+        key = point_key(point(t), space)
         if key not in seen:
             seen.add(key)
             continue
@@ -292,15 +301,6 @@ def point(t: FrozenTrial) -> dict[str, object]:
     return internals.fixed_params(t)
 
 
-def same_point(a: Mapping[str, object], b: Mapping[str, object]) -> bool:
-    """Equal parameters, floats compared to 9 digits (a sampled 0.8600000000000001 is 0.86)."""
-    return a.keys() == b.keys() and all(_norm(a[k]) == _norm(b[k]) for k in a)
-
-
-def _norm(v: object) -> object:
-    return round(v, 9) if isinstance(v, float) else v
-
-
 def running_before(trials: Sequence[FrozenTrial], trial: FrozenTrial) -> list[FrozenTrial]:
     """Other RUNNING trials that started before `trial` (they have the first claim)."""
     return [
@@ -316,12 +316,17 @@ def surplus(trials: Sequence[FrozenTrial], trial: FrozenTrial, n_trials: int) ->
     return counted(trials) + len(running_before(trials, trial)) >= n_trials
 
 
-def duplicate_of(trials: Sequence[FrozenTrial], trial: FrozenTrial) -> FrozenTrial | None:
-    """A trial started before `trial` and still running with the same parameters."""
+def duplicate_of(
+    trials: Sequence[FrozenTrial], trial: FrozenTrial, space: Space | None = None
+) -> FrozenTrial | None:
+    """A trial started before `trial` and still running with the same parameters (the same
+    point of `space`, `config.space.point_key`)."""
     mine = point(trial)
     if not mine:
         return None
-    return next((t for t in running_before(trials, trial) if same_point(point(t), mine)), None)
+    return next(
+        (t for t in running_before(trials, trial) if same_point(point(t), mine, space)), None
+    )
 
 
 def max_wait_s(limits: Limits, heartbeat: Heartbeat) -> float:
@@ -454,11 +459,11 @@ class Coordinator:
                 study.enqueue_trial(point(mine))
             self.skipped.append(trial.number)
             return SKIPPED_SURPLUS
-        twin = duplicate_of(trials, mine)
+        twin = duplicate_of(trials, mine, self._search)
         if twin is not None and self._duplicates < MAX_DUPLICATE_SKIPS:
             self._duplicates += 1
             self.skipped.append(trial.number)
-            who = describe(Worker.from_dict(twin.user_attrs.get(keys.WORKER)))
+            who = describe(Worker.from_dict(stored(twin).worker))
             return f"not launched: trial {twin.number} runs the same parameters ({who})"
         self._duplicates = 0
         return ""

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.record.stored import stored
 from autotune.server import procs
 
 FINISHED = (TrialState.COMPLETE, TrialState.FAIL)
@@ -47,12 +48,13 @@ def problems(trials: Sequence[FrozenTrial], folder: Path) -> list[str]:
             continue
         if t.state not in FINISHED:
             continue  # WAITING: a queued point
-        outcome = t.user_attrs.get("outcome")
+        told = stored(t)
+        outcome = told.outcome
         if not outcome:
             out.append(f"trial {t.number} is {t.state.name} without an outcome")
             continue
         path = folder / "trials" / f"{t.number:04d}" / "trial.json"
-        if not isinstance(t.user_attrs.get("record"), dict) and not path.exists():
+        if not told.has_record and not path.exists():
             continue  # never launched here: stale before a launch, skipped, another worker's
         try:
             written = json.loads(path.read_text())

@@ -1,4 +1,6 @@
-"""A minimal, fast SGLang-like HTTP server for testing and benchmarking the load generator.
+"""The one stand-in for an SGLang server that the tests and the benchmarks start: fast HTTP
+answers shaped as SGLang writes them and, with `--log`, SGLang 0.5.9's log and the endings of a
+server's life. `start` runs one for a test or a benchmark (the `Running` handle).
 
 `python -m autotune.testing.fakeserver --port 0` prints `listening on PORT` and serves
 /generate, /v1/completions, /v1/chat/completions (streamed or not), /health, /v1/models and
@@ -14,6 +16,45 @@ little and the client is what gets measured. `--pad-bytes N` puts N bytes of ear
 every native event (a long answer's cumulative text) and an N-byte `pad` field in OpenAI
 chunks. `--die-after N` kills the process with SIGKILL once N generation requests have
 started, like an SGLang crash; `--api-key` demands `Authorization: Bearer KEY`.
+
+With `--log` it is a server for the lifecycle: it prints SGLang 0.5.9's startup lines, binds
+`--host`/`--port` once the KV pool is sized, prints the ready line, and SIGTERM ends it (exit
+0). `/generate` then answers only with mode `generate` (logging a Prefill batch line for each
+answer), `/health` and `/health_generate` answer 200 once ready, and `--lines FILE` prints
+FILE's lines after the ready line, one every 50 ms (`{now}` replaced by the time stamp). Each
+`--mode M` changes one behaviour, so tests can stage every ending the lifecycle must
+recognise without the simulator:
+
+    no-kv-room        startup fails with "Not enough memory" (then SIGKILLs itself, as SGLang)
+    hang-load         stops printing during weight load and never finishes
+    crawl-load        keeps printing progress during weight load and never finishes
+    runtime-oom       becomes ready, then logs a torch OOM and SIGKILLs itself
+    exit-after-ready  becomes ready, then exits silently (an OOM-killed scheduler)
+    health-fail       /health and /health_generate answer 503 once ready
+    health-late       /health_generate answers 503 for half a second after ready
+    generate          serves generation requests once ready
+    stuck-after=N     answers the first N generation requests; every later one is accepted and
+                      never answered, while the health routes keep answering (a wedged
+                      scheduler behind a live HTTP front)
+    batches           logs a Decode batch line every 0.1 s once ready (after `--lines`)
+    die-after-lines   SIGKILLs itself after the last line of `--lines`, as SGLang's SIGQUIT
+                      handler does after a scheduler failure
+    ignore-sigterm    ignores SIGTERM
+    child             starts a child process in its group (a scheduler)
+    escaped-child     starts a child that leaves the group with setsid()
+    gpu=DIR           registers 1 GiB on simulated GPU 0 in DIR while alive
+    schedulers=N      starts N scheduler processes in its group before the weight load; each logs
+                      `scheduler pid P` and, with gpu=DIR, registers 1 GiB on simulated GPU i+1
+                      (kept fresh by a heartbeat) until it dies
+    sched-hold=S      the schedulers' GPU memory stays counted S s after they die, however they
+                      die (the driver freeing a killed process's memory late)
+    sched-pgrp        the schedulers move to process groups of their own (same session)
+    sched-setsid      the schedulers leave the session too (setsid)
+    die-in-load       2 s into the weight load a scheduler error kills the main process (SIGKILL,
+                      as SGLang does), and the schedulers live on: nothing stops them
+
+Unknown modes are ignored (a test may pass a secret as one to see it masked); `--marker WORD`
+is ignored too: it puts a word on the command line by which a test finds its processes.
 """
 
 from __future__ import annotations
@@ -25,10 +66,13 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
+import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 _MAX_NEW = re.compile(rb'"max_(?:new_|completion_)?tokens"\s*:\s*(\d+)')
 _STREAM = re.compile(rb'"stream"\s*:\s*true')
@@ -37,6 +81,8 @@ _IDS = re.compile(rb'"(?:input_ids|prompt)"\s*:\s*\[')
 
 @dataclass(frozen=True)
 class Options:
+    """What the command line asks of the server (see the module's docstring)."""
+
     ttft_s: float
     itl_s: float
     api_key: str | None
@@ -44,6 +90,25 @@ class Options:
     batch: int
     model: str
     pad_bytes: int = 0
+    log: bool = False
+    modes: frozenset[str] = frozenset()
+
+    def mode_value(self, name: str) -> str | None:
+        """The value of mode `name=VALUE`, None when it is not given."""
+        return next((m.split("=", 1)[1] for m in self.modes if m.startswith(name + "=")), None)
+
+
+SERVER_INFO = {
+    "max_total_num_tokens": 159277,
+    "chunked_prefill_size": 8192,
+    "internal_states": [
+        {
+            "memory_usage": {"weight": 72.33, "kvcache": 10.42, "graph": 3.75},
+            "effective_max_running_requests_per_dp": 48,
+        }
+    ],
+}
+"""`/server_info`: the sizes the `--log` startup lines print (`_startup`)."""
 
 
 def _input_tokens(body: bytes) -> int:
@@ -101,7 +166,8 @@ class _Conn(asyncio.Protocol):
             self.transport.write(data)
 
     def _reply(self, status: int, body: bytes, ctype: str = "application/json") -> None:
-        reason = {200: "OK", 401: "Unauthorized", 404: "Not Found"}.get(status, "Error")
+        reasons = {200: "OK", 401: "Unauthorized", 404: "Not Found", 503: "Service Unavailable"}
+        reason = reasons.get(status, "Error")
         self._send(
             f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\n"
             f"Content-Length: {len(body)}\r\n\r\n".encode()
@@ -114,14 +180,14 @@ class _Conn(asyncio.Protocol):
             if opt.api_key is not None and headers.get("authorization") != f"Bearer {opt.api_key}":
                 self._reply(401, b'{"error": "Unauthorized"}')
             elif path in ("/health", "/health_generate"):
-                self._reply(200, b"")
+                self._reply(200 if self.server.healthy() else 503, b"")
             elif path == "/v1/models":
                 self._reply(
                     200, json.dumps({"object": "list", "data": [{"id": opt.model}]}).encode()
                 )
             elif path in ("/server_info", "/get_server_info"):
-                self._reply(200, b'{"max_running_requests": 64, "chunked_prefill_size": 8192}')
-            elif path in ("/generate", "/v1/completions", "/v1/chat/completions"):
+                self._reply(200, json.dumps(SERVER_INFO).encode())
+            elif path in _GENERATION and self.server.generates():
                 await self._generate(path, body)
             else:
                 self._reply(404, b'{"error": "not found"}')
@@ -135,6 +201,15 @@ class _Conn(asyncio.Protocol):
         self.server.started += 1
         if opt.die_after is not None and self.server.started > opt.die_after:
             os.kill(os.getpid(), signal.SIGKILL)
+        stuck = opt.mode_value("stuck-after")
+        if stuck is not None and self.server.started > int(stuck):
+            await asyncio.Event().wait()  # accepted, never answered
+        if opt.log:
+            log(
+                "Prefill batch, #new-seq: 1, #new-token: 1, #cached-token: 0, token usage: 0.00, "
+                "#running-req: 0, #queue-req: 0, input throughput (token/s): 1.00, "
+                "cuda graph: False"
+            )
         m = _MAX_NEW.search(body)
         n = int(m.group(1)) if m else 128
         stream = _STREAM.search(body) is not None
@@ -173,6 +248,7 @@ def _frame(*event: bytes) -> list[bytes]:
     return [b"%x\r\n" % size, *event, b"\n\n\r\n"]
 
 
+_GENERATION = ("/generate", "/v1/completions", "/v1/chat/completions")
 _MODEL = re.compile(rb'\s*:\s*"((?:[^"\\]|\\.)*)"')
 _TRUE = re.compile(rb"\s*:\s*true")
 _API_OF_PATH = {"/generate": "generate", "/v1/completions": "completions"}
@@ -353,21 +429,296 @@ def whole_response(req: Request, n: int) -> bytes:
     )
 
 
+@dataclass
 class FakeServer:
-    def __init__(self, opt: Options) -> None:
-        self.opt = opt
-        self.started = 0
+    """The state the connections share: the options, how many generations have started, and
+    when the server became ready (monotonic seconds; 0 before)."""
+
+    opt: Options
+    started: int = 0
+    ready_at: float = field(default=0.0)
+
+    def healthy(self) -> bool:
+        """What `/health` and `/health_generate` say: ready, and no mode making them fail."""
+        modes = self.opt.modes
+        late = "health-late" in modes and time.monotonic() - self.ready_at < 0.5
+        return self.ready_at > 0 and "health-fail" not in modes and not late
+
+    def generates(self) -> bool:
+        """Whether generation requests are served: always, but with `--log` only once ready
+        and with mode `generate`."""
+        return not self.opt.log or (self.ready_at > 0 and "generate" in self.opt.modes)
 
 
 async def serve(opt: Options, host: str, port: int) -> None:
+    """Serve on `host:port` (0: a free port) until the process ends; prints `listening on
+    PORT` once bound."""
     server = FakeServer(opt)
     loop = asyncio.get_running_loop()
     srv = await loop.create_server(lambda: _Conn(server), host, port, backlog=4096)
+    server.ready_at = time.monotonic()
     bound = srv.sockets[0].getsockname()[1]
     sys.stdout.write(f"listening on {bound}\n")
     sys.stdout.flush()
     async with srv:
         await srv.serve_forever()
+
+
+def serve_in_thread(server: FakeServer, host: str, port: int) -> None:
+    """Bind `host:port` and serve from a daemon thread, so that the main thread goes on
+    writing the log; a failure to bind is raised here."""
+    loop = asyncio.new_event_loop()
+    bound = threading.Event()
+    failed: list[BaseException] = []
+
+    async def run() -> None:
+        try:
+            srv = await loop.create_server(lambda: _Conn(server), host, port, backlog=4096)
+        except BaseException as exc:
+            failed.append(exc)
+            raise
+        finally:
+            bound.set()
+        async with srv:
+            await srv.serve_forever()
+
+    def forever() -> None:
+        with contextlib.suppress(BaseException):
+            loop.run_until_complete(run())
+
+    threading.Thread(target=forever, daemon=True).start()
+    bound.wait()
+    if failed:
+        raise failed[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# With --log: SGLang 0.5.9's log and the endings of a server's life
+# ------------------------------------------------------------------------------------------------
+
+
+def log(message: str, rank: str = " TP0") -> None:
+    """One log line as SGLang prints it, with the rank's tag (`rank=""`: the main process)."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    print(f"[{stamp}{rank}] {message}", flush=True)
+
+
+def main_log(message: str) -> None:
+    """A line of the main process (no rank tag)."""
+    log(message, rank="")
+
+
+def crash(lines: list[str]) -> None:
+    """A scheduler's traceback, the SIGQUIT line, then SIGKILL, as SGLang dies."""
+    log("Scheduler hit an exception: Traceback (most recent call last):")
+    for line in lines:
+        print(line, flush=True)
+    main_log("SIGQUIT received. signum=None, frame=None. It usually means one child failed.")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _group_of(pid: int) -> tuple[int, int]:
+    """(process group, session) of `pid`, from /proc."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return int(fields[2]), int(fields[3])
+
+
+def start_child(escape: bool) -> None:
+    """A child in the group, or (`escape`) one that left it with setsid(); returns once it
+    has."""
+    code = f"import os,time\nif {escape!r}: os.setsid()\ntime.sleep(600)"
+    child = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 10
+    while escape and time.monotonic() < deadline:
+        if _group_of(child.pid)[1] == child.pid:
+            break
+        time.sleep(0.01)
+
+
+SCHEDULER = """
+import os, sys, time
+from pathlib import Path
+layout, gpu, index, hold = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+if layout == "pgrp":
+    os.setpgid(0, 0)
+elif layout == "session":
+    os.setsid()
+writer = None
+if gpu:
+    from autotune.sim.gpustate import GpuStateWriter
+    seconds = float(hold) if hold else None
+    writer = GpuStateWriter(Path(gpu), os.getpid(), {index: 80 << 30}, seconds)
+    writer.set_all(1 << 30)
+stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+print(f"[{stamp} TP{index - 1}] scheduler pid {os.getpid()}", flush=True)
+while True:
+    time.sleep(0.2)
+    if writer is not None:
+        writer.heartbeat()
+"""
+
+
+def start_schedulers(count: int, layout: str, gpu: str | None, hold: str) -> None:
+    """Start `count` schedulers; return once each has moved where `layout` says and registered
+    its GPU memory."""
+    children = [
+        subprocess.Popen([sys.executable, "-c", SCHEDULER, layout, gpu or "", str(i + 1), hold])
+        for i in range(count)
+    ]
+    deadline = time.monotonic() + 20
+    for child in children:
+        while time.monotonic() < deadline:
+            pgid, sid = _group_of(child.pid)
+            moved = {"group": True, "pgrp": pgid == child.pid}.get(layout, sid == child.pid)
+            if moved and (not gpu or (Path(gpu) / f"proc-{child.pid}.json").exists()):
+                break
+            time.sleep(0.01)
+
+
+def _startup(opt: Options) -> None:
+    """The processes and the log lines before the HTTP server binds, as the modes say."""
+    modes = opt.modes
+    gpu = opt.mode_value("gpu")
+    if gpu:
+        from autotune.sim.gpustate import write_holder
+
+        write_holder(Path(gpu), os.getpid(), {0: 1 << 30}, {0: 80 << 30})
+    if "child" in modes:
+        start_child(escape=False)
+    if "escaped-child" in modes:
+        start_child(escape=True)
+    count = int(opt.mode_value("schedulers") or 0)
+    if count:
+        hold = opt.mode_value("sched-hold") or ""
+        layout = "session" if "sched-setsid" in modes else "pgrp" if "sched-pgrp" in modes else ""
+        start_schedulers(count, layout or "group", gpu, hold)
+
+    main_log("server_args=ServerArgs(model_path='fake', tp_size=1)")
+    log("Init torch distributed begin.")
+    log("Init torch distributed ends. elapsed=0.01 s, mem usage=1.55 GB")
+    log("Load weight begin. avail mem=94.04 GB")
+    if "die-in-load" in modes:
+        time.sleep(2.0)
+        crash(["RuntimeError: CUDA error: an illegal memory access was encountered"])
+    if "hang-load" in modes:
+        time.sleep(3600)
+    if "crawl-load" in modes:
+        for i in range(36000):
+            print(f"Loading safetensors checkpoint shards: {i % 100}% Completed", flush=True)
+            time.sleep(0.1)
+    log(
+        "Load weight end. elapsed=0.01 s, type=DeepseekV3ForCausalLM, dtype=torch.bfloat16, "
+        "avail mem=21.71 GB, mem usage=72.33 GB."
+    )
+    if "no-kv-room" in modes:
+        crash(
+            [
+                "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
+                "Current value: self.server_args.mem_fraction_static=0.5",
+            ]
+        )
+    log("KV Cache is allocated. #tokens: 159277, KV size: 10.42 GB")
+    log("Memory pool end. avail mem=11.24 GB")
+    log("Capture cuda graph begin. This can take up to several minutes. avail mem=11.24 GB")
+    log("Capture cuda graph end. Time elapsed: 0.01 s. mem usage=3.75 GB. avail mem=7.49 GB.")
+    log(
+        "max_total_num_tokens=159277, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+        "max_running_requests=48, context_len=262144, available_gpu_mem=7.49 GB"
+    )
+
+
+def run_with_log(opt: Options, host: str, port: int, lines: Path | None) -> None:
+    """`--log`: the startup, the HTTP server from a thread, the ready line, then the modes'
+    ending or the serving log until SIGTERM."""
+    modes = opt.modes
+    if "ignore-sigterm" in modes:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    _startup(opt)
+    server = FakeServer(opt)
+    serve_in_thread(server, host, port)
+    main_log(f"INFO:     Started server process [{os.getpid()}]")
+    main_log(f"INFO:     Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)")
+    server.ready_at = time.monotonic()
+    main_log("The server is fired up and ready to roll!")
+    if "runtime-oom" in modes:
+        time.sleep(0.3)
+        crash(["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0"])
+    if "exit-after-ready" in modes:
+        time.sleep(0.3)
+        os._exit(0)
+    if lines is not None:
+        for line in lines.read_text().splitlines():
+            time.sleep(0.05)
+            print(line.replace("{now}", time.strftime("%Y-%m-%d %H:%M:%S")), flush=True)
+        if "die-after-lines" in modes:
+            os.kill(os.getpid(), signal.SIGKILL)
+    while True:
+        if "batches" in modes:
+            log(
+                "Decode batch, #running-req: 4, #token: 900, token usage: 0.01, cuda graph: True, "
+                "gen throughput (token/s): 100.00, #queue-req: 0"
+            )
+        time.sleep(0.1)
+
+
+# ------------------------------------------------------------------------------------------------
+# Starting one from a test or a benchmark
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Running:
+    """A fake server started by `start`: its process (the leader of its own process group) and
+    the port it listens on."""
+
+    proc: subprocess.Popen[str]
+    port: int
+
+    @property
+    def url(self) -> str:
+        """The base URL requests go to."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def is_dead(self) -> str | None:
+        """Why the server is gone (its exit status), None while it runs."""
+        code = self.proc.poll()
+        return None if code is None else f"server exited with {code}"
+
+    def stop(self) -> bool:
+        """SIGKILL its process group and reap it; whether the group is gone within 5 s."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                return True
+            time.sleep(0.05)
+        return False
+
+
+def start(*args: str) -> Running:
+    """`python -m autotune.testing.fakeserver --port 0 ARGS` in a session of its own, once it
+    listens (raises RuntimeError when it does not start)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autotune.testing.fakeserver", "--port", "0", *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("listening on "):
+        Running(proc, 0).stop()
+        raise RuntimeError(f"the fake server did not start: {line!r}")
+    return Running(proc, int(line.split()[-1]))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -383,6 +734,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--pad-bytes", type=int, default=0, help="earlier text in each native event, or padding"
     )
+    p.add_argument("--log", action="store_true", help="SGLang 0.5.9's log and the modes")
+    p.add_argument("--mode", action="append", default=[], help="one behaviour (with --log)")
+    p.add_argument("--lines", type=Path, help="log lines printed once ready (with --log)")
+    p.add_argument("--marker", help="ignored: a word on the command line")
     a = p.parse_args(argv)
     opt = Options(
         a.ttft_ms / 1000,
@@ -392,7 +747,12 @@ def main(argv: list[str] | None = None) -> None:
         max(1, a.batch),
         a.model,
         max(0, a.pad_bytes),
+        a.log,
+        frozenset(a.mode),
     )
+    if a.log:
+        run_with_log(opt, a.host, a.port, a.lines)
+        return
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(opt, a.host, a.port))
 

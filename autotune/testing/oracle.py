@@ -68,7 +68,7 @@ CAUSES = {
     "hicache_too_small": "hicache_too_small",
 }
 """The simulator's startup failure kinds as the log parser names their causes
-(`autotune.logparse.lines.Kind`); anything else is a start error."""
+(`autotune.logparse.events.Kind`); anything else is a start error."""
 MEMORY_CAUSES = frozenset(
     {
         "no_kv_room",

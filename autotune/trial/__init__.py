@@ -1,4 +1,5 @@
-"""One trial end to end: the plan (argv, env, port, folder), the run (launch → ready → ledger →
-workload → teardown) and its record. `run` decides once what a trial's ending means for the
-study; `record` holds the values it hands over.
+"""One trial end to end: the plan (`plan`: argv, env, port, folder), the seam to a server
+(`seam`) and its live implementation (`live`, with the GPU readings of `gpuwatch` and `growth`),
+the run (`run`: launch → ready → ledger → workload → teardown), what its ending means (`judge`),
+and its record (`trialfile`: trial.json; `record`: the values the study is told).
 """

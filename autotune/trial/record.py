@@ -39,7 +39,7 @@ class Result:
     no longer fit for the next launch (a server that would not go away)."""
 
     @property
-    def user_attrs(self) -> dict[str, object]:
+    def attrs_to_store(self) -> dict[str, object]:
         """What the study stores as the trial's user attributes: `attrs` (the nested `record`
         that autotune's readers take), and each figure of the record flat, one key each, so
         Optuna Dashboard and any Optuna reader show them as columns (`keys.flat_attrs`)."""

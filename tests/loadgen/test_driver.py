@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
@@ -18,11 +17,9 @@ from autotune.loadgen import (
     stress_plan,
     workload_from_dict,
 )
+from autotune.testing.fakeserver import Running
 
-if TYPE_CHECKING:
-    from tests.loadgen.conftest import FakeServer
-
-Start = Callable[..., "FakeServer"]
+Start = Callable[..., Running]
 FACTS = ServerFacts(max_running_requests=12, chunked_prefill_size=700, context_len=4096)
 
 

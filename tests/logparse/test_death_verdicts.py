@@ -12,15 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.logparse.lines import (
-    FAILURE_KINDS,
-    MACHINE_KINDS,
-    Event,
-    Kind,
-    ParsedLog,
-    parse_line,
-    parse_text,
-)
+from autotune.logparse.events import FAILURE_KINDS, MACHINE_KINDS, Event, Kind, ParsedLog
+from autotune.logparse.lines import parse_line, parse_text
 from autotune.logparse.outcome import Outcome, RunFacts, classify, signal_name
 from autotune.logparse.serving import summarize
 from autotune.record.direction import Push, push_of

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.logparse.lines import Batch, Event, Kind, parse_line, rank_order, split_prefix
+from autotune.logparse.events import Batch, Event, Kind
+from autotune.logparse.lines import parse_line
+from autotune.logparse.prefix import rank_order, split_prefix
 
 TP0 = "[2026-02-24 12:00:00 TP0] "
 MAIN = "[2026-02-24 12:00:00] "
@@ -483,7 +485,7 @@ def test_0_5_23_batch_lines(line: str, fields: dict[str, object]) -> None:
 
 
 def test_server_args_lines_of_both_shapes() -> None:
-    from autotune.logparse.lines import read_server_args
+    from autotune.logparse.serverargs import read_server_args
 
     new = MAIN + "server_args={'model_path': '/m', 'mem_fraction_static': 0.88, 'tp_size': 8, "
     new += "'cuda_graph_config': {'decode': {'max_bs': 512}}, 'api_key': 'sk-1'}"

@@ -21,8 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from autotune.logparse.events import Batch, Event, Kind
 from autotune.logparse.ledger import build_ledger
-from autotune.logparse.lines import Batch, Event, Kind, parse_line, parse_text, split_prefix
+from autotune.logparse.lines import parse_line, parse_text
+from autotune.logparse.prefix import split_prefix
 from autotune.review.ledgerview import STARTUP_MISSING, read_log, startup_missing
 
 LOGS = Path(__file__).parent.parent / "fixtures" / "logs"

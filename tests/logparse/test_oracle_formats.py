@@ -18,9 +18,10 @@ from typing import Any
 
 import pytest
 
+from autotune.logparse.events import FAILURE_KINDS, Batch, Event, Kind
 from autotune.logparse.formats import RULES, Rule, Source
 from autotune.logparse.ledger import build_ledger
-from autotune.logparse.lines import FAILURE_KINDS, Batch, Event, Kind, parse_line, parse_text
+from autotune.logparse.lines import parse_line, parse_text
 from autotune.logparse.outcome import Outcome, RunFacts, classify
 from autotune.logparse.serving import summarize
 from tests.logparse.sglang_text import STRINGS_PROBE, found, render

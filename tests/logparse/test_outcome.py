@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.logparse.lines import Event, parse_text
+from autotune.logparse.events import Event
+from autotune.logparse.lines import parse_text
 from autotune.logparse.outcome import Outcome, RunFacts, classify
 
 READY = "[2026-02-24 12:00:00] The server is fired up and ready to roll!\n"

@@ -15,7 +15,6 @@ import signal
 import stat
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from optuna.trial import TrialState
@@ -25,7 +24,9 @@ from autotune.loadgen import workload_from_dict
 from autotune.server import pidfile
 from autotune.server.gpu import SimProbe
 from autotune.server.preflight import free_port
-from autotune.trial.run import LiveLauncher, TrialPlan, run_trial
+from autotune.trial.live import LiveLauncher
+from autotune.trial.plan import TrialPlan
+from autotune.trial.run import run_trial
 from tests.reliability.helpers import EAGLE, STRESS, World, server_record, wait_for_log
 
 pytestmark = pytest.mark.e2e
@@ -169,14 +170,15 @@ def test_server_frozen_with_sigstop_while_serving_is_a_hang(world: World) -> Non
     assert any("state T: stopped" in w for w in trial["teardown"]), trial["teardown"]
 
 
-STUCK = Path(__file__).with_name("stuck_server.py")
+STUCK = (sys.executable, "-m", "autotune.testing.fakeserver", "--log", "--mode", "generate")
 
 
 def test_health_answering_while_generate_hangs_is_a_hang(world: World) -> None:
     """`/health` (and `/health_generate`) answer 200 while every `/generate` after the first few
     hangs and the log is silent: the HTTP front is alive, generation is stuck. Judged a hang
-    within stall_s, never an `ok` trial with failed requests; the server is stopped. The stand-in
-    server (`stuck_server.py`) runs through the real trial runner and live launcher."""
+    within stall_s, never an `ok` trial with failed requests; the server is stopped. The fake
+    server (`autotune.testing.fakeserver`, mode `stuck-after=6`) runs through the real trial
+    runner and live launcher."""
     world.foreign_sleep()
     limits = Limits(startup_s=30, stall_s=1.5, workload_s=60, stop_grace_s=1.5, release_s=3)
     workload = workload_from_dict(
@@ -191,7 +193,7 @@ def test_health_answering_while_generate_hangs_is_a_hang(world: World) -> None:
     trial_dir = study_dir / "trials/0000"
     plan = TrialPlan(
         number=0, params={}, env={}, host="127.0.0.1", port=free_port("127.0.0.1"),
-        argv=(sys.executable, str(STUCK), "--answers", "6", "--marker", str(world.folder)),
+        argv=(*STUCK, "--mode", "stuck-after=6", "--marker", str(world.folder)),
         trial_dir=trial_dir, limits=limits, backend="sglang",
     )  # fmt: skip
     t0 = time.monotonic()

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from autotune.config.space import stored_space
 from autotune.errors import UsageError
 from autotune.memory.model import CHUNK_SLOPE_REL_SD
 from autotune.record.view import views
@@ -79,7 +80,7 @@ def test_no_feasible_trial_no_winner() -> None:
 
 def test_an_infeasible_backed_off_point_is_noted() -> None:
     trials = [trial(0, 0.90), trial(1, 0.89, outcome="runtime_oom")]
-    w = choose(views(trials))
+    w = choose(views(trials), space=stored_space(trials))  # the fakes' step: 0.01
     assert w is not None and w.source is not None and w.source.number == 1
     assert any("larger margin" in n for n in w.notes)
 
@@ -168,5 +169,5 @@ def test_a_fraction_a_trial_started_at_can_start_whatever_the_ledger_says() -> N
     a = P * (1 - 0.815)
     seen = [replace(v, ledger=replace(v.ledger, avail_after_weights_gib=a))
             for v in views([trial(0, 0.82), trial(1, 0.85)])]  # fmt: skip
-    assert lowest_startable(seen) == pytest.approx(0.82)
-    assert lowest_startable(seen[1:]) == pytest.approx(0.83)
+    assert lowest_startable(seen, 0.01) == pytest.approx(0.82)
+    assert lowest_startable(seen[1:], 0.01) == pytest.approx(0.83)

@@ -14,9 +14,10 @@ from typing import Any
 
 from autotune.logparse.phase import PhaseLimits
 from autotune.server import procs
-from autotune.server.lifecycle import Death, LaunchSpec, Server
+from autotune.server.launchspec import LaunchSpec
+from autotune.server.lifecycle import Death, Server
 
-FAKE = Path(__file__).with_name("fake_server.py")
+FAKE = (sys.executable, "-m", "autotune.testing.fakeserver", "--log")
 
 
 def free_port() -> int:
@@ -37,7 +38,7 @@ def make_spec(tmp_path: Path, **values: Any) -> LaunchSpec:
 
 
 def fake_spec(tmp_path: Path, *modes: str, **overrides: Any) -> LaunchSpec:
-    argv = [sys.executable, str(FAKE)]
+    argv = list(FAKE)
     for mode in modes:
         argv += ["--mode", mode]
     values: dict[str, Any] = dict(

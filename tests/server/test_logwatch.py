@@ -4,19 +4,17 @@ server's retractions and handled out-of-memory fallbacks never end it."""
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from server_helpers import Guard, fake_spec
 
-from autotune.logparse.lines import Kind
+from autotune.logparse.events import Kind
 from autotune.logparse.outcome import Outcome
 from autotune.server.lifecycle import Server
 from autotune.server.logwatch import ENDS_RUN, LogWatch
 
-STAND_IN = Path(__file__).with_name("sglang_lines_server.py")
 TP0 = "[2026-11-20 14:00:00 TP0] "
 MAIN = "[2026-11-20 14:00:00] "
 SERVING_EVENTS = [
@@ -83,11 +81,12 @@ def test_a_death_or_a_foreign_sigterm_sets_failure_at_when_it_is_read(
     assert watch.failure_at == 100.0 + len(SERVING_EVENTS) + 1
 
 
-def _stand_in(tmp_path: Path, lines: list[str], *flags: str) -> Server:
+def _stand_in(tmp_path: Path, lines: list[str], *modes: str) -> Server:
+    """The fake server, serving, printing `lines` once ready, then Decode batch lines."""
     script = tmp_path / "lines.txt"
     script.write_text("\n".join(lines) + "\n")
-    argv = (sys.executable, str(STAND_IN), "--lines", str(script), *flags)
-    return Server.launch(fake_spec(tmp_path, argv=argv))
+    spec = fake_spec(tmp_path, "generate", "batches", *modes)
+    return Server.launch(fake_spec(tmp_path, argv=(*spec.argv, "--lines", str(script))))
 
 
 def test_a_live_server_retracting_and_falling_back_is_alive(tmp_path: Path, guard: Guard) -> None:
@@ -110,7 +109,7 @@ def test_a_live_server_that_dies_of_an_oom_after_retracting_is_an_oom(
     tmp_path: Path, guard: Guard
 ) -> None:
     lines = [*SERVING_EVENTS[:3], TP0 + "Decode out of memory. Try to lower your batch size."]
-    server = guard.server(_stand_in(tmp_path, lines, "--die"))
+    server = guard.server(_stand_in(tmp_path, lines, "die-after-lines"))
     assert server.wait_ready().outcome is Outcome.READY
     deadline = time.monotonic() + 10.0
     death = None

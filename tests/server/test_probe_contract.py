@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import importlib.util
+import inspect
 import subprocess
 import sys
 import time
@@ -30,6 +31,7 @@ import pytest
 from server_helpers import Guard, sleeper
 
 from autotune.errors import HarnessError
+from autotune.server import gpu
 from autotune.server.gpu import (
     GiB,
     GpuMemory,
@@ -245,13 +247,30 @@ class SimRig:
         return sorted((p.name, p.stat().st_mtime_ns) for p in self.directory.iterdir())
 
 
+RIGS = ("nvml", "sim")
+"""A rig per `GpuProbe` implementation (`test_every_probe_has_a_rig` holds them equal)."""
+
+
 def make_rig(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Rig:
     if name == "nvml":
         return NvmlRig(monkeypatch, GPUS)
     return SimRig(tmp_path / "sim-gpu", GPUS)
 
 
-@pytest.fixture(params=["nvml", "sim"])
+def test_every_probe_has_a_rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every class of `autotune.server.gpu` that implements `GpuProbe` runs this contract."""
+    probes = {
+        cls
+        for _, cls in inspect.getmembers(gpu, inspect.isclass)
+        if cls.__module__ == gpu.__name__
+        and not getattr(cls, "_is_protocol", False)
+        and callable(getattr(cls, "snapshot", None))
+    }
+    covered = {type(make_rig(name, tmp_path, monkeypatch).probe) for name in RIGS}
+    assert covered == probes == {NvmlProbe, SimProbe}
+
+
+@pytest.fixture(params=RIGS)
 def rig(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Rig:
     return make_rig(request.param, tmp_path, monkeypatch)
 

@@ -23,7 +23,8 @@ from autotune.logparse.outcome import Outcome
 from autotune.logparse.phase import Phase, PhaseLimits
 from autotune.server import pidfile
 from autotune.server.gpu import GiB, SimProbe
-from autotune.server.lifecycle import LaunchSpec, Server
+from autotune.server.launchspec import LaunchSpec
+from autotune.server.lifecycle import Server
 
 pytestmark = pytest.mark.e2e
 

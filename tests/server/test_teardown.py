@@ -35,7 +35,8 @@ from autotune.errors import HarnessError
 from autotune.logparse.outcome import Outcome
 from autotune.server import pidfile, procs, teardown
 from autotune.server.gpu import SimProbe
-from autotune.server.lifecycle import LaunchSpec, Server
+from autotune.server.launchspec import LaunchSpec
+from autotune.server.lifecycle import Server
 from autotune.server.teardown import stop_orphans
 
 HOLDER = Path(__file__).with_name("exit_holder.py")

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from server_helpers import Guard, pid_alive, sleeper
 
-from autotune.logparse.lines import Event, parse_line
+from autotune.logparse.events import Event
+from autotune.logparse.lines import parse_line
 from autotune.logparse.phase import Phase, PhaseClock, PhaseLimits, next_phase
 from autotune.masking import masked_argv
 from autotune.server import pidfile, procs
@@ -298,7 +299,7 @@ def test_servers_number_gpus_in_pci_order_unless_the_study_says_otherwise(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """CUDA's default order is fastest-first; NVML's (and so --gpus') is PCI order."""
-    from autotune.server.lifecycle import LaunchSpec
+    from autotune.server.launchspec import LaunchSpec
 
     monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
     spec = LaunchSpec(argv=("x",), log_path=tmp_path / "l", run_dir=tmp_path / "r")

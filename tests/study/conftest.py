@@ -1,11 +1,7 @@
-"""Shared pieces of the study-run tests: a valid study file to vary, and writers for it."""
+"""A valid study file to vary (`VALID`), for the study's and the study file's tests; the writer
+of such files is the `study_file` fixture (tests/conftest.py)."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from pathlib import Path
-
-import pytest
 
 VALID = """
 description = "test study"
@@ -50,16 +46,3 @@ n_trials = 5
 name = "tpe"
 seed = 3
 """
-
-
-@pytest.fixture
-def study_file(tmp_path: Path) -> Callable[[str], Path]:
-    """Write study text to tmp_path/configs/t.toml and return its path."""
-
-    def write(text: str) -> Path:
-        path = tmp_path / "configs" / "t.toml"
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(text)
-        return path
-
-    return write

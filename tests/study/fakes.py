@@ -6,7 +6,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from autotune.errors import HarnessError
-from autotune.trial.run import Load, Startup, Stop, TrialPlan
+from autotune.trial.plan import TrialPlan
+from autotune.trial.seam import Load, Startup, Stop
 
 Behaviour = Callable[[TrialPlan], "Script"]
 

@@ -16,7 +16,9 @@ import pytest
 from autotune.config.studyfile import Limits
 from autotune.logparse.outcome import Outcome
 from autotune.trial.clockwatch import ClockWatch
-from autotune.trial.run import Load, Startup, Stop, TrialPlan, run_trial
+from autotune.trial.plan import TrialPlan
+from autotune.trial.run import run_trial
+from autotune.trial.seam import Load, Startup, Stop
 from tests.study.fakes import FakeLauncher, FakeRun
 
 

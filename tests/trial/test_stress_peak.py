@@ -8,7 +8,10 @@ from pathlib import Path
 
 from autotune.config.studyfile import Limits
 from autotune.server.gpu import GpuMemory
-from autotune.trial.run import Load, Startup, Stop, TrialPlan, _FreeMemoryWatch, run_trial
+from autotune.trial.gpuwatch import FreeMemoryWatch
+from autotune.trial.plan import TrialPlan
+from autotune.trial.run import run_trial
+from autotune.trial.seam import Load, Startup, Stop
 
 GiB = 1 << 30
 
@@ -23,7 +26,7 @@ class Probe:
 
 
 def test_peak_is_the_largest_rise_over_the_static_use() -> None:
-    watch = _FreeMemoryWatch(Probe([(90.0, 90.5), (92.4, 91.0), (91.0, 92.9), (90.2, 90.6)]), None)
+    watch = FreeMemoryWatch(Probe([(90.0, 90.5), (92.4, 91.0), (91.0, 92.9), (90.2, 90.6)]), None)
     for _ in range(4):
         watch._sample()
     assert watch.peak_gib is not None
@@ -32,7 +35,7 @@ def test_peak_is_the_largest_rise_over_the_static_use() -> None:
 
 
 def test_no_sample_no_peak() -> None:
-    assert _FreeMemoryWatch(Probe([]), None).peak_gib is None
+    assert FreeMemoryWatch(Probe([]), None).peak_gib is None
 
 
 class _Run:

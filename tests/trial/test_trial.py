@@ -10,7 +10,10 @@ from pathlib import Path
 import pytest
 
 from autotune.config.studyfile import Limits
-from autotune.trial.run import Load, Startup, Stop, TrialPlan, run_trial, write_record
+from autotune.trial.plan import TrialPlan
+from autotune.trial.run import run_trial
+from autotune.trial.seam import Load, Startup, Stop
+from autotune.trial.trialfile import write_record
 from tests.study.fakes import FakeLauncher, Script, kimi_like
 
 

@@ -27,9 +27,13 @@ from autotune.server.gpu import GpuMemory
 from autotune.server.health import Answer, flush_cache
 from autotune.sim.profiles import PROFILE_DIR
 from autotune.study.runner import trial_dir
-from autotune.trial import run as trial_run
+from autotune.trial import live as trial_live
+from autotune.trial.gpuwatch import settled_usage
 from autotune.trial.growth import footprint_growth_gib, least_used
-from autotune.trial.run import TrialRecord, live_launcher, plan_trial, run_trial, write_record
+from autotune.trial.live import live_launcher
+from autotune.trial.plan import plan_trial
+from autotune.trial.run import run_trial
+from autotune.trial.trialfile import TrialRecord, write_record
 from tests import simstudy
 
 MiB = 1 << 20
@@ -136,9 +140,9 @@ def test_a_reading_settles_when_two_agree_and_is_none_when_the_probe_fails() -> 
     gpu = GpuMemory(0, 80 * GiB, 70 * GiB)
     other = GpuMemory(1, 80 * GiB, 1 * GiB)
     probe = _Probe([[GpuMemory(0, 80 * GiB, 75 * GiB), other], [gpu, other], [gpu, other]])
-    assert trial_run._settled_usage(probe, (0,)) == {0: 70 * GiB}
+    assert settled_usage(probe, (0,)) == {0: 70 * GiB}
     assert probe.calls == 3
-    assert trial_run._settled_usage(_Probe(None), None) is None
+    assert settled_usage(_Probe(None), None) is None
 
 
 # ---- end to end on the simulator ---------------------------------------------------------------
@@ -223,7 +227,7 @@ def test_a_refused_flush_leaves_growth_unmeasured_and_the_trial_ok(
         asked.append(base_url)
         return Answer(False, 400, "HTTP 400")
 
-    monkeypatch.setattr(trial_run, "flush_cache", refused)
+    monkeypatch.setattr(trial_live, "flush_cache", refused)
     record, written = _trial(no_leftovers, growth_mib=2.0)
     assert (record.state, record.outcome) == ("complete", "ok"), record.reason
     assert record.throughput_tok_s > 0 and record.headroom_gib is not None

@@ -22,14 +22,14 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.loadgen.conftest import FakeServer
+from autotune.testing.fakeserver import Running
 
-Start = Callable[..., FakeServer]
+Start = Callable[..., Running]
 ROOT = Path(__file__).resolve().parents[2]
 N = 5
 
 
-def _client(srv: FakeServer) -> openai.OpenAI:
+def _client(srv: Running) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{srv.url}/v1", api_key="none", max_retries=0, timeout=30)
 
 
@@ -115,7 +115,7 @@ def test_openai_client_reads_whole_answers(fake_server: Start) -> None:
     assert chat.usage is not None and chat.usage.completion_tokens == N
 
 
-def _events(srv: FakeServer, path: str, body: dict[str, object]) -> list[object]:
+def _events(srv: Running, path: str, body: dict[str, object]) -> list[object]:
     req = urllib.request.Request(srv.url + path, json.dumps(body).encode())
     with urllib.request.urlopen(req, timeout=30) as resp:
         raw = resp.read().decode()
@@ -211,7 +211,7 @@ def test_chunks_have_the_fields_sglang_dumps(fake_server: Start, sglang_python: 
 
 
 def _bench_serving(
-    sglang_python: Path, srv: FakeServer, api: str, n: int, extra: dict[str, object]
+    sglang_python: Path, srv: Running, api: str, n: int, extra: dict[str, object]
 ) -> list[dict[str, object]]:
     done = subprocess.run(
         [

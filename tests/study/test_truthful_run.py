@@ -22,8 +22,10 @@ from autotune.study.loop import baseline_first, prepare, tell
 from autotune.study.progress import warnings_before_launch
 from autotune.study.runner import closing_reason, run
 from autotune.study.storage import default_storage_url
+from autotune.trial.plan import TrialPlan
 from autotune.trial.record import Result
-from autotune.trial.run import Startup, TrialPlan, run_trial
+from autotune.trial.run import run_trial
+from autotune.trial.seam import Startup
 from tests.review.fakes import trial
 from tests.study.conftest import VALID
 from tests.study.fakes import FakeLauncher, FakeRun, Script, capacity, kimi_like

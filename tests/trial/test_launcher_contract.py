@@ -27,15 +27,11 @@ from autotune.server import pidfile
 from autotune.server.gpu import SimProbe
 from autotune.server.teardown import port_is_free
 from autotune.study.runner import trial_dir
-from autotune.trial.run import (
-    Launcher,
-    TrialPlan,
-    TrialRecord,
-    live_launcher,
-    plan_trial,
-    run_trial,
-    write_record,
-)
+from autotune.trial.live import live_launcher
+from autotune.trial.plan import TrialPlan, plan_trial
+from autotune.trial.run import run_trial
+from autotune.trial.seam import Launcher
+from autotune.trial.trialfile import TrialRecord, write_record
 from tests import simstudy
 from tests.study.fakes import FakeLauncher
 

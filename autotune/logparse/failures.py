@@ -1,0 +1,260 @@
+"""Failure text in an SGLang log -> events: out-of-memory in every form (torch, CUDA, Triton,
+cuBLAS, NCCL, SGLang's allocators) and whether it was handled, the machine's faults (a port in
+use, a full disk, a GPU or driver fault, the host's limits, NCCL), SGLang's own fatal messages,
+the last line of a traceback and the frames of the serving loop.
+
+Kept apart from the startup messages (`logparse.messages`) because failures are read wherever
+they sit in a line (tracebacks carry no prefix), by what they contain rather than how they
+begin; which of them end a run is `events.FAILURE_KINDS`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from autotune.logparse.events import MACHINE_KINDS, Ctx, Event, Kind
+
+NUM = r"(-?\d+(?:\.\d+)?)"
+"""A number as SGLang logs it, as one capture group."""
+_HOST_REQUEST = re.compile(r"Requesting " + NUM + " GB but only have " + NUM + " GB free")
+_TRIED = re.compile(r"Tried to allocate " + NUM + r" ?(GiB|MiB|KiB|B)")
+EXIT_CODE = re.compile(r"exit code(?::| | is) ?(-?\d+)", re.I)
+"""An exit code in a message (`exit code: 1`, `exit code is -9`)."""
+_VERSION = re.compile(r"\bsglang(?:\s+version)?\s*(?:==|:|=|-|\s)\s*v?(\d+)\.(\d+)\.(\d+)", re.I)
+
+_SERVING_FRAMES = (
+    "in event_loop",
+    "in run_batch",
+    "in forward_batch_generation",
+    "in forward_thread_func",
+    "in process_batch_result",
+    "in get_next_batch_to_run",
+)
+"""Traceback frames of the scheduler's serving loop and forward pass (`event_loop_overlap`,
+`event_loop_normal`, `event_loop_pp`, …, `run_batch`, `forward_batch_generation`; the overlap
+worker's `forward_thread_func` in releases that had one). Startup never runs them: graph capture
+and profiling call the model runner directly."""
+
+
+_ANY_OOM = re.compile(
+    r"out of memory|OutOfMemory|OUT_OF_MEMORY|CUBLAS_STATUS_ALLOC_FAILED|"
+    r"cudaErrorMemoryAllocation",
+    re.I,
+)
+_NOT_OOM = (
+    "to avoid out of memory",  # DeepGEMM warm-up shrinking its shapes (a warning)
+    "ran out of GPU memory",  # multimodal preprocessing retried on CPU
+)
+_REQUEST_LOG = ("Receive: ", "Receive OpenAI: ", "Finish: ", "{")
+"""--log-requests lines: they carry prompt text, which may say anything."""
+
+
+_HANDLED = (
+    "falling back",
+    "fall back",
+    "fallback",
+    "retrying",
+    "will retry",
+    "and retry",
+    "skipping",
+    "skipped",
+    "instead",
+    "using plain",
+    "disabling",
+)
+"""Words of a message that ran out of memory and went on: SGLang's handled OOMs say what they
+did instead (`[CudaGraph][dedup] … init failed (…); using plain executables.`,
+`retry() failed once (…). Will delay … and retry. Error: …`, `CUDA VMM … backing unavailable …;
+trying fallback: …`, FlashInfer's `extend autotune skipped`)."""
+_WARNING_LEVEL = re.compile(r"WARNING\b|\[W\d{4} ")
+"""A message logged at warning level by a logger that prints its level (Python's `logging` with a
+level field, torch's C++ `[W1203 10:00:00.123 file.cpp:119] Warning: …`); NCCL's `NCCL WARN` is
+its error level and is not one of these."""
+
+
+def _handled(line: str) -> bool:
+    """An out-of-memory message that SGLang (or torch) logged and recovered from: never a
+    traceback's exception line (that one was raised), but a warning or a line saying what it did
+    instead."""
+    if _looks_like_exception(line):
+        return False
+    if _WARNING_LEVEL.match(line) or "UserWarning" in line or "RuntimeWarning" in line:
+        return True
+    low = line.lower()
+    return any(cue in low for cue in _HANDLED)
+
+
+def _oom(line: str, ctx: Ctx) -> Event | None:
+    """Any line that reports running out of GPU memory: torch, the CUDA runtime or driver,
+    Triton, cuBLAS, NCCL, SGLang's token and request-slot allocators. A handled one is
+    `Kind.OOM_HANDLED`, a serving event."""
+    if "Out of memory even after retracting" in line:
+        # 0.5.9 raises it (`ValueError`, `ScheduleBatch.retract_decode`): the scheduler dies.
+        # 0.5.23 fails that one request with it (HTTP 500) and keeps serving.
+        oom = Kind.RETRACT_OOM if _looks_like_exception(line) else Kind.REQUEST_OOM_ABORT
+        return Event(oom, *ctx)
+    if any(benign in line for benign in _NOT_OOM):
+        return None
+    if _handled(line):
+        return Event(Kind.OOM_HANDLED, *ctx)
+    if "Tried to allocate" in line and "out of memory" in line:
+        m = _TRIED.search(line)
+        values = {}
+        if m:
+            scale = {"GiB": 1.0, "MiB": 1 / 1024, "KiB": 1 / 1024**2, "B": 1 / 1024**3}
+            values = {"tried_gib": float(m.group(1)) * scale[m.group(2)]}
+        kind = Kind.GRAPH_CAPTURE_FAILED if "Capture" in line else Kind.TORCH_OOM
+        return Event(kind, *ctx, values)
+    if "Capture" in line and "graph failed" in line:
+        return wrapped_fault(line, ctx) or Event(Kind.GRAPH_CAPTURE_FAILED, *ctx)
+    if "Prefill out of memory" in line:
+        return Event(Kind.PREFILL_OOM, *ctx)
+    if "Decode out of memory" in line:
+        return Event(Kind.DECODE_OOM, *ctx)
+    if "alloc_req_slots runs out of memory" in line:
+        return Event(Kind.REQ_SLOTS_OOM, *ctx)
+    if "Out of memory. Try to lower your batch size" in line:
+        return Event(Kind.ALLOC_OOM, *ctx)
+    if "Triton Error" in line:
+        return Event(Kind.TRITON_OOM, *ctx)
+    if "CUDA error: out of memory" in line or "CUDA driver error: out of memory" in line:
+        return Event(Kind.CUDA_ERROR_OOM, *ctx)
+    if "CUDA_ERROR_OUT_OF_MEMORY" in line or "cudaErrorMemoryAllocation" in line:
+        return Event(Kind.CUDA_ERROR_OOM, *ctx)
+    if "CUDA out of memory" in line or "OutOfMemoryError" in line:
+        return Event(Kind.TORCH_OOM, *ctx)
+    return Event(Kind.OOM, *ctx)
+
+
+def failure(line: str, ctx: Ctx) -> Event | None:
+    """Failure text, wherever it sits in the line (tracebacks carry no prefix)."""
+    if line.startswith(_REQUEST_LOG):
+        return None
+    if ("emory" in line or "EMORY" in line or "ALLOC_FAILED" in line) and _ANY_OOM.search(line):
+        return _oom(line, ctx)
+    if _MACHINE_HINT.search(line):
+        event = _machine(line, ctx)
+        if event is not None:
+            return event
+    if "Not enough memory" in line or "leave no GPU memory for the KV cache" in line:
+        return Event(Kind.NO_KV_ROOM, *ctx)
+    if "Memory pool size is too small" in line or "max_running_request is zero" in line:
+        return Event(Kind.POOL_TOO_SMALL, *ctx)
+    if "cannot hold even one request" in line or "state cache is too small to serve" in line:
+        return Event(Kind.POOL_TOO_SMALL, *ctx)  # SWA, mamba
+    if "Not enough host memory" in line or "No host memory is left for HiCache" in line:
+        m = _HOST_REQUEST.search(line)
+        values = {"requested_gb": float(m.group(1)), "free_gb": float(m.group(2))} if m else {}
+        return Event(Kind.HOST_MEMORY, *ctx, values)
+    if "host memory should be larger than the device memory" in line:
+        return Event(Kind.HICACHE_TOO_SMALL, *ctx)
+    if "Capture cuda graph failed" in line or ("graph" in line and "graph failed:" in line):
+        return wrapped_fault(line, ctx) or Event(Kind.GRAPH_CAPTURE_FAILED, *ctx)
+    if "scheduler died during initialization" in line:
+        m = EXIT_CODE.search(line)  # the raised RuntimeError, as a traceback's last line
+        return Event(Kind.RANK_DEAD, *ctx, {"code": float(m.group(1))} if m else {})
+    if "unhandled cuda error" in line:
+        return Event(Kind.NCCL_ERROR, *ctx)
+    if _looks_like_exception(line) or ": error: " in line:  # the latter: argparse usage errors
+        return Event(Kind.ERROR, *ctx)
+    v = _VERSION.search(line) if "glang" in line or "GLang" in line or "GLANG" in line else None
+    if v is not None:
+        return Event(Kind.VERSION, *ctx, label=".".join(v.groups()))
+    return None
+
+
+# Machine faults and the host's memory, each from its own message (see `_machine`).
+_MACHINE_HINT = re.compile(
+    r"Errno|in use|No space|quota|ECC|NVLink|CUDA|GPU|NVIDIA|NVRM|bus|ncclSystem|ncclRemote|"
+    r"system error|remote process|shared memory segment|Cannot allocate memory|not available in"
+)
+_MACHINE: tuple[tuple[Kind, re.Pattern[str]], ...] = (
+    (
+        Kind.PORT_IN_USE,
+        re.compile(
+            r"\[Errno 98\]|address already in use|EADDRINUSE|"
+            r"error while attempting to bind on address|port at \d+ is not available in \d+ "
+            r"seconds|port \S+ is already in use|Port is already in use",
+            re.I,
+        ),
+    ),
+    (
+        Kind.DISK_FULL,
+        re.compile(r"\[Errno 28\]|No space left on device|\[Errno 122\]|Disk quota exceeded"),
+    ),
+    (
+        Kind.HOST_ENOMEM,
+        re.compile(r"\[Errno 12\]|Cannot allocate memory"),
+    ),
+    (
+        Kind.GPU_FAULT,
+        re.compile(
+            r"uncorrectable ECC error|uncorrectable NVLink error|"
+            r"CUDA (?:driver )?error: unknown error|no CUDA-capable device is detected|"
+            r"No CUDA GPUs are available|CUDA-capable device\(s\) is/are busy or unavailable|"
+            r"Found no NVIDIA driver on your system|NVIDIA driver on your system is too old|"
+            r"CUDA driver version is insufficient|CUDA error: system not yet initialized|"
+            r"fallen off the bus|GPU is lost|NVRM: Xid",
+            re.I,
+        ),
+    ),
+    (
+        Kind.HOST_FAULT,
+        re.compile(r"\[Errno 24\]|Too many open files|\[Errno 5\] Input/output error"),
+    ),
+    (
+        Kind.NCCL_FAULT,
+        re.compile(
+            r"unhandled system error|ncclSystemError|ncclRemoteError|"
+            r"remote process exited or there was a network error|"
+            r"Error while creating shared memory segment"
+        ),
+    ),
+)
+_PORT_WAIT = ("trying port", "Waiting for", "could not find the process that uses it")
+"""SGLang waiting for a port (`utils/network.py` `wait_port_available`: `port {p} is in use.
+Waiting for {i} seconds …`, `The port {p} is in use, but we could not find the process …`) or
+moving to the next one (`Port {p} is already in use, trying port {p+1}`): events, not deaths;
+the death is the `… is not available in {n} seconds` it raises after."""
+
+
+def wrapped_fault(message: str, ctx: Ctx) -> Event | None:
+    """The machine fault a failure line carries inside it (`Capture cuda graph failed: [Errno 28]
+    No space left on device: …`, from the Triton kernel cache): the fault, not the step that met
+    it, explains the death."""
+    if not _MACHINE_HINT.search(message):
+        return None
+    event = _machine(message, ctx)
+    return event if event is not None and event.kind in MACHINE_KINDS else None
+
+
+def _machine(line: str, ctx: Ctx) -> Event | None:
+    """A machine fault, or the host's memory running out (`[Errno 12] Cannot allocate memory`,
+    `Kind.HOST_ENOMEM`, a memory failure like the OOM killer's), from the message of whoever
+    raised it: Python's `OSError` (`[Errno 98] Address already in use`, `[Errno 28] No space
+    left on device`), asyncio through uvicorn (`ERROR:    [Errno 98] error while attempting to
+    bind on address (…): address already in use`), SGLang's port checks, torch's TCPStore
+    (`EADDRINUSE`), the CUDA runtime and driver, NCCL (`unhandled system error`, `remote process
+    exited or there was a network error`)."""
+    if "in use" in line and any(wait in line for wait in _PORT_WAIT):
+        return Event(Kind.PORT_WAIT, *ctx)
+    for kind, pattern in _MACHINE:
+        if pattern.search(line):
+            return Event(kind, *ctx)
+    return None
+
+
+_EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception)(?::|$)")
+
+
+def _looks_like_exception(line: str) -> bool:
+    """The last line of a Python traceback: `ValueError: …`, `torch.AcceleratorError: …`."""
+    return ("Error" in line or "Exception" in line) and bool(_EXCEPTION_LINE.match(line))
+
+
+def serving_frame(message: str, ctx: Ctx) -> Event | None:
+    """A traceback frame (`  File "…", line N, in event_loop_overlap`) of the serving loop."""
+    at = message.rfind(", in ")
+    if at > 0 and message[at + 2 :].startswith(_SERVING_FRAMES):
+        return Event(Kind.SERVING_FRAME, *ctx, label=message[at + 5 :].strip())
+    return None
