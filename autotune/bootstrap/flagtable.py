@@ -110,6 +110,9 @@ RESOLVED = frozenset(
 
 @dataclass(frozen=True)
 class FlagInfo:
+    """One SGLang flag as its parser defines it: destination, spellings, default and arity (from
+    `server.flagprobe.describe`), enough to write a `server_args` value back as the flag given."""
+
     dest: str
     option: str
     """The spelling written to a study: SGLang's canonical one (its parser's first), or with the
@@ -123,14 +126,19 @@ class FlagInfo:
 
     @property
     def name(self) -> str:
+        """The flag's name as a study's `[server.flags]` key: `option` without its leading `--`."""
         return self.option[2:]
 
     @property
     def takes_value(self) -> bool:
+        """Whether the flag is followed by a value (`nargs` ≠ 0); a store-true flag is written
+        bare."""
         return self.nargs != 0
 
     @property
     def many(self) -> bool:
+        """Whether the flag takes several values (`nargs` `+`, `*` or above 1), written as a TOML
+        list."""
         return self.nargs in ("+", "*") or (isinstance(self.nargs, int) and self.nargs > 1)
 
 
@@ -140,6 +148,9 @@ def _field(option: str) -> str:
 
 @dataclass(frozen=True)
 class FlagTable:
+    """Every flag of one SGLang parser (SGLang's own or the simulator's table), looked up by
+    `server_args` field; `sglang` says the spellings are SGLang's canonical ones."""
+
     flags: tuple[FlagInfo, ...] = ()
     source: str = ""
     """Whose parser: `SGLang 0.5.23 (/opt/venv/bin/python)` or `the simulator's flag table`."""

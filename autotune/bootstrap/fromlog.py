@@ -26,6 +26,9 @@ from autotune.logparse.serving import ServingSummary, summarize
 
 @dataclass(frozen=True)
 class LogFacts:
+    """What `init` takes from one server log: the last start's arguments, ledger and verdict, and
+    the serving lines of every start."""
+
     path: Path
     args: Mapping[str, Any]
     """The last start's `server_args=` values ({} when the log does not show the line)."""
@@ -61,6 +64,8 @@ class LogFacts:
 
 
 def read_log(path: Path) -> ParsedLog:
+    """The log at `path` parsed (`logparse.events.parse_lines`); a missing or unreadable file is the
+    operator's `UsageError`, naming `--from-log`."""
     if not path.is_file():
         raise UsageError(f"--from-log {path}: no such file; give the path of an SGLang server log")
     try:
@@ -71,6 +76,8 @@ def read_log(path: Path) -> ParsedLog:
 
 
 def log_facts(path: Path) -> LogFacts:
+    """The facts of the log at `path`; a log with no `server_args`, memory or batch line is refused
+    (`UsageError`) rather than read as an empty study."""
     log = read_log(path)
     starts = log.of(Kind.SERVER_ARGS)
     first_line = starts[-1].line_no if starts else 0

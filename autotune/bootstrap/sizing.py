@@ -169,6 +169,9 @@ def fraction_knob(
     log_fraction: float | None,
     failed: Failure | None = None,
 ) -> Knob:
+    """The `mem_fraction_static` range and baseline: sized from the ledger's arithmetic when the log
+    shows the pool, else from P and A alone, else around the current value, else the usual
+    0.80–0.94; a fraction the log failed at (`failed`) is excluded from the side it failed on."""
     b = current.fraction
     arith = (
         arithmetic(ledger, log_fraction)

@@ -53,6 +53,8 @@ class Launch:
 
 
 def is_secret_name(name: str) -> bool:
+    """Whether an environment variable's name looks like it holds a secret (token, password, API key
+    …): such values are never copied into a study."""
     return bool(_SECRET_NAME.search(name))
 
 

@@ -68,6 +68,9 @@ def _inspect(argv: Sequence[str]) -> FlagReport:
 
 @dataclass(frozen=True)
 class Sources:
+    """What `autotune init` was given: the study's name, the log, unit or command to read, and the
+    steady-phase length and simulator profile to write."""
+
     name: str
     from_log: Path | None = None
     from_unit: Path | None = None
@@ -78,6 +81,9 @@ class Sources:
 
 @dataclass(frozen=True)
 class Draft:
+    """A composed study before validation: its TOML text, the warnings for the operator, a one-line
+    summary, and the flags it carries."""
+
     text: str
     warnings: tuple[str, ...] = ()
     summary: str = ""
@@ -714,6 +720,8 @@ def _summary(flags: Sequence[tuple[str, FlagValue]], knobs: Sequence[Knob], laun
 
 
 def default_out(name: str) -> Path:
+    """Where `autotune init NAME` writes without `--out`: `configs/NAME.toml`, where `run --config`
+    looks by convention."""
     return Path("configs") / f"{name}.toml"
 
 

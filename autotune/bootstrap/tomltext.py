@@ -33,6 +33,8 @@ def string(text: str) -> str:
 
 
 def value(v: FlagValue | list[object]) -> str:
+    """`v` as a TOML value (bool, integer, float, basic string or array); a float TOML cannot spell
+    (inf, nan) is a `ValueError`."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, int):
@@ -47,10 +49,12 @@ def value(v: FlagValue | list[object]) -> str:
 
 
 def key(name: str) -> str:
+    """`name` as a TOML key: bare when it is only letters, digits, `_` and `-`, else quoted."""
     return name if _BARE_KEY.match(name) else string(name)
 
 
 def one_line(text: str) -> str:
+    """`text` with its runs of whitespace, newlines included, collapsed to single spaces."""
     return " ".join(text.split())
 
 
@@ -66,6 +70,7 @@ def comment(text: str, width: int = WIDTH) -> list[str]:
 
 
 def comments(texts: Iterable[str]) -> list[str]:
+    """Each of `texts` as wrapped `# ` lines (`comment`), one after another."""
     out: list[str] = []
     for t in texts:
         out += comment(t)
@@ -73,5 +78,7 @@ def comments(texts: Iterable[str]) -> list[str]:
 
 
 def clipped(text: str, limit: int = 120) -> str:
+    """`text` on one line, cut to `limit` characters with an ellipsis: a value too long to show
+    whole in a comment."""
     text = one_line(text)
     return text if len(text) <= limit else text[: limit - 1] + "…"

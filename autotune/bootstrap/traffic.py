@@ -28,12 +28,17 @@ MAX_CONCURRENCY = 4096
 
 @dataclass(frozen=True)
 class Lengths:
+    """A length distribution for the workload: mean, spread and the bounds it is clipped to, in
+    tokens."""
+
     mean: int
     std: int
     low: int
     high: int
 
     def toml(self) -> str:
+        """The `[workload]` inline table for these lengths: lognormal, or fixed when there is no
+        spread."""
         if self.std <= 0 or self.low >= self.high:
             return f'{{ dist = "fixed", value = {self.mean} }}'
         return (
@@ -44,6 +49,9 @@ class Lengths:
 
 @dataclass(frozen=True)
 class Traffic:
+    """The sketched workload: client concurrency, prompt and answer lengths, and the comments saying
+    what they were read from."""
+
     concurrency: int
     input_len: Lengths
     output_len: Lengths

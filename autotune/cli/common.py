@@ -30,6 +30,8 @@ PACKAGE_CONFIGS = SHIPPED_STUDIES
 
 
 def add_study_args(p: argparse.ArgumentParser) -> None:
+    """The arguments that name a study and where it lives (`--study`, `--config`, `--storage`,
+    `--results-dir`), the same for every subcommand that opens one."""
     p.add_argument("--study", metavar="NAME", help="configs/NAME.toml; also the results folder")
     p.add_argument(
         "--config", type=Path, metavar="PATH", help="study file (default configs/NAME.toml)"
@@ -74,10 +76,14 @@ def resolve_config(args: argparse.Namespace) -> StudyConfig:
 
 
 def study_dir(cfg: StudyConfig, results_dir: Path) -> Path:
+    """The study's results folder, `results/NAME/` under `--results-dir`: its storage, lock and
+    trials."""
     return results_dir / cfg.name
 
 
 def storage_url(args: argparse.Namespace, cfg: StudyConfig, folder: Path) -> str:
+    """The storage to open: `--storage`, else the study file's `storage`, else the SQLite file in
+    the study's folder."""
     return str(args.storage or cfg.storage or default_storage_url(folder))
 
 
@@ -98,6 +104,7 @@ class Stopped:
 
     @property
     def signum(self) -> int | None:
+        """The first stop signal received while `stop_signals` held, None when there was none."""
         return first_received()
 
     def exit_code(self, code: int) -> int:
@@ -132,6 +139,8 @@ def stop_signals() -> Iterator[Stopped]:
 
 
 def add_review_args(p: argparse.ArgumentParser) -> None:
+    """The study arguments plus the winner's `--tolerance` and `--margin`, for the subcommands that
+    read a finished study (report, explain, export, confirm)."""
     add_study_args(p)
     p.add_argument(
         "--tolerance",

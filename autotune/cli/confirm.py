@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections.abc import Callable
@@ -10,7 +11,7 @@ from typing import TextIO
 
 from autotune.cli import common
 from autotune.errors import UsageError
-from autotune.review.confirm import describe, keep_verdict, run_confirmation, soak
+from autotune.review.confirm import keep_verdict, run_confirmation, soak
 from autotune.review.export import build_export
 from autotune.review.soak import DEFAULT_SOAK_FACTOR
 from autotune.server.flagcheck import check_argv
@@ -18,6 +19,7 @@ from autotune.study.runner import study_lock
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `autotune confirm` and its arguments to the subcommands."""
     p = sub.add_parser(
         "confirm",
         help="relaunch the exported command for a longer soak with the stress phase; "
@@ -46,6 +48,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
+    """Soak the export's setting (or `--trial N`'s) for `--soak-factor` times as long, record the
+    verdict on the study and print it; exits 0 on pass, 1 on fail."""
     if args.soak_factor is not None and not 1.0 <= args.soak_factor <= 100.0:
         raise UsageError(f"--soak-factor {args.soak_factor:g}: must be between 1 and 100")
     source, review = common.review(args, need_config=True)
@@ -75,18 +79,18 @@ def handle(args: argparse.Namespace) -> int:
         verdict = run_confirmation(
             soak_cfg, source.folder, dict(ex.params), trial=ex.trial, phase=_phase_printer(out)
         )
-    if verdict["outcome"] == "interrupted":
+    if verdict.outcome == "interrupted":
         out.write("confirmation interrupted: the server was stopped; nothing was recorded\n")
         return stopped.exit_code(common.INTERRUPTED)
-    verdict["soak_factor"] = factor
+    verdict = dataclasses.replace(verdict, soak_factor=factor)
 
     def warn(line: str) -> None:
         out.write(f"warning: {line}\n")
         out.flush()
 
     keep_verdict(source.study, verdict, url=source.url, note=warn)
-    out.write(describe(verdict))
-    return 0 if verdict["passed"] else 1
+    out.write(verdict.describe())
+    return 0 if verdict.passed else 1
 
 
 def _phase_printer(out: TextIO) -> Callable[[str], None]:

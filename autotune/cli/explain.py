@@ -11,6 +11,7 @@ from autotune.review.explain import explain
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `autotune explain` and its arguments to the subcommands."""
     p = sub.add_parser(
         "explain",
         help="the memory arithmetic of one trial (default: the exported winner), in words",
@@ -29,6 +30,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
+    """Print the memory arithmetic of `--trial N` (default: the winner), with each `--fraction`'s
+    too."""
     _, review = common.review(args)
     number = args.trial
     if number is None:

@@ -13,6 +13,7 @@ from autotune.server.flagcheck import canonical_argv, inspect_argv
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `autotune export` and its arguments to the subcommands."""
     p = sub.add_parser(
         "export",
         help="print the winning launch command (flags, shell, json or a systemd drop-in)",
@@ -37,6 +38,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
+    """Print the winner's (or `--trial N`'s) launch command in `--format`, its flags checked against
+    the installed SGLang's parser and spelled as it names them."""
     if args.format not in FORMATS:
         raise UsageError(f"--format {args.format}: unknown; use one of {', '.join(FORMATS)}")
     source, review = common.review(args, need_config=True)

@@ -22,6 +22,7 @@ from autotune.errors import UsageError
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `autotune init` and its arguments to the subcommands."""
     p = sub.add_parser(
         "init",
         help="write a study file from a launch command, a systemd unit or a server log",
@@ -49,6 +50,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
+    """Compose the study from `--from-log`/`--from-unit`/`--from-cmd`, validate it and write it to
+    `--out` (default `configs/NAME.toml`), an existing file kept unless `--force`."""
     name = check_study_name(args.name)
     out: Path = args.out or default_out(name)
     if out.exists() and not args.force:

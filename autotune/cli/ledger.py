@@ -25,6 +25,7 @@ from autotune.review.whatif import what_if
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `autotune ledger` and its arguments to the subcommands."""
     p = sub.add_parser(
         "ledger",
         help="print the memory ledger and outcome of an SGLang log",
@@ -44,6 +45,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
+    """Print the ledger, outcome and serving summary of `LOGFILE`, with what other fractions would
+    give, as text or (`--json`) one object."""
     for f in args.fraction or ():
         if not 0.0 < f < 1.0:
             raise UsageError(f"--fraction {f:g}: must be between 0 and 1")

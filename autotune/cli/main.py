@@ -39,6 +39,7 @@ def _registrars() -> list[Registrar]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `autotune` parser with every subcommand of `commands.MODULES` registered on it."""
     parser = _Parser(prog="autotune", description=autotune.__doc__)
     parser.add_argument("--version", action="version", version=f"autotune {__version__}")
     sub = cast(

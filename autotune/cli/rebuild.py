@@ -10,6 +10,7 @@ from autotune.study.rebuild import rebuild
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `autotune rebuild` and its arguments to the subcommands."""
     p = sub.add_parser(
         "rebuild",
         help="rebuild a lost study storage from the trial folders (trials/NNNN/trial.json)",
@@ -21,6 +22,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
+    """Create the study again in its (empty) storage from `trials/NNNN/trial.json` and say what was
+    put back."""
     cfg = resolve_config(args)
     folder = study_dir(cfg, args.results_dir)
     url = storage_url(args, cfg, folder)

@@ -19,6 +19,7 @@ from autotune.server.flagcheck import check_argv
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `autotune report` and its arguments to the subcommands."""
     p = sub.add_parser(
         "report",
         help="write results/NAME/report.html and PNGs, and print a summary",
@@ -32,6 +33,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
+    """Write the study's report (HTML and PNGs) to `--out` (default the study's folder) and print
+    its summary; the flags' problems go to stderr as warnings."""
     # the renderers load matplotlib and plotly (about a second): only `report` pays for them
     from autotune.review.explain import explain
     from autotune.review.page import summary, write_report

@@ -30,6 +30,8 @@ from autotune.trial.live import live_launcher
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `autotune run` and its arguments, the per-worker overrides among them, to the
+    subcommands."""
     p = sub.add_parser(
         "run",
         help="run (or resume) a study: launch, load and record servers until the budget is spent",
@@ -62,6 +64,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
+    """Run the study: resolve its config and this worker's overrides, make its folder, hold its lock
+    and GPU claim, and ask, run and tell trials until the budget is spent; a `UsageError` takes back
+    the folders it made."""
 
     cfg = with_worker_args(
         resolve_config(args),

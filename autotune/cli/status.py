@@ -29,6 +29,7 @@ from autotune.study.workers import current_worker
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `autotune status` and its arguments to the subcommands."""
     p = sub.add_parser(
         "status",
         help="print a study's trials",
@@ -39,6 +40,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
+    """Print the study's trial table from its storage, trials whose worker is gone marked, with the
+    headline and how the search ended."""
     name, url = _locate(args)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:

@@ -38,6 +38,8 @@ class Tolerant:
         """Why the stream is gone ("" while it works)."""
 
     def write(self, text: str) -> int:
+        """Write `text` to the inner stream; a failure marks the stream gone, and `text` counts as
+        written."""
         if not self.gone:
             try:
                 return self._inner.write(text)
@@ -46,10 +48,12 @@ class Tolerant:
         return len(text)
 
     def writelines(self, lines: Iterable[str]) -> None:
+        """Each line through `write`, so a failure part way drops the rest."""
         for line in lines:
             self.write(line)
 
     def flush(self) -> None:
+        """Flush the inner stream; a failure marks the stream gone instead of raising."""
         if not self.gone:
             try:
                 self._inner.flush()
@@ -57,6 +61,8 @@ class Tolerant:
                 self._lose(exc)
 
     def isatty(self) -> bool:
+        """Whether the inner stream is a terminal; a stream gone (or one that cannot tell) is
+        not."""
         if self.gone:
             return False
         try:
@@ -65,6 +71,7 @@ class Tolerant:
             return False
 
     def fileno(self) -> int:
+        """The inner stream's descriptor, for callers that `dup2` or poll it."""
         return self._inner.fileno()
 
     def __getattr__(self, name: str) -> object:

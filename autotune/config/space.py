@@ -126,11 +126,27 @@ def step_of(space: Space | None, name: str) -> float | None:
     return None
 
 
+FIXED_FRACTION_STEP = 0.01
+"""The step of a `mem_fraction_static` the study never moves (a fixed value, or no space at
+hand): the hundredths an operator writes it in, and what the export backs off by from it."""
+
+
 def fraction_step(space: Space | None) -> float:
-    """The step `mem_fraction_static` moves by: its range's own, else (no step, a fixed fraction,
-    no space at hand) `CONTINUOUS_FRACTION_STEP`."""
+    """The step `mem_fraction_static` moves by: its range's own; `CONTINUOUS_FRACTION_STEP` for a
+    range without one (the capacity search's lattice); `FIXED_FRACTION_STEP` when the space does
+    not search it."""
     step = step_of(space, FRACTION)
-    return float(step) if step else CONTINUOUS_FRACTION_STEP
+    if step:
+        return float(step)
+    return CONTINUOUS_FRACTION_STEP if _searched(space, FRACTION) else FIXED_FRACTION_STEP
+
+
+def _searched(space: Space | None, name: str) -> bool:
+    if space is None:
+        return False
+    if isinstance(space, SearchConfig):
+        return any(p.name == name and isinstance(p, FloatRange | IntRange) for p in space.params)
+    return isinstance(space.get(name), FloatDistribution | IntDistribution)
 
 
 def canonical_value(value: Scalar, step: float | None = None) -> Scalar:

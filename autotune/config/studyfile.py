@@ -16,6 +16,7 @@ import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Literal, TypeAlias
 
@@ -145,6 +146,22 @@ class SearchConfig:
 
     def names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.params)
+
+
+class Constraint(StrEnum):
+    """The name of one feasibility constraint, as a trial's constraint list names it
+    (`study.objectives.constraint_values`): ≤ 0 when satisfied, > 0 by how much it is broken."""
+
+    OOM = "oom"
+    CRASH = "crash"
+    ERROR_RATE = "error_rate"
+    HEADROOM = "headroom_gib"
+    P99_TTFT = "p99_ttft_ms"
+    P99_ITL = "p99_itl_ms"
+
+
+MEMORY_CONSTRAINTS = frozenset({Constraint.OOM, Constraint.CRASH, Constraint.HEADROOM})
+"""The constraints that say the memory setting itself failed (the others are the load's)."""
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ import re
 from collections.abc import Collection
 from enum import StrEnum
 
+from autotune.config.studyfile import Constraint
 from autotune.logparse.ledger import Ledger
 from autotune.logparse.outcome import Outcome
 from autotune.memory.arithmetic import lowest_fraction
@@ -74,7 +75,7 @@ _SHRINK_TEXT = ("Not enough host memory", "No host memory is left for HiCache")
 _GROW_CAUSES = frozenset({"hicache_too_small"})
 _GROW_TEXT = ("host memory should be larger than the device memory",)
 _SUGGESTED = re.compile(r"Raise --mem-fraction-static above ([0-9.]+)")
-_LOWER_CONSTRAINTS = frozenset({"oom", "headroom_gib"})
+_LOWER_CONSTRAINTS = frozenset({Constraint.OOM, Constraint.HEADROOM})
 
 
 def push_of(

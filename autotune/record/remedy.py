@@ -10,6 +10,7 @@ docs/sglang-memory.md.
 
 from __future__ import annotations
 
+from autotune.config.studyfile import Constraint
 from autotune.record.view import TrialView
 
 _HANG = ("watchdog_timeout", "stall", "phase_timeout", "unhealthy")
@@ -88,15 +89,15 @@ def _host_cache_too_small(t: TrialView) -> str:
 
 def _constraint(t: TrialView) -> str:
     broke = set(t.violated)
-    if "headroom_gib" in broke:
+    if Constraint.HEADROOM in broke:
         left = t.free_at_peak_gib
         at = f": {left:.2f} GiB were free at the worst moment" if left is not None else ""
         return (
             f"lower mem_fraction_static{at}; each step of 0.01 hands about P × 0.01 GiB "
             "back from the KV pool"
         )
-    if "error_rate" in broke:
+    if Constraint.ERROR_RATE in broke:
         return "requests failed under load: read the server's log; lower max_running_requests"
-    if broke & {"p99_ttft_ms", "p99_itl_ms"}:
+    if broke & {Constraint.P99_TTFT, Constraint.P99_ITL}:
         return "too slow for the latency limits: lower max_running_requests or chunked_prefill_size"
     return ""

@@ -18,7 +18,7 @@ takes: the flat attribute, else the record's (the stress peak: the record's, els
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +26,7 @@ import optuna
 from optuna.distributions import distribution_to_json
 from optuna.trial import FrozenTrial
 
-from autotune.config.studyfile import Scalar
+from autotune.config.studyfile import Constraint, Scalar
 from autotune.logparse.ledger import Ledger
 from autotune.record import internals, keys
 
@@ -142,6 +142,18 @@ def stored(t: FrozenTrial) -> Stored:
         enqueued=internals.is_enqueued(t),
         constraints=internals.constraints(t),
     )
+
+
+def required_headroom(trials: Sequence[FrozenTrial]) -> float | None:
+    """The study's `min_headroom_gib` read back from the first trial that stored both its
+    headroom constraint (required − measured) and the measured headroom, for readers without
+    the study file; None when no trial holds both."""
+    for t in trials:
+        s = stored(t)
+        c = s.constraints.get(Constraint.HEADROOM)
+        if c is not None and s.headroom_gib is not None:
+            return round(c + s.headroom_gib, 6)
+    return None
 
 
 def as_json(t: FrozenTrial) -> dict[str, object]:

@@ -28,6 +28,7 @@ from autotune.config.workload import Poisson, Steady, Stress
 from autotune.errors import HarnessError
 from autotune.record import keys
 from autotune.record.stored import study_record
+from autotune.review.verdict import Verdict
 from autotune.study.loop import patiently
 from autotune.study.objectives import constraint_values
 from autotune.study.storage import STORAGE_ERRORS, storage_failure
@@ -71,8 +72,8 @@ def run_confirmation(
     launcher_factory: Callable[[StudyConfig, Path], Launcher] | None = None,
     clock: Callable[[], float] = time.monotonic,
     phase: Callable[[str], None] = lambda p: None,
-) -> dict[str, object]:
-    """Launch, soak, tear down; the verdict as a JSON-safe dict."""
+) -> Verdict:
+    """Launch, soak, tear down; the verdict."""
 
     launcher = (launcher_factory or live_launcher)(cfg, folder)
     for note in launcher.stop_orphans():
@@ -95,24 +96,24 @@ def run_confirmation(
         broken = [k for k, v in constraint_values(measured, cfg.constraints).items() if v > 0]
     passed = record.state == "complete" and record.outcome == "ok" and not broken
     reason = record.reason or (f"broke {', '.join(broken)}" if broken else "")
-    return {
-        "params": dict(typed),
-        "trial": trial,
-        "passed": passed,
-        "outcome": record.outcome,
-        "reason": reason,
-        "violated": broken,
-        "capacity_tokens": record.capacity_tokens,
-        "throughput_tok_s": record.throughput_tok_s,
-        "headroom_gib": record.headroom_gib,
-        "stress_peak_gib": record.stress_peak_gib,
-        "error_rate": record.error_rate,
-        "seconds": record.phases.get("total"),
-        "log_path": record.log_path,
-        "folder": str(plan.trial_dir),
-        "sglang_version": record.sglang_version,
-        "at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-    }
+    return Verdict(
+        params=dict(typed),
+        trial=trial,
+        passed=passed,
+        outcome=record.outcome,
+        reason=reason,
+        violated=tuple(broken),
+        capacity_tokens=record.capacity_tokens,
+        throughput_tok_s=record.throughput_tok_s,
+        headroom_gib=record.headroom_gib,
+        stress_peak_gib=record.stress_peak_gib,
+        error_rate=record.error_rate,
+        seconds=record.phases.get("total"),
+        log_path=record.log_path,
+        folder=str(plan.trial_dir),
+        sglang_version=record.sglang_version,
+        at=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    )
 
 
 VERDICT_FILE = "verdict.json"
@@ -120,7 +121,7 @@ VERDICT_FILE = "verdict.json"
 
 def keep_verdict(
     study: object,
-    verdict: dict[str, object],
+    verdict: Verdict,
     *,
     url: str,
     note: Callable[[str], None] = lambda line: None,
@@ -129,8 +130,8 @@ def keep_verdict(
     """Write the verdict beside the soak's log, then store it on the study, trying again while
     the storage fails (a PostgreSQL restart, a SQLite lock) for the run's patience; a storage
     that never answers is one line naming the file that still holds the verdict."""
-    path = Path(str(verdict["folder"])) / VERDICT_FILE
-    path.write_text(json.dumps(verdict, indent=1, sort_keys=True) + "\n")
+    path = Path(str(verdict.folder)) / VERDICT_FILE
+    path.write_text(json.dumps(verdict.to_attr(), indent=1, sort_keys=True) + "\n")
     path.chmod(0o600)
     try:
         patiently(lambda: record_verdict(study, verdict), note=note, patience_s=patience_s)
@@ -141,35 +142,14 @@ def keep_verdict(
     return path
 
 
-def record_verdict(study: object, verdict: dict[str, object]) -> None:
+def record_verdict(study: object, verdict: Verdict) -> None:
     """Store the verdict on the study (the latest, and a short history)."""
 
     assert isinstance(study, optuna.Study)
-    study.set_user_attr(keys.CONFIRMATION, verdict)
+    attr = verdict.to_attr()
+    study.set_user_attr(keys.CONFIRMATION, attr)
     past = list(study_record(study).confirmations)
-    study.set_user_attr(keys.CONFIRMATIONS, [*past, verdict][-MAX_HISTORY:])
-
-
-def describe(v: Mapping[str, object]) -> str:
-    """The verdict in a few lines (pure)."""
-    head = "PASSED" if v.get("passed") else "FAILED"
-    figures = []
-    cap = v.get("capacity_tokens")
-    if isinstance(cap, int) and cap:
-        figures.append(f"{cap:,} tokens")
-    tp = v.get("throughput_tok_s")
-    if isinstance(tp, int | float) and v.get("outcome") == "ok":
-        figures.append(f"{tp:,.1f} tok/s")
-    h = v.get("headroom_gib")
-    if isinstance(h, int | float) and v.get("outcome") == "ok":
-        figures.append(f"{h:.2f} GiB free at the worst moment")
-    lines = [
-        f"confirmation {head}: {v.get('outcome')}" + (f", {', '.join(figures)}" if figures else "")
-    ]
-    if v.get("reason"):
-        lines.append(f"  {v['reason']}")
-    lines.append(f"  log: {v.get('log_path')}")
-    return "\n".join(lines) + "\n"
+    study.set_user_attr(keys.CONFIRMATIONS, [*past, attr][-MAX_HISTORY:])
 
 
 def _next_number(folder: Path) -> int:

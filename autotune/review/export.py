@@ -194,9 +194,7 @@ def build_export(
     confirmed = soaked.passed if soaked is not None else None
     if soaked is not None and soaked.passed and figures[3]:
         # a setting that never ran in the search was measured by its confirmation soak
-        r = soaked.record
-        figures = (_int(r.get("capacity_tokens")), _num(r.get("throughput_tok_s")),
-                   _num(r.get("headroom_gib")), False)  # fmt: skip
+        figures = (soaked.capacity_tokens, soaked.throughput_tok_s, soaked.headroom_gib, False)
         notes = (*notes, "figures measured by the confirmation soak")
     key_env = _api_key_env(cfg)
     answer = Answer(params, figures[0], figures[2], figures[3], trial=trial, forced=forced)

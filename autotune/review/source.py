@@ -23,9 +23,11 @@ from autotune.config.space import Space, fraction_step, point_key, stored_space
 from autotune.config.studyfile import Fixed, Scalar, StudyConfig
 from autotune.errors import UsageError
 from autotune.masking import redact, scrub
-from autotune.record.stored import StudyRecord, stored, study_record
+from autotune.record.stored import StudyRecord, study_record
+from autotune.record.stored import required_headroom as stored_headroom
 from autotune.record.view import SearchEnd, TrialView, search_end, views
 from autotune.review.plotdata import study_cell_bytes
+from autotune.review.verdict import Verdict
 from autotune.review.winner import (
     DEFAULT_TOLERANCE,
     Margin,
@@ -47,35 +49,6 @@ class Source:
 
 
 @dataclass(frozen=True)
-class Confirmation:
-    """The last confirmation soak, as recorded on the study."""
-
-    params: Mapping[str, Scalar]
-    passed: bool
-    outcome: str
-    reason: str
-    at: str
-    record: Mapping[str, object]
-
-    @staticmethod
-    def from_attr(value: object) -> Confirmation | None:
-        if not isinstance(value, Mapping) or not isinstance(value.get("params"), Mapping):
-            return None
-        return Confirmation(
-            params=_scalars(value["params"]),
-            passed=bool(value.get("passed")),
-            outcome=str(value.get("outcome", "")),
-            reason=str(value.get("reason", "")),
-            at=str(value.get("at", "")),
-            record=dict(value),
-        )
-
-    def covers(self, params: Mapping[str, Scalar], space: Space | None = None) -> bool:
-        """True when this soak ran the point `params` of `space`."""
-        return point_key(self.params, space) == point_key(params, space)
-
-
-@dataclass(frozen=True)
 class Review:
     """A study as the morning review sees it."""
 
@@ -83,7 +56,7 @@ class Review:
     storage: str
     trials: tuple[TrialView, ...]
     winner: Winner | None
-    confirmations: tuple[Confirmation, ...]
+    confirmations: tuple[Verdict, ...]
     """Recorded soaks, oldest first."""
     fraction_step: float
     min_headroom_gib: float | None
@@ -120,13 +93,13 @@ class Review:
         return scrub(text, self.secrets)
 
     @property
-    def confirmation(self) -> Confirmation | None:
+    def confirmation(self) -> Verdict | None:
         """The latest soak of the exported setting."""
         if self.winner is None:
             return None
         return self.confirmation_of(self.winner.params)
 
-    def confirmation_of(self, params: Mapping[str, Scalar]) -> Confirmation | None:
+    def confirmation_of(self, params: Mapping[str, Scalar]) -> Verdict | None:
         """The latest soak of the point `params`."""
         for c in reversed(self.confirmations):
             if c.covers(params, self.space):
@@ -240,8 +213,8 @@ def baseline_of(study: StudyRecord, cfg: StudyConfig | None) -> dict[str, Scalar
     return {k: v for k, v in cfg.search.baseline.items() if k in searched} or None
 
 
-def _confirmations(study: StudyRecord) -> tuple[Confirmation, ...]:
-    return tuple(c for c in map(Confirmation.from_attr, study.verdicts) if c is not None)
+def _confirmations(study: StudyRecord) -> tuple[Verdict, ...]:
+    return tuple(c for c in map(Verdict.from_attr, study.verdicts) if c is not None)
 
 
 def secrets_of(cfg: StudyConfig | None) -> tuple[str, ...]:
@@ -255,13 +228,7 @@ def secrets_of(cfg: StudyConfig | None) -> tuple[str, ...]:
 def _min_headroom(cfg: StudyConfig | None, trials: Sequence[FrozenTrial]) -> float | None:
     if cfg is not None:
         return cfg.constraints.min_headroom_gib or None
-    for t in trials:  # the constraint stores required − measured
-        s = stored(t)
-        c = s.constraints.get("headroom_gib")
-        h = s.headroom_gib
-        if c is not None and h is not None:
-            return round(c + h, 6) or None
-    return None
+    return stored_headroom(trials) or None
 
 
 def _scalars(params: Mapping[object, object]) -> dict[str, Scalar]:

@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from autotune.config.studyfile import CHUNK, FRACTION, HICACHE, REQUESTS, Scalar
+from autotune.config.studyfile import (
+    CHUNK,
+    FRACTION,
+    HICACHE,
+    MEMORY_CONSTRAINTS,
+    REQUESTS,
+    Scalar,
+)
 from autotune.logparse.outcome import Outcome
 from autotune.memory.model import Observation, Setting
 from autotune.record.direction import Push, floor_fraction, push_of
@@ -36,7 +43,6 @@ __all__ = [
 
 MEMORY_PARAMS = (FRACTION, REQUESTS, CHUNK, HICACHE)
 """The parameters the memory model knows; the searches act on these and sample the rest."""
-MEMORY_CONSTRAINTS = frozenset({"oom", "crash", "headroom_gib"})
 _HOST_KILLED = "scheduler is dead"
 
 

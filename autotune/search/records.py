@@ -26,6 +26,7 @@ from autotune.config.studyfile import Scalar
 from autotune.memory.model import Observation
 from autotune.record.seeds import Seed, Seeds, seeds_of
 from autotune.record.stored import Stored, stored, study_record
+from autotune.record.stored import required_headroom as stored_headroom
 from autotune.record.view import view
 from autotune.search.points import FRACTION, Point, setting_of
 
@@ -123,14 +124,10 @@ def pending_params(trials: Sequence[FrozenTrial], current: int) -> list[dict[str
 
 
 def required_headroom(trials: Sequence[FrozenTrial]) -> float | None:
-    """The study's min_headroom_gib, read back from a constraint: value = required − measured."""
-    for t in trials:
-        s = stored(t)
-        c = s.constraints.get("headroom_gib")
-        h = s.headroom_gib
-        if c is not None and h is not None:
-            return max(round(c + h, 6), 0.0)
-    return None
+    """The study's min_headroom_gib as the search holds it: read back from the trials'
+    constraints, never below 0."""
+    need = stored_headroom(trials)
+    return max(need, 0.0) if need is not None else None
 
 
 def wants_throughput(study: optuna.Study) -> bool:

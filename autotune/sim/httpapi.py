@@ -27,8 +27,8 @@ from aiohttp import web
 from autotune.sim import tokens
 from autotune.sim.flags import NEWER_SETTINGS, ServerSettings
 from autotune.sim.logwriter import LogWriter
+from autotune.sim.memplan import StartupPlan
 from autotune.sim.metrics import render_metrics
-from autotune.sim.model import StartupPlan
 from autotune.sim.profiles import Profile
 from autotune.sim.scheduler import Request, Scheduler
 from autotune.sim.versions import DEFAULT, SglangVersion

@@ -9,7 +9,7 @@ has heavy tails or rare spikes when it says so). After each step the new tokens 
 handed to the waiting HTTP handlers in one pass (one wake-up per request per step, no per-token
 tasks). When decode runs out of pool, requests are retracted back to the queue and the line SGLang
 prints is logged. Prefill/Decode lines are logged at SGLang's cadence in the release's text
-(`logwriter.Lines`); under 0.5.23 a prefill that fits a captured prefill graph says so.
+(`loglines.Lines`); under 0.5.23 a prefill that fits a captured prefill graph says so.
 """
 
 from __future__ import annotations
@@ -22,18 +22,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from autotune.sim import tokens
-from autotune.sim.logwriter import Lines, LogWriter, fmt_retract
-from autotune.sim.model import (
+from autotune.sim.loglines import Lines, fmt_retract
+from autotune.sim.logwriter import LogWriter
+from autotune.sim.memplan import StartupPlan
+from autotune.sim.prefixcache import Match, PrefixCache
+from autotune.sim.profiles import Profile
+from autotune.sim.runtime import (
     CLIP_MAX_NEW_TOKENS,
-    StartupPlan,
     decode_time_s,
     forward_ooms,
     growth_gib,
     prefill_time_s,
     transient_peak_gib,
 )
-from autotune.sim.prefixcache import Match, PrefixCache
-from autotune.sim.profiles import Profile
 
 RETRACT_DECODE_STEPS = 20
 NEW_TOKEN_RATIO_DECAY_STEPS = 600

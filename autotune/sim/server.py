@@ -24,13 +24,16 @@ from aiohttp import web
 
 from autotune.sim import faults as faultmod
 from autotune.sim import gpustate
-from autotune.sim import logwriter as lw
 from autotune.sim.flags import CommandLine, ServerSettings
 from autotune.sim.httpapi import ServerState, build_app
-from autotune.sim.model import GiB, StartupPlan
+from autotune.sim.loglines import fmt_bind_failed, fmt_warmup_gave_up, fmt_watchdog_crash, lines_for
+from autotune.sim.logwriter import LogWriter
+from autotune.sim.memplan import StartupPlan
 from autotune.sim.profiles import Profile
 from autotune.sim.scheduler import Request, Scheduler
-from autotune.sim.startup import StartupSequence, resolved_args
+from autotune.sim.serverargs import resolved_args
+from autotune.sim.sizing import GiB
+from autotune.sim.startup import StartupSequence
 from autotune.sim.tokens import encode
 from autotune.sim.versions import get_version
 
@@ -62,7 +65,7 @@ class SimServer(StartupSequence):
         cmd: CommandLine,
         profile: Profile,
         env: Mapping[str, str],
-        log: lw.LogWriter | None = None,
+        log: LogWriter | None = None,
     ) -> None:
         self.cmd = cmd
         self.s: ServerSettings = cmd.settings
@@ -70,11 +73,11 @@ class SimServer(StartupSequence):
         self.env = env
         self.faults = faultmod.resolve(cmd.sim)
         self.release = get_version(cmd.sim.version)
-        self.lines = lw.lines_for(self.release.name)
+        self.lines = lines_for(self.release.name)
         self.timings: dict[str, float] = {}
         self.graph_times: dict[str, float] = {}
         self.argv = cmd.argv
-        self.log = log or lw.LogWriter(self.s.tp_size)
+        self.log = log or LogWriter(self.s.tp_size)
         self.scale = cmd.sim.time_scale
         self.pid = os.getpid()
         self.gpus = visible_gpus(env, self.s.tp_size, profile.hardware.gpu_count)
@@ -218,7 +221,7 @@ class SimServer(StartupSequence):
         s = self.s
         # asyncio's error already says "error while attempting to bind…"; uvloop words it once
         reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
-        self.log.uvicorn(lw.fmt_bind_failed(exc.errno, s.host, s.port, reason), level="ERROR")
+        self.log.uvicorn(fmt_bind_failed(exc.errno, s.host, s.port, reason), level="ERROR")
         self.log.uvicorn("Waiting for application shutdown.")
         if s.skip_server_warmup:
             self.log.uvicorn("Application shutdown complete.")
@@ -227,7 +230,7 @@ class SimServer(StartupSequence):
         answered = await self._someone_listens(s.host, s.port)
         per_try = 1.0 + (5.0 if answered else 0.0)  # a listener that never answers: read timeout
         await asyncio.sleep(120 * per_try / self.scale)
-        self.log.main(lw.fmt_warmup_gave_up(s.host, s.port, answered))
+        self.log.main(fmt_warmup_gave_up(s.host, s.port, answered))
         self.kill_tree()
         self.die()
 
@@ -293,7 +296,7 @@ class SimServer(StartupSequence):
         assert state is not None
         if self.release.subprocess_watchdog:
             await asyncio.sleep(WATCHDOG_INTERVAL_S)
-            self.log.main(lw.fmt_watchdog_crash("scheduler_0", self.pid + 1, -9))
+            self.log.main(fmt_watchdog_crash("scheduler_0", self.pid + 1, -9))
             self._sigquit_from_child()
         state.scheduler.stop()
         if self.writer is not None and self.gpus:

@@ -1,7 +1,7 @@
 """The startup sequence of one simulated SGLang server, and how it dies when a stage fails.
 
 `StartupSequence` walks the StartupPlan stage by stage in the simulated release's order (see
-`model`), printing each rank's lines in that release's text (`logwriter.lines_for`) and sleeping
+`memplan`), printing each rank's lines in that release's text (`loglines.lines_for`) and sleeping
 each phase's profile duration divided by --sim-time-scale (the printed `elapsed=` values are the
 unscaled, real-world durations). A failing stage prints the scheduler's exception and dies the
 SGLang way: the main process logs the SIGQUIT it got from the child and SIGKILLs itself (0.5.23
@@ -22,19 +22,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
 import shlex
 import signal
 import sys
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
-from autotune.sim import gpustate
-from autotune.sim import logwriter as lw
+from autotune.sim import gpustate, tracebacks
 from autotune.sim.faults import FaultSet
-from autotune.sim.flags import NEWER_SETTINGS, CommandLine, ServerSettings
-from autotune.sim.model import GiB, StartupPlan, plan_startup, unbalanced_ranks
+from autotune.sim.flags import CommandLine, ServerSettings
+from autotune.sim.loglines import (
+    CaptureShape,
+    Lines,
+    fmt_died_during_init,
+    fmt_hicache,
+    fmt_hicache_auto,
+    fmt_init_begin,
+    fmt_init_end,
+    fmt_kv_allocated,
+    fmt_load_begin,
+    fmt_load_end,
+    fmt_oom_error,
+    fmt_pool_end,
+    fmt_post_capture,
+)
+from autotune.sim.logwriter import LogWriter
+from autotune.sim.memplan import StartupPlan, plan_startup, unbalanced_ranks
 from autotune.sim.profiles import Profile
+from autotune.sim.serverargs import args_repr, resolved_args
+from autotune.sim.sizing import GiB
 from autotune.sim.versions import SglangVersion
 
 DRAFT_ARCH = {
@@ -74,9 +90,9 @@ class StartupSequence:
     profile: Profile
     env: Mapping[str, str]
     faults: FaultSet
-    log: lw.LogWriter
+    log: LogWriter
     release: SglangVersion
-    lines: lw.Lines
+    lines: Lines
     scale: float
     pid: int
     gpus: list[int]
@@ -118,7 +134,9 @@ class StartupSequence:
 
     def scheduler_exception(self, ranks: Sequence[int], frames: Frames, final: str) -> None:
         for r in ranks:
-            self.log.rank(r, "Scheduler hit an exception: " + lw.traceback_block(frames, final))
+            self.log.rank(
+                r, "Scheduler hit an exception: " + tracebacks.traceback_block(frames, final)
+            )
 
     def crash_startup(self, ranks: Sequence[int], frames: Frames, final: str) -> NoReturn:
         self.scheduler_exception(ranks, frames, final)
@@ -134,7 +152,7 @@ class StartupSequence:
         if plan is not None:
             graphs = sum(plan.graph_phases().values()) if plan.spec else (plan.graph_gib or 0.0)
             graphs += 0.0 if plan.spec else (plan.prefill_graph_gib or 0.0)
-        return lw.fmt_oom_error(tried, total, free, in_use, graphs)
+        return fmt_oom_error(tried, total, free, in_use, graphs)
 
     def scheduler_died(self, rank: int) -> NoReturn:
         """The OS OOM killer took scheduler `rank` before it reported ready: the main process
@@ -142,16 +160,16 @@ class StartupSequence:
         if self.release.subprocess_watchdog:
             self.kill_tree(include_parent=False)
             self.log.raw(
-                lw.traceback_block(
-                    lw.MAIN_INIT_FRAMES_0523,
-                    f"RuntimeError: {lw.fmt_died_during_init(rank, -9)}",
+                tracebacks.traceback_block(
+                    tracebacks.MAIN_INIT_FRAMES_0523,
+                    f"RuntimeError: {fmt_died_during_init(rank, -9)}",
                 )
             )
             self.die(1)
         self.log.main(f"Rank {rank} scheduler is dead. Please check if there are relevant logs.")
         self.log.main("Exit code: -9")
         self.log.raw(
-            lw.traceback_block(
+            tracebacks.traceback_block(
                 (
                     (
                         "/usr/local/lib/python3.12/dist-packages/sglang/srt/entrypoints/engine.py",
@@ -210,9 +228,9 @@ class StartupSequence:
         if self.release.server_args_dict:
             if s.spec and s.max_running_requests is None:
                 self._spec_warning()
-            self.log.main(f"server_args={self._args_dict(plan)}")
+            self.log.main(f"server_args={resolved_args(self.release, s, plan, self.cmd.sim.seed)}")
         else:
-            self.log.main(f"server_args=ServerArgs({self._args_repr()})")
+            self.log.main(f"server_args=ServerArgs({args_repr(s)})")
             if s.spec and s.max_running_requests is None:
                 self._spec_warning()
         return plan
@@ -451,7 +469,7 @@ class StartupSequence:
             return
         before = plan.avail_before_graphs_gib
         assert before is not None
-        shape = lw.CaptureShape(tokens=tokens)
+        shape = CaptureShape(tokens=tokens)
         log.every_rank(self.lines.capture_begin(before, "target", "prefill", shape))
         duration = self.profile.startup.prefill_graph_capture_s
         fail = plan.failure
@@ -486,7 +504,7 @@ class StartupSequence:
             return
         assert before is not None
         phase = "verify" if plan.spec else "decode"
-        shape = lw.CaptureShape(bs=tuple(sizes), per_req=plan.spec_draft_tokens if plan.spec else 1)
+        shape = CaptureShape(bs=tuple(sizes), per_req=plan.spec_draft_tokens if plan.spec else 1)
         log.every_rank(self.lines.capture_begin(before, "target", phase, shape))
         bs_line = self.lines.capture_bs(sizes)
         if bs_line is not None:
@@ -505,9 +523,9 @@ class StartupSequence:
             err = self.oom_text(fail.tried_gib, fail.free_gib)
             cause = err.split(": ", 1)[1]
             final = f"Exception: Capture cuda graph failed: {cause}\n{self.lines.capture_advice}"
-            frames: lw.Frames = (*self.lines.init_frames, *self.lines.graph_frames)
+            frames: tracebacks.Frames = (*self.lines.init_frames, *self.lines.graph_frames)
             if self.release.prefill_graphs:
-                frames = (*frames, *lw.DECODE_GRAPH_FRAMES_0523)
+                frames = (*frames, *tracebacks.DECODE_GRAPH_FRAMES_0523)
             self.crash_startup(list(range(self.s.tp_size)), frames, final)
         elapsed = await self.phase(duration)
         self.graph_times["target_verify" if plan.spec else "decode"] = elapsed
@@ -543,20 +561,20 @@ class StartupSequence:
         fail = plan.failure
         ranks = list(range(self.s.tp_size))
         assert plan.avail_after_graphs_gib is not None
-        log.every_rank(lw.fmt_init_begin())
-        log.every_rank(lw.fmt_init_end(0.0, 0.0))
-        log.every_rank(lw.fmt_load_begin(plan.avail_after_graphs_gib))
+        log.every_rank(fmt_init_begin())
+        log.every_rank(fmt_init_end(0.0, 0.0))
+        log.every_rank(fmt_load_begin(plan.avail_after_graphs_gib))
         elapsed = await self.phase(st.draft_load_s)
         if fail is not None and fail.stage == "draft_weights":
             self.crash_startup(
                 ranks,
-                (*lw.SCHEDULER_INIT_FRAMES, *lw.LOAD_FRAMES),
+                (*tracebacks.SCHEDULER_INIT_FRAMES, *tracebacks.LOAD_FRAMES),
                 self.oom_text(fail.tried_gib, fail.free_gib),
             )
         assert plan.draft_weights_gib is not None and plan.avail_after_draft_weights_gib is not None
         algo = self.s.speculative_algorithm or "EAGLE3"
         log.every_rank(
-            lw.fmt_load_end(
+            fmt_load_end(
                 elapsed,
                 DRAFT_ARCH.get(algo, "LlamaForCausalLMEagle3"),
                 f"torch.{self.profile.model.dtype}",
@@ -570,16 +588,16 @@ class StartupSequence:
         if fail is not None and fail.stage == "draft_kv":
             self.crash_startup(
                 ranks,
-                (*lw.SCHEDULER_INIT_FRAMES, *lw.POOL_FRAMES[:1]),
+                (*tracebacks.SCHEDULER_INIT_FRAMES, *tracebacks.POOL_FRAMES[:1]),
                 self.oom_text(fail.tried_gib, fail.free_gib),
             )
         assert plan.max_total_num_tokens is not None and plan.avail_after_draft_pool_gib is not None
         log.every_rank(
-            lw.fmt_kv_allocated(
+            fmt_kv_allocated(
                 plan.max_total_num_tokens, plan.draft_kv_gib, plan.draft_k_gib, plan.draft_v_gib
             )
         )
-        log.every_rank(lw.fmt_pool_end(plan.avail_after_draft_pool_gib))
+        log.every_rank(fmt_pool_end(plan.avail_after_draft_pool_gib))
         self.set_used(plan.init_mem_usage_gib + plan.p_gib - plan.avail_after_draft_pool_gib)
         await self._capture(plan, draft=True)
 
@@ -590,16 +608,16 @@ class StartupSequence:
         fail = plan.failure
         assert plan.avail_after_graphs_gib is not None
         avail = plan.avail_after_graphs_gib
-        parts: list[tuple[str, float, lw.CaptureShape, bool]] = []
+        parts: list[tuple[str, float, CaptureShape, bool]] = []
         if plan.prefill_capture_tokens:
             limit = (plan.max_num_reqs or 0) * plan.context_len
             tokens = tuple(t for t in plan.prefill_capture_tokens if t <= limit)
             prefill = plan.draft_prefill_graph_gib or 0.0
-            parts.append(("prefill", prefill, lw.CaptureShape(tokens=tokens), True))
+            parts.append(("prefill", prefill, CaptureShape(tokens=tokens), True))
         if not self.s.decode_graph_disabled:
             bs = tuple(plan.draft_capture_bs)
-            decode = lw.CaptureShape(bs=bs, per_req=plan.spec_topk)
-            extend = lw.CaptureShape(bs=bs, per_req=plan.spec_draft_tokens)
+            decode = CaptureShape(bs=bs, per_req=plan.spec_topk)
+            extend = CaptureShape(bs=bs, per_req=plan.spec_draft_tokens)
             if plan.spec_steps > 1:
                 parts.append(("decode", plan.draft_decode_graph_gib or 0.0, decode, False))
             parts.append(("extend", plan.draft_extend_graph_gib or 0.0, extend, False))
@@ -635,7 +653,7 @@ class StartupSequence:
             )
         assert plan.post_capture_tokens is not None
         assert plan.avail_after_post_capture_gib is not None
-        for line in lw.fmt_post_capture(
+        for line in fmt_post_capture(
             plan.post_capture_tokens,
             plan.kv_dtype,
             plan.post_capture_kv_gib or 0.0,
@@ -656,11 +674,11 @@ class StartupSequence:
                 self.crash_startup(ranks, lines.hicache_frames, f"ValueError: {fail.message}")
             return
         if fail is None:
-            self.log.every_rank(lw.fmt_hicache(plan.host_cache_gb or 0.0))
+            self.log.every_rank(fmt_hicache(plan.host_cache_gb or 0.0))
             return
         if fail.kind == "host_oom_killer":
             for r in range(fail.rank):
-                self.log.rank(r, lw.fmt_hicache(plan.host_cache_gb or 0.0))
+                self.log.rank(r, fmt_hicache(plan.host_cache_gb or 0.0))
             self.scheduler_died(fail.rank)
         if fail.kind == "hicache_too_small":
             self.crash_startup(ranks, lines.hicache_frames, f"AssertionError: {fail.message}")
@@ -674,7 +692,7 @@ class StartupSequence:
             device = (plan.kv_gib or 0.0) + (plan.draft_kv_gib or 0.0)
             fraction = self.s.hicache_host_memory_fraction
             log.every_rank(
-                lw.fmt_hicache_auto(
+                fmt_hicache_auto(
                     requested,
                     ratio,
                     plan.host_budget_gb * 1e9 / GiB,
@@ -727,95 +745,5 @@ class StartupSequence:
             "tokenizer_e2e": t["tokenizer_e2e"],
         }
 
-    def _args_repr(self) -> str:
-        parts = []
-        for k, v in self.s.__dict__.items():
-            if k == "noted" or k in NEWER_SETTINGS:
-                continue
-            parts.append(f"{k}={v!r}")
-        parts.extend(f"{k}={v!r}" for k, v in self.s.noted.items())
-        return ", ".join(parts)
-
-    def _args_dict(self, plan: StartupPlan) -> dict[str, object]:
-        return resolved_args(self.release, self.s, plan, self.cmd.sim.seed)
-
     def launch_command(self) -> str:
         return shlex.join(self.argv)
-
-
-_SETTING_TO_DEST = {
-    "cuda_graph_max_bs": "cuda_graph_max_bs_decode",
-    "cuda_graph_bs": "cuda_graph_bs_decode",
-}
-
-
-def resolved_args(
-    release: SglangVersion, s: ServerSettings, plan: StartupPlan, seed: int
-) -> dict[str, object]:
-    """0.5.23's `server_args.resolved_dict()`: every ServerArgs field in order, the flags as
-    given, and the values resolution picks that the simulator models."""
-    out: dict[str, object] = dict(release.fields)
-    for key, value in s.__dict__.items():
-        if key == "noted":
-            continue
-        dest = _SETTING_TO_DEST.get(key, key)
-        if dest in out:
-            out[dest] = list(value) if isinstance(value, tuple) else value
-    for key, value in s.noted.items():
-        out[key] = value
-    decode_bs = list(plan.capture_bs) if s.max_running_requests is not None else None
-    if not decode_bs and not s.decode_graph_disabled:
-        from autotune.sim.model import capture_batch_sizes
-
-        decode_bs = list(
-            capture_batch_sizes(plan.cuda_graph_max_bs, plan.spec, 1 << 30, s.cuda_graph_bs)
-        )
-    graph_keys = {
-        "tc_compiler": "eager",
-        "max_context_size": None,
-        "full_prefill_max_req": None,
-        "full_prefill_prefix_chunk_tokens": None,
-        "max_seq_len": None,
-    }
-    out.update(
-        {
-            "tokenizer_path": s.tokenizer_path or s.model_path,
-            "served_model_name": s.served_model_name or s.model_path,
-            "mem_fraction_static": plan.mem_fraction_static,
-            "chunked_prefill_size": plan.chunked_prefill_size,
-            "page_size": plan.page_size,
-            "device": "cuda",
-            "random_seed": random.Random(seed).randrange(1 << 30),
-            "enable_dp_attention": False,
-            "cuda_graph_config": {
-                "decode": {
-                    "backend": "disabled" if s.decode_graph_disabled else "full",
-                    "max_bs": plan.cuda_graph_max_bs,
-                    "bs": decode_bs,
-                    **graph_keys,
-                },
-                "prefill": {
-                    "backend": "breakable" if plan.prefill_capture_tokens else "disabled",
-                    "max_bs": max(plan.prefill_capture_tokens, default=None),
-                    "bs": list(plan.prefill_capture_tokens) or None,
-                    **graph_keys,
-                },
-            },
-        }
-    )
-    if s.spec:
-        out.update(
-            {
-                "max_running_requests": s.max_running_requests or 48,
-                "speculative_num_steps": plan.spec_steps,
-                "speculative_eagle_topk": plan.spec_topk,
-                "speculative_num_draft_tokens": plan.spec_draft_tokens,
-            }
-        )
-    if s.enable_hierarchical_cache or "hicache_ratio" in out:
-        explicit = s.hicache_ratio is not None or s.hicache_size > 0
-        if out.get("hicache_ratio") is None:
-            out["hicache_ratio"] = 1.2 if s.hicache_host_memory_mode == "buffer_only" else 2.0
-        if explicit:
-            out["hicache_host_memory_fraction"] = None
-    return out

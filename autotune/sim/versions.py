@@ -6,9 +6,9 @@ defaults and the automatic `--mem-fraction-static`, the memory order (draft weig
 after the KV profile, the draft folded into the per-token cell), the request table's padding
 row, prefill CUDA graphs, post-capture KV sizing, the HiCache host-RAM rules, the death paths,
 the graceful-stop exit code and the HTTP shapes. The modules that act on a rule ask the version
-(`model` for memory, `startup`/`server` for the process, `httpapi` for responses, `logwriter`
-for the text). Adding a release is a new flag table, one entry here, and where its log text
-changed, a `logwriter.Lines` subclass.
+(`sizing` and `memplan` for memory, `startup`/`server` for the process, `httpapi` for
+responses, `loglines` and `tracebacks` for the text). Adding a release is a new flag table, one
+entry here, and where its log text changed, a `loglines.Lines` subclass.
 """
 
 from __future__ import annotations

@@ -8,9 +8,7 @@ from collections.abc import Sequence
 
 from optuna.trial import FrozenTrial
 
-from autotune.config.studyfile import (
-    Constraints,
-)
+from autotune.config.studyfile import Constraint, Constraints
 from autotune.record import keys
 from autotune.record.view import view
 from autotune.trial.record import Measured
@@ -37,17 +35,17 @@ def constraint_values(m: Measured, c: Constraints) -> dict[str, float]:
     broken = m.oom or m.crashed
     out: dict[str, float] = {}
     if c.no_oom:
-        out["oom"] = 1.0 if m.oom else 0.0
-    out["crash"] = 1.0 if m.crashed and not m.oom else 0.0
+        out[Constraint.OOM] = 1.0 if m.oom else 0.0
+    out[Constraint.CRASH] = 1.0 if m.crashed and not m.oom else 0.0
     rate = m.error_rate if m.error_rate is not None else (1.0 if broken else 0.0)
-    out["error_rate"] = rate - c.max_error_rate
+    out[Constraint.ERROR_RATE] = rate - c.max_error_rate
     if c.min_headroom_gib > 0:
         headroom = m.headroom_gib if m.headroom_gib is not None else (0.0 if broken else None)
-        out["headroom_gib"] = c.min_headroom_gib - headroom if headroom is not None else 0.0
+        out[Constraint.HEADROOM] = c.min_headroom_gib - headroom if headroom is not None else 0.0
     if c.max_p99_ttft_ms is not None:
-        out["p99_ttft_ms"] = _over(m.p99_ttft_ms, c.max_p99_ttft_ms, broken)
+        out[Constraint.P99_TTFT] = _over(m.p99_ttft_ms, c.max_p99_ttft_ms, broken)
     if c.max_p99_itl_ms is not None:
-        out["p99_itl_ms"] = _over(m.p99_itl_ms, c.max_p99_itl_ms, broken)
+        out[Constraint.P99_ITL] = _over(m.p99_itl_ms, c.max_p99_itl_ms, broken)
     return out
 
 

@@ -1,7 +1,7 @@
 """Launches without launching: trial records produced by the simulator's pure model.
 
 The benchmark (`scripts/bench_search.py`) and the sampler tests run whole studies in-process.
-Each "launch" here plans the startup with `autotune.sim.model.plan_startup` (with the launch's
+Each "launch" here plans the startup with `autotune.sim.memplan.plan_startup` (with the launch's
 own jitter), writes the ledger the log would show (two-decimal GiB, as SGLang prints), drives a
 stress phase of `STRESS_FORWARDS` full-chunk forwards with the profile's run-to-run variation,
 and tells the study exactly what `autotune.trial.run` would: outcome, reason, headroom, stress peak,
@@ -39,17 +39,10 @@ from autotune.config.workload import WorkloadSpec
 from autotune.logparse.ledger import Ledger
 from autotune.record import keys
 from autotune.sim.flags import ServerSettings
-from autotune.sim.model import (
-    StartupPlan,
-    auto_mem_fraction,
-    decode_throughput,
-    forward_cdf,
-    gpu_class_defaults,
-    growth_gib,
-    plan_startup,
-    transient_peak_gib,
-)
+from autotune.sim.memplan import StartupPlan, plan_startup
 from autotune.sim.profiles import Mismatch, Profile
+from autotune.sim.runtime import decode_throughput, forward_cdf, growth_gib, transient_peak_gib
+from autotune.sim.sizing import auto_mem_fraction, gpu_class_defaults
 from autotune.study.loop import tell
 from autotune.study.objectives import constraint_values
 from autotune.trial.record import Measured, Result

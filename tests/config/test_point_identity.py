@@ -14,6 +14,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 
 from autotune.config.space import (
     CONTINUOUS_FRACTION_STEP,
+    FIXED_FRACTION_STEP,
     canonical,
     fraction_step,
     point_key,
@@ -93,8 +94,9 @@ def test_a_continuous_fraction_moves_by_one_lattice_in_the_search_and_the_review
     fixed = SearchConfig(params=(Fixed(F, 0.88),), baseline={})
     assert fraction_step(continuous) == CONTINUOUS_FRACTION_STEP
     assert fraction_step({F: FloatDistribution(0.67, 0.97)}) == CONTINUOUS_FRACTION_STEP
-    assert fraction_step(fixed) == CONTINUOUS_FRACTION_STEP
-    assert fraction_step(None) == CONTINUOUS_FRACTION_STEP
+    # a fraction the study never moves backs off in the hundredths an operator writes
+    assert fraction_step(fixed) == FIXED_FRACTION_STEP
+    assert fraction_step(None) == FIXED_FRACTION_STEP
     # the continuous fraction keeps every digit it was given as its identity
     a = {F: 0.8260405859375}
     assert not same_point(a, {F: 0.826}, continuous)

@@ -12,7 +12,7 @@ import pytest
 
 from autotune.logparse.ledger import Ledger
 from autotune.memory.model import Estimate, Observation, Setting, fit
-from autotune.sim.model import StartupPlan, plan_startup
+from autotune.sim.memplan import StartupPlan, plan_startup
 from autotune.sim.profiles import load_profile
 from autotune.testing.oracle import Bench, bench_for, ledger_of, server_settings
 

@@ -18,15 +18,15 @@ from autotune.search.calibration import Calibration, Check, calibrate
 from autotune.search.planner import Goal, plan
 from autotune.search.points import Point
 from autotune.sim.flags import ServerSettings
-from autotune.sim.model import (
+from autotune.sim.memplan import plan_startup
+from autotune.sim.profiles import Mismatch, ProfileError, load_profile, profile_from_dict
+from autotune.sim.runtime import (
     forward_cdf,
     forward_mean_gib,
     growth_gib,
-    plan_startup,
     student_cdf,
     transient_peak_gib,
 )
-from autotune.sim.profiles import Mismatch, ProfileError, load_profile, profile_from_dict
 from autotune.testing.oracle import MISMATCH, bench_for, best_stable, p_stable
 from tests.search.helpers import AXES, KIMI, point, study_with
 

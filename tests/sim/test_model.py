@@ -7,18 +7,10 @@ import dataclasses
 import pytest
 
 from autotune.sim.flags import ServerSettings
-from autotune.sim.model import (
-    GiB,
-    auto_mem_fraction,
-    capture_batch_sizes,
-    cell_bytes,
-    decode_throughput,
-    forward_ooms,
-    plan_startup,
-    predict,
-    transient_peak_gib,
-)
+from autotune.sim.memplan import plan_startup
 from autotune.sim.profiles import Attention, Profile, load_profile
+from autotune.sim.runtime import decode_throughput, forward_ooms, predict, transient_peak_gib
+from autotune.sim.sizing import GiB, auto_mem_fraction, capture_batch_sizes, cell_bytes
 
 KIMI = "kimi-k2.5-tp8-96g"
 

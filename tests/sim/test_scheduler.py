@@ -9,7 +9,7 @@ import re
 
 from autotune.sim.flags import ServerSettings
 from autotune.sim.logwriter import LogWriter
-from autotune.sim.model import plan_startup
+from autotune.sim.memplan import plan_startup
 from autotune.sim.profiles import Profile, load_profile
 from autotune.sim.scheduler import Request, Scheduler
 

@@ -7,16 +7,16 @@ import dataclasses
 import pytest
 
 from autotune.sim.flags import ServerSettings, parse_command_line
-from autotune.sim.model import (
+from autotune.sim.memplan import plan_startup
+from autotune.sim.profiles import load_profile
+from autotune.sim.runtime import transient_peak_gib
+from autotune.sim.sizing import (
     GiB,
     auto_mem_fraction,
     cell_bytes,
     draft_fold_bytes,
-    plan_startup,
     prefill_capture_tokens,
-    transient_peak_gib,
 )
-from autotune.sim.profiles import load_profile
 from autotune.sim.versions import VERSIONS, get_version
 
 KIMI = "kimi-k2.5-tp8-96g"

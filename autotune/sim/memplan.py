@@ -1,6 +1,6 @@
-"""The pure model: SGLang's memory arithmetic per release, the runtime OOM rule and step times.
+"""The startup memory plan: every size one SGLang launch computes, in its release's order.
 
-No I/O, no clocks: everything here is a function of a Profile, ServerSettings, the simulated
+No I/O, no clocks: `plan_startup` is a function of a Profile, ServerSettings, the simulated
 release (`versions.SglangVersion`), the server's environment and a seed, so a search strategy
 can evaluate thousands of settings in-process. P is the free memory before weights (MIN over
 ranks); the pool is what is free after the weights − P·(1 − f), in cells of bytes per token,
@@ -15,7 +15,10 @@ of the headroom. The releases differ in order:
   extend graphs; with SGLANG_ENABLE_POST_CAPTURE_KV_SIZING (MHA only) the pool is reserved as
   address space and sized after capture, keeping P·(1 − f) free.
 
-All GPU figures are GiB (SGLang's "GB"); host-cache figures are decimal GB as SGLang prints them.
+It owns the order and the failures (`StartupPlan`, `StartupFailure`, the first stage that does
+not fit); the per-quantity formulas it applies are `sizing`'s, and what the planned server's
+forwards cost while it serves is `runtime`'s. All GPU figures are GiB (SGLang's "GB");
+host-cache figures are decimal GB as SGLang prints them.
 """
 
 from __future__ import annotations
@@ -27,14 +30,28 @@ from dataclasses import dataclass, field, replace
 from typing import TypedDict
 
 from autotune.sim.flags import ServerSettings
-from autotune.sim.profiles import Attention, Profile
+from autotune.sim.profiles import Profile
+from autotune.sim.sizing import (
+    GiB,
+    MiB,
+    auto_mem_fraction,
+    capture_batch_sizes,
+    cell_bytes,
+    draft_fold_bytes,
+    draft_graph_memory_gib,
+    gpu_class_defaults,
+    gpu_total_gib,
+    graph_memory_gib,
+    host_bytes_per_token,
+    kv_dtype_for,
+    kv_split_gib,
+    prefill_capture_tokens,
+    prefill_graph_memory_gib,
+    resolve_release,
+)
 from autotune.sim.versions import SglangVersion, get_version
 
-GiB = 1 << 30
-MiB = 1 << 20
 HOST_RESERVE_BYTES = 10 * GiB
-CLIP_MAX_NEW_TOKENS = 4096
-EAGER_DECODE_FACTOR = 1.25
 SPEC_DEFAULT_MAX_RUNNING = 48
 SPEC_DEFAULTS = (3, 1, 4)  # (num_steps, topk, num_draft_tokens) for DeepseekV3-style targets
 VMM_GRANULARITY = 2 * MiB  # CUDA VMM allocation granularity (post-capture KV backing)
@@ -161,198 +178,6 @@ class StartupPlan:
         return phases
 
 
-def gpu_total_gib(profile: Profile) -> float:
-    return profile.hardware.gpu_memory_mib / 1024.0
-
-
-def _release(version: SglangVersion | str | None, profile: Profile | None = None) -> SglangVersion:
-    if isinstance(version, SglangVersion):
-        return version
-    if version is None:
-        return get_version(profile.sglang_version if profile is not None else "0.5.9")
-    return get_version(version)
-
-
-def gpu_class_defaults(
-    gpu_mem_mib: int, tp: int, version: SglangVersion | str | None = None
-) -> tuple[int, int]:
-    """(chunked_prefill_size, decode max_bs) from the release's GPU-class table."""
-    release = _release(version)
-    gib = gpu_mem_mib / 1024.0
-    for limit, chunk, small, large in release.gpu_classes:
-        if gib < limit:
-            return chunk, (small if tp < 4 else large)
-    return release.top_class
-
-
-def auto_mem_fraction(
-    gpu_mem_mib: int,
-    chunked_prefill_size: int,
-    max_prefill_tokens: int,
-    cuda_graph_max_bs: int,
-    tp: int,
-    pp: int = 1,
-    spec_algorithm: str | None = None,
-    *,
-    version: SglangVersion | str | None = None,
-    prefill_graph_sizes: int = 0,
-    mla: bool = False,
-    decode_graph: bool = True,
-    post_capture: bool = False,
-) -> float:
-    """SGLang's automatic mem_fraction_static (0.5.4–0.5.9 and 0.5.23 `memory_hook`)."""
-    release = _release(version)
-    if post_capture:
-        reserved = 1536 + tp * pp / 8 * 1024
-        return round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
-    if chunked_prefill_size > 0:
-        reserved = 512 + max(chunked_prefill_size, 2048) * 1.5
-    else:
-        reserved = 512 + max(max_prefill_tokens, 2048) * 1.5
-    reserved += (cuda_graph_max_bs * 2 if decode_graph else 0) + tp * pp / 8 * 1024
-    if release.prefill_graph_reserve and prefill_graph_sizes:
-        reserved += 1.5 * 1024 if mla else prefill_graph_sizes * 8
-    if gpu_mem_mib > 60 * 1024:
-        reserved = max(reserved, 10240)
-    extra = release.spec_reserve_mib.get(spec_algorithm or "", 0)
-    reserved += float(extra) if isinstance(extra, int | float) else 0.0
-    return round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
-
-
-def kv_dtype_for(settings: ServerSettings, profile: Profile) -> tuple[str, int]:
-    """(torch dtype name, bytes per element) for --kv-cache-dtype."""
-    choice = settings.kv_cache_dtype
-    if choice == "auto":
-        if profile.model.kv_fp8_checkpoint:
-            return "torch.float8_e4m3fn", 1
-        choice = profile.model.dtype
-    if choice in ("fp8_e4m3",):
-        return "torch.float8_e4m3fn", 1
-    if choice == "fp8_e5m2":
-        return "torch.float8_e5m2", 1
-    if choice in ("fp4_e2m1", "nvfp4", "fp4_mx_block16"):
-        return "torch.float4_e2m1fn_x2", 0
-    if choice in ("float16", "fp16", "half"):
-        return "torch.float16", 2
-    return "torch.bfloat16", 2
-
-
-def cell_bytes(att: Attention, tp: int, elem: int) -> int:
-    """Bytes of KV per token per GPU (0.5.9 get_cell_size_per_token). elem 0 means fp4."""
-    if att.kind == "mla":
-        dim = att.kv_lora_rank + att.qk_rope_head_dim
-        if elem == 0:
-            return (dim * att.layers * 2) // 2 + (dim // 16) * att.layers
-        return dim * att.layers * elem
-    heads = max(1, att.kv_heads // tp)
-    v_dim = att.v_head_dim or att.head_dim
-    if elem == 0:
-        return heads * (att.head_dim + v_dim) * att.layers
-    return heads * (att.head_dim + v_dim) * att.layers * elem
-
-
-def draft_fold_bytes(target_cell: int, target: Attention, draft: Attention | None) -> int:
-    """0.5.23's EAGLE fold: int(cell · L_draft / L_target) added to the target's cell."""
-    if draft is None or target.layers <= 0:
-        return 0
-    return int(target_cell * draft.layers / target.layers)
-
-
-def kv_split_gib(att: Attention, tp: int, elem: int, rows: int) -> tuple[float, float | None]:
-    """(K GiB, V GiB) of an MHA pool of `rows` token rows; (KV GiB, None) for MLA."""
-    if att.kind == "mla":
-        return rows * cell_bytes(att, tp, elem) / GiB, None
-    heads = max(1, att.kv_heads // tp)
-    per = max(elem, 1) if elem else 1
-    k = rows * heads * att.head_dim * att.layers * per / GiB
-    v = rows * heads * (att.v_head_dim or att.head_dim) * att.layers * per / GiB
-    return k, v
-
-
-def host_bytes_per_token(att: Attention, tp: int, elem: int) -> int:
-    """HiCache host pool bytes per token per rank (memory_pool_host.py)."""
-    elem = max(elem, 1)
-    if att.kind == "mla":
-        return (att.kv_lora_rank + att.qk_rope_head_dim) * elem * att.layers
-    heads = max(1, att.kv_heads // tp)
-    return heads * att.head_dim * att.layers * elem * 2
-
-
-def capture_batch_sizes(
-    max_bs: int, spec: bool, req_pool_size: int, explicit: Sequence[int] | None = None
-) -> tuple[int, ...]:
-    """CUDA-graph batch sizes SGLang captures (0.5.9 server_args + cuda_graph_runner)."""
-    if explicit:
-        sizes = sorted(set(explicit))
-    elif spec:
-        sizes = (
-            list(range(1, 9))
-            + list(range(10, 33, 2))
-            + list(range(40, 65, 4))
-            + list(range(72, 257, 8))
-            + list(range(272, max(max_bs, 272) + 1, 16))
-        )
-        sizes = [s for s in sizes if s <= max_bs]
-    else:
-        sizes = [
-            1,
-            2,
-            4,
-            8,
-            12,
-            *range(16, 257, 8),
-            *range(272, 512, 16),
-            *range(512, max_bs + 1, 32),
-        ]
-        sizes = [s for s in sizes if s <= max_bs]
-    capped = [s for s in sizes if s <= req_pool_size]
-    if sizes and max(sizes) > req_pool_size and req_pool_size not in capped:
-        capped.append(req_pool_size)
-    return tuple(sorted(capped))
-
-
-def prefill_capture_tokens(max_bs: int) -> tuple[int, ...]:
-    """0.5.23 `generate_prefill_cuda_graph_batch_sizes`: the token counts a prefill graph takes."""
-    sizes = (
-        list(range(4, 33, 4))
-        + list(range(48, 257, 16))
-        + list(range(288, 513, 32))
-        + list(range(576, 1025, 64))
-        + list(range(1280, 4097, 256))
-        + list(range(4608, max_bs + 1, 512))
-    )
-    return tuple(s for s in sizes if s <= max_bs)
-
-
-def graph_memory_gib(profile: Profile, sizes: Sequence[int], tokens_per_bs: int) -> float:
-    if not sizes:
-        return 0.0
-    g = profile.cuda_graph
-    return (
-        g.base_gib
-        + g.mib_per_size * len(sizes) / 1024.0
-        + g.mib_per_token * max(sizes) * tokens_per_bs / 1024.0
-    )
-
-
-def prefill_graph_memory_gib(profile: Profile, tokens: Sequence[int]) -> float:
-    if not tokens:
-        return 0.0
-    g = profile.cuda_graph
-    return (
-        g.prefill_base_gib
-        + g.prefill_mib_per_size * len(tokens) / 1024.0
-        + g.prefill_mib_per_token * max(tokens) / 1024.0
-    )
-
-
-def draft_graph_memory_gib(profile: Profile, sizes: Sequence[int], steps: int, topk: int) -> float:
-    draft = profile.draft
-    if draft is None or not sizes:
-        return 0.0
-    return draft.graph_base_gib + draft.graph_mib_per_token * max(sizes) * steps * topk / 1024.0
-
-
 def env_flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     """SGLang's EnvBool: true/1/yes/y or false/0/no/n (anything else: the default)."""
     raw = env.get(name)
@@ -389,7 +214,7 @@ def plan_startup(
     `foreign_gib[i]` is memory other processes hold on the i-th GPU this server uses; it lowers
     that rank's P (the MIN over ranks is what counts).
     """
-    release = _release(version, profile)
+    release = resolve_release(version, profile)
     environ = env if env is not None else {}
     tp = settings.tp_size
     total = gpu_total_gib(profile)
@@ -1276,161 +1101,3 @@ def _host_memory_failure(requested: float, available: float, tp: int) -> Startup
             rank=ranks_fit,
         )
     return None
-
-
-# ---------------------------------------------------------------------------------------------
-# Runtime: transient peaks, the OOM rule, step times.
-
-
-def transient_peak_gib(
-    profile: Profile,
-    prefill_tokens: int,
-    decode_seqs: int,
-    rng: random.Random | None = None,
-    live_tokens: int = 0,
-) -> float:
-    """Activation peak of one forward (GiB per GPU), with run-to-run variation when rng is given.
-
-    With the profile's `[mismatch]`: the peak grows with the batch's live context
-    (`live_tokens`, the KV tokens the running requests hold), its variation is Student-t
-    (heavy-tailed), and one forward in 1/spike_probability spikes."""
-    act = profile.activation
-    w = profile.mismatch
-    peak = forward_mean_gib(profile, prefill_tokens, decode_seqs, live_tokens)
-    if rng is not None and act.variation > 0:
-        x = rng.gauss(0.0, 1.0)
-        if w.peak_tail_dof > 0:
-            dof = w.peak_tail_dof
-            x *= math.sqrt((dof - 2.0) / rng.gammavariate(dof / 2.0, 2.0))
-        peak *= max(0.0, 1.0 + act.variation * x)
-    if rng is not None and w.spike_probability > 0 and rng.random() < w.spike_probability:
-        peak *= 1.0 + w.spike_factor
-    return peak
-
-
-def forward_mean_gib(
-    profile: Profile, prefill_tokens: int, decode_seqs: int, live_tokens: int = 0
-) -> float:
-    """The mean peak of one forward (GiB per GPU), the live-context term included."""
-    act = profile.activation
-    return (
-        act.base_gib
-        + prefill_tokens * act.prefill_mib_per_token / 1024.0
-        + decode_seqs * act.decode_mib_per_seq / 1024.0
-        + profile.mismatch.context_mib_per_1k_tokens * live_tokens / 1000.0 / 1024.0
-    )
-
-
-def forward_cdf(
-    profile: Profile, prefill_tokens: int, decode_seqs: int, limit_gib: float, live_tokens: int = 0
-) -> float:
-    """P(one forward's peak ≤ limit_gib): the distribution `transient_peak_gib` draws from
-    (normal or Student-t variation, rare spikes)."""
-    mean = forward_mean_gib(profile, prefill_tokens, decode_seqs, live_tokens)
-    w = profile.mismatch
-    p = _multiplier_cdf(profile, limit_gib / mean if mean > 0 else math.inf)
-    if w.spike_probability <= 0:
-        return p
-    spiked = _multiplier_cdf(profile, limit_gib / (mean * (1.0 + w.spike_factor)))
-    return (1.0 - w.spike_probability) * p + w.spike_probability * spiked
-
-
-def _multiplier_cdf(profile: Profile, ratio: float) -> float:
-    sigma = profile.activation.variation
-    if sigma <= 0 or math.isinf(ratio):
-        return 1.0 if ratio >= 1.0 else 0.0
-    z = (ratio - 1.0) / sigma
-    dof = profile.mismatch.peak_tail_dof
-    if dof <= 0:
-        return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
-    return student_cdf(z / math.sqrt((dof - 2.0) / dof), dof)
-
-
-def student_cdf(t: float, dof: int) -> float:
-    """Student's t CDF for an integer number of degrees of freedom (Abramowitz & Stegun
-    26.7.3–4, closed form)."""
-    theta = math.atan(abs(t) / math.sqrt(dof))
-    c2 = math.cos(theta) ** 2
-    if dof % 2 == 1:
-        term = math.cos(theta)
-        total = term if dof > 1 else 0.0
-        for k in range(1, (dof - 3) // 2 + 1):
-            term *= c2 * (2 * k) / (2 * k + 1)
-            total += term
-        a = 2.0 / math.pi * (theta + math.sin(theta) * total)
-    else:
-        term, total = 1.0, 1.0
-        for k in range(1, (dof - 2) // 2 + 1):
-            term *= c2 * (2 * k - 1) / (2 * k)
-            total += term
-        a = math.sin(theta) * total
-    return 0.5 + math.copysign(0.5 * a, t)
-
-
-def growth_gib(profile: Profile, requests: int) -> float:
-    """What the allocator's footprint grew by after serving `requests` requests."""
-    return profile.mismatch.growth_mib_per_request * requests / 1024.0
-
-
-def forward_ooms(plan: StartupPlan, peak_gib: float) -> bool:
-    """SGLang OOMs when static memory + this forward's transient peak exceeds the GPU."""
-    free = plan.avail_final_gib if plan.avail_final_gib is not None else 0.0
-    return peak_gib > free
-
-
-def prefill_time_s(profile: Profile, extend_tokens: int) -> float:
-    t = profile.timing
-    return (t.prefill_base_ms + extend_tokens * t.prefill_ms_per_token) / 1000.0
-
-
-def decode_time_s(
-    profile: Profile, batch: int, kv_tokens: int = 0, cuda_graph: bool = True
-) -> float:
-    t = profile.timing
-    ms = (
-        t.decode_base_ms
-        + batch * t.decode_ms_per_seq
-        + kv_tokens * t.decode_us_per_kv_token / 1000.0
-    )
-    return ms * (1.0 if cuda_graph else EAGER_DECODE_FACTOR) / 1000.0
-
-
-def accept_length(profile: Profile, spec: bool) -> float:
-    if not spec or profile.draft is None:
-        return 1.0
-    return profile.draft.accept_length
-
-
-def decode_throughput(profile: Profile, batch: int, spec: bool, kv_tokens: int = 0) -> float:
-    """Steady decode tokens/s for `batch` running sequences (no prefill interleaved)."""
-    return batch * accept_length(profile, spec) / decode_time_s(profile, batch, kv_tokens)
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """In-process evaluation of one setting: sizes, the worst transient, and whether it OOMs."""
-
-    plan: StartupPlan
-    peak_gib: float
-    runtime_oom: bool
-    decode_tok_s: float
-
-
-def predict(
-    profile: Profile,
-    settings: ServerSettings,
-    *,
-    prefill_tokens: int | None = None,
-    decode_batch: int | None = None,
-    seed: int = 0,
-    version: SglangVersion | str | None = None,
-) -> Prediction:
-    """Startup sizes plus the mean worst-case transient for a prefill chunk and a decode batch."""
-    plan = plan_startup(profile, settings, seed=seed, version=version)
-    chunk = plan.chunked_prefill_size if plan.chunked_prefill_size > 0 else plan.max_prefill_tokens
-    tokens = prefill_tokens if prefill_tokens is not None else chunk
-    bs = decode_batch if decode_batch is not None else (plan.max_running_requests or 1)
-    peak = max(transient_peak_gib(profile, tokens, 0), transient_peak_gib(profile, 0, bs))
-    oom = (not plan.ok) or forward_ooms(plan, peak)
-    tput = decode_throughput(profile, max(1, bs), plan.spec) if plan.ok else 0.0
-    return Prediction(plan, peak, oom, tput)

@@ -1,0 +1,514 @@
+"""SGLang's log lines per release: startup sequence strings, serving lines, crash text.
+
+The `fmt_*` functions are pure and return one line (or a block) without the prefix: they are
+SGLang 0.5.9's text. `Lines` gathers them as methods and `Lines0523` overrides what 0.5.23
+prints differently (format strings copied from that release's source, path in each docstring);
+`lines_for(version)` picks the class, so a later release is one more subclass. GPU sizes are
+GiB printed with `:.2f` as "GB". All of the simulator's log text lives here (the traceback
+frames in `tracebacks`) so the tuner's log parser meets SGLang's exact lines; `logwriter`
+prefixes and writes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from autotune.sim.tracebacks import (
+    BUDGET_FRAMES_0523,
+    GRAPH_FRAMES,
+    GRAPH_FRAMES_0523,
+    HICACHE_FRAMES,
+    HICACHE_FRAMES_0523,
+    LOAD_FRAMES,
+    LOAD_FRAMES_0523,
+    POOL_FRAMES,
+    POOL_FRAMES_0523,
+    RUN_FRAMES,
+    RUN_FRAMES_0523,
+    SCHEDULER_INIT_FRAMES,
+    SCHEDULER_INIT_FRAMES_0523,
+    TOKENS_FRAMES_0523,
+    WARMUP_FRAMES,
+    Frames,
+    traceback_block,
+)
+
+
+def gb(x: float) -> str:
+    return f"{x:.2f}"
+
+
+def fmt_init_begin() -> str:
+    return "Init torch distributed begin."
+
+
+def fmt_init_end(elapsed: float, mem_usage: float) -> str:
+    return f"Init torch distributed ends. elapsed={elapsed:.2f} s, mem usage={gb(mem_usage)} GB"
+
+
+def fmt_load_begin(avail: float) -> str:
+    return f"Load weight begin. avail mem={gb(avail)} GB"
+
+
+def fmt_load_end(elapsed: float, arch: str, dtype: str, avail: float, usage: float) -> str:
+    return (
+        f"Load weight end. elapsed={elapsed:.2f} s, type={arch}, dtype={dtype}, "
+        f"avail mem={gb(avail)} GB, mem usage={gb(usage)} GB."
+    )
+
+
+def fmt_kv_allocated(tokens: int, kv: float | None, k: float | None, v: float | None) -> str:
+    if k is not None and v is not None:
+        return f"KV Cache is allocated. #tokens: {tokens}, K size: {gb(k)} GB, V size: {gb(v)} GB"
+    return f"KV Cache is allocated. #tokens: {tokens}, KV size: {gb(kv or 0.0)} GB"
+
+
+def fmt_pool_end(avail: float) -> str:
+    return f"Memory pool end. avail mem={gb(avail)} GB"
+
+
+def fmt_capture_begin(avail: float) -> str:
+    return (
+        f"Capture cuda graph begin. This can take up to several minutes. avail mem={gb(avail)} GB"
+    )
+
+
+def fmt_capture_bs(sizes: Sequence[int]) -> str:
+    return f"Capture cuda graph bs {list(sizes)}"
+
+
+def fmt_capture_bar(sizes: Sequence[int], avail: float, elapsed: float) -> str:
+    n = len(sizes)
+    bar = "█" * 10
+    secs = int(elapsed)
+    rate = n / elapsed if elapsed > 0 else 0.0
+    return (
+        f"Capturing batches (bs={min(sizes)} avail_mem={gb(avail)} GB): 100%|{bar}| {n}/{n} "
+        f"[{secs // 60:02d}:{secs % 60:02d}<00:00, {rate:.2f}it/s]"
+    )
+
+
+def fmt_capture_end(elapsed: float, usage: float, avail: float) -> str:
+    return (
+        f"Capture cuda graph end. Time elapsed: {elapsed:.2f} s. mem usage={gb(usage)} GB. "
+        f"avail mem={gb(avail)} GB."
+    )
+
+
+def fmt_summary(
+    tokens: int, chunk: int, max_prefill: int, max_running: int, ctx: int, avail: float
+) -> str:
+    return (
+        f"max_total_num_tokens={tokens}, chunked_prefill_size={chunk}, "
+        f"max_prefill_tokens={max_prefill}, max_running_requests={max_running}, "
+        f"context_len={ctx}, available_gpu_mem={gb(avail)} GB"
+    )
+
+
+def fmt_hicache(gb_requested: float) -> str:
+    return f"Allocating {gb_requested:.2f} GB host memory for hierarchical KV cache."
+
+
+def fmt_prefill(
+    new_seq: int,
+    new_token: int,
+    cached: int,
+    usage: float,
+    running: int,
+    queued: int,
+    input_tput: float,
+    cuda_graph: bool = False,
+) -> str:
+    return (
+        f"Prefill batch, #new-seq: {new_seq}, #new-token: {new_token}, #cached-token: {cached}, "
+        f"token usage: {usage:.2f}, #running-req: {running}, #queue-req: {queued}, "
+        f"input throughput (token/s): {input_tput:.2f}, cuda graph: {cuda_graph}"
+    )
+
+
+def fmt_decode(
+    running: int,
+    tokens: int,
+    usage: float,
+    cuda_graph: bool,
+    gen_tput: float,
+    queued: int,
+    accept: tuple[float, float] | None = None,
+) -> str:
+    spec = f"accept len: {accept[0]:.2f}, accept rate: {accept[1]:.2f}, " if accept else ""
+    return (
+        f"Decode batch, #running-req: {running}, #token: {tokens}, token usage: {usage:.2f}, "
+        f"{spec}cuda graph: {cuda_graph}, gen throughput (token/s): {gen_tput:.2f}, "
+        f"#queue-req: {queued}"
+    )
+
+
+def fmt_retract(n: int, gained: int, old: float, new: float) -> str:
+    return (
+        f"KV cache pool is full. Retract requests. #retracted_reqs: {n}, "
+        f"#new_tokens_gained: {gained}, #new_token_ratio: {old:.4f} -> {new:.4f}"
+    )
+
+
+def fmt_oom_error(tried: float, total: float, free: float, in_use: float, graphs: float) -> str:
+    allocated = max(in_use - graphs - 1.2, 0.0)
+    return (
+        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried:.2f} GiB. "
+        f"GPU 0 has a total capacity of {total:.2f} GiB of which {free:.2f} GiB is free. "
+        f"Including non-PyTorch memory, this process has {in_use:.2f} GiB memory in use. "
+        f"Of the allocated memory {allocated:.2f} GiB is allocated by PyTorch, with "
+        f"{graphs:.2f} GiB allocated in private pools (e.g., CUDA Graphs), and 1.20 GiB is "
+        "reserved by PyTorch but unallocated. If reserved but unallocated memory is large try "
+        "setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+        "documentation for Memory Management  "
+        "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+    )
+
+
+CAPTURE_ADVICE = (
+    "Possible solutions:\n"
+    "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
+    "2. set --cuda-graph-max-bs to a smaller value (e.g., 16)\n"
+    "3. disable torch compile by not using --enable-torch-compile\n"
+    "4. disable CUDA graph by --disable-cuda-graph. (Not recommended. Huge performance loss)\n"
+    "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose \n"
+)
+
+CAPTURE_ADVICE_0523 = (
+    "Possible solutions:\n"
+    "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
+    "2. set --cuda-graph-max-bs-decode to a smaller value (e.g., 16)\n"
+    "3. disable decode CUDA graph by --cuda-graph-backend-decode=disabled. "
+    "(Not recommended. Huge performance loss)\n"
+    "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose \n"
+)
+
+
+def _bar(desc: str, n: int, elapsed: float) -> str:
+    """tqdm's last state for a capture loop of `n` items that took `elapsed` seconds."""
+    secs = int(elapsed)
+    rate = n / elapsed if elapsed > 0 else 0.0
+    return (
+        f"{desc}: 100%|{'█' * 10}| {n}/{n} [{secs // 60:02d}:{secs % 60:02d}<00:00, {rate:.2f}it/s]"
+    )
+
+
+@dataclass(frozen=True)
+class CaptureShape:
+    """What one capture covers: batch sizes, prefill token counts, tokens per request."""
+
+    bs: tuple[int, ...] = ()
+    tokens: tuple[int, ...] = ()
+    per_req: int = 1
+
+
+class Lines:
+    """SGLang 0.5.9's startup, serving and death text (the module's `fmt_*` functions)."""
+
+    version = "0.5.9"
+    init_frames: Frames = SCHEDULER_INIT_FRAMES
+    load_frames: Frames = LOAD_FRAMES
+    pool_frames: Frames = POOL_FRAMES
+    budget_frames: Frames = ()
+    tokens_frames: Frames = ()
+    graph_frames: Frames = GRAPH_FRAMES
+    hicache_frames: Frames = (*SCHEDULER_INIT_FRAMES[:2], *HICACHE_FRAMES)
+    run_frames: Frames = RUN_FRAMES
+    capture_advice = CAPTURE_ADVICE
+
+    def init_begin(self) -> str:
+        return fmt_init_begin()
+
+    def init_end(self, elapsed: float, mem_usage: float) -> str:
+        return fmt_init_end(elapsed, mem_usage)
+
+    def memory_baseline(self, mem_usage: float) -> str | None:
+        """0.5.23's `Memory baseline taken` (0.5.9 has none)."""
+        return None
+
+    def load_begin(self, avail: float) -> str:
+        return fmt_load_begin(avail)
+
+    def load_end(
+        self, elapsed: float, arch: str, dtype: str, quant: str, avail: float, usage: float
+    ) -> str:
+        return fmt_load_end(elapsed, arch, dtype, avail, usage)
+
+    def kv_dtype(self, dtype: str) -> str | None:
+        return f"Using KV cache dtype: {dtype}"
+
+    def kv_allocated(
+        self,
+        tokens: int,
+        kv: float | None,
+        k: float | None,
+        v: float | None,
+        dtype: str,
+        va: bool = False,
+    ) -> str:
+        return fmt_kv_allocated(tokens, kv, k, v)
+
+    def pool_end(self, avail: float) -> str:
+        return fmt_pool_end(avail)
+
+    def capture_begin(self, avail: float, role: str, phase: str, shape: CaptureShape) -> str:
+        return fmt_capture_begin(avail)
+
+    def capture_bs(self, sizes: Sequence[int]) -> str | None:
+        return fmt_capture_bs(sizes)
+
+    def capture_bar(self, sizes: Sequence[int], avail: float, elapsed: float, phase: str) -> str:
+        return fmt_capture_bar(sizes, avail, elapsed)
+
+    def capture_end(
+        self, elapsed: float, usage: float, avail: float, role: str, phase: str, shape: CaptureShape
+    ) -> str:
+        return fmt_capture_end(elapsed, usage, avail)
+
+    def summary(
+        self, tokens: int, chunk: int, max_prefill: int, max_running: int, ctx: int, avail: float
+    ) -> str:
+        return fmt_summary(tokens, chunk, max_prefill, max_running, ctx, avail)
+
+    def hicache(self, size_gb: float, tokens: int, label: str = "kv") -> str:
+        return fmt_hicache(size_gb)
+
+    def prefill(
+        self,
+        new_seq: int,
+        new_token: int,
+        cached: int,
+        usage: float,
+        running: int,
+        queued: int,
+        input_tput: float,
+        cuda_graph: bool,
+        pending: int,
+    ) -> str:
+        return fmt_prefill(new_seq, new_token, cached, usage, running, queued, input_tput)
+
+    def decode(
+        self,
+        running: int,
+        tokens: int,
+        usage: float,
+        cuda_graph: bool,
+        gen_tput: float,
+        queued: int,
+        accept: tuple[float, float] | None = None,
+    ) -> str:
+        return fmt_decode(running, tokens, usage, cuda_graph, gen_tput, queued, accept)
+
+    def startup_timings(self, timings: dict[str, float], graphs: dict[str, float]) -> str | None:
+        """0.5.23's `Engine startup timings` line (0.5.9 has none)."""
+        return None
+
+    def kill_tree(self, pid: int, include_parent: bool) -> str | None:
+        """0.5.23's `kill_process_tree called` line (0.5.9 logs none)."""
+        return None
+
+
+class Lines0523(Lines):
+    """SGLang 0.5.23's text where it differs from 0.5.9."""
+
+    version = "0.5.23"
+    init_frames = SCHEDULER_INIT_FRAMES_0523
+    load_frames = LOAD_FRAMES_0523
+    pool_frames = POOL_FRAMES_0523
+    budget_frames = BUDGET_FRAMES_0523
+    tokens_frames = TOKENS_FRAMES_0523
+    graph_frames = GRAPH_FRAMES_0523
+    hicache_frames = (*SCHEDULER_INIT_FRAMES_0523, *HICACHE_FRAMES_0523)
+    run_frames = RUN_FRAMES_0523
+    capture_advice = CAPTURE_ADVICE_0523
+
+    def init_begin(self) -> str:
+        """distributed/bootstrap.py:115."""
+        return "Init parallel begin."
+
+    def init_end(self, elapsed: float, mem_usage: float) -> str:
+        """distributed/bootstrap.py:190."""
+        return f"Init parallel ends. elapsed={elapsed:.2f} s"
+
+    def memory_baseline(self, mem_usage: float) -> str | None:
+        """distributed/bootstrap.py:218."""
+        return f"Memory baseline taken. mem usage={mem_usage:.2f} GB"
+
+    def load_end(
+        self, elapsed: float, arch: str, dtype: str, quant: str, avail: float, usage: float
+    ) -> str:
+        """model_executor/model_runner.py:1373 (no dtype; the quantization string if any)."""
+        return (
+            f"Load weight end. elapsed={elapsed:.2f} s, type={arch}, "
+            f"{quant + ', ' if quant else ''}avail mem={gb(avail)} GB, mem usage={gb(usage)} GB."
+        )
+
+    def kv_dtype(self, dtype: str) -> str | None:
+        return None
+
+    def kv_allocated(
+        self,
+        tokens: int,
+        kv: float | None,
+        k: float | None,
+        v: float | None,
+        dtype: str,
+        va: bool = False,
+    ) -> str:
+        """mem_cache/memory_pool.py:2087 and :2096 (`_finalize_allocation_log`)."""
+        state = "VA upper bound" if va else "is allocated"
+        if k is not None and v is not None:
+            return (
+                f"KV Cache {state}. dtype: {dtype}, #tokens: {tokens}, K size: {gb(k)} GB, "
+                f"V size: {gb(v)} GB"
+            )
+        return f"KV Cache {state}. dtype: {dtype}, #tokens: {tokens}, KV size: {gb(kv or 0.0)} GB"
+
+    def capture_begin(self, avail: float, role: str, phase: str, shape: CaptureShape) -> str:
+        """model_executor/model_runner_components/cuda_graph_setup.py:683 (prefill) and :771
+        (decode/verify); speculative/eagle_worker_v2.py:515 and :635 (draft decode/extend)."""
+        if phase == "prefill":
+            return (
+                f"Capture {role} prefill CUDA graph begin. backend=breakable, "
+                f"num_tokens={list(shape.tokens)}, avail mem={gb(avail)} GB"
+            )
+        if role == "draft":
+            return (
+                f"Capture draft {phase} CUDA graph begin. backend=full, "
+                f"num_tokens_per_req={shape.per_req}, bs={list(shape.bs)}, "
+                f"avail mem={gb(avail)} GB"
+            )
+        return (
+            f"Capture {role} {phase} CUDA graph begin. backend=full, "
+            f"num_tokens_per_req={shape.per_req}, avail mem={gb(avail)} GB"
+        )
+
+    def capture_bs(self, sizes: Sequence[int]) -> str | None:
+        return None
+
+    def capture_bar(self, sizes: Sequence[int], avail: float, elapsed: float, phase: str) -> str:
+        """decode_cuda_graph_runner.py:1343 / prefill_cuda_graph_runner.py:1734 (tqdm on TP0)."""
+        if phase == "prefill":
+            desc = f"Capturing prefill shape (num_tokens={min(sizes)} avail_mem={avail:.2f} GB)"
+        else:
+            desc = f"Capturing batches (bs={min(sizes)} avail_mem={avail:.2f} GB)"
+        return _bar(desc, len(sizes), elapsed)
+
+    def capture_end(
+        self, elapsed: float, usage: float, avail: float, role: str, phase: str, shape: CaptureShape
+    ) -> str:
+        tail = f"elapsed={elapsed:.2f} s, mem usage={gb(usage)} GB, avail mem={gb(avail)} GB."
+        if phase == "prefill" or role == "draft":
+            return f"Capture {role} {phase} CUDA graph end. {tail}"
+        return f"Capture {role} {phase} CUDA graph end. bs={list(shape.bs)}, {tail}"
+
+    def hicache(self, size_gb: float, tokens: int, label: str = "kv") -> str:
+        """mem_cache/pool_host/base.py:272."""
+        return (
+            f"Allocating {label} hierarchical KV host pool: {tokens} tokens, "
+            f"{size_gb:.2f} GB host memory."
+        )
+
+    def prefill(
+        self,
+        new_seq: int,
+        new_token: int,
+        cached: int,
+        usage: float,
+        running: int,
+        queued: int,
+        input_tput: float,
+        cuda_graph: bool,
+        pending: int,
+    ) -> str:
+        """managers/scheduler_components/metrics_reporter.py:753-778."""
+        return (
+            f"Prefill batch, #new-seq: {new_seq}, #new-token: {new_token}, "
+            f"#cached-token: {cached}, token usage: {usage:.2f}, #running-req: {running}, "
+            f"#queue-req: {queued}, #pending-token: {pending}, cuda graph: {cuda_graph}, "
+            f"input throughput (token/s): {input_tput:.2f}"
+        )
+
+    def startup_timings(self, timings: dict[str, float], graphs: dict[str, float]) -> str | None:
+        """entrypoints/engine.py:1117."""
+        phases = ", ".join(f"{phase}={duration:.2f}" for phase, duration in graphs.items())
+        return (
+            f"Engine startup timings (s): load_weight={timings['load_weight']:.2f}, "
+            f"kv_cache_allocation={timings['kv_cache_allocation']:.2f}, "
+            f"scheduler_e2e={timings['scheduler_e2e']:.2f}, cuda_graph={{{phases}}}, "
+            f"tokenizer_e2e={timings['tokenizer_e2e']:.2f}"
+        )
+
+    def kill_tree(self, pid: int, include_parent: bool) -> str | None:
+        """utils/common.py:2522."""
+        return (
+            f"kill_process_tree called: parent_pid={pid}, include_parent={include_parent}, "
+            f"pid={pid}"
+        )
+
+
+def fmt_bind_failed(errno: int | None, host: str, port: int, reason: str) -> str:
+    """uvicorn's `Server.startup` logging uvloop's `create_server` error (`loop.pyx`:
+    `'error while attempting to bind on address %r: %s' % (pyaddr, err.strerror.lower())`)."""
+    return f"[Errno {errno}] error while attempting to bind on address ('{host}', {port}): {reason}"
+
+
+def fmt_warmup_gave_up(host: str, port: int, answered: bool) -> str:
+    """0.5.23 entrypoints/http_server.py `_execute_server_warmup` (0.5.9 the same): the warm-up
+    thread's `/model_info` request failed 120 times; `requests`' last exception, refused or
+    timed out (a listener that accepts and never answers)."""
+    url = f"HTTPConnectionPool(host='{host}', port={port})"
+    if answered:
+        final = f"requests.exceptions.ReadTimeout: {url}: Read timed out. (read timeout=5)"
+    else:
+        final = (
+            f"requests.exceptions.ConnectionError: {url}: Max retries exceeded with url: "
+            "/model_info (Caused by NewConnectionError('<urllib3.connection.HTTPConnection "
+            "object>: Failed to establish a new connection: [Errno 111] Connection refused'))"
+        )
+    return f"Initialization failed. warmup error: {traceback_block(WARMUP_FRAMES, final)}"
+
+
+def fmt_died_during_init(rank: int, exit_code: int) -> str:
+    """0.5.23 entrypoints/engine.py:2005 (`_scheduler_died_error`)."""
+    return (
+        f"Rank {rank} scheduler died during initialization (exit code: {exit_code}). "
+        "If exit code is -9 (SIGKILL), a common cause is the OS OOM killer. "
+        "Run `dmesg -T | grep -i oom` to check."
+    )
+
+
+def fmt_watchdog_crash(name: str, pid: int, exit_code: int) -> str:
+    """0.5.23 utils/watchdog.py:214 (`SubprocessWatchdog._check_processes`)."""
+    return (
+        f"Subprocess {name} (pid={pid}) crashed with exit code {exit_code}. "
+        "Triggering SIGQUIT for cleanup..."
+    )
+
+
+def fmt_hicache_auto(requested: float, ratio: float, budget_gib: float, fraction: float,
+                     ranks: int, pools_gib: float) -> str:  # fmt: skip
+    """0.5.23 mem_cache/hicache_auto_size.py:117."""
+    return (
+        f"HiCache auto-sizing: ratio {requested:.3f} -> {ratio:.3f}; {budget_gib:.1f} GiB host "
+        f"memory per rank (fraction {fraction:.2f}, {ranks} ranks on this host), host pools "
+        f"{pools_gib:.1f} GiB."
+    )
+
+
+def fmt_post_capture(tokens: int, dtype: str, kv: float, avail: float) -> tuple[str, str]:
+    """0.5.23 model_runner_components/kv_pool_runtime.py:190-201."""
+    return (
+        f"Post-capture KV sizing: full_layer_tokens={tokens}, swa_layer_tokens=0",
+        f"Post-capture KV sizing: KV cache allocated. dtype: {dtype}, #tokens: {tokens}, "
+        f"KV size: {kv:.2f} GB, avail mem={avail:.2f} GB",
+    )
+
+
+LINES: dict[str, Lines] = {"0.5.9": Lines(), "0.5.23": Lines0523()}
+
+
+def lines_for(version: str) -> Lines:
+    """The text of SGLang `version` (one of the simulated releases)."""
+    return LINES[version]
