@@ -145,6 +145,8 @@ class StreamMask:
         self._held = b""
 
     def feed(self, data: bytes) -> bytes:
+        """The next piece of the stream, each secret masked: what is safe to write now, less the
+        tail that may begin a secret the next piece completes (held for it)."""
         buf = self._held + data
         for secret in self._secrets:
             buf = buf.replace(secret, MASK.encode())

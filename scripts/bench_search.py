@@ -44,10 +44,11 @@ import optuna
 from autotune.config.space import settings_for
 from autotune.config.studyfile import Choices, SamplerConfig
 from autotune.errors import UsageError
+from autotune.record import internals
+from autotune.record.stored import stored
 from autotune.record.view import views
 from autotune.review.soak import DEFAULT_SOAK_FACTOR
 from autotune.review.winner import choose
-from autotune.search.capacity import DONE_ATTR
 from autotune.sim.profiles import Mismatch, list_profiles, load_profile
 from autotune.study.samplers import SAMPLER_FACTORIES, make_sampler
 from autotune.testing.oracle import (
@@ -128,7 +129,7 @@ def study_run(
         while not ended and len(running) < workers and len(launches) + len(running) < budget:
             trial = study.ask()
             settings_for(trial, bench.search)  # parameters are chosen when a worker starts
-            if DONE_ATTR in study._storage.get_trial(trial._trial_id).user_attrs:
+            if stored(internals.fresh(study, trial)).search_done is not None:
                 # nothing left worth a launch: the run loop skips the trial and ends the study
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 ended = True

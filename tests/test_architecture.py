@@ -171,3 +171,26 @@ def test_masking_lives_in_one_module() -> None:
             if not called & delegates:
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
     assert not found, "masking defined outside masking.py: " + ", ".join(found)
+
+
+def test_the_command_line_computes_nothing() -> None:
+    """The claim "cli/: argparse only": a subcommand parses its arguments, opens the study and
+    hands the work on; it imports none of the packages that compute (the memory arithmetic, the
+    log's reading, the search, the load driver)."""
+    computing = ("autotune.memory", "autotune.logparse", "autotune.search", "autotune.loadgen")
+    found = []
+    for path in sorted((ROOT / "autotune" / "cli").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            found += [
+                f"{path.relative_to(ROOT)}:{node.lineno} {n}"
+                for n in names
+                if n.startswith(computing)
+            ]
+    assert not found, "the command line imports a computing package: " + ", ".join(found)

@@ -11,7 +11,7 @@ from typing import TextIO
 
 from autotune.cli import common
 from autotune.errors import UsageError
-from autotune.review.confirm import keep_verdict, run_confirmation, soak
+from autotune.review.confirm import keep_verdict, run_confirmation, soak, soak_factor_for
 from autotune.review.export import build_export
 from autotune.review.soak import DEFAULT_SOAK_FACTOR
 from autotune.server.flagcheck import check_argv
@@ -61,12 +61,7 @@ def handle(args: argparse.Namespace) -> int:
     problems = check_argv(ex.argv, backend=ex.backend)
     if problems:
         raise UsageError("; ".join(problems))
-    sized = ex.margin.get("soak_factor")
-    factor, why = DEFAULT_SOAK_FACTOR, ""
-    if args.soak_factor is not None:
-        factor = args.soak_factor
-    elif isinstance(sized, int | float):
-        factor, why = float(sized), " (the soak the export's margin is sized for)"
+    factor, why = soak_factor_for(args.soak_factor, ex.margin)
     soak_cfg = soak(cfg, factor)
     out = sys.stdout
     out.write(f"{ex.headline}\n")

@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     """Print the winner's (or `--trial N`'s) launch command in `--format`, its flags checked against
-    the installed SGLang's parser and spelled as it names them."""
+    the installed SGLang's parser and spelled as it names them (unless `--no-flag-check`)."""
     if args.format not in FORMATS:
         raise UsageError(f"--format {args.format}: unknown; use one of {', '.join(FORMATS)}")
     source, review = common.review(args, need_config=True)

@@ -14,18 +14,14 @@ from autotune.config.studyfile import StudyConfig
 from autotune.errors import UsageError
 from autotune.masking import redact
 from autotune.record.stored import study_record
-from autotune.review.headline import headline
-from autotune.review.source import build_review
-from autotune.review.status import render
+from autotune.review.status import status_text
 from autotune.study.storage import (
     STORAGE_ERRORS,
     STUDY_DB,
     default_storage_url,
     load_existing,
-    stale,
     storage_failure,
 )
-from autotune.study.workers import current_worker
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -50,12 +46,8 @@ def handle(args: argparse.Namespace) -> int:
         attrs = study_record(study)
     except STORAGE_ERRORS as exc:
         raise storage_failure(exc, url, "cannot be read") from exc
-    review = build_review(name, redact(url), trials, cfg=_config(args), study_attrs=attrs)
-    me = current_worker("")
-    gone = {t.number: why for t, why in stale(trials, me, (), grace_s=0, now=datetime.now())}
-    ended = review.search_end.line() if review.search_end is not None else ""
-    text = render(name, redact(url), trials, headline=headline(review), gone=gone, ended=ended)
-    sys.stdout.write(review.scrub(text))
+    text = status_text(name, redact(url), trials, attrs, _config(args), now=datetime.now())
+    sys.stdout.write(text)
     return 0
 
 

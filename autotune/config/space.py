@@ -185,6 +185,7 @@ class PointKey:
 
     @property
     def names(self) -> frozenset[str]:
+        """The parameter names the point assigns, to tell points of different spaces apart."""
         return frozenset(name for name, _ in self.items)
 
     def only(self, names: Iterable[str]) -> PointKey:
@@ -295,6 +296,8 @@ def flag_tokens(name: str, value: FlagValue) -> list[str]:
 
 
 def render(value: Scalar) -> str:
+    """`value` as a flag's argument: lowercase booleans, floats at full precision without a trailing
+    `.0`, so a flag reads as the operator would write it and parses back to the same value."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
@@ -343,6 +346,8 @@ def server_argv(
 
 
 def address_flags(host: str, port: int) -> list[str]:
+    """`--host`/`--port`: the address autotune binds each trial's server to, never the study's
+    flags."""
     return ["--host", host, "--port", str(port)]
 
 

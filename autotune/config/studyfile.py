@@ -103,6 +103,9 @@ class ServerConfig:
 
 @dataclass(frozen=True)
 class FloatRange:
+    """A float parameter searched from `low` to `high` (`step`: its grid; None: continuous; `log`:
+    on a log scale), as Optuna's `FloatDistribution` takes it."""
+
     name: str
     low: float
     high: float
@@ -112,6 +115,9 @@ class FloatRange:
 
 @dataclass(frozen=True)
 class IntRange:
+    """An integer parameter searched from `low` to `high` in `step`s (`log`: on a log scale), as
+    Optuna's `IntDistribution` takes it."""
+
     name: str
     low: int
     high: int
@@ -121,12 +127,16 @@ class IntRange:
 
 @dataclass(frozen=True)
 class Choices:
+    """A parameter that takes one of the listed `values` (a categorical distribution)."""
+
     name: str
     values: tuple[Scalar, ...]
 
 
 @dataclass(frozen=True)
 class Fixed:
+    """A parameter the study file pins to one `value`: passed to every trial, never searched."""
+
     name: str
     value: Scalar
 
@@ -145,6 +155,7 @@ class SearchConfig:
     (resolved against the study file's folder; read by `autotune.record.seeds`)."""
 
     def names(self) -> tuple[str, ...]:
+        """The searched parameters' names, in the study file's order."""
         return tuple(p.name for p in self.params)
 
 
@@ -177,6 +188,9 @@ class Constraints:
 
 @dataclass(frozen=True)
 class Budget:
+    """When the study stops: after `n_trials` trials count, or no new trial after `timeout_s`
+    seconds."""
+
     n_trials: int = 20
     timeout_s: float | None = None
 
@@ -192,6 +206,8 @@ class Heartbeat:
 
 @dataclass(frozen=True)
 class SamplerConfig:
+    """Which sampler asks for points (`study.samplers` by name) and the seed it starts from."""
+
     name: str = "capacity"
     seed: int = 0
 

@@ -51,9 +51,12 @@ class LengthDist:
 
     @staticmethod
     def fixed(n: int) -> LengthDist:
+        """A distribution that always gives `n` tokens."""
         return LengthDist("fixed", n, n, float(n), 0.0)
 
     def to_dict(self) -> dict[str, object]:
+        """The distribution as the study file's `{ dist = … }` table, which `workload_from_dict`
+        reads back."""
         if self.kind == "fixed":
             return {"dist": "fixed", "value": self.low}
         if self.kind == "uniform":

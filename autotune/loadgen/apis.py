@@ -132,6 +132,9 @@ class Generate:
     def read_in_place(
         self, r: ResponseReader, ts: float, buf: bytearray, start: int, end: int
     ) -> bool:
+        """Read a native stream event from its `meta_info` alone, the cumulative text only checked
+        for being non-empty: decoding the whole text each event would cost the load generator
+        quadratic time."""
         at = buf.rfind(b',"meta_info":', start, end)
         if at >= 0:
             at += 13
@@ -154,6 +157,8 @@ class Generate:
         return True
 
     def read_chunk(self, r: ResponseReader, ts: float, obj: dict[str, object]) -> None:
+        """Read a decoded native event (or the whole answer): its `meta_info`'s prompt and
+        completion tokens, and an abort's message."""
         meta = obj.get("meta_info")
         self._meta(r, ts, meta if isinstance(meta, dict) else {}, bool(obj.get("text")))
 
@@ -304,9 +309,12 @@ class ResponseReader:
 
     # BodySink
     def on_headers(self, status: int, headers: dict[str, str]) -> None:
+        """Keep the status: anything but 200 is read as an error body, not as events."""
         self.status = status
 
     def on_data(self, ts: float, data: bytes | memoryview) -> None:
+        """Split a streamed body into lines as they arrive, each read searched once for newlines; a
+        non-200 or non-streamed body is gathered whole for the end."""
         if self.status != 200 or not self.stream:
             self._body += data
             return
@@ -418,4 +426,6 @@ class ResponseReader:
 
     @property
     def ttft(self) -> float | None:
+        """Time to first token in seconds (the first event with text, from the send), None before
+        it."""
         return None if self.first_ts is None else self.first_ts - self.start

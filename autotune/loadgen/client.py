@@ -30,7 +30,8 @@ class HttpError(Exception):
 class BodySink(Protocol):
     """Receives a response as it arrives; called from the socket callback, must not block."""
 
-    def on_headers(self, status: int, headers: dict[str, str]) -> None: ...
+    def on_headers(self, status: int, headers: dict[str, str]) -> None:
+        """The response's status and headers, once, before any of the body."""
 
     def on_data(self, ts: float, data: bytes | memoryview) -> None:
         """A piece of the body; a memoryview is valid only during the call (copy to keep)."""
@@ -38,12 +39,17 @@ class BodySink(Protocol):
 
 @dataclass(frozen=True)
 class Endpoint:
+    """Where a server listens, from its base URL: host, port and the path prefix every request
+    gets."""
+
     host: str
     port: int
     path_prefix: str
 
     @staticmethod
     def parse(base_url: str) -> Endpoint:
+        """`base_url` (`http://HOST:PORT[/prefix]`) as an endpoint; anything but plain http is a
+        `ValueError`."""
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"base URL must look like http://HOST:PORT, got {base_url!r}")
@@ -92,16 +98,22 @@ class Connection(asyncio.Protocol):
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Keep the transport the requests are written to (asyncio's callback)."""
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
 
     def pause_writing(self) -> None:
+        """The transport's buffer is full: hold writes until `resume_writing` (asyncio's flow
+        control)."""
         self._can_write.clear()
 
     def resume_writing(self) -> None:
+        """The transport's buffer drained: let held writes go on."""
         self._can_write.set()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        """The socket closed: a read-to-close body ends there, any other open exchange fails with
+        `HttpError`, and the connection is never reused."""
         self.closed = True
         self.reusable = False
         self._can_write.set()
@@ -117,6 +129,9 @@ class Connection(asyncio.Protocol):
             ex.done.set_exception(HttpError(f"connection lost ({exc or 'closed by server'})"))
 
     def data_received(self, data: bytes) -> None:
+        """Bytes from the socket, stamped on arrival: the current exchange's framing decoded and its
+        body handed to the sink in this callback (a chunk's bytes straight from the read when
+        nothing is buffered); bytes nobody asked for close the connection."""
         ts = self.clock()
         if self._ex is None:
             self.close()  # bytes nobody asked for: this connection is out of step
@@ -320,6 +335,7 @@ class Connection(asyncio.Protocol):
         return sent, end
 
     def close(self) -> None:
+        """Abort the socket (no graceful close) and mark the connection not reusable."""
         self.reusable = False
         if self.transport is not None and not self.closed:
             self.closed = True
@@ -350,6 +366,8 @@ class Client:
     def head(
         self, method: str, path: str, body_len: int, content_type: str = "application/json"
     ) -> bytes:
+        """A request's head bytes (request line, host and any extra headers, content type and
+        length), built from the strings prepared once per client."""
         return (
             f"{method} {self.endpoint.path_prefix}{path} HTTP/1.1\r\n{self._host_line}"
             f"Content-Type: {content_type}\r\nContent-Length: {body_len}\r\n"
@@ -373,6 +391,7 @@ class Client:
         return conn
 
     async def acquire(self) -> Connection:
+        """An idle reusable connection from the pool, else a new one."""
         while self._idle:
             conn = self._idle.pop()
             if conn.reusable and not conn.closed:
@@ -381,6 +400,8 @@ class Client:
         return await self._connect()
 
     def release(self, conn: Connection) -> None:
+        """Put `conn` back in the pool when it can serve another request, else close and forget
+        it."""
         if conn.reusable and not conn.closed:
             self._idle.append(conn)
         else:
@@ -440,6 +461,7 @@ class Client:
         return sink.status, bytes(sink.body)
 
     def close(self) -> None:
+        """Close every connection of the pool, idle or busy."""
         for conn in self._all:
             conn.close()
         self._all.clear()
@@ -454,7 +476,9 @@ class BufferSink:
         self.body = bytearray()
 
     def on_headers(self, status: int, headers: dict[str, str]) -> None:
+        """Keep the response's status."""
         self.status = status
 
     def on_data(self, ts: float, data: bytes | memoryview) -> None:
+        """Append a piece of the body (copied: a memoryview lives only during the call)."""
         self.body += data

@@ -78,6 +78,8 @@ class Activity:
         self._rt: ph.Runtime | None = None
 
     def owed_s(self) -> float | None:
+        """Seconds the server has owed an answer with nothing heard from it, None when nothing is
+        owed or no phase runs (read from the watchdog's thread)."""
         rt = self._rt
         return None if rt is None else rt.owed_s()
 
@@ -102,6 +104,9 @@ class Died:
 
 @dataclass(frozen=True)
 class PhaseResult:
+    """One phase as it ran: when it started and how long, what ended it, its summary, and the plan
+    it was sized to."""
+
     name: str
     kind: str
     started_s: float
@@ -111,6 +116,7 @@ class PhaseResult:
     plan: dict[str, object]  # what the phase was sized to (stress: requests, input_len, ...)
 
     def to_dict(self) -> dict[str, object]:
+        """The phase for `trial.json` and `workload.json`, its summary as plain JSON values."""
         d = {k: v for k, v in asdict(self).items() if k != "summary"}
         d["summary"] = self.summary.to_dict()
         return d

@@ -48,9 +48,12 @@ class RequestRecord:
 
     @property
     def ok(self) -> bool:
+        """Whether the request succeeded (no error): only those count toward throughput and
+        latency."""
         return self.error is None
 
     def to_dict(self) -> dict[str, object]:
+        """The record as JSON values, one line of the per-request file."""
         d = asdict(self)
         d["itl"] = list(self.itl)
         return d
@@ -65,6 +68,8 @@ class Slo:
     e2e_ms: float | None = None
 
     def met_by(self, r: RequestRecord) -> bool:
+        """Whether `r` succeeded within every limit set (TTFT, TPOT, E2E): a good request for
+        goodput."""
         if not r.ok or r.ttft is None or r.e2e is None:
             return False
         if self.ttft_ms is not None and r.ttft * 1000 > self.ttft_ms:
@@ -88,6 +93,8 @@ class Stats:
 
     @staticmethod
     def of_seconds(values: Sequence[float] | np.ndarray) -> Stats | None:
+        """The distribution of `values` (seconds) in milliseconds, with numpy's mean, median and
+        linear percentiles as bench_serving takes them; None for no values, never zeros."""
         if len(values) == 0:
             return None
         a = np.asarray(values, dtype=np.float64) * 1000.0
@@ -133,12 +140,16 @@ class Summary:
     coordinated_omission: bool
 
     def to_dict(self) -> dict[str, object]:
+        """The summary as JSON values, NaN and infinities made null so the file stays strict
+        JSON."""
         safe = _json_safe(asdict(self))
         assert isinstance(safe, dict)
         return safe
 
 
 def tpot_of(r: RequestRecord) -> float | None:
+    """`r`'s time per output token after the first, (E2E − TTFT) / (output − 1) as bench_serving
+    defines it; None with one output token or less."""
     if r.ttft is None or r.e2e is None or r.output_tokens <= 1:
         return None
     return (r.e2e - r.ttft) / (r.output_tokens - 1)

@@ -62,6 +62,7 @@ class Runtime:
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     def rel(self, t: float) -> float:
+        """Clock time `t` as seconds since the workload started, the time base of every record."""
         return t - self.t0
 
     def owed_s(self) -> float | None:

@@ -107,6 +107,8 @@ class TokenPool:
         return "[" + ",".join(parts) + "]"
 
     def token_ids(self, prompt: Prompt) -> list[int]:
+        """The ids `prompt` stands for, spans resolved into the pool: what the server is sent as
+        `input_ids`."""
         out: list[int] = []
         for piece in prompt.pieces:
             if isinstance(piece, Span):

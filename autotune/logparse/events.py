@@ -240,9 +240,11 @@ class ParsedLog:
     lines: int
 
     def of(self, *kinds: Kind) -> tuple[Event, ...]:
+        """The events of any of `kinds`, in line order."""
         return tuple(e for e in self.events if e.kind in kinds)
 
     def first(self, kind: Kind) -> Event | None:
+        """The first event of `kind`, None when the log has none."""
         return next((e for e in self.events if e.kind is kind), None)
 
 

@@ -19,6 +19,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Source:
+    """One piece of a line as SGLang 0.5.23 formats it: the file under `sglang/srt/`, the literal or
+    f-string as the AST gives it back, and its `style` (`f`, `%` or `plain`)."""
+
     path: str
     text: str
     style: str = "f"

@@ -95,6 +95,8 @@ class Outcome(StrEnum):
 
     @property
     def is_oom(self) -> bool:
+        """Whether the run ran out of memory, at startup or under load: the endings that say the
+        memory setting itself was too much."""
         return self in (Outcome.STARTUP_OOM, Outcome.RUNTIME_OOM)
 
     @property
@@ -163,6 +165,8 @@ class Verdict:
     evidence: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
+        """The verdict as JSON values (outcome, cause, evidence lines) for `trial.json` and the
+        ledger's `--json`."""
         return {"outcome": str(self.outcome), "cause": self.cause, "evidence": list(self.evidence)}
 
 

@@ -16,6 +16,9 @@ from autotune.logparse.events import Event, Kind
 
 
 class Phase(StrEnum):
+    """A startup phase of an SGLang server, in the order a start goes through them; each has its own
+    time limit (`PhaseLimits`) and names where a start that hung was stuck."""
+
     LAUNCH = "launch"  # process started, no SGLang line yet (imports, argument checks)
     DIST_INIT = "dist_init"
     WEIGHT_LOAD = "weight_load"
@@ -84,6 +87,8 @@ class PhaseClock:
         self._loads: dict[str, int] = {}
 
     def feed(self, event: Event, now: float) -> Phase:
+        """Move on to the phase `event` starts (counting each rank's weight loads: the second is the
+        draft's), closing the time of the phase left; the phase after it."""
         if event.kind is Kind.WEIGHT_LOAD_BEGIN:
             self._loads[event.rank] = self._loads.get(event.rank, 0) + 1
         new = next_phase(self.phase, event, self._loads.get(event.rank, 0))
@@ -93,6 +98,7 @@ class PhaseClock:
         return new
 
     def in_phase(self, now: float) -> float:
+        """Seconds spent in the current phase at `now`, what its time limit is checked against."""
         return now - self.entered
 
     def totals(self, now: float) -> dict[str, float]:
@@ -123,5 +129,6 @@ class PhaseLimits:
     warmup_s: float = 900.0
 
     def limit(self, phase: Phase) -> float | None:
+        """The seconds `phase` may take (its `<phase>_s` field), None when it has no limit."""
         value = getattr(self, f"{phase.value}_s", None)
         return float(value) if value is not None else None

@@ -53,6 +53,7 @@ class ServingSummary:
     optional step): serving events, not endings."""
 
     def to_dict(self) -> dict[str, Any]:
+        """The summary as JSON values, for `trial.json` and the ledger's `--json`."""
         return asdict(self)
 
 
@@ -79,6 +80,8 @@ def _one_per_group(events: Iterable[Event]) -> list[Event]:
 
 
 def summarize(batches: Sequence[Batch], events: Iterable[Event] = ()) -> ServingSummary:
+    """The serving figures of a log's batch lines and its retraction, abort and handled-OOM events,
+    retractions and aborts counted once per data-parallel group and pipeline stage."""
     decode = [b for b in batches if b.phase == "decode"]
     prefill = [b for b in batches if b.phase == "prefill"]
     graphs = [b.cuda_graph for b in decode if b.cuda_graph is not None]

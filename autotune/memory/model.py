@@ -82,9 +82,12 @@ class Estimate:
         return f"{self.mean:.2f} ± {self.sd:.2f}"
 
     def plus(self, other: Estimate) -> Estimate:
+        """The sum of two independent estimates: means add, standard deviations in quadrature."""
         return Estimate(self.mean + other.mean, math.hypot(self.sd, other.sd))
 
     def minus(self, other: Estimate) -> Estimate:
+        """The difference of two independent estimates: means subtract, standard deviations in
+        quadrature."""
         return Estimate(self.mean - other.mean, math.hypot(self.sd, other.sd))
 
     def p_at_least(self, threshold: float) -> float:
@@ -118,10 +121,14 @@ class Observation:
 
     @property
     def tokens(self) -> int | None:
+        """The KV pool's tokens the launch's log showed (`max_total_num_tokens`), None when it never
+        got that far."""
         return self.ledger.max_total_num_tokens
 
     @property
     def started(self) -> bool:
+        """Whether the launch came up (no startup ending) and the log shows its free memory after
+        startup: only those say what the static free memory is."""
         return not Outcome.of(self.outcome).fails_at_startup and self.static_free_gib is not None
 
     @property
@@ -136,6 +143,8 @@ class Observation:
 
     @property
     def chunk(self) -> int | None:
+        """The prefill chunk the launch ran with: the requested `chunked_prefill_size`, else what
+        the server reported choosing."""
         return self.setting.chunked_prefill_size or self.ledger.chunked_prefill_size
 
     @property
@@ -159,6 +168,7 @@ class Observation:
 
     @property
     def semantics(self) -> Semantics:
+        """The SGLang memory rules the launch's log follows (`logparse.semantics`)."""
         return rules(self.ledger.semantics)
 
     @property
@@ -213,11 +223,15 @@ class Forecast:
 
     @property
     def headroom(self) -> Estimate | None:
+        """Free memory left at the stress peak (static free minus the peak), None until both are
+        known."""
         if self.static_free is None or self.stress_peak is None:
             return None
         return self.static_free.minus(self.stress_peak)
 
     def p_start(self) -> float:
+        """The probability that the candidate starts: 0 when blocked, a coin toss with no static
+        figure, else the chance its static free memory is not negative."""
         if self.blocked is not None:
             return 0.0
         return self.static_free.p_at_least(0.0) if self.static_free is not None else 0.5
@@ -263,6 +277,8 @@ class Line:
     xs: tuple[float, ...]
 
     def at(self, x: float) -> Estimate:
+        """The line's value at `x`, its sd widened by the slope's uncertainty the farther `x` is
+        from the nearest x it was fitted on."""
         nearest = min(self.xs, key=lambda v: abs(v - x)) if self.xs else x
         extra = self.slope_sd * abs(x - nearest)
         return Estimate(self.intercept + self.slope * x, math.hypot(self.sd, extra))
@@ -339,12 +355,16 @@ class MemoryModel:
     # ---- predictions -----------------------------------------------------------------------
 
     def tokens(self, fraction: float) -> Estimate | None:
+        """The KV pool's tokens at `fraction`: `⌊slope·f − offset⌋`, SGLang's linear sizing; None
+        until a launch showed its pool."""
         if self.tokens_slope is None or self.tokens_offset is None:
             return None
         n = math.floor(self.tokens_slope * fraction - self.tokens_offset)
         return Estimate(float(n), self.tokens_sd)
 
     def overhead(self, slots: int | None) -> Estimate | None:
+        """What startup allocates after the pool at `slots` request slots: the fixed part, the CUDA
+        graphs at the largest captured batch (capped at `MAX_GRAPH_BATCH`) and the request table."""
         if self.graph is None or self.other_overhead is None or slots is None:
             return None
         batch = float(min(slots, MAX_GRAPH_BATCH))
@@ -421,6 +441,8 @@ class MemoryModel:
     def forecast(
         self, s: Setting, *, default_slots: int | None, default_chunk: int | None
     ) -> Forecast:
+        """The model's view of setting `s` before it is launched, the server's defaults standing in
+        for the slots and chunk it leaves unset."""
         slots = s.max_running_requests or default_slots
         chunk = s.chunked_prefill_size or default_chunk
         tokens = self.tokens(s.mem_fraction)
@@ -518,6 +540,8 @@ class PeakModel:
     """The mean pool size (tokens) of the launches the pool term was fitted on."""
 
     def at(self, slots: int | None, chunk: int | None, pool: float | None = None) -> Estimate:
+        """The stress peak at `slots`, `chunk` and a pool of `pool` tokens (the first seen where
+        unset), its sd widened by each slope's uncertainty away from what was measured."""
         r = slots if slots is not None else (self.slots_seen[0] if self.slots_seen else 0)
         c = chunk if chunk is not None else (self.chunks_seen[0] if self.chunks_seen else 0)
         dt = (pool - self.pool_mean) if pool is not None and self.per_pool_token else 0.0
@@ -534,6 +558,7 @@ class PeakModel:
         return Estimate(max(mean, 0.0), sd)
 
     def describe(self) -> str:
+        """The peak at the first slots and chunk seen, for the model's one-line description."""
         r = self.slots_seen[0] if self.slots_seen else None
         c = self.chunks_seen[0] if self.chunks_seen else None
         return f"{self.at(r, c)} GiB"

@@ -49,6 +49,8 @@ class Push(StrEnum):
 
     @property
     def words(self) -> str:
+        """The push in words, for the lines that say why a point was left (`fraction is too low
+        …`)."""
         return _WORDS[self]
 
 

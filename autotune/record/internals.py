@@ -36,6 +36,7 @@ def holds(dist: BaseDistribution, value: Any) -> bool:
 
 
 def trial_id(trial: TrialLike) -> int:
+    """The storage's id of `trial` (not its number): what the storage's own calls take."""
     return int(trial._trial_id)
 
 
@@ -45,10 +46,14 @@ def fresh(study: optuna.Study, trial: TrialLike) -> FrozenTrial:
 
 
 def set_user_attr(study: optuna.Study, trial: TrialLike, key: str, value: object) -> None:
+    """Write a user attribute on `trial` straight to the storage: a sampler holds a `FrozenTrial`,
+    which cannot write one itself."""
     study._storage.set_trial_user_attr(trial_id(trial), key, value)
 
 
 def set_system_attr(study: optuna.Study, trial: TrialLike, key: str, value: Any) -> None:
+    """Write a system attribute on `trial` straight to the storage, as `set_user_attr` does a user
+    one."""
     study._storage.set_trial_system_attr(trial_id(trial), key, value)
 
 
@@ -74,6 +79,7 @@ def set_fixed_params(study: optuna.Study, t: FrozenTrial, params: Mapping[str, A
 
 
 def is_enqueued(t: FrozenTrial) -> bool:
+    """Whether the trial was queued with a fixed point (`enqueue_trial`) rather than sampled."""
     return keys.FIXED_PARAMS in t.system_attrs
 
 

@@ -84,6 +84,7 @@ class Seed:
 
     @property
     def name(self) -> str:
+        """How the seed is named to the operator: `seed N (server.log)`."""
         return f"seed {self.index} ({Path(self.log).name})"
 
 
@@ -105,6 +106,9 @@ def read_seeds(cfg: StudyConfig) -> list[dict[str, Any]]:
 
 
 def read_seed(path: Path, cfg: StudyConfig, *, index: int = 1) -> dict[str, Any]:
+    """The record one seed log stands for (setting, last start's ledger, outcome, reason, and from a
+    `trial.json` beside it the peak and headroom), checked against the study; a log that cannot seed
+    it is a `ConfigError` on `search.seed_logs` saying why."""
     shown = _shown(path, cfg)
     try:
         with open(path, encoding="utf-8", errors="replace", newline="\n") as fh:

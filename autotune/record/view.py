@@ -115,6 +115,7 @@ class TrialView:
 
     @property
     def ending(self) -> Outcome:
+        """The trial's outcome as an `Outcome`, which every rule that depends on an ending asks."""
         return Outcome.of(self.outcome)
 
     @property
@@ -124,6 +125,7 @@ class TrialView:
 
     @property
     def fraction(self) -> float | None:
+        """The `mem_fraction_static` the trial ran at, None when it did not set one."""
         return _num(self.params.get(FRACTION))
 
     @property
@@ -144,6 +146,7 @@ class TrialView:
 
     @property
     def feasible(self) -> bool:
+        """Whether the trial finished and met every constraint: only such a trial can win."""
         return self.kind == "feasible"
 
     @property

@@ -28,6 +28,7 @@ from autotune.config.workload import Poisson, Steady, Stress
 from autotune.errors import HarnessError
 from autotune.record import keys
 from autotune.record.stored import study_record
+from autotune.review.soak import DEFAULT_SOAK_FACTOR
 from autotune.review.verdict import Verdict
 from autotune.study.loop import patiently
 from autotune.study.objectives import constraint_values
@@ -61,6 +62,17 @@ def soak(cfg: StudyConfig, factor: float) -> StudyConfig:
         workload=dataclasses.replace(w, phases=tuple(phases)),
         server=dataclasses.replace(cfg.server, limits=limits),
     )
+
+
+def soak_factor_for(given: float | None, margin: Mapping[str, object]) -> tuple[float, str]:
+    """How many times longer the soak runs, and why when the operator did not say: `given`,
+    else the soak the export's `margin` was sized for, else `DEFAULT_SOAK_FACTOR`."""
+    sized = margin.get("soak_factor")
+    if given is not None:
+        return given, ""
+    if isinstance(sized, int | float) and not isinstance(sized, bool):
+        return float(sized), " (the soak the export's margin is sized for)"
+    return DEFAULT_SOAK_FACTOR, ""
 
 
 def run_confirmation(

@@ -103,6 +103,8 @@ class Export:
         return (*self.program, *self.flags)
 
     def key_args(self) -> tuple[str, ...]:
+        """`--api-key ${VAR}` when the workload reads its key from an environment variable: the
+        command names the variable, never the key."""
         return ("--api-key", f"${{{self.api_key_env}}}") if self.api_key_env else ()
 
 
@@ -290,6 +292,8 @@ def render(ex: Export, fmt: str) -> str:
 
 
 def to_json(ex: Export) -> dict[str, object]:
+    """The export as the `json` format's object: the headline, the forced marker, the command and
+    its figures, the margin and confirmation, and how the winner was chosen."""
     return {
         "headline": ex.headline,
         "forced": {"reason": ex.forced, "marker": ex.forced_flag} if ex.forced else None,

@@ -28,10 +28,13 @@ def gib(value: float | None, blank: str = "") -> str:
 
 
 def tokens(value: int | None, blank: str = "?") -> str:
+    """A token count with thousands separators (`173,683`), `blank` when not measured."""
     return f"{value:,}" if value is not None else blank
 
 
 def scalar(v: object) -> str:
+    """A parameter value as the review prints it: floats in `%g` (0.88, not 0.88000), others as they
+    are."""
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 

@@ -33,6 +33,8 @@ class Answer:
 
 
 def of_winner(review: Review) -> Answer | None:
+    """The winner's side of the headline (its point, capacity, free memory at the worst moment and
+    whether the figures are predicted), None when the study has no winner."""
     w = review.winner
     if w is None:
         return None

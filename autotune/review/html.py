@@ -63,6 +63,8 @@ def _scatter_by_kind(points: Sequence[Point], fmt: str, **kw: Any) -> list[go.Sc
 
 
 def fig_pareto(d: ParetoData) -> go.Figure:
+    """The capacity × throughput scatter, with the feasible Pareto front and the exported point
+    starred."""
     fig = go.Figure(_scatter_by_kind(d.points, "capacity %{x:,.0f} tok<br>%{y:,.1f} tok/s"))
     by = {p.number: p for p in d.points}
     front = [by[n] for n in d.front if n in by]
@@ -105,6 +107,7 @@ def fig_pareto(d: ParetoData) -> go.Figure:
 
 
 def fig_feasibility(d: FeasibilityData) -> go.Figure:
+    """The map of outcomes over `mem_fraction_static` × `max_running_requests`."""
     fig = go.Figure(_scatter_by_kind(d.points, "f=%{x}<br>max_running_requests=%{y}"))
     fig.update_layout(
         title="Feasibility: mem_fraction_static × max_running_requests",
@@ -116,6 +119,8 @@ def fig_feasibility(d: FeasibilityData) -> go.Figure:
 
 
 def fig_capacity(d: CapacityData) -> go.Figure:
+    """The KV pool's tokens against `mem_fraction_static`, the model's (or a fitted) line through
+    them and the first OOM and highest feasible fractions marked."""
     fig = go.Figure(_scatter_by_kind(d.points, "f=%{x}<br>%{y:,.0f} tokens"))
     if d.line_x:
         fig.add_trace(
@@ -249,6 +254,8 @@ def _waterfall_shapes(d: WaterfallData) -> list[dict[str, Any]]:
 
 
 def fig_load(d: LoadData) -> go.Figure:
+    """Throughput and p99 latencies against `max_running_requests` (latency alone when throughput
+    did not vary beyond its noise)."""
     fig = go.Figure()
     pts = d.points
     if not d.flat:
@@ -289,6 +296,8 @@ def fig_load(d: LoadData) -> go.Figure:
 
 
 def fig_history(d: HistoryData) -> go.Figure:
+    """Each trial's capacity in trial order, with the best feasible capacity so far as a step
+    line."""
     fig = go.Figure(_scatter_by_kind(d.points, "trial %{x}<br>%{y:,.0f} tokens"))
     if d.best_x:
         fig.add_trace(
@@ -326,6 +335,7 @@ def _script_safe(text: str) -> str:
 
 
 def plotly_js() -> str:
+    """plotly.js itself, made safe inside a `<script>` element, so the page works offline."""
     return _script_safe_js(plotly.offline.get_plotlyjs())
 
 
@@ -335,6 +345,8 @@ def _script_safe_js(js: str) -> str:
 
 
 def table_html(rows: Sequence[Row], log_href: dict[int, str], winner: int | None) -> str:
+    """The trials table as HTML, every cell escaped, the winner's row marked and each trial's log
+    linked."""
     head = (
         "<tr><th>#</th><th>state</th><th>outcome</th><th>parameters</th><th>capacity</th>"
         "<th>tok/s</th><th>free after startup GiB</th><th>stress peak GiB</th>"

@@ -74,11 +74,14 @@ STARTUP_MISSING = (
 
 
 def summarize_log(log: ParsedLog) -> tuple[Ledger, Verdict, ServingSummary]:
+    """A parsed log's memory ledger, verdict and serving summary: what `autotune ledger` prints."""
     verdict = classify(log.events, batches=log.batches)
     return build_ledger(log.events), verdict, summarize(log.batches, log.events)
 
 
 def as_json(ledger: Ledger, verdict: Verdict, serving: ServingSummary, log: ParsedLog) -> str:
+    """`autotune ledger --json`'s object: the ledger's fields, the verdict, the serving summary,
+    whether the server got ready, whether the log lacks the start, and its line count."""
     doc: dict[str, Any] = ledger.to_dict()
     doc["ready"] = log.first(Kind.READY) is not None
     doc.update(verdict.to_dict())

@@ -69,6 +69,8 @@ def figures(review: Review) -> Figures:
 
 @dataclass(frozen=True)
 class Written:
+    """What `write_report` wrote: the HTML page and the PNGs, for the summary to list."""
+
     html: Path
     pngs: tuple[Path, ...]
 
@@ -97,6 +99,8 @@ def write_report(
 
 
 def write_pngs(figs: Figures, folder: Path) -> list[Path]:
+    """One PNG per figure in `folder`, and the ledger waterfalls (the winner's named
+    `ledger-winner.png`) up to `MAX_LEDGER_PNGS`; the paths written."""
     out = [
         png.pareto_png(figs.pareto, folder / "pareto.png"),
         png.feasibility_png(figs.feasibility, folder / "feasibility.png"),

@@ -28,6 +28,8 @@ DEFAULT_NOISE = 0.05
 
 
 class Point(NamedTuple):
+    """One trial on a scatter: its number, coordinates, kind (the colour) and hover label."""
+
     number: int
     x: float
     y: float
@@ -75,6 +77,9 @@ class CapacityData(NamedTuple):
 
 
 class Step(NamedTuple):
+    """One bar of a ledger waterfall: a label, GiB, and whether it is an absolute start, a change or
+    a total (plotly's `measure`)."""
+
     label: str
     value: float
     measure: str  # absolute | relative | total
@@ -95,6 +100,8 @@ class WaterfallData(NamedTuple):
 
 
 class LoadPoint(NamedTuple):
+    """One served trial on the load figure: its request slots, throughput and p99 latencies."""
+
     number: int
     requests: float
     throughput: float | None
@@ -122,6 +129,8 @@ class HistoryData(NamedTuple):
 
 
 class Row(NamedTuple):
+    """One trial's row of the trials table, every figure already formatted as text."""
+
     number: int
     state: str
     outcome: str
@@ -187,6 +196,9 @@ def pareto(
     predicted: bool = False,
     tolerance: float = DEFAULT_NOISE,
 ) -> ParetoData:
+    """The capacity × throughput figure's data: counted trials with a capacity, the feasible Pareto
+    front, the exported trial and its label; a note instead when throughput did not vary beyond
+    `tolerance`."""
     points = tuple(
         Point(t.number, float(t.capacity_tokens or 0), float(t.throughput_tok_s or 0.0), t.kind,
               t.label())
@@ -244,6 +256,8 @@ def _int_or(v: float) -> float | int:
 
 
 def feasibility(trials: Sequence[TrialView]) -> FeasibilityData:
+    """The outcome map's data over `mem_fraction_static` × `max_running_requests`; a note instead
+    when either was not searched."""
     kept = [t for t in drawn(trials) if t.fraction is not None]
     points = tuple(
         Point(t.number, float(t.fraction or 0.0), float(t.requests or 0), t.kind, t.label())
@@ -263,6 +277,9 @@ def feasibility(trials: Sequence[TrialView]) -> FeasibilityData:
 
 
 def capacity(trials: Sequence[TrialView]) -> CapacityData:
+    """The capacity figure's data: pool tokens per fraction, the memory model's line (else a
+    least-squares one), the first OOM and highest feasible fractions; a note when the fraction was
+    not searched."""
     trials = drawn(trials)
     kept = [t for t in trials if t.fraction is not None and t.capacity_tokens]
     points = tuple(
@@ -383,6 +400,8 @@ def waterfall(
 
 
 def load(trials: Sequence[TrialView], *, tolerance: float = DEFAULT_NOISE) -> LoadData:
+    """The load figure's data: the trials that served, by request slots; a note when the slots were
+    not searched, `flat` when throughput did not vary beyond `tolerance`."""
     points = tuple(
         LoadPoint(t.number, float(t.requests or 0), t.throughput_tok_s, t.p99_ttft_ms,
                   t.p99_itl_ms, t.kind)
@@ -401,6 +420,8 @@ def load(trials: Sequence[TrialView], *, tolerance: float = DEFAULT_NOISE) -> Lo
 
 
 def history(trials: Sequence[TrialView]) -> HistoryData:
+    """The search history's data: each drawn trial's capacity by number, and the best feasible
+    capacity so far."""
     ordered = sorted(drawn(trials), key=lambda t: t.number)
     points = tuple(
         Point(t.number, float(t.number), float(t.capacity_tokens or 0), t.kind, t.label())
@@ -420,6 +441,7 @@ def history(trials: Sequence[TrialView]) -> HistoryData:
 
 
 def table(trials: Sequence[TrialView]) -> tuple[Row, ...]:
+    """The trials table's rows, in trial order."""
     return tuple(_row(t) for t in sorted(trials, key=lambda t: t.number))
 
 

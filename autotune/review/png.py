@@ -98,6 +98,8 @@ def note_png(title: str, note: str, path: Path) -> Path:
 
 
 def pareto_png(d: ParetoData, path: Path) -> Path:
+    """The capacity × throughput figure as a PNG at `path` (the note's text instead when it has
+    one)."""
     if d.note:
         return note_png("Capacity vs throughput", d.note, path)
     fig, ax = _new()
@@ -122,6 +124,7 @@ def pareto_png(d: ParetoData, path: Path) -> Path:
 
 
 def feasibility_png(d: FeasibilityData, path: Path) -> Path:
+    """The outcome map as a PNG at `path` (the note's text instead when it has one)."""
     if d.note:
         return note_png("Feasibility: mem_fraction_static × max_running_requests", d.note, path)
     fig, ax = _new()
@@ -135,6 +138,7 @@ def feasibility_png(d: FeasibilityData, path: Path) -> Path:
 
 
 def capacity_png(d: CapacityData, path: Path) -> Path:
+    """The capacity figure as a PNG at `path` (the note's text instead when it has one)."""
     if d.note:
         return note_png("KV capacity vs mem_fraction_static", d.note, path)
     fig, ax = _new()
@@ -206,6 +210,8 @@ def _waterfall_bars(ax: Axes, d: WaterfallData) -> None:
 
 
 def load_png(d: LoadData, path: Path) -> Path:
+    """The load figure as a PNG at `path`, latency on a second axis (the note's text instead when it
+    has one)."""
     if d.note:
         return note_png("Throughput and latency vs max_running_requests", d.note, path)
     fig, ax = _new()
@@ -238,6 +244,7 @@ def load_png(d: LoadData, path: Path) -> Path:
 
 
 def history_png(d: HistoryData, path: Path) -> Path:
+    """The search history as a PNG at `path`."""
     fig, ax = _new()
     _scatter(ax, d.points)
     if d.best_x:

@@ -90,6 +90,8 @@ class Review:
         return found
 
     def scrub(self, text: str) -> str:
+        """`text` with the study's secrets masked: every surface passes what it prints through
+        this."""
         return scrub(text, self.secrets)
 
     @property
@@ -122,6 +124,8 @@ class Review:
         return f"FAILED its confirmation soak: {c.reason or c.outcome}"
 
     def trial(self, number: int) -> TrialView:
+        """Trial `number`'s view; a number the study does not have is the operator's `UsageError`,
+        naming the range it has."""
         for t in self.trials:
             if t.number == number:
                 return t

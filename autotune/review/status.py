@@ -10,14 +10,20 @@ running whose worker is gone (the command judges it, with the rule a run reaps b
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.config.studyfile import StudyConfig
+from autotune.record.stored import StudyRecord
 from autotune.record.view import TrialView, view
 from autotune.review import figures as fig
+from autotune.review.headline import headline
+from autotune.review.source import build_review
 from autotune.study.objectives import best_feasible_capacity
 from autotune.study.progress import duration
-from autotune.study.storage import counted
+from autotune.study.storage import counted, stale
+from autotune.study.workers import current_worker
 
 _STATE = {
     TrialState.COMPLETE: "done",
@@ -114,6 +120,26 @@ def render(
     ]
     notes = [ended, *notes] if ended else notes
     return "\n".join([*([headline] if headline else []), summary, *lines, *notes]) + "\n"
+
+
+def status_text(
+    name: str,
+    url: str,
+    trials: Sequence[FrozenTrial],
+    study: StudyRecord,
+    cfg: StudyConfig | None,
+    *,
+    now: datetime,
+) -> str:
+    """`autotune status`'s whole output: the study's headline, the table, why the search ended,
+    and which running trials' workers are gone (judged by the rule a run reaps by, at `now`),
+    every secret masked; `url` is shown as given (the command masks its password)."""
+    review = build_review(name, url, trials, cfg=cfg, study_attrs=study)
+    me = current_worker("")
+    gone = {t.number: why for t, why in stale(trials, me, (), grace_s=0, now=now)}
+    ended = review.search_end.line() if review.search_end is not None else ""
+    text = render(name, url, trials, headline=headline(review), gone=gone, ended=ended)
+    return review.scrub(text)
 
 
 def _cell(v: object) -> str:

@@ -6,6 +6,9 @@ from typing import NamedTuple
 
 
 class Look(NamedTuple):
+    """How one kind of trial is drawn: its legend name, colour, and marker in plotly and
+    matplotlib."""
+
     name: str
     color: str
     plotly_symbol: str

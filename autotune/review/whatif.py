@@ -28,6 +28,9 @@ SPAN = 4
 
 @dataclass(frozen=True)
 class Row:
+    """One fraction's figures by SGLang's arithmetic: pool tokens and GiB, the reserve `P·(1 − f)`,
+    the free memory after startup and at the log's peak."""
+
     fraction: float
     tokens: int
     kv_gib: float
@@ -40,6 +43,10 @@ class Row:
 
 @dataclass(frozen=True)
 class WhatIf:
+    """What other fractions would give for one log's launch, with the lowest fraction that holds a
+    pool, the highest whose reserve covers the peak, and the costs of the request table and the
+    graphs."""
+
     fraction: float
     semantics: str
     rows: tuple[Row, ...]
@@ -52,6 +59,7 @@ class WhatIf:
     words: tuple[str, ...]
 
     def to_dict(self) -> dict[str, object]:
+        """The table as JSON values, the `what_if` field of `autotune ledger --json`."""
         d = asdict(self)
         d["rows"] = [asdict(r) for r in self.rows]
         d["words"] = list(self.words)
@@ -96,6 +104,7 @@ def what_if(
 
 
 def as_text(w: WhatIf) -> str:
+    """The table and its sentences as `autotune ledger` prints them below the ledger."""
     lines = [
         f"What other mem_fraction_static values would give (SGLang {w.semantics} rules, from "
         f"this log's launch at {w.fraction:g}):",

@@ -54,6 +54,7 @@ class Margin:
     soak: bool = False
 
     def describe(self) -> str:
+        """The margin in words, for the export's notes and the headline."""
         if self.soak:
             return "the margin a confirm soak needs"
         if self.headroom_gib is not None:
@@ -63,6 +64,7 @@ class Margin:
         return f"{self.steps} step{'s' if self.steps != 1 else ''} of {FRACTION}"
 
     def to_dict(self) -> dict[str, object]:
+        """The margin as JSON values, as the export's `margin` records it."""
         return {"steps": self.steps, "headroom_gib": self.headroom_gib, "soak": self.soak}
 
 
@@ -319,6 +321,9 @@ class SmallerChunk:
     """How much is still missing with the smaller chunk (0: none)."""
 
     def note(self, trial: int) -> str:
+        """The sentence saying trial `trial`'s setting cannot get the soak's margin from the
+        fraction, and how far the smaller chunk should bring its stress peak down (a prediction, to
+        confirm)."""
         still = (
             f"; still {self.left_gib:.2f} GiB short: this box leaves this model little room"
             if self.left_gib > 0

@@ -82,11 +82,15 @@ class MemorySampler(BaseSampler, ABC):
         self._fallback = RandomSampler(seed=seed)
 
     def reseed_rng(self) -> None:
+        """Reseed the random fallback, as Optuna's `BaseSampler.reseed_rng` asks of a sampler
+        (parallel jobs call it so that they do not draw alike)."""
         self._fallback.reseed_rng()
 
     def infer_relative_search_space(
         self, study: optuna.Study, trial: FrozenTrial
     ) -> dict[str, BaseDistribution]:
+        """The space learnt from the study's trials (`records.learnt_space`): every searched
+        parameter is proposed at once."""
         return learnt_space(study, trial.number)
 
     def sample_relative(
@@ -95,6 +99,9 @@ class MemorySampler(BaseSampler, ABC):
         trial: FrozenTrial,
         search_space: dict[str, BaseDistribution],
     ) -> dict[str, Any]:
+        """The next point: none for a queued trial the sampler runs as queued, random where the
+        memory parameters give nothing to act on (`fallback.why_random`), else the subclass's
+        choice, kept within the space."""
         if not search_space:
             return {}
         trials = study.get_trials(deepcopy=False)

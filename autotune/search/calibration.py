@@ -15,7 +15,8 @@ scores the predicted static free memory against 0 the same way.
 
 If the model is right, z is about standard normal. The widening factor `kappa` is the root mean
 square of the misses, shrunk towards 1 by `PRIOR_WEIGHT` launches' worth of a model that is
-right, never below 1: `kappa² = (PRIOR_WEIGHT + Σ z²) / (PRIOR_WEIGHT + n)`. Every probability
+right: `kappa² = (PRIOR_WEIGHT + Σ z²) / (PRIOR_WEIGHT + n)`, kept within `MIN_KAPPA`–`MAX_KAPPA`
+(below 1 when the launches land closer to the predictions than the model's spread says). Every probability
 the search computes divides the margin by `kappa · sd` instead of `sd`, so a model that missed
 by 3 sd once (kappa 1.9) needs about twice the margin before a setting counts as safe, and one
 that keeps hitting its predictions keeps its nerve. A miss on the optimistic side (the launch
@@ -53,10 +54,12 @@ class Check:
 
     @property
     def z(self) -> float:
+        """The miss in standard deviations, `(measured − predicted) / sd` (0 when the sd is 0)."""
         return (self.measured - self.predicted) / self.sd if self.sd > 0 else 0.0
 
     @property
     def missed(self) -> bool:
+        """Whether the prediction was off by `MISS_Z` sd or more: reported in the proposal's why."""
         return abs(self.z) >= MISS_Z
 
 
@@ -68,6 +71,9 @@ class Calibration:
 
     @property
     def kappa(self) -> float:
+        """The widening factor, the root mean square of the z's shrunk towards 1 by `PRIOR_WEIGHT`
+        launches and kept within `MIN_KAPPA`–`MAX_KAPPA`; a z above 10 (far more headroom than
+        predicted) counts as 10, so one safe surprise cannot take over."""
         if not self.checks:
             return 1.0
         total = PRIOR_WEIGHT + sum(min(c.z, 10.0) ** 2 for c in self.checks)
@@ -82,6 +88,7 @@ class Calibration:
 
     @property
     def misses(self) -> tuple[Check, ...]:
+        """The checks that missed, for the why's "the model missed N of M launches"."""
         return tuple(c for c in self.checks if c.missed)
 
     def p_stable(self, fc: Forecast, min_headroom_gib: float) -> float:

@@ -98,6 +98,9 @@ class Goal:
 
 @dataclass(frozen=True)
 class Proposal:
+    """What `plan` returns: the point to launch, the rule that chose it and why, `done` when nothing
+    is left worth a launch, and the forecast and model behind it."""
+
     params: dict[str, Scalar]
     rule: str
     why: str

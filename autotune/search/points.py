@@ -59,6 +59,7 @@ class Point:
 
     @property
     def feasible(self) -> bool:
+        """Whether the launch finished and met every constraint (a pending one is not, yet)."""
         return self.observation is not None and self.observation.feasible
 
     @property
@@ -94,6 +95,8 @@ class Point:
 
 
 def setting_of(params: Mapping[str, Scalar]) -> Setting | None:
+    """The memory-relevant `Setting` of `params`; None without a numeric `mem_fraction_static`,
+    which the memory order and the model cannot place."""
     f = params.get(FRACTION)
     if not isinstance(f, int | float) or isinstance(f, bool):
         return None
@@ -160,16 +163,20 @@ def host_failure(o: Observation) -> str | None:
 
 
 def tokens_of(p: Point | None) -> int:
+    """The KV pool tokens `p`'s launch showed; 0 for none, a pending launch, or one that showed no
+    pool."""
     if p is None or p.observation is None:
         return 0
     return p.observation.tokens or 0
 
 
 def num(v: Scalar | None) -> float:
+    """A parameter value as a float for ordering (0 for a missing, boolean or non-numeric value)."""
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
 
 
 def fmt(v: Scalar | None) -> str:
+    """A parameter value as the why prints it: floats in `%g`."""
     if isinstance(v, float):
         return f"{v:g}"
     return str(v)

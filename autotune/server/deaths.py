@@ -70,6 +70,8 @@ class ExitFacts:
 
     @property
     def signal(self) -> str:
+        """The name of the signal that ended the main process (`SIGKILL`, …), "" when it exited by
+        itself or still runs."""
         return signal_name(self.code)
 
 
@@ -216,6 +218,7 @@ class KernelOomWatch:
         return ""
 
     def close(self) -> None:
+        """Close the kernel log's descriptor; the counters need nothing closed."""
         if self._fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._fd)

@@ -114,6 +114,8 @@ def _sim_report(argv: Sequence[str]) -> FlagReport:
 def inspect_argv(
     argv: Sequence[str], *, backend: str, parser_factory: ParserFactory | None = None
 ) -> FlagReport:
+    """The report on one command line (`inspect_argvs` with one): its problems and canonical
+    spellings."""
     return inspect_argvs([argv], backend=backend, parser_factory=parser_factory)[0]
 
 

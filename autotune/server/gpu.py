@@ -33,13 +33,15 @@ class GpuMemory:
 
     @property
     def free(self) -> int:
+        """Bytes free on the GPU (capacity less use), as the driver reports them."""
         return self.total - self.used
 
 
 class GpuProbe(Protocol):
     """Reads GPU memory now. Implementations must be cheap enough to call a few times a second."""
 
-    def snapshot(self) -> list[GpuMemory]: ...
+    def snapshot(self) -> list[GpuMemory]:
+        """Every GPU's memory now, one entry per GPU in index order."""
 
 
 class NvmlProbe:
@@ -66,6 +68,8 @@ class NvmlProbe:
         return self._nvml
 
     def snapshot(self) -> list[GpuMemory]:
+        """Every GPU's memory from NVML; a failure of NVML itself (a GPU off the bus) is a
+        `HarnessError`."""
         nvml = self._lib()
         try:
             return self._read(nvml)
@@ -96,6 +100,7 @@ class SimProbe:
         self.directory = Path(directory)
 
     def snapshot(self) -> list[GpuMemory]:
+        """Every simulated GPU's memory as the simulator last wrote its state files."""
 
         return [
             GpuMemory(g.index, g.total_bytes, g.used_bytes, dict(g.processes))

@@ -191,6 +191,7 @@ class HealthWatch:
         self._thread = threading.Thread(target=self._run, name="autotune-health", daemon=True)
 
     def start(self) -> None:
+        """Start the polling thread (a daemon: it never holds the process up)."""
         self._thread.start()
 
     def stop(self) -> None:
@@ -200,6 +201,7 @@ class HealthWatch:
             self._thread.join(timeout=0.2)
 
     def state(self) -> HealthState:
+        """The latest state the thread saw; never blocks on the network."""
         with self._lock:
             return self._state
 

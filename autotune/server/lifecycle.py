@@ -91,9 +91,11 @@ class StartupReport:
 
     @property
     def ready(self) -> bool:
+        """Whether the server came up and answered a generation."""
         return self.outcome is Outcome.READY
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as JSON values, for `trial.json`."""
         return {
             "outcome": str(self.outcome),
             "cause": self.cause,
@@ -115,6 +117,7 @@ class Death:
     evidence: tuple[str, ...]
 
     def describe(self) -> str:
+        """One line: `outcome (cause): the deciding log line`."""
         last = self.evidence[0] if self.evidence else ""
         return f"{self.outcome} ({self.cause})" + (f": {last}" if last else "")
 
@@ -234,18 +237,22 @@ class Server:
 
     @property
     def pid(self) -> int:
+        """The main process's pid (the launched command's)."""
         return self.process.pid
 
     @property
     def base_url(self) -> str:
+        """The server's `http://host:port`, where the workload sends requests."""
         return self.spec.base_url
 
     @property
     def phase(self) -> Phase:
+        """The startup phase the log shows now."""
         return self.log.phase
 
     @property
     def events(self) -> tuple[Event, ...]:
+        """Every event read from the log so far, in line order."""
         return tuple(self.log.events)
 
     @property
@@ -255,9 +262,12 @@ class Server:
 
     @property
     def ready_line_at(self) -> float | None:
+        """When the log's "fired up and ready" line was read (the handle's clock), None before
+        it."""
         return self.log.ready_line_at
 
     def ledger(self) -> Ledger:
+        """The memory ledger of the log so far, built again from its events each call."""
         return build_ledger(self.log.events)
 
     def serving(self) -> ServingSummary:

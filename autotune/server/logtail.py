@@ -32,6 +32,9 @@ already grown past."""
 
 
 class LogTail:
+    """One log file followed as it grows, through a descriptor kept open, across truncation and
+    removal: complete lines out, the bytes read in all as the progress signal."""
+
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.offset = 0
@@ -159,6 +162,7 @@ class LogTail:
             self.notes.append(f"{self.path.name} was {what} while the server ran; {then}")
 
     def close(self) -> None:
+        """Close the kept descriptor (a later `read` opens the file again)."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

@@ -33,6 +33,10 @@ ENDS_RUN = (FAILURE_KINDS - {Kind.ERROR}) | {Kind.SIGTERM_RECEIVED}
 
 
 class LogWatch:
+    """One server's log as read so far: its events, recent batches and startup phase, and the
+    moments the lifecycle decides on (growth, last batch, ready, the first line that ends the
+    run)."""
+
     def __init__(self, path: Path, clock: Callable[[], float]) -> None:
         self._clock = clock
         self._tail = LogTail(path)
@@ -50,6 +54,7 @@ class LogWatch:
 
     @property
     def phase(self) -> Phase:
+        """The startup phase the log has reached."""
         return self.phases.phase
 
     def pump(self, final: bool = False) -> None:

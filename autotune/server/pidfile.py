@@ -25,6 +25,9 @@ SUFFIX = ".pid.json"
 
 @dataclass(frozen=True)
 class PidRecord:
+    """What one pidfile holds about a server autotune started: its identity (pid, start time, boot),
+    group and session, address, log, masked argv, the members seen, and who launched it."""
+
     pid: int
     pgid: int
     sid: int
@@ -56,10 +59,13 @@ class PidRecord:
         )
 
     def to_json(self) -> str:
+        """The record as the pidfile's JSON text."""
         return json.dumps(asdict(self), indent=2)
 
     @classmethod
     def from_json(cls, text: str) -> PidRecord:
+        """The record a pidfile's JSON text holds (older pidfiles without members or owners read
+        too)."""
         data = json.loads(text)
         data["argv"] = tuple(data["argv"])
         data["members"] = tuple((int(p), int(t)) for p, t in data.get("members", ()))
@@ -73,6 +79,7 @@ def owner() -> tuple[int, int]:
 
 
 def path_for(run_dir: Path, pid: int) -> Path:
+    """The pidfile of the server with main process `pid` in `run_dir`."""
     return Path(run_dir) / f"server-{pid}{SUFFIX}"
 
 
@@ -88,6 +95,7 @@ def write(run_dir: Path, record: PidRecord) -> Path:
 
 
 def remove(path: Path) -> None:
+    """Remove a pidfile, already gone or not: done once the teardown proved every process gone."""
     path.unlink(missing_ok=True)
 
 

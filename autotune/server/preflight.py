@@ -37,6 +37,8 @@ def _listed(record: pidfile.PidRecord) -> str:
 
 
 def check_no_server_running(run_dir: Path) -> None:
+    """Refuse (`HarnessError`) while a server autotune started under `run_dir` still runs: two
+    servers on one GPU group would size their pools from each other's leftovers."""
     alive = running_servers(run_dir)
     if alive:
         listed = ", ".join(_listed(r) for r in alive)
@@ -47,6 +49,8 @@ def check_no_server_running(run_dir: Path) -> None:
 
 
 def check_port(host: str, port: int) -> None:
+    """Refuse (`HarnessError`) when another process listens on `port`: SGLang would fail to bind it
+    after loading its weights."""
     if not port_is_free(host, port):
         raise HarnessError(
             f"port {port} on {host} is in use by another process; free it or choose another port"

@@ -31,6 +31,7 @@ class ProcInfo:
 
     @property
     def gone(self) -> bool:
+        """Whether the process has ended: a zombie (`Z`) or dead (`X`) process counts as gone."""
         return self.state in ("Z", "X")
 
     @property
@@ -54,6 +55,8 @@ which a SIGKILLed process stays until the kernel lets go (e.g. while it unpins h
 
 
 def describe_state(state: str) -> str:
+    """A /proc state letter with its meaning (`D: uninterruptible sleep`), for the teardown's
+    lines."""
     return f"{state}: {STATES[state]}" if state in STATES else state
 
 
@@ -72,6 +75,8 @@ def read_proc(pid: int) -> ProcInfo | None:
 
 
 def boot_id() -> str:
+    """This boot's id (`/proc/sys/kernel/random/boot_id`), "" when unreadable: a pid and start time
+    identify a process only within one boot."""
     try:
         return (PROC / "sys/kernel/random/boot_id").read_text().strip()
     except OSError:
@@ -85,6 +90,7 @@ def is_alive(pid: int, start_ticks: int) -> bool:
 
 
 def all_procs() -> Iterator[ProcInfo]:
+    """Every live process /proc shows now (zombies left out)."""
     for entry in PROC.iterdir():
         if entry.name.isdigit():
             info = read_proc(int(entry.name))
@@ -207,6 +213,8 @@ class Seen:
             self._keys.setdefault((int(key[0]), int(key[1])), "process")
 
     def role(self, proc: ProcInfo) -> str:
+        """The role `proc` has in the server: its main process, a member of its group or session, or
+        a descendant."""
         if proc.key == (self.pid, self.start_ticks):
             return "main process"
         if proc.pgid == self.pgid:
@@ -241,6 +249,7 @@ class Seen:
             return list(self._keys)
 
     def role_of(self, pid: int) -> str:
+        """The role the process with `pid` had when last seen, "process" for one never seen."""
         with self._lock:
             roles = [r for (p, _), r in self._keys.items() if p == pid]
         return roles[-1] if roles else "process"

@@ -43,6 +43,8 @@ class Waited:
     gone_s: float | None
 
     def describe(self) -> str:
+        """One line: the pid, its role, any state but running or sleeping, and when it was gone (or
+        that it is still present)."""
         odd = [c for c in dict.fromkeys(self.states) if c not in "RS"]
         state = f", state {', '.join(procs.describe_state(c) for c in odd)}" if odd else ""
         if self.gone_s is None:
@@ -63,6 +65,7 @@ class ProcessStop:
 
     @property
     def survivors(self) -> tuple[int, ...]:
+        """The pids still present when the budget was spent."""
         return tuple(w.pid for w in self.waited if w.gone_s is None)
 
     def stuck(self) -> tuple[str, ...]:
@@ -113,6 +116,8 @@ class Teardown:
 
     @property
     def problems(self) -> tuple[str, ...]:
+        """What keeps the teardown from being clean: processes stuck or surviving, GPU memory not
+        back, the port still in use."""
         out = list(self.stuck) or [f"pid {pid} survived SIGKILL" for pid in self.survivors]
         out += list(self.gpu_problems)
         if not self.port_free:
@@ -120,10 +125,13 @@ class Teardown:
         return tuple(out)
 
     def raise_if_unclean(self) -> None:
+        """Raise `HarnessError` naming the problems unless the teardown was clean: nothing may
+        launch on a GPU group a server still holds."""
         if not self.clean:
             raise HarnessError("server teardown incomplete: " + "; ".join(self.problems))
 
     def to_dict(self) -> dict[str, Any]:
+        """The teardown as JSON values, for `trial.json`."""
         return {
             "clean": self.clean,
             "seconds": round(self.seconds, 3),

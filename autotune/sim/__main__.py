@@ -20,6 +20,9 @@ from autotune.sim.versions import VERSIONS
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one simulated server for `argv` (default `sys.argv[1:]`): the profile and release first,
+    then SGLang's command line parsed with that release's flags; a bad profile exits 2, as a bad
+    flag does."""
     args = list(sys.argv[1:] if argv is None else argv)
     profile_name, named = preparse(args)
     try:

@@ -49,6 +49,8 @@ class FaultSet:
 
     @property
     def health_faults(self) -> frozenset[str]:
+        """The health faults in force (`health-empty`, `health-fail`), the set the HTTP side
+        consults."""
         out = set()
         if self.health_empty:
             out.add("health-empty")
@@ -58,6 +60,8 @@ class FaultSet:
 
 
 def resolve(sim: SimOptions) -> FaultSet:
+    """The parsed `--sim-fault` options resolved to the switches the server reads (absent ones off,
+    `slow-startup` 1.0 without a factor)."""
     hold = sim.fault("hold-gpu")
     slow = sim.fault("slow-startup")
     kill = sim.fault("oom-kill")

@@ -109,6 +109,8 @@ ACTIONS = {
 
 
 def flag_entry(action: argparse.Action) -> str:
+    """One argparse action as its flag table line, `Flag(options, dest, …)`: only what differs from
+    a plain store is written, set choices sorted (SGLang's order would be the hash order)."""
     kind = ACTIONS.get(type(action).__name__)
     if kind is None:
         raise SystemExit(f"flagdump: unknown action {type(action).__name__} for {action.dest}")
@@ -140,6 +142,8 @@ def flag_entry(action: argparse.Action) -> str:
 
 
 def main() -> int:
+    """Print the flag table module of the SGLang installed in this Python: every action of
+    `ServerArgs.add_cli_args` and the fields of `ServerArgs` with their raw defaults."""
     if "--stub-torchvision" in sys.argv[1:]:
         stub_torchvision()
     from sglang.srt.server_args import ServerArgs, prepare_server_args

@@ -106,6 +106,7 @@ class SimOptions:
     version: str = DEFAULT.name
 
     def fault(self, kind: str) -> Fault | None:
+        """The `--sim-fault` of `kind`, None when it was not given."""
         for item in self.faults:
             if item.kind == kind:
                 return item
@@ -166,14 +167,21 @@ class ServerSettings:
 
     @property
     def spec(self) -> bool:
+        """Whether speculative decoding is on (`--speculative-algorithm` given): a draft model
+        loads."""
         return self.speculative_algorithm is not None
 
     @property
     def decode_graph_disabled(self) -> bool:
+        """Whether decode runs without CUDA graphs (`--disable-cuda-graph`, or 0.5.23's
+        `--cuda-graph-backend-decode disabled`): no decode graphs are captured or their memory
+        taken."""
         return self.disable_cuda_graph or self.cuda_graph_backend_decode == "disabled"
 
     @property
     def prefill_graph_disabled(self) -> bool:
+        """Whether prefill CUDA graphs are off (`--disable-cuda-graph`, or 0.5.23's
+        `--cuda-graph-backend-prefill disabled`)."""
         return self.disable_cuda_graph or self.cuda_graph_backend_prefill == "disabled"
 
 
@@ -217,6 +225,8 @@ def human_readable_int(value: str) -> int:
 
 
 def json_list_type(value: str) -> Any:
+    """SGLang's `json_list_type` (`utils/common.py`): a flag value as JSON, its error message on a
+    bad one."""
     try:
         return json.loads(value)
     except json.JSONDecodeError:
@@ -226,12 +236,15 @@ def json_list_type(value: str) -> Any:
 
 
 def nullable_str(val: str) -> str | None:
+    """SGLang's `nullable_str` (`utils/common.py`): "" and "None" mean no value."""
     if not val or val == "None":
         return None
     return val
 
 
 def parse_cuda_graph_backend_arg(raw: str) -> str:
+    """SGLang 0.5.23's check of a CUDA-graph backend name (`model_executor/cuda_graph_config.py`):
+    the removed `tc_piecewise` is refused with its message."""
     if raw == "tc_piecewise":
         raise argparse.ArgumentTypeError(
             "tc_piecewise was removed; select breakable, full, or disabled"

@@ -65,6 +65,8 @@ def process_start_time(pid: int) -> int | None:
 
 
 def holder_alive(pid: int, start_time: int | None) -> bool:
+    """Whether the holder `pid` still runs as the process that wrote its entry (same start time; a
+    zombie is dead); off Linux, a signal probe."""
     if not Path("/proc").is_dir():  # not Linux: fall back to a signal probe
         try:
             os.kill(pid, 0)
@@ -243,13 +245,18 @@ class GpuStateWriter:
         """The last state could not be written (a full disk); the next write makes it."""
 
     def set_used(self, used: Mapping[int, int]) -> None:
+        """Set this process's use per GPU (bytes by index; a GPU not named holds 0) and write the
+        entry."""
         self.used = {i: int(used.get(i, 0)) for i in self.totals}
         self._write(None)
 
     def set_all(self, used_bytes: int) -> None:
+        """Set the same use on every GPU of this process (one tensor-parallel rank per GPU)."""
         self.set_used({i: used_bytes for i in self.totals})
 
     def heartbeat(self) -> None:
+        """Rewrite the entry's heartbeat, which a dead holder's memory is held from; an entry never
+        written (or removed) is left alone unless a failed write is owed."""
         if self.unwritten or self.path.exists():
             self._write(None)
 

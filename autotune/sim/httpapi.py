@@ -60,6 +60,8 @@ class ServerState:
 
     @property
     def model_name(self) -> str:
+        """The model's name as the OpenAI routes report and check it: `--served-model-name`, else
+        the path."""
         return self.settings.served_model_name or self.settings.model_path
 
 
@@ -79,6 +81,8 @@ def _error(message: str, status: int = 400) -> web.Response:
 
 
 def build_app(state: ServerState) -> web.Application:
+    """The aiohttp application with SGLang's routes (health, info, native and OpenAI generation,
+    cache, metrics) behind the access-log and API-key middlewares."""
     api = _Api(state)
     app = web.Application(middlewares=[api.access_log, api.auth], client_max_size=1 << 28)
     r = app.router

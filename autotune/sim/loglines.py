@@ -36,22 +36,30 @@ from autotune.sim.tracebacks import (
 
 
 def gb(x: float) -> str:
+    """A GiB figure as SGLang prints it, two decimals (labelled "GB" in its lines)."""
     return f"{x:.2f}"
 
 
 def fmt_init_begin() -> str:
+    """0.5.9's `Init torch distributed begin.`: distributed init starts (each rank)."""
     return "Init torch distributed begin."
 
 
 def fmt_init_end(elapsed: float, mem_usage: float) -> str:
+    """0.5.9's `Init torch distributed ends.` with its time and what the CUDA context and NCCL
+    took."""
     return f"Init torch distributed ends. elapsed={elapsed:.2f} s, mem usage={gb(mem_usage)} GB"
 
 
 def fmt_load_begin(avail: float) -> str:
+    """`Load weight begin. avail mem=`: the free memory before the weights, P, which the pool is
+    sized from."""
     return f"Load weight begin. avail mem={gb(avail)} GB"
 
 
 def fmt_load_end(elapsed: float, arch: str, dtype: str, avail: float, usage: float) -> str:
+    """0.5.9's `Load weight end.` with the model class, dtype, free memory after the weights (A) and
+    what they took."""
     return (
         f"Load weight end. elapsed={elapsed:.2f} s, type={arch}, dtype={dtype}, "
         f"avail mem={gb(avail)} GB, mem usage={gb(usage)} GB."
@@ -59,26 +67,33 @@ def fmt_load_end(elapsed: float, arch: str, dtype: str, avail: float, usage: flo
 
 
 def fmt_kv_allocated(tokens: int, kv: float | None, k: float | None, v: float | None) -> str:
+    """`KV Cache is allocated.` with the pool's tokens and GiB, K and V apart for an MHA pool."""
     if k is not None and v is not None:
         return f"KV Cache is allocated. #tokens: {tokens}, K size: {gb(k)} GB, V size: {gb(v)} GB"
     return f"KV Cache is allocated. #tokens: {tokens}, KV size: {gb(kv or 0.0)} GB"
 
 
 def fmt_pool_end(avail: float) -> str:
+    """`Memory pool end. avail mem=`: the free memory once the KV pool and request table are
+    allocated."""
     return f"Memory pool end. avail mem={gb(avail)} GB"
 
 
 def fmt_capture_begin(avail: float) -> str:
+    """0.5.9's `Capture cuda graph begin.` with the free memory before the graphs."""
     return (
         f"Capture cuda graph begin. This can take up to several minutes. avail mem={gb(avail)} GB"
     )
 
 
 def fmt_capture_bs(sizes: Sequence[int]) -> str:
+    """0.5.9's `Capture cuda graph bs [...]`: the batch sizes it will capture."""
     return f"Capture cuda graph bs {list(sizes)}"
 
 
 def fmt_capture_bar(sizes: Sequence[int], avail: float, elapsed: float) -> str:
+    """tqdm's last state of the capture loop over `sizes` (`Capturing batches (bs=…
+    avail_mem=…)`)."""
     n = len(sizes)
     bar = "█" * 10
     secs = int(elapsed)
@@ -90,6 +105,8 @@ def fmt_capture_bar(sizes: Sequence[int], avail: float, elapsed: float) -> str:
 
 
 def fmt_capture_end(elapsed: float, usage: float, avail: float) -> str:
+    """0.5.9's `Capture cuda graph end.` with its time, what the graphs took and the free memory
+    left."""
     return (
         f"Capture cuda graph end. Time elapsed: {elapsed:.2f} s. mem usage={gb(usage)} GB. "
         f"avail mem={gb(avail)} GB."
@@ -99,6 +116,8 @@ def fmt_capture_end(elapsed: float, usage: float, avail: float) -> str:
 def fmt_summary(
     tokens: int, chunk: int, max_prefill: int, max_running: int, ctx: int, avail: float
 ) -> str:
+    """The scheduler's summary line (`max_total_num_tokens=…, … available_gpu_mem=`): the pool and
+    the limits the server runs with."""
     return (
         f"max_total_num_tokens={tokens}, chunked_prefill_size={chunk}, "
         f"max_prefill_tokens={max_prefill}, max_running_requests={max_running}, "
@@ -107,6 +126,7 @@ def fmt_summary(
 
 
 def fmt_hicache(gb_requested: float) -> str:
+    """0.5.9's `Allocating … GB host memory for hierarchical KV cache.`"""
     return f"Allocating {gb_requested:.2f} GB host memory for hierarchical KV cache."
 
 
@@ -120,6 +140,8 @@ def fmt_prefill(
     input_tput: float,
     cuda_graph: bool = False,
 ) -> str:
+    """0.5.9's `Prefill batch` line: new sequences and tokens, cached tokens, token usage, running
+    and queued requests, input throughput."""
     return (
         f"Prefill batch, #new-seq: {new_seq}, #new-token: {new_token}, #cached-token: {cached}, "
         f"token usage: {usage:.2f}, #running-req: {running}, #queue-req: {queued}, "
@@ -136,6 +158,8 @@ def fmt_decode(
     queued: int,
     accept: tuple[float, float] | None = None,
 ) -> str:
+    """0.5.9's `Decode batch` line: running requests, their tokens, token usage, accept length and
+    rate with speculative decoding, CUDA graph on or off, throughput, queued requests."""
     spec = f"accept len: {accept[0]:.2f}, accept rate: {accept[1]:.2f}, " if accept else ""
     return (
         f"Decode batch, #running-req: {running}, #token: {tokens}, token usage: {usage:.2f}, "
@@ -145,6 +169,8 @@ def fmt_decode(
 
 
 def fmt_retract(n: int, gained: int, old: float, new: float) -> str:
+    """The scheduler's `KV cache pool is full. Retract requests.` line (`scheduler.py`): how many
+    went back to the queue, the tokens gained and the new-token ratio's change."""
     return (
         f"KV cache pool is full. Retract requests. #retracted_reqs: {n}, "
         f"#new_tokens_gained: {gained}, #new_token_ratio: {old:.4f} -> {new:.4f}"
@@ -152,6 +178,8 @@ def fmt_retract(n: int, gained: int, old: float, new: float) -> str:
 
 
 def fmt_oom_error(tried: float, total: float, free: float, in_use: float, graphs: float) -> str:
+    """torch's `CUDA out of memory` message as the caching allocator words it, with the GPU's
+    capacity, free memory, the process's use and the graphs' private pools."""
     allocated = max(in_use - graphs - 1.2, 0.0)
     return (
         f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried:.2f} GiB. "
@@ -218,9 +246,11 @@ class Lines:
     capture_advice = CAPTURE_ADVICE
 
     def init_begin(self) -> str:
+        """Distributed init begins (0.5.9: `Init torch distributed begin.`)."""
         return fmt_init_begin()
 
     def init_end(self, elapsed: float, mem_usage: float) -> str:
+        """Distributed init ends, with its time and memory use (0.5.9's text)."""
         return fmt_init_end(elapsed, mem_usage)
 
     def memory_baseline(self, mem_usage: float) -> str | None:
@@ -228,14 +258,17 @@ class Lines:
         return None
 
     def load_begin(self, avail: float) -> str:
+        """The weight load begins, with P (the free memory before it)."""
         return fmt_load_begin(avail)
 
     def load_end(
         self, elapsed: float, arch: str, dtype: str, quant: str, avail: float, usage: float
     ) -> str:
+        """The weight load ends, with A and what the weights took (0.5.9 prints no quantization)."""
         return fmt_load_end(elapsed, arch, dtype, avail, usage)
 
     def kv_dtype(self, dtype: str) -> str | None:
+        """0.5.9's `Using KV cache dtype:` line; None where a release prints none."""
         return f"Using KV cache dtype: {dtype}"
 
     def kv_allocated(
@@ -247,31 +280,41 @@ class Lines:
         dtype: str,
         va: bool = False,
     ) -> str:
+        """The KV pool's allocation line (0.5.9 names neither the dtype nor a virtual-address
+        pool)."""
         return fmt_kv_allocated(tokens, kv, k, v)
 
     def pool_end(self, avail: float) -> str:
+        """The free memory once the pool is allocated."""
         return fmt_pool_end(avail)
 
     def capture_begin(self, avail: float, role: str, phase: str, shape: CaptureShape) -> str:
+        """A CUDA-graph capture begins (0.5.9: one capture for all, without role, phase or
+        shape)."""
         return fmt_capture_begin(avail)
 
     def capture_bs(self, sizes: Sequence[int]) -> str | None:
+        """The batch sizes about to be captured; None where a release prints no such line."""
         return fmt_capture_bs(sizes)
 
     def capture_bar(self, sizes: Sequence[int], avail: float, elapsed: float, phase: str) -> str:
+        """The tqdm bar of a capture loop (0.5.9: one bar, any phase)."""
         return fmt_capture_bar(sizes, avail, elapsed)
 
     def capture_end(
         self, elapsed: float, usage: float, avail: float, role: str, phase: str, shape: CaptureShape
     ) -> str:
+        """A CUDA-graph capture ends, with what it took (0.5.9: one line for all)."""
         return fmt_capture_end(elapsed, usage, avail)
 
     def summary(
         self, tokens: int, chunk: int, max_prefill: int, max_running: int, ctx: int, avail: float
     ) -> str:
+        """The scheduler's summary of the pool and the limits."""
         return fmt_summary(tokens, chunk, max_prefill, max_running, ctx, avail)
 
     def hicache(self, size_gb: float, tokens: int, label: str = "kv") -> str:
+        """The host cache's allocation line (0.5.9 states only its size)."""
         return fmt_hicache(size_gb)
 
     def prefill(
@@ -286,6 +329,8 @@ class Lines:
         cuda_graph: bool,
         pending: int,
     ) -> str:
+        """One `Prefill batch` line (0.5.9 prints neither the CUDA-graph state nor the pending
+        tokens)."""
         return fmt_prefill(new_seq, new_token, cached, usage, running, queued, input_tput)
 
     def decode(
@@ -298,6 +343,7 @@ class Lines:
         queued: int,
         accept: tuple[float, float] | None = None,
     ) -> str:
+        """One `Decode batch` line."""
         return fmt_decode(running, tokens, usage, cuda_graph, gen_tput, queued, accept)
 
     def startup_timings(self, timings: dict[str, float], graphs: dict[str, float]) -> str | None:
@@ -345,6 +391,8 @@ class Lines0523(Lines):
         )
 
     def kv_dtype(self, dtype: str) -> str | None:
+        """None: 0.5.23 prints no `Using KV cache dtype` line (the dtype is in its allocation
+        line)."""
         return None
 
     def kv_allocated(
@@ -385,6 +433,7 @@ class Lines0523(Lines):
         )
 
     def capture_bs(self, sizes: Sequence[int]) -> str | None:
+        """None: 0.5.23 prints the captured batch sizes in its `CUDA graph end` line instead."""
         return None
 
     def capture_bar(self, sizes: Sequence[int], avail: float, elapsed: float, phase: str) -> str:
@@ -398,6 +447,9 @@ class Lines0523(Lines):
     def capture_end(
         self, elapsed: float, usage: float, avail: float, role: str, phase: str, shape: CaptureShape
     ) -> str:
+        """model_executor/model_runner_components/cuda_graph_setup.py:696 (prefill) and :788
+        (decode/verify, with `bs=`); speculative/eagle_worker_v2.py:533 and :654 (draft
+        decode/extend)."""
         tail = f"elapsed={elapsed:.2f} s, mem usage={gb(usage)} GB, avail mem={gb(avail)} GB."
         if phase == "prefill" or role == "draft":
             return f"Capture {role} {phase} CUDA graph end. {tail}"

@@ -52,18 +52,23 @@ class LogWriter:
         self._emit(self.stream, f"[{self._stamp()}] {message}")
 
     def rank(self, rank: int, message: str) -> None:
+        """Write `message` as rank `rank`'s line (`TPn` in the prefix only when tp > 1)."""
         tag = f" TP{rank}" if self.tp > 1 else ""
         self._emit(self.stream, f"[{self._stamp()}{tag}] {message}")
 
     def every_rank(self, message: str | Callable[[int], str]) -> None:
+        """Write `message` once per rank, in rank order (a callable gets the rank and gives its
+        text), as each TP worker prints its own line."""
         for r in range(self.tp):
             self.rank(r, message(r) if callable(message) else message)
 
     def uvicorn(self, message: str, level: str = "INFO") -> None:
+        """Write one of uvicorn's lines, its level padded as uvicorn pads it (`INFO:     …`)."""
         prefix = f"{level}:" + " " * (8 - len(level))
         self._emit(self.stream, f"[{self._stamp()}] {prefix} {message}")
 
     def access(self, client: str, method: str, path: str, status: int) -> None:
+        """Write one access-log line as uvicorn's access logger prints it, to the access stream."""
         line = f'[{self._stamp()}] INFO:     {client} - "{method} {path} HTTP/1.1" {status}'
         self._emit(self.access_stream, line)
 

@@ -154,13 +154,16 @@ class StartupPlan:
 
     @property
     def ok(self) -> bool:
+        """Whether every stage fitted: the server comes up."""
         return self.failure is None
 
     @property
     def release(self) -> SglangVersion:
+        """The simulated release the plan was made for, whose rules its sizes follow."""
         return get_version(self.version)
 
     def notes_at(self, stage: str) -> tuple[str, ...]:
+        """The lines SGLang prints at `stage` (`init`, `kv`, …), in order."""
         return tuple(text for where, text in self.notes if where == stage)
 
     def graph_phases(self) -> dict[str, float]:

@@ -20,6 +20,9 @@ BLOCK = 16
 
 @dataclass(eq=False)
 class Node:
+    """One cached block of `BLOCK` tokens, keyed by its parent and its tokens: where it lives (GPU,
+    host, both), how many live requests lock it, when it was last used, and its children."""
+
     key: int
     parent: Node | None
     last: float = 0.0
@@ -32,12 +35,16 @@ class Node:
 
 @dataclass
 class Match:
+    """The longest cached prefix of a request, block by block: the nodes, and the tokens found on
+    the GPU and on the host only (those are loaded back at a cost)."""
+
     nodes: list[Node] = field(default_factory=list)
     gpu_tokens: int = 0
     host_tokens: int = 0
 
     @property
     def tokens(self) -> int:
+        """Tokens of the prefix found at all, on the GPU or the host."""
         return self.gpu_tokens + self.host_tokens
 
 
@@ -59,6 +66,7 @@ class PrefixCache:
 
     @property
     def evictable_tokens(self) -> int:
+        """GPU tokens no live request locks: what the scheduler may evict to admit a request."""
         return self.gpu_tokens - self.locked_tokens
 
     @staticmethod
@@ -100,12 +108,16 @@ class PrefixCache:
         return moved
 
     def lock(self, nodes: Sequence[Node]) -> None:
+        """Lock `nodes` for a live request (counted once per node): a locked node is never
+        evicted."""
         for node in nodes:
             if node.lock == 0 and node.on_gpu:
                 self.locked_tokens += BLOCK
             node.lock += 1
 
     def unlock(self, nodes: Sequence[Node], now: float) -> None:
+        """Release a request's lock on `nodes`, deepest first, stamping their use at `now`; a node
+        no request holds becomes evictable."""
         for node in reversed(nodes):
             node.lock -= 1
             node.last = now
@@ -208,6 +220,7 @@ class PrefixCache:
             self._drop(node)
 
     def clear(self) -> None:
+        """Drop every cached prefix, GPU and host (`/flush_cache`)."""
         self.nodes.clear()
         self._heap.clear()
         self._host_heap.clear()

@@ -30,6 +30,9 @@ class ProfileError(ValueError):
 
 @dataclass(frozen=True)
 class Hardware:
+    """The box: GPU model, count and memory, what the CUDA context takes, host RAM (total and
+    available) and the host-to-device bandwidth HiCache loads at."""
+
     gpu_name: str
     gpu_count: int
     gpu_memory_mib: int
@@ -54,6 +57,9 @@ class Attention:
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """The served model: path, architecture and type, dtype, weights per GPU at the tensor
+    parallelism they were measured at, context length, quantization."""
+
     path: str
     architecture: str
     model_type: str
@@ -169,11 +175,16 @@ class Mismatch:
 
     @property
     def on(self) -> bool:
+        """Whether any departure from the arithmetic is switched on."""
         return self != Mismatch()
 
 
 @dataclass(frozen=True)
 class Profile:
+    """One box and one model as the simulator plays them: hardware, model and attention geometry,
+    the optional draft, memory laws, step and startup times, variation and mismatches, and the
+    SGLang release it speaks by default."""
+
     name: str
     description: str
     hardware: Hardware

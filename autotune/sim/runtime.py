@@ -121,6 +121,8 @@ def forward_ooms(plan: StartupPlan, peak_gib: float) -> bool:
 
 
 def prefill_time_s(profile: Profile, extend_tokens: int) -> float:
+    """One prefill forward's time for `extend_tokens` new tokens: the profile's base plus a cost per
+    token."""
     t = profile.timing
     return (t.prefill_base_ms + extend_tokens * t.prefill_ms_per_token) / 1000.0
 
@@ -128,6 +130,8 @@ def prefill_time_s(profile: Profile, extend_tokens: int) -> float:
 def decode_time_s(
     profile: Profile, batch: int, kv_tokens: int = 0, cuda_graph: bool = True
 ) -> float:
+    """One decode step's time for `batch` requests holding `kv_tokens`: base, per sequence and per
+    KV token, slower by `EAGER_DECODE_FACTOR` without CUDA graphs."""
     t = profile.timing
     ms = (
         t.decode_base_ms
@@ -138,6 +142,8 @@ def decode_time_s(
 
 
 def accept_length(profile: Profile, spec: bool) -> float:
+    """Tokens a decode step yields per request: the draft's mean accept length with speculative
+    decoding, else 1."""
     if not spec or profile.draft is None:
         return 1.0
     return profile.draft.accept_length

@@ -74,13 +74,18 @@ class Request:
 
     @property
     def fill_target(self) -> int:
+        """Tokens the request must have in the pool before it decodes: its prompt and what it
+        generated (a retracted request refills both)."""
         return len(self.input_ids) + len(self.output_ids)
 
     @property
     def remaining(self) -> int:
+        """Tokens still to generate before `max_new` is reached."""
         return self.max_new - len(self.output_ids)
 
     def notify(self) -> None:
+        """Wake the HTTP handler waiting on this request (once per step, whatever the step
+        produced)."""
         self.event.set()
 
 
@@ -97,6 +102,7 @@ class Histogram:
     n: int = 0
 
     def observe(self, value: float) -> None:
+        """Count one value into its bucket and every larger one (Prometheus' cumulative buckets)."""
         self.n += 1
         self.total += value
         for i, edge in enumerate(self.buckets):
@@ -198,6 +204,8 @@ class Scheduler:
     # ---- intake -------------------------------------------------------------------------------
 
     def submit(self, req: Request) -> None:
+        """Queue a request, its `max_new` cut to what the context length leaves; one with no room to
+        generate finishes at once with `length`."""
         budget = self.max_req_len - len(req.input_ids) - 1
         req.max_new = max(0, min(req.max_new, budget))
         if req.max_new == 0:
@@ -207,6 +215,8 @@ class Scheduler:
         self._wake.set()
 
     def abort(self, req: Request) -> None:
+        """Abort a request (the client went away): dropped from the queue or finished with `abort`,
+        counted."""
         if req.finished:
             return
         if req in self.waiting:
@@ -218,18 +228,23 @@ class Scheduler:
 
     @property
     def queued(self) -> int:
+        """Requests waiting to be admitted (`#queue-req`)."""
         return len(self.waiting)
 
     @property
     def busy(self) -> bool:
+        """Whether anything is queued, running or part-way through a chunked prefill."""
         return bool(self.waiting or self.running or self.chunked)
 
     @property
     def free_tokens(self) -> int:
+        """Pool tokens neither requests nor the prefix cache hold."""
         return self.pool - self.own_total - self.cache.gpu_tokens
 
     @property
     def used_tokens(self) -> int:
+        """Pool tokens in use: the requests' own and the cached prefixes they lock (`token
+        usage`)."""
         return self.own_total + self.cache.locked_tokens
 
     def flush(self) -> bool:
@@ -246,6 +261,7 @@ class Scheduler:
         return True
 
     def stop(self) -> None:
+        """Stop the serving loop after the current step."""
         self._stopped = True
         self._wake.set()
 
@@ -602,6 +618,8 @@ class Scheduler:
     # ---- loop ---------------------------------------------------------------------------------
 
     async def run(self) -> None:
+        """The serving loop: a prefill when anything is admissible, else a decode step for the
+        running requests, else wait for a request; until `stop`."""
         self._t = asyncio.get_running_loop().time()
         while not self._stopped:
             batch = self._form_prefill()

@@ -92,6 +92,8 @@ class SimServer(StartupSequence):
     # ---- entry --------------------------------------------------------------------------------
 
     def run(self) -> int:
+        """Run the server until it ends and return its exit code (130 on Ctrl-C, its GPU entry
+        released); SGLang's kill paths end the process instead of returning."""
         if self.faults.ignore_sigterm:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:

@@ -22,6 +22,7 @@ MiB = 1 << 20
 
 
 def gpu_total_gib(profile: Profile) -> float:
+    """One GPU's total memory in GiB, from the profile's MiB: the capacity torch reports."""
     return profile.hardware.gpu_memory_mib / 1024.0
 
 
@@ -188,6 +189,9 @@ def prefill_capture_tokens(max_bs: int) -> tuple[int, ...]:
 
 
 def graph_memory_gib(profile: Profile, sizes: Sequence[int], tokens_per_bs: int) -> float:
+    """What the decode CUDA graphs of batch sizes `sizes` cost: a base, a part per captured size and
+    a part per token of the largest batch, `tokens_per_bs` tokens per request (more than one for
+    a speculative verify)."""
     if not sizes:
         return 0.0
     g = profile.cuda_graph
@@ -199,6 +203,8 @@ def graph_memory_gib(profile: Profile, sizes: Sequence[int], tokens_per_bs: int)
 
 
 def prefill_graph_memory_gib(profile: Profile, tokens: Sequence[int]) -> float:
+    """What 0.5.23's prefill CUDA graphs of token counts `tokens` cost: a base, a part per captured
+    count and a part per token of the largest."""
     if not tokens:
         return 0.0
     g = profile.cuda_graph
@@ -210,6 +216,8 @@ def prefill_graph_memory_gib(profile: Profile, tokens: Sequence[int]) -> float:
 
 
 def draft_graph_memory_gib(profile: Profile, sizes: Sequence[int], steps: int, topk: int) -> float:
+    """What the draft model's CUDA graphs cost: a base plus a part per token of the largest batch
+    times the draft steps and top-k; 0 without a draft."""
     draft = profile.draft
     if draft is None or not sizes:
         return 0.0

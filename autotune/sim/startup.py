@@ -110,6 +110,8 @@ class StartupSequence:
         return real
 
     def set_used(self, gib: float) -> None:
+        """Set the static GPU use of every rank to `gib` and write it to the GPU state, as an
+        allocation shows on nvidia-smi."""
         self.static_gib = gib
         if self.writer is not None:
             self.writer.set_all(int(gib * GiB))
@@ -133,18 +135,24 @@ class StartupSequence:
             self.log.main(line)
 
     def scheduler_exception(self, ranks: Sequence[int], frames: Frames, final: str) -> None:
+        """Print `Scheduler hit an exception:` with the traceback on each of `ranks`, as a failing
+        scheduler does before its parent learns of it."""
         for r in ranks:
             self.log.rank(
                 r, "Scheduler hit an exception: " + tracebacks.traceback_block(frames, final)
             )
 
     def crash_startup(self, ranks: Sequence[int], frames: Frames, final: str) -> NoReturn:
+        """Die of a failed startup stage the SGLang way: the schedulers' traceback, the main
+        process's SIGQUIT line, then the tree killed."""
         self.scheduler_exception(ranks, frames, final)
         self.log.main("Received sigquit from a child process. It usually means the child failed.")
         self.kill_tree()
         self.die()
 
     def oom_text(self, tried: float, free: float) -> str:
+        """torch's CUDA out-of-memory message for an allocation of `tried` GiB with `free` GiB left,
+        the graphs' private pools counted as PyTorch counts them."""
         total = self.profile.hardware.gpu_memory_mib / 1024
         in_use = total - free
         plan = self.plan
@@ -720,6 +728,8 @@ class StartupSequence:
             self.log.main(line)
 
     def graph_phase_times(self) -> dict[str, float]:
+        """Seconds each CUDA-graph phase took (0 for a phase not captured), for 0.5.23's `Engine
+        startup timings` line and `/server_info`."""
         return {phase: self.graph_times.get(phase, 0.0) for phase in GRAPH_PHASES}
 
     def startup_timings(self) -> dict[str, float]:
@@ -746,4 +756,5 @@ class StartupSequence:
         }
 
     def launch_command(self) -> str:
+        """The command line the server was started with, shell-quoted."""
         return shlex.join(self.argv)

@@ -108,10 +108,14 @@ def encode(text: str) -> list[int]:
 
 
 def count(text: str) -> int:
+    """Tokens `text` stands for (one per word or punctuation mark, at least one), as `encode` would
+    give."""
     return max(1, len(_PIECE.findall(text)))
 
 
 def generated_id(seed: int, position: int) -> int:
+    """The id of the token generated at `position` for a request seeded `seed`: a common word,
+    deterministic, so equal requests answer alike."""
     return FIRST_WORD_ID + (seed * 31 + position * 7 + position // 5) % len(WORDS)
 
 

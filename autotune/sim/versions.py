@@ -84,10 +84,12 @@ class SglangVersion:
 
     @property
     def number(self) -> tuple[int, ...]:
+        """The release as numbers (`(0, 5, 23)`), for comparing releases."""
         return parse_version(self.name)
 
     @property
     def flags(self) -> tuple[Flag, ...]:
+        """The release's flag table, imported when first asked for."""
         flags: tuple[Flag, ...] = _table(self.table_module).FLAGS
         return flags
 

@@ -182,6 +182,9 @@ def patiently(
 
 @dataclass(frozen=True)
 class LoopEnd:
+    """Why the loop stopped (`budget`, `timeout`, `grid done`, `search done: …`, a wait for other
+    workers given up), with the trials this run ran and the trials counted in all."""
+
     why: str
     ran: int
     counted: int

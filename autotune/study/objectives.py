@@ -15,6 +15,7 @@ from autotune.trial.record import Measured
 
 
 def objective_values(m: Measured, objectives: Sequence[str]) -> list[float]:
+    """What a trial measured as Optuna's objective values, in the study's objectives' order."""
     table = {"capacity": float(m.capacity_tokens), "throughput": float(m.throughput_tok_s)}
     return [table[name] for name in objectives]
 
@@ -56,9 +57,12 @@ def _over(value: float | None, limit: float, broken: bool) -> float:
 
 
 def feasible(t: FrozenTrial) -> bool:
+    """Whether a stored trial finished and met every constraint (its view's `feasible`)."""
     return view(t).feasible
 
 
 def best_feasible_capacity(trials: Sequence[FrozenTrial]) -> int | None:
+    """The largest KV pool among the feasible trials, None while there is none: the figure the
+    progress line and `status` headline."""
     caps = [v.capacity_tokens or 0 for v in map(view, trials) if v.feasible]
     return max(caps) if caps else None

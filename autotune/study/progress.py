@@ -60,6 +60,8 @@ class Planned(NamedTuple):
 
 
 def workload_plan(spec: WorkloadSpec) -> tuple[Planned, ...]:
+    """The workload's phases as the progress line plans them: steady and Poisson phases with their
+    durations, warmup and stress phases whose length only a timed trial tells."""
     out = []
     for ph in spec.phases:
         if isinstance(ph, Steady | Poisson):
@@ -96,6 +98,9 @@ class Tally:
         phases: Mapping[str, float],
         workload_phases: Mapping[str, float] | None = None,
     ) -> None:
+        """Take in one finished trial: whether it counts, its feasible capacity, whether it ran out
+        of memory, and the seconds of its trial and workload phases, which the ETA is estimated
+        from."""
         self.done += 1 if counted else 0
         self.ooms += 1 if oom else 0
         if feasible_capacity is not None:
@@ -121,6 +126,8 @@ class Tally:
         return None
 
     def expected_workload_phase(self, p: Planned) -> float | None:
+        """How long workload phase `p` should take: the median of the trials that timed it, else its
+        planned duration (None for a phase not timed yet whose length is not planned)."""
         seen = self.workload_seconds.get(p.name)
         return statistics.median(seen) if seen else p.seconds
 
@@ -203,6 +210,7 @@ class Tally:
 
 
 def duration(seconds: float | None) -> str:
+    """Seconds as the progress line prints them: `45s`, `6m05s`, `2h07m`; `?` when unknown."""
     if seconds is None:
         return "?"
     s = round(seconds)
@@ -214,6 +222,7 @@ def duration(seconds: float | None) -> str:
 
 
 def params_text(params: Mapping[str, Scalar]) -> str:
+    """A trial's parameters as `name=value` words."""
     return " ".join(f"{k}={v}" for k, v in params.items())
 
 
@@ -320,6 +329,8 @@ class Progress:
     # events -------------------------------------------------------------------------------------
 
     def message(self, text: str) -> None:
+        """Print one permanent line above the status line (which is redrawn below it on a
+        terminal)."""
         with self._lock:
             self._clear()
             self._out.write(text + "\n")
@@ -327,6 +338,8 @@ class Progress:
             self._out.flush()
 
     def trial_started(self, k: int, number: int, params: Mapping[str, Scalar]) -> None:
+        """Announce trial `k` of the budget (study trial `number`) and its parameters, and start the
+        once-a-second redraw on a terminal."""
         now = self._clock()
         with self._lock:
             self._k, self._number, self._trial_t0 = k, number, now
@@ -337,6 +350,8 @@ class Progress:
             self._thread.start()
 
     def phase(self, name: str) -> None:
+        """The trial entered phase `name`: redraw the status line on a terminal, print it
+        elsewhere."""
         with self._lock:
             self._phase, self._phase_t0 = name, self._clock()
         if not self._live:
@@ -347,11 +362,13 @@ class Progress:
                 self._out.flush()
 
     def trial_finished(self, line: str) -> None:
+        """Print the trial's one-line summary and clear its phase."""
         with self._lock:
             self._phase = ""
         self.message(line)
 
     def close(self) -> None:
+        """Stop the redraw thread and clear the status line, leaving only the permanent lines."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)

@@ -78,6 +78,8 @@ class Rebuilt:
     queued: int
 
     def line(self, name: str, url: str) -> str:
+        """The one line `autotune rebuild` prints: how many trials came back from where, the storage
+        URL with its password redacted."""
         return (
             f"study {name} rebuilt in {redact(url)} from {self.folders} trial folders: "
             f"{self.as_stored} trials as the storage held them, {self.from_records} from their "

@@ -76,6 +76,8 @@ def storage_failure(exc: BaseException, url: str, doing: str) -> HarnessError:
 
 
 def default_storage_url(study_dir: Path) -> str:
+    """The SQLite storage in the study's folder (`results/NAME/study.db`), by absolute path so the
+    URL means the same from any working directory."""
     return f"sqlite:///{(study_dir / STUDY_DB).resolve()}"
 
 
@@ -240,9 +242,12 @@ class Worker:
 
     @staticmethod
     def current() -> Worker:
+        """This process as a worker: the host name, pid and process start time."""
         return Worker(socket.gethostname(), os.getpid(), _start_ticks(os.getpid()))
 
     def to_dict(self) -> dict[str, object]:
+        """The worker as the trial's `worker` attribute stores it (GPU group and machine only when
+        known)."""
         d: dict[str, object] = {"host": self.host, "pid": self.pid, "start_ticks": self.start_ticks}
         if self.gpus:
             d["gpus"] = self.gpus
@@ -252,6 +257,8 @@ class Worker:
 
     @staticmethod
     def from_dict(d: object) -> Worker | None:
+        """The worker a stored `worker` attribute names; None for anything malformed (an older or
+        foreign record), which then counts as an unknown worker."""
         if not isinstance(d, dict):
             return None
         try:
@@ -378,6 +385,7 @@ CREATE_ATTEMPTS = 5
 
 
 def describe(w: Worker | None) -> str:
+    """A worker for a message: `host pid N, GPUs 0,1`."""
     if w is None:
         return "an unknown worker"
     return f"{w.host} pid {w.pid}, GPUs {w.gpus or 'all'}"

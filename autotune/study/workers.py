@@ -218,6 +218,8 @@ HOST_ENV = "AUTOTUNE_WORKER_HOST"
 
 
 def current_worker(gpus: str, env: Mapping[str, str] = os.environ) -> Worker:
+    """This process as a worker of GPU group `gpus`, with the machine id, and the host name
+    `AUTOTUNE_WORKER_HOST` gives where host names are not unique."""
     w = Worker.current()
     host = env.get(HOST_ENV, "").strip() or w.host
     return dataclasses.replace(w, host=host, gpus=gpus, machine=machine_id())
@@ -265,10 +267,13 @@ class Beat:
         self.errors = 0
 
     def start(self) -> None:
+        """Record the heartbeat now, then start the thread that records it every `interval_s`."""
         self._record()
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop the heartbeat thread and wait for it (bounded by one interval and a margin for a
+        slow database)."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=self._interval_s + 30)

@@ -342,6 +342,8 @@ class StreamEvents:
         return b"data: %s,%s%s}" % (self._heads[kind], rest, pad)
 
     def chat_role(self) -> bytes:
+        """The first chat chunk SGLang sends: the assistant's role with empty content, before any
+        text."""
         delta = b'{"reasoning_content":null,"role":"assistant","content":""}'
         return self._openai("chat.completion.chunk", self._chat_choice(delta, b"null"))
 
@@ -722,6 +724,8 @@ def start(*args: str) -> Running:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """`python -m autotune.testing.fakeserver`: parse the options and serve until killed (with
+    `--log`, writing SGLang 0.5.9's log and acting out the `--mode` endings)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)

@@ -107,10 +107,14 @@ class Bench:
 
     @property
     def mismatch(self) -> Mismatch:
+        """Where the profile's world differs from what the memory model assumes (its `[mismatch]`
+        table)."""
         return self.profile.mismatch
 
     @property
     def study_config(self) -> StudyConfig:
+        """The profile's study as a `StudyConfig` on the simulator backend, for the samplers and the
+        review to read as they read a real one."""
         server = ServerConfig(
             backend="sim",
             command=(),
@@ -189,6 +193,8 @@ def over(own: Mismatch, extra: Mismatch) -> Mismatch:
 
 
 def server_settings(bench: Bench, params: Mapping[str, Scalar]) -> ServerSettings:
+    """The simulator's server settings for `params` on the bench's profile (its GPUs, and its draft
+    model when the bench runs speculative decoding)."""
     p = bench.profile
     h = float(params.get("hicache_size", 0) or 0)
     r = params.get("max_running_requests")

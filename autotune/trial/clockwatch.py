@@ -144,6 +144,7 @@ class ClockWatch:
 
     @property
     def pauses(self) -> tuple[Pause, ...]:
+        """The pauses seen so far, in order (a copy: the watching thread may add more)."""
         with self._lock:
             return tuple(self._pauses)
 

@@ -86,9 +86,14 @@ class LiveLauncher:
         self._api_key = workload.api_key()
 
     def extra_args(self) -> tuple[str, ...]:
+        """The flags added to every launch (the simulator's GPU-state folder), as the launcher was
+        given them."""
         return self._extra
 
     def stop_orphans(self) -> list[str]:
+        """Stop the servers a killed autotune left under the run folder (their pidfiles), mask their
+        logs, and wait for their GPUs to be free before the first launch; one line per server
+        handled."""
 
         records = [record for _, record in pidfile.records(self.run_dir)]
         lines = stop_orphans(
@@ -121,6 +126,8 @@ class LiveLauncher:
             scrub_file(log, self._api_key)
 
     def launch(self, plan: TrialPlan) -> ServerRun:
+        """Launch `plan`'s server through the lifecycle, with the API key, the study's time limits
+        and the foreign-GPU policy (wait when `foreign_wait_s` allows it, else refuse)."""
 
         key = ("--api-key", self._api_key) if self._api_key else ()
         spec = LaunchSpec(

@@ -32,6 +32,7 @@ class TrialPlan:
 
     @property
     def log_path(self) -> Path:
+        """The server's log, `server.log` in the trial folder."""
         return self.trial_dir / "server.log"
 
 

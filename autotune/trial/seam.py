@@ -71,17 +71,22 @@ class Stop:
 class ServerRun(Protocol):
     """One launched server."""
 
-    def wait_ready(self) -> Startup: ...
+    def wait_ready(self) -> Startup:
+        """Wait until the server is ready or its start ended, and report how it ended."""
 
-    def drive(self, ledger: Mapping[str, object]) -> Load: ...
+    def drive(self, ledger: Mapping[str, object]) -> Load:
+        """Run the workload against the ready server (`ledger`: the start's figures the driver sizes
+        phases by), and report what it measured."""
 
-    def stop(self) -> Stop: ...
+    def stop(self) -> Stop:
+        """Stop the server and prove it gone, whatever state it is in; report the teardown."""
 
 
 class Launcher(Protocol):
     """Starts servers; raises `HarnessError` (or `OSError`) when the machine cannot."""
 
-    def launch(self, plan: TrialPlan) -> ServerRun: ...
+    def launch(self, plan: TrialPlan) -> ServerRun:
+        """Start `plan`'s server and return its handle at once, before it is ready."""
 
     def extra_args(self) -> tuple[str, ...]:
         """Flags the backend adds to every launch (the simulator's GPU-state folder)."""

@@ -67,6 +67,8 @@ class TrialRecord:
     another process)."""
 
     def to_dict(self) -> dict[str, object]:
+        """The record as trial.json holds it: sequences as lists, the growth under its key's
+        name."""
         d = asdict(self)
         d["argv"] = list(self.argv)
         d["evidence"] = list(self.evidence)
@@ -77,6 +79,8 @@ class TrialRecord:
         return d
 
     def measured(self) -> Measured | None:
+        """What a complete trial measured, for its objectives and constraints; None for a trial that
+        did not complete (it is told as failed, without values)."""
         if self.state != "complete":
             return None
         return Measured(
