@@ -14,14 +14,14 @@ of 0, an upper bound. A launch that ran out of memory at startup after its pool 
 scores the predicted static free memory against 0 the same way.
 
 If the model is right, z is about standard normal. The widening factor `kappa` is the root mean
-square of the misses, shrunk towards 1 by `PRIOR_WEIGHT` launches' worth of a model that is
-right: `kappa² = (PRIOR_WEIGHT + Σ z²) / (PRIOR_WEIGHT + n)`, kept within `MIN_KAPPA`–`MAX_KAPPA`
-(below 1 when the launches land closer to the predictions than the model's spread says). Every probability
-the search computes divides the margin by `kappa · sd` instead of `sd`, so a model that missed
-by 3 sd once (kappa 1.9) needs about twice the margin before a setting counts as safe, and one
-that keeps hitting its predictions keeps its nerve. A miss on the optimistic side (the launch
-kept less than predicted) also shifts every prediction down by the mean such miss in GiB
-(`bias_gib`), since a world that took more than the model once will likely do so again.
+square of the misses, shrunk towards 1 by `PRIOR_WEIGHT` launches' worth of a model that is right:
+`kappa² = (PRIOR_WEIGHT + Σ z²) / (PRIOR_WEIGHT + n)`, kept within `MIN_KAPPA`–`MAX_KAPPA` (below 1
+when the launches land closer to the predictions than the model's spread says). Every probability
+the search computes divides the margin by `kappa · sd` instead of `sd`, so a model that missed by 3
+sd once (kappa 1.9) needs about twice the margin before a setting counts as safe, and one that
+keeps hitting its predictions keeps its nerve. A miss on the optimistic side (the launch kept less
+than predicted) also shifts every prediction down by the mean such miss in GiB (`bias_gib`), since
+a world that took more than the model once will likely do so again.
 """
 
 from __future__ import annotations

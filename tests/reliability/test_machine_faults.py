@@ -45,14 +45,7 @@ def _launch_failures(world: World, expected: str) -> None:
 
 
 def test_port_taken_by_a_foreign_process(world: World) -> None:
-    listener = world.stranger(
-        [sys.executable, "-c", "import socket, time\ns = socket.socket()\n"
-         "s.bind(('127.0.0.1', 0)); s.listen()\nprint(s.getsockname()[1], flush=True)\n"
-         "time.sleep(600)"],
-        stdout=subprocess.PIPE,
-    )  # fmt: skip
-    assert listener.stdout is not None
-    port = int(listener.stdout.readline())
+    port = world.foreign_listener()
     world.study(server=f"port = {port}", n_trials=3)
     _launch_failures(world, f"port {port} on 127.0.0.1 is in use by another process")
 
@@ -108,11 +101,7 @@ def test_sigkill_mid_trial_then_resume(world: World, flags: str) -> None:
     world.foreign_sleep()
     world.study(duration=30, n_trials=2, flags=flags)
     proc = world.start(*world.run_args())
-    log = world.study_dir / "trials/0000/server.log"
-    deadline = time.monotonic() + 60
-    while "fired up and ready" not in (log.read_text() if log.exists() else ""):
-        assert time.monotonic() < deadline and proc.poll() is None, "trial 0 never became ready"
-        time.sleep(0.1)
+    log = wait_for_log(world, proc, "fired up and ready")
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=30)
     assert world.leftovers(), f"the killed run leaves its server behind: {log.read_text()}"
@@ -272,13 +261,15 @@ def test_a_verdict_the_storage_never_takes_is_one_line_and_kept(tmp_path: Path) 
     password masked."""
     from autotune.errors import HarnessError
     from autotune.review.confirm import keep_verdict
+    from autotune.review.verdict import Verdict
 
     db = tmp_path / "study.db"
     study = optuna.create_study(study_name="s", storage=f"sqlite:///{db}")
     holder = sqlite3.connect(db, timeout=1)
     holder.execute("BEGIN EXCLUSIVE")
     notes: list[str] = []
-    verdict: dict[str, object] = {"passed": True, "folder": str(tmp_path)}
+    verdict = Verdict(params={"mem_fraction_static": 0.88}, passed=True, outcome="ok",
+                      folder=str(tmp_path))  # fmt: skip
     try:
         with pytest.raises(HarnessError) as caught:
             keep_verdict(
@@ -292,7 +283,8 @@ def test_a_verdict_the_storage_never_takes_is_one_line_and_kept(tmp_path: Path) 
     assert "\n" not in line and "database is locked" in line, line
     assert "postgresql://u:***@db/x" in line and "hunter22" not in line, line
     assert f"kept in {tmp_path / 'verdict.json'}" in line, line
-    assert json.loads((tmp_path / "verdict.json").read_text()) == verdict
+    kept = Verdict.from_attr(json.loads((tmp_path / "verdict.json").read_text()))
+    assert kept == verdict
     assert len(notes) == 1 and "trying again" in notes[0]
     assert (
         "confirmation"
@@ -395,11 +387,7 @@ def test_results_disk_fills_up_mid_trial(world: World, small_disk: Path) -> None
     world.foreign_sleep()
     world.study(duration=3, n_trials=2)
     proc = world.start(*world.run_args())
-    log = world.study_dir / "trials/0000/server.log"
-    deadline = time.monotonic() + 60
-    while "fired up and ready" not in (log.read_text() if log.exists() else ""):
-        assert time.monotonic() < deadline and proc.poll() is None, "trial 0 never became ready"
-        time.sleep(0.1)
+    wait_for_log(world, proc, "fired up and ready")
     ballast = _fill(small_disk)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, out + err
