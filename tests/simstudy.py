@@ -29,6 +29,34 @@ speculative-eagle-topk = 1
 speculative-num-draft-tokens = 4"""
 
 
+def workload(duration: float = 1.0, *, stress: bool = True) -> str:
+    """The `[workload]` table of `sim_study`, a blank line after it: a steady phase of
+    `duration` seconds at 8 requests in flight, then (with `stress`) one stress round of two
+    8K-token prompts."""
+    text = f"""[workload]
+input_len = {{ dist = "uniform", min = 200, max = 600 }}
+output_len = 16
+request_timeout_s = 30
+drain_timeout_s = 5
+
+[[workload.phases]]
+kind = "steady"
+concurrency = 8
+duration_s = {duration}
+
+"""
+    if stress:
+        text += """[[workload.phases]]
+kind = "stress"
+rounds = 1
+requests = 2
+input_len = 8192
+output_len = 4
+
+"""
+    return text
+
+
 def sim_study(
     *,
     low: float = 0.88,
@@ -72,25 +100,7 @@ release_s = 10
 
 {space}
 
-[workload]
-input_len = {{ dist = "uniform", min = 200, max = 600 }}
-output_len = 16
-request_timeout_s = 30
-drain_timeout_s = 5
-
-[[workload.phases]]
-kind = "steady"
-concurrency = 8
-duration_s = {duration}
-
-[[workload.phases]]
-kind = "stress"
-rounds = 1
-requests = 2
-input_len = 8192
-output_len = 4
-
-{constraints}[budget]
+{workload(duration)}{constraints}[budget]
 n_trials = {n_trials}
 {tail}"""
 

@@ -12,6 +12,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 LINT = Path(sys.executable).with_name("lint-imports")
 PACKAGES = frozenset(p.parent.name for p in (ROOT / "autotune").glob("*/__init__.py"))
@@ -51,22 +53,31 @@ def test_the_contracts_hold(tmp_path: Path) -> None:
     assert "0 broken" in result.stdout
 
 
-def test_an_upward_import_breaks_the_layers(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("module", "line", "message"),
+    [
+        (
+            "memory/model.py",
+            "from autotune.review import winner",
+            "autotune.memory is not allowed to import autotune.review",
+        ),
+        (
+            "sim/server.py",
+            "from autotune.errors import UsageError",
+            "autotune.sim.server -> autotune.errors",
+        ),
+    ],
+    ids=["an-upward-import-breaks-the-layers", "the-simulator-imports-nothing-outside-it"],
+)
+def test_a_forbidden_import_breaks_a_contract(
+    tmp_path: Path, module: str, line: str, message: str
+) -> None:
     tree = _copy(tmp_path)
-    model = tree / "autotune" / "memory" / "model.py"
-    model.write_text(model.read_text() + "\nfrom autotune.review import winner  # noqa\n")
+    path = tree / "autotune" / module
+    path.write_text(path.read_text() + f"\n{line}  # noqa\n")
     result = _lint(tree)
     assert result.returncode == 1
-    assert "autotune.memory is not allowed to import autotune.review" in result.stdout
-
-
-def test_the_simulator_imports_nothing_outside_it(tmp_path: Path) -> None:
-    tree = _copy(tmp_path)
-    server = tree / "autotune" / "sim" / "server.py"
-    server.write_text(server.read_text() + "\nfrom autotune.errors import UsageError  # noqa\n")
-    result = _lint(tree)
-    assert result.returncode == 1
-    assert "autotune.sim.server -> autotune.errors" in result.stdout
+    assert message in result.stdout
 
 
 def _test_files(folder: Path) -> list[Path]:

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from autotune.config.studyfile import (
+    BACKENDS,
     SAMPLERS,
     SHIPPED_STUDIES,
     StudyConfig,
@@ -46,6 +47,27 @@ def add_study_args(p: argparse.ArgumentParser) -> None:
         default=Path("results"),
         help="where the study's folder NAME/ goes (default results)",
     )
+
+
+def add_backend_arg(p: argparse.ArgumentParser) -> None:
+    """`--backend`: the subcommands that launch a server may override `server.backend`
+    (`resolve_config` applies it)."""
+    p.add_argument("--backend", choices=BACKENDS, help="override server.backend")
+
+
+def add_fraction_arg(p: argparse.ArgumentParser, help: str) -> None:
+    """`--fraction F`, repeatable: further mem_fraction_static values to say what they would give
+    (read back with `fractions`)."""
+    p.add_argument("--fraction", type=float, action="append", metavar="F", help=help)
+
+
+def fractions(args: argparse.Namespace) -> list[float]:
+    """The `--fraction` values, each checked to lie strictly between 0 and 1."""
+    values: list[float] = args.fraction or []
+    for f in values:
+        if not 0.0 < f < 1.0:
+            raise UsageError(f"--fraction {f:g}: must be between 0 and 1")
+    return values
 
 
 def resolve_config(args: argparse.Namespace) -> StudyConfig:

@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "the export's margin was sized for, long enough for the growth the trials measured "
         f"to eat the spare headroom; {DEFAULT_SOAK_FACTOR:g} where they measured none)",
     )
-    p.add_argument("--backend", choices=("sim", "sglang"), help="override server.backend")
+    common.add_backend_arg(p)
     p.add_argument(
         "--wait",
         action="store_true",

@@ -19,13 +19,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     common.add_review_args(p)
     p.add_argument("--trial", type=int, metavar="N", help="trial number (default: the winner)")
-    p.add_argument(
-        "--fraction",
-        type=float,
-        action="append",
-        metavar="F",
-        help="also say what this mem_fraction_static would give (repeatable)",
-    )
+    common.add_fraction_arg(p, "also say what this mem_fraction_static would give (repeatable)")
     p.set_defaults(handler=handle)
 
 
@@ -40,9 +34,7 @@ def handle(args: argparse.Namespace) -> int:
                 f"study {review.name} has no feasible trial to explain yet; pass --trial N"
             )
         number = review.winner.trial
-    for f in args.fraction or ():
-        if not 0.0 < f < 1.0:
-            raise UsageError(f"--fraction {f:g}: must be between 0 and 1")
-    text = explain(review, review.trial(number), extra=args.fraction or ())
+    extra = common.fractions(args)
+    text = explain(review, review.trial(number), extra=extra)
     sys.stdout.write(review.scrub(text))
     return 0

@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common.add_review_args(p)
     p.add_argument("--format", default="shell", metavar="FORMAT", help=", ".join(FORMATS))
     p.add_argument("--trial", type=int, metavar="N", help="export trial N as it ran (no margin)")
-    p.add_argument("--backend", choices=("sim", "sglang"), help="override server.backend")
+    common.add_backend_arg(p)
     p.add_argument(
         "--force",
         action="store_true",

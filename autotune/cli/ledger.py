@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from autotune.errors import UsageError
+from autotune.cli import common
 from autotune.review.ledgerview import as_json, as_text, read_log, summarize_log
 from autotune.review.whatif import as_text as what_if_text
 from autotune.review.whatif import what_if
@@ -34,25 +34,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("logfile", type=Path, help="an SGLang server log")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument(
-        "--fraction",
-        type=float,
-        action="append",
-        metavar="F",
-        help="also predict this mem_fraction_static (repeatable)",
-    )
+    common.add_fraction_arg(p, "also predict this mem_fraction_static (repeatable)")
     p.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
     """Print the ledger, outcome and serving summary of `LOGFILE`, with what other fractions would
     give, as text or (`--json`) one object."""
-    for f in args.fraction or ():
-        if not 0.0 < f < 1.0:
-            raise UsageError(f"--fraction {f:g}: must be between 0 and 1")
+    extra = common.fractions(args)
     log = read_log(args.logfile)
     ledger, verdict, serving = summarize_log(log)
-    other = what_if(ledger, extra=args.fraction or ())
+    other = what_if(ledger, extra=extra)
     if args.json:
         doc = json.loads(as_json(ledger, verdict, serving, log))
         doc["what_if"] = other.to_dict() if other is not None else None

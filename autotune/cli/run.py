@@ -13,7 +13,14 @@ import contextlib
 import sys
 from pathlib import Path
 
-from autotune.cli.common import add_study_args, resolve_config, stop_signals, storage_url, study_dir
+from autotune.cli.common import (
+    add_backend_arg,
+    add_study_args,
+    resolve_config,
+    stop_signals,
+    storage_url,
+    study_dir,
+)
 from autotune.config.studyfile import SAMPLERS
 from autotune.errors import UsageError
 from autotune.server.hostcheck import check_host
@@ -38,7 +45,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Run a study; re-running the same command resumes it.",
     )
     add_study_args(p)
-    p.add_argument("--backend", choices=("sim", "sglang"), help="override server.backend")
+    add_backend_arg(p)
     p.add_argument("--n-trials", type=int, metavar="N", help="trials to finish (budget.n_trials)")
     p.add_argument("--timeout", type=float, metavar="SECONDS", help="no new trial after this long")
     p.add_argument(

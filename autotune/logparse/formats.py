@@ -64,6 +64,14 @@ _GEMM = "layers/deep_gemm_wrapper/compile_utils.py"
 _BATCH = "managers/schedule_batch.py"
 _NET = "utils/network.py"
 
+# The MHA pool's allocation line: a rule of its own, and the last piece of a labelled pool's line.
+_MHA_POOL = Source(
+    _POOL,
+    "{cache_name} {'VA upper bound' if self.post_capture_active else 'is allocated'}. "
+    "dtype: {self.dtype}, #tokens: {num_tokens}, K size: {k_size_GB:.2f} GB, "
+    "V size: {v_size_GB:.2f} GB",
+)
+
 RULES: tuple[Rule, ...] = (
     # -- startup, in order -------------------------------------------------------------------
     _r(
@@ -171,27 +179,13 @@ RULES: tuple[Rule, ...] = (
             "dtype: {self.dtype}, #tokens: {num_tokens}, KV size: {kv_size_GB:.2f} GB",
         ),
     ),
-    _r(
-        "kv_allocated_mha",
-        "kv_allocated",
-        Source(
-            _POOL,
-            "{cache_name} {'VA upper bound' if self.post_capture_active else 'is allocated'}. "
-            "dtype: {self.dtype}, #tokens: {num_tokens}, K size: {k_size_GB:.2f} GB, "
-            "V size: {v_size_GB:.2f} GB",
-        ),
-    ),
+    _r("kv_allocated_mha", "kv_allocated", _MHA_POOL),
     _r(
         "kv_allocated_labelled",
         "kv_allocated",
         Source(_POOL, "{self.allocation_label} KV Cache"),
         Source("mem_cache/swa_memory_pool.py", "SWA", "plain"),
-        Source(
-            _POOL,
-            "{cache_name} {'VA upper bound' if self.post_capture_active else 'is allocated'}. "
-            "dtype: {self.dtype}, #tokens: {num_tokens}, K size: {k_size_GB:.2f} GB, "
-            "V size: {v_size_GB:.2f} GB",
-        ),
+        _MHA_POOL,
     ),
     _r(
         "memory_pool_end",

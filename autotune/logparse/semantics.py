@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from autotune.logparse.events import Event, Kind
+from autotune.logparse.events import STARTUP_KINDS, Event, Kind
 
 
 @dataclass(frozen=True)
@@ -76,23 +76,9 @@ _ONLY_0_5_23 = frozenset({Kind.MEMORY_BASELINE, Kind.HICACHE_AUTOSIZE, Kind.HOST
 _SINCE_0_5_18 = frozenset(
     {Kind.STARTUP_TIMINGS, Kind.SUBPROCESS_CRASHED, Kind.HICACHE_SMALLER, Kind.POST_CAPTURE}
 )
-_SGLANG_LINES = frozenset(
-    {
-        Kind.SERVER_ARGS,
-        Kind.DIST_INIT_BEGIN,
-        Kind.DIST_INIT_END,
-        Kind.WEIGHT_LOAD_BEGIN,
-        Kind.WEIGHT_LOAD_END,
-        Kind.KV_ALLOCATED,
-        Kind.MEMORY_POOL_END,
-        Kind.GRAPH_CAPTURE_BEGIN,
-        Kind.GRAPH_CAPTURE_END,
-        Kind.SCHEDULER_SUMMARY,
-        Kind.READY,
-        Kind.RANK_DEAD,
-        Kind.NO_KV_ROOM,
-    }
-)
+# Lines that make a log SGLang's: its start lines and the ready, rank-death and no-room lines.
+# (The start lines only later releases print are decided by the two sets above first.)
+_SGLANG_LINES = STARTUP_KINDS | {Kind.READY, Kind.RANK_DEAD, Kind.NO_KV_ROOM}
 
 
 def _since_0_5_23(e: Event) -> str | None:

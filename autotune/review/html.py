@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 import plotly.offline
 
+from autotune.review import style
 from autotune.review.plotdata import (
     CapacityData,
     FeasibilityData,
@@ -34,6 +35,11 @@ _LAYOUT: dict[str, Any] = {
     "margin": {"l": 70, "r": 20, "t": 50, "b": 60},
     "legend": {"orientation": "h", "y": -0.2},
 }
+
+
+def _framed(frame: style.Frame) -> dict[str, Any]:
+    """The layout of a one-axis figure: its frame's titles on the page's common layout."""
+    return {"title": frame.title, "xaxis_title": frame.x, "yaxis_title": frame.y, **_LAYOUT}
 
 
 def e(text: object) -> str:
@@ -62,6 +68,11 @@ def _scatter_by_kind(points: Sequence[Point], fmt: str, **kw: Any) -> list[go.Sc
     return traces
 
 
+def _line(x: Sequence[float], y: Sequence[float], name: str, line: dict[str, Any]) -> go.Scatter:
+    """A line to read the points by (a front, a fit, a running best): no hover of its own."""
+    return go.Scatter(x=list(x), y=list(y), mode="lines", name=name, line=line, hoverinfo="skip")
+
+
 def fig_pareto(d: ParetoData) -> go.Figure:
     """The capacity × throughput scatter, with the feasible Pareto front and the exported point
     starred."""
@@ -69,15 +80,9 @@ def fig_pareto(d: ParetoData) -> go.Figure:
     by = {p.number: p for p in d.points}
     front = [by[n] for n in d.front if n in by]
     if front:
+        front_line = {"color": LINE_COLOR, "dash": "dot"}
         fig.add_trace(
-            go.Scatter(
-                x=[p.x for p in front],
-                y=[p.y for p in front],
-                mode="lines",
-                name="Pareto front (feasible)",
-                line={"color": LINE_COLOR, "dash": "dot"},
-                hoverinfo="skip",
-            )
+            _line([p.x for p in front], [p.y for p in front], "Pareto front (feasible)", front_line)
         )
     if d.winner is not None and d.winner in by:
         w = by[d.winner]
@@ -97,24 +102,14 @@ def fig_pareto(d: ParetoData) -> go.Figure:
                 hovertemplate=f"{e(label)} {e(w.label)}<extra></extra>",
             )
         )
-    fig.update_layout(
-        title="Capacity vs throughput",
-        xaxis_title="KV capacity (tokens)",
-        yaxis_title="output throughput (tok/s)",
-        **_LAYOUT,
-    )
+    fig.update_layout(**_framed(style.PARETO))
     return fig
 
 
 def fig_feasibility(d: FeasibilityData) -> go.Figure:
     """The map of outcomes over `mem_fraction_static` × `max_running_requests`."""
     fig = go.Figure(_scatter_by_kind(d.points, "f=%{x}<br>max_running_requests=%{y}"))
-    fig.update_layout(
-        title="Feasibility: mem_fraction_static × max_running_requests",
-        xaxis_title="mem_fraction_static",
-        yaxis_title="max_running_requests",
-        **_LAYOUT,
-    )
+    fig.update_layout(**_framed(style.FEASIBILITY))
     return fig
 
 
@@ -123,16 +118,7 @@ def fig_capacity(d: CapacityData) -> go.Figure:
     them and the first OOM and highest feasible fractions marked."""
     fig = go.Figure(_scatter_by_kind(d.points, "f=%{x}<br>%{y:,.0f} tokens"))
     if d.line_x:
-        fig.add_trace(
-            go.Scatter(
-                x=list(d.line_x),
-                y=list(d.line_y),
-                mode="lines",
-                name=e(d.line_source),
-                line={"color": LINE_COLOR},
-                hoverinfo="skip",
-            )
-        )
+        fig.add_trace(_line(d.line_x, d.line_y, e(d.line_source), {"color": LINE_COLOR}))
     if d.oom_edge is not None:
         fig.add_vline(
             x=d.oom_edge,
@@ -146,12 +132,7 @@ def fig_capacity(d: CapacityData) -> go.Figure:
             annotation_text=f"highest feasible {d.stable_edge:g}",
             annotation_position="bottom right",
         )
-    fig.update_layout(
-        title="KV capacity vs mem_fraction_static",
-        xaxis_title="mem_fraction_static",
-        yaxis_title="max_total_num_tokens",
-        **_LAYOUT,
-    )
+    fig.update_layout(**_framed(style.CAPACITY))
     return fig
 
 
@@ -285,10 +266,10 @@ def fig_load(d: LoadData) -> go.Figure:
             )
         )
     fig.update_layout(
-        title="Throughput and latency vs max_running_requests"
+        title=style.LOAD.title
         + (f"<br><sup>{e(d.flat)}; only latency is drawn</sup>" if d.flat else ""),
-        xaxis_title="max_running_requests",
-        yaxis={"title": "output throughput (tok/s)"},
+        xaxis_title=style.LOAD.x,
+        yaxis={"title": style.LOAD.y},
         yaxis2={"title": "latency (ms)", "overlaying": "y", "side": "right"},
         **_LAYOUT,
     )
@@ -300,22 +281,9 @@ def fig_history(d: HistoryData) -> go.Figure:
     line."""
     fig = go.Figure(_scatter_by_kind(d.points, "trial %{x}<br>%{y:,.0f} tokens"))
     if d.best_x:
-        fig.add_trace(
-            go.Scatter(
-                x=list(d.best_x),
-                y=list(d.best_y),
-                mode="lines",
-                line={"shape": "hv", "color": LINE_COLOR},
-                name="best feasible so far",
-                hoverinfo="skip",
-            )
-        )
-    fig.update_layout(
-        title="Search history",
-        xaxis_title="trial",
-        yaxis_title="KV capacity (tokens)",
-        **_LAYOUT,
-    )
+        best_line = {"shape": "hv", "color": LINE_COLOR}
+        fig.add_trace(_line(d.best_x, d.best_y, "best feasible so far", best_line))
+    fig.update_layout(**_framed(style.HISTORY))
     return fig
 
 

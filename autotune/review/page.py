@@ -19,6 +19,7 @@ from autotune.review import plotdata as pd
 from autotune.review import png
 from autotune.review.headline import headline
 from autotune.review.source import Review
+from autotune.review.style import CAPACITY, LOAD, PARETO
 from autotune.review.winner import DEFAULT_TOLERANCE
 
 MAX_LEDGER_PNGS = 200
@@ -168,18 +169,14 @@ def render_page(
     parts.append("<h2>Why: the memory arithmetic</h2>")
     parts.append(f"<pre>{e(explanation)}</pre>" if explanation else "<p>no feasible trial</p>")
     parts.append('<h2>Figures</h2><div class="grid">')
-    parts.append(_figure(h.fig_pareto, figs.pareto, "pareto", "Capacity vs throughput"))
-    parts.append(
-        _figure(h.fig_capacity, figs.capacity, "capacity", "KV capacity vs mem_fraction_static")
-    )
+    parts.append(_figure(h.fig_pareto, figs.pareto, "pareto", PARETO.title))
+    parts.append(_figure(h.fig_capacity, figs.capacity, "capacity", CAPACITY.title))
     parts.append(_figure(h.fig_feasibility, figs.feasibility, "feasibility", "Feasibility map"))
     parts.append(h.figure_div(h.fig_history(figs.history), "history"))
     parts.append("</div>")
     if figs.waterfalls:
         parts.append(h.figure_div(h.fig_waterfalls(figs.waterfalls), "ledger"))
-    parts.append(
-        _figure(h.fig_load, figs.load, "load", "Throughput and latency vs max_running_requests")
-    )
+    parts.append(_figure(h.fig_load, figs.load, "load", LOAD.title))
     parts.append("<h2>Trials</h2>")
     parts.append(h.table_html(figs.rows, {k: v for k, v in hrefs.items() if v}, _winner_no(review)))
     body = "\n".join(parts)

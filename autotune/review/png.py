@@ -15,6 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from autotune.review import style
 from autotune.review.plotdata import (
     CapacityData,
     FeasibilityData,
@@ -85,6 +86,15 @@ def _legend(ax: Axes) -> None:
         ax.legend(fontsize=8, loc="best")
 
 
+def _finish(fig: Figure, ax: Axes, frame: style.Frame, path: Path) -> Path:
+    """`frame`'s titles and the legend on `ax`, then `fig` saved to `path`."""
+    ax.set_title(frame.title)
+    ax.set_xlabel(frame.x)
+    ax.set_ylabel(frame.y)
+    _legend(ax)
+    return _save(fig, path)
+
+
 def note_png(title: str, note: str, path: Path) -> Path:
     """A figure that would say nothing, drawn as the sentence that says why."""
     fig = Figure(figsize=SIZE, dpi=DPI, layout="constrained")
@@ -101,7 +111,7 @@ def pareto_png(d: ParetoData, path: Path) -> Path:
     """The capacity × throughput figure as a PNG at `path` (the note's text instead when it has
     one)."""
     if d.note:
-        return note_png("Capacity vs throughput", d.note, path)
+        return note_png(style.PARETO.title, d.note, path)
     fig, ax = _new()
     _scatter(ax, d.points)
     by = {p.number: p for p in d.points}
@@ -115,32 +125,24 @@ def pareto_png(d: ParetoData, path: Path) -> Path:
         ax.scatter([w.x], [w.y], marker="*", s=380, color=WINNER_COLOR, edgecolors="black",
                    zorder=4, label=label)  # fmt: skip
     _numbers(ax, d.points)
-    ax.set_title("Capacity vs throughput")
-    ax.set_xlabel("KV capacity (tokens)")
-    ax.set_ylabel("output throughput (tok/s)")
     ax.xaxis.set_major_formatter(_thousands)
-    _legend(ax)
-    return _save(fig, path)
+    return _finish(fig, ax, style.PARETO, path)
 
 
 def feasibility_png(d: FeasibilityData, path: Path) -> Path:
     """The outcome map as a PNG at `path` (the note's text instead when it has one)."""
     if d.note:
-        return note_png("Feasibility: mem_fraction_static × max_running_requests", d.note, path)
+        return note_png(style.FEASIBILITY.title, d.note, path)
     fig, ax = _new()
     _scatter(ax, d.points)
     _numbers(ax, d.points)
-    ax.set_title("Feasibility: mem_fraction_static × max_running_requests")
-    ax.set_xlabel("mem_fraction_static")
-    ax.set_ylabel("max_running_requests")
-    _legend(ax)
-    return _save(fig, path)
+    return _finish(fig, ax, style.FEASIBILITY, path)
 
 
 def capacity_png(d: CapacityData, path: Path) -> Path:
     """The capacity figure as a PNG at `path` (the note's text instead when it has one)."""
     if d.note:
-        return note_png("KV capacity vs mem_fraction_static", d.note, path)
+        return note_png(style.CAPACITY.title, d.note, path)
     fig, ax = _new()
     _scatter(ax, d.points)
     if d.line_x:
@@ -151,12 +153,8 @@ def capacity_png(d: CapacityData, path: Path) -> Path:
     if d.stable_edge is not None:
         ax.axvline(d.stable_edge, color=LOOKS["feasible"].color, ls=":", lw=1,
                    label=f"highest feasible {d.stable_edge:g}")  # fmt: skip
-    ax.set_title("KV capacity vs mem_fraction_static")
-    ax.set_xlabel("mem_fraction_static")
-    ax.set_ylabel("max_total_num_tokens")
     ax.yaxis.set_major_formatter(_thousands)
-    _legend(ax)
-    return _save(fig, path)
+    return _finish(fig, ax, style.CAPACITY, path)
 
 
 def waterfall_png(d: WaterfallData, path: Path) -> Path:
@@ -213,7 +211,7 @@ def load_png(d: LoadData, path: Path) -> Path:
     """The load figure as a PNG at `path`, latency on a second axis (the note's text instead when it
     has one)."""
     if d.note:
-        return note_png("Throughput and latency vs max_running_requests", d.note, path)
+        return note_png(style.LOAD.title, d.note, path)
     fig, ax = _new()
     pts = d.points
     served = [p for p in pts if p.throughput is not None and not d.flat]
@@ -224,8 +222,8 @@ def load_png(d: LoadData, path: Path) -> Path:
         label="throughput (tok/s)",
         zorder=3,
     )
-    ax.set_xlabel("max_running_requests")
-    ax.set_ylabel("output throughput (tok/s)")
+    ax.set_xlabel(style.LOAD.x)
+    ax.set_ylabel(style.LOAD.y)
     ax2 = ax.twinx()
     for attr, name, color in (("p99_ttft_ms", "p99 TTFT (ms)", "#9467bd"),
                               ("p99_itl_ms", "p99 ITL (ms)", "#8c564b")):  # fmt: skip
@@ -233,9 +231,8 @@ def load_png(d: LoadData, path: Path) -> Path:
         ys = [getattr(p, attr) for p in pts if getattr(p, attr) is not None]
         ax2.scatter(xs, ys, marker="^", color=color, label=name, zorder=3)
     ax2.set_ylabel("latency (ms)")
-    title = "Throughput and latency vs max_running_requests"
     flat = textwrap.fill(f"{d.flat}; only latency is drawn", 90) if d.flat else ""
-    ax.set_title(title + (f"\n{flat}" if flat else ""), fontsize=10 if not flat else 8)
+    ax.set_title(style.LOAD.title + (f"\n{flat}" if flat else ""), fontsize=10 if not flat else 8)
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
     if h1 or h2:
@@ -249,12 +246,8 @@ def history_png(d: HistoryData, path: Path) -> Path:
     _scatter(ax, d.points)
     if d.best_x:
         ax.step(d.best_x, d.best_y, where="post", color=LINE_COLOR, label="best feasible so far")
-    ax.set_title("Search history")
-    ax.set_xlabel("trial")
-    ax.set_ylabel("KV capacity (tokens)")
     ax.yaxis.set_major_formatter(_thousands)
-    _legend(ax)
-    return _save(fig, path)
+    return _finish(fig, ax, style.HISTORY, path)
 
 
 def _thousands_fmt(x: float, pos: int | None = None) -> str:

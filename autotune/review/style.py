@@ -24,3 +24,28 @@ LOOKS = {
 }
 WINNER_COLOR = "#f2b705"
 LINE_COLOR = "#4a4a4a"
+
+
+class Frame(NamedTuple):
+    """A figure's title and axis titles, the same on the HTML page and in the PNG."""
+
+    title: str
+    x: str
+    y: str
+
+
+PARETO = Frame("Capacity vs throughput", "KV capacity (tokens)", "output throughput (tok/s)")
+FEASIBILITY = Frame(
+    "Feasibility: mem_fraction_static × max_running_requests",
+    "mem_fraction_static",
+    "max_running_requests",
+)
+CAPACITY = Frame(
+    "KV capacity vs mem_fraction_static", "mem_fraction_static", "max_total_num_tokens"
+)
+LOAD = Frame(
+    "Throughput and latency vs max_running_requests",
+    "max_running_requests",
+    "output throughput (tok/s)",
+)
+HISTORY = Frame("Search history", "trial", "KV capacity (tokens)")

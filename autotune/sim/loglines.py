@@ -91,16 +91,20 @@ def fmt_capture_bs(sizes: Sequence[int]) -> str:
     return f"Capture cuda graph bs {list(sizes)}"
 
 
-def fmt_capture_bar(sizes: Sequence[int], avail: float, elapsed: float) -> str:
-    """tqdm's last state of the capture loop over `sizes` (`Capturing batches (bs=…
-    avail_mem=…)`)."""
-    n = len(sizes)
-    bar = "█" * 10
+def _bar(desc: str, n: int, elapsed: float) -> str:
+    """tqdm's last state for a capture loop of `n` items that took `elapsed` seconds."""
     secs = int(elapsed)
     rate = n / elapsed if elapsed > 0 else 0.0
     return (
-        f"Capturing batches (bs={min(sizes)} avail_mem={gb(avail)} GB): 100%|{bar}| {n}/{n} "
-        f"[{secs // 60:02d}:{secs % 60:02d}<00:00, {rate:.2f}it/s]"
+        f"{desc}: 100%|{'█' * 10}| {n}/{n} [{secs // 60:02d}:{secs % 60:02d}<00:00, {rate:.2f}it/s]"
+    )
+
+
+def fmt_capture_bar(sizes: Sequence[int], avail: float, elapsed: float) -> str:
+    """tqdm's last state of the capture loop over `sizes` (`Capturing batches (bs=…
+    avail_mem=…)`)."""
+    return _bar(
+        f"Capturing batches (bs={min(sizes)} avail_mem={gb(avail)} GB)", len(sizes), elapsed
     )
 
 
@@ -211,15 +215,6 @@ CAPTURE_ADVICE_0523 = (
     "(Not recommended. Huge performance loss)\n"
     "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose \n"
 )
-
-
-def _bar(desc: str, n: int, elapsed: float) -> str:
-    """tqdm's last state for a capture loop of `n` items that took `elapsed` seconds."""
-    secs = int(elapsed)
-    rate = n / elapsed if elapsed > 0 else 0.0
-    return (
-        f"{desc}: 100%|{'█' * 10}| {n}/{n} [{secs // 60:02d}:{secs % 60:02d}<00:00, {rate:.2f}it/s]"
-    )
 
 
 @dataclass(frozen=True)

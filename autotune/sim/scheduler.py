@@ -408,14 +408,9 @@ class Scheduler:
         running_before = len(self.running)
         seconds = prefill_time_s(self.profile, new_tokens)
         seconds += loaded * self.plan.cell_bytes / (self.profile.hardware.host_to_device_gbps * 1e9)
-        oom = self._check_oom(new_tokens, 0)
-        if oom is not None:
-            await self._sleep_step(seconds / 2)
-            self._fatal_oom(oom)
+        now = await self._forward(seconds, new_tokens, 0)
+        if now is None:
             return
-        await self._sleep_step(seconds)
-        now = time.perf_counter()
-        self._forward_ct += 1
         newly_running = []
         for req, take in batch:
             req.filled += take
@@ -531,14 +526,9 @@ class Scheduler:
         graph = bs <= self.max_captured
         kv = sum(r.filled + len(r.output_ids) for r in self.running)
         seconds = decode_time_s(self.profile, bs, kv, graph)
-        oom = self._check_oom(0, bs)
-        if oom is not None:
-            await self._sleep_step(seconds / 2)
-            self._fatal_oom(oom)
+        now = await self._forward(seconds, 0, bs)
+        if now is None:
             return
-        await self._sleep_step(seconds)
-        now = time.perf_counter()
-        self._forward_ct += 1
         self._decode_steps += 1
         if self.ratio > self.min_ratio:
             step = (self.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
@@ -614,6 +604,19 @@ class Scheduler:
         self._stopped = True
         if self.on_oom is not None:
             self.on_oom("oom", peak, self.plan.avail_final_gib or 0.0)
+
+    async def _forward(self, seconds: float, prefill_tokens: int, decode_seqs: int) -> float | None:
+        """One forward of `seconds`: when its peak does not fit, the server dies of it halfway
+        through (None); otherwise the clock once it is done, the forward counted."""
+        oom = self._check_oom(prefill_tokens, decode_seqs)
+        if oom is not None:
+            await self._sleep_step(seconds / 2)
+            self._fatal_oom(oom)
+            return None
+        await self._sleep_step(seconds)
+        now = time.perf_counter()
+        self._forward_ct += 1
+        return now
 
     # ---- loop ---------------------------------------------------------------------------------
 

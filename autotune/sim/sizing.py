@@ -188,30 +188,30 @@ def prefill_capture_tokens(max_bs: int) -> tuple[int, ...]:
     return tuple(s for s in sizes if s <= max_bs)
 
 
+def _graph_law_gib(
+    base_gib: float, mib_per_size: float, mib_per_token: float, sizes: Sequence[int], per: int
+) -> float:
+    """The CUDA-graph memory law (`profiles.CudaGraph`): a base, a part per captured size and a
+    part per token of the largest, `per` tokens to a size; 0 when nothing is captured."""
+    if not sizes:
+        return 0.0
+    return base_gib + mib_per_size * len(sizes) / 1024.0 + mib_per_token * max(sizes) * per / 1024.0
+
+
 def graph_memory_gib(profile: Profile, sizes: Sequence[int], tokens_per_bs: int) -> float:
     """What the decode CUDA graphs of batch sizes `sizes` cost: a base, a part per captured size and
     a part per token of the largest batch, `tokens_per_bs` tokens per request (more than one for
     a speculative verify)."""
-    if not sizes:
-        return 0.0
     g = profile.cuda_graph
-    return (
-        g.base_gib
-        + g.mib_per_size * len(sizes) / 1024.0
-        + g.mib_per_token * max(sizes) * tokens_per_bs / 1024.0
-    )
+    return _graph_law_gib(g.base_gib, g.mib_per_size, g.mib_per_token, sizes, tokens_per_bs)
 
 
 def prefill_graph_memory_gib(profile: Profile, tokens: Sequence[int]) -> float:
     """What 0.5.23's prefill CUDA graphs of token counts `tokens` cost: a base, a part per captured
     count and a part per token of the largest."""
-    if not tokens:
-        return 0.0
     g = profile.cuda_graph
-    return (
-        g.prefill_base_gib
-        + g.prefill_mib_per_size * len(tokens) / 1024.0
-        + g.prefill_mib_per_token * max(tokens) / 1024.0
+    return _graph_law_gib(
+        g.prefill_base_gib, g.prefill_mib_per_size, g.prefill_mib_per_token, tokens, 1
     )
 
 

@@ -47,7 +47,7 @@ from autotune.sim.loglines import (
     fmt_post_capture,
 )
 from autotune.sim.logwriter import LogWriter
-from autotune.sim.memplan import StartupPlan, plan_startup, unbalanced_ranks
+from autotune.sim.memplan import StartupFailure, StartupPlan, plan_startup, unbalanced_ranks
 from autotune.sim.profiles import Profile
 from autotune.sim.serverargs import args_repr, resolved_args
 from autotune.sim.sizing import GiB
@@ -149,6 +149,17 @@ class StartupSequence:
         self.log.main("Received sigquit from a child process. It usually means the child failed.")
         self.kill_tree()
         self.die()
+
+    async def graph_oom(self, fail: StartupFailure | None, stage: str, duration: float) -> None:
+        """Where `fail` is in the graph capture `stage` (prefill or draft graphs): die 30% into
+        its `duration` of torch's out-of-memory error under the capture frames."""
+        if fail is not None and fail.stage == stage:
+            await self.phase(duration * 0.3)
+            self.crash_startup(
+                list(range(self.s.tp_size)),
+                (*self.lines.init_frames, *self.lines.graph_frames),
+                self.oom_text(fail.tried_gib, fail.free_gib),
+            )
 
     def oom_text(self, tried: float, free: float) -> str:
         """torch's CUDA out-of-memory message for an allocation of `tried` GiB with `free` GiB left,
@@ -480,14 +491,7 @@ class StartupSequence:
         shape = CaptureShape(tokens=tokens)
         log.every_rank(self.lines.capture_begin(before, "target", "prefill", shape))
         duration = self.profile.startup.prefill_graph_capture_s
-        fail = plan.failure
-        if fail is not None and fail.stage == "prefill_graphs":
-            await self.phase(duration * 0.3)
-            self.crash_startup(
-                list(range(self.s.tp_size)),
-                (*self.lines.init_frames, *self.lines.graph_frames),
-                self.oom_text(fail.tried_gib, fail.free_gib),
-            )
+        await self.graph_oom(plan.failure, "prefill_graphs", duration)
         elapsed = await self.phase(duration)
         self.graph_times["prefill"] = elapsed
         graph = plan.prefill_graph_gib or 0.0
@@ -633,13 +637,7 @@ class StartupSequence:
         for phase, gib, shape, every in parts:
             emit = log.every_rank if every else (lambda text: log.rank(0, text))
             emit(self.lines.capture_begin(avail, "draft", phase, shape))
-            if fail is not None and fail.stage == "draft_graphs":
-                await self.phase(duration * 0.3)
-                self.crash_startup(
-                    list(range(self.s.tp_size)),
-                    (*self.lines.init_frames, *self.lines.graph_frames),
-                    self.oom_text(fail.tried_gib, fail.free_gib),
-                )
+            await self.graph_oom(fail, "draft_graphs", duration)
             elapsed = await self.phase(duration)
             self.graph_times[f"draft_{phase}"] = elapsed
             avail -= gib

@@ -128,33 +128,38 @@ def gpu_claim(study_folder: Path, gpus: str, study: str) -> Iterator[None]:
         ) from None
     with ExitStack() as held:
         everything = held.enter_context(open(folder / "all.lock", "a+"))
-        try:
-            fcntl.flock(everything, (fcntl.LOCK_SH if names else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-        except BlockingIOError:
-            everything.seek(0)
-            holder = everything.read().strip() or "another process"
+        holder = _holder(everything, fcntl.LOCK_SH if names else fcntl.LOCK_EX)
+        if holder is not None:
             raise UsageError(
                 f"{shown}: another worker of study {study} runs on all this machine's GPUs "
                 f"({holder}); give every worker on a machine a --gpus group of its own"
                 if names
                 else f"{shown}: workers of study {study} with --gpus groups run on this "
                 "machine; give this worker a --gpus group of its own, apart from theirs"
-            ) from None
+            )
         if not names:
             _sign(everything, shown)
         for name in names:
             lock = held.enter_context(open(folder / f"gpu-{name}.lock", "a+"))
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                lock.seek(0)
-                holder = lock.read().strip() or "another process"
+            holder = _holder(lock, fcntl.LOCK_EX)
+            if holder is not None:
                 raise UsageError(
                     f"{shown}: GPU {name} is in use by another worker of study {study} on this "
                     f"machine ({holder}); give each worker GPUs of its own"
-                ) from None
+                )
             _sign(lock, shown)
         yield
+
+
+def _holder(lock: IO[str], mode: int) -> str | None:
+    """Take `lock` in `mode` without waiting: None once it is held, else who holds it (the line
+    its holder signed with `_sign`)."""
+    try:
+        fcntl.flock(lock, mode | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        return lock.read().strip() or "another process"
+    return None
 
 
 def _sign(lock: IO[str], shown: str) -> None:

@@ -17,26 +17,6 @@ from tests import simstudy
 
 pytestmark = pytest.mark.e2e
 
-SHORT_WORKLOAD = """[workload]
-input_len = { dist = "uniform", min = 200, max = 600 }
-output_len = 16
-request_timeout_s = 30
-drain_timeout_s = 5
-
-[[workload.phases]]
-kind = "steady"
-concurrency = 8
-duration_s = 1.0
-
-[[workload.phases]]
-kind = "stress"
-rounds = 1
-requests = 2
-input_len = 8192
-output_len = 4
-
-"""
-
 
 def test_a_generated_study_runs_three_trials_on_the_simulator(
     kimi_log: Path, no_leftovers: Path
@@ -51,7 +31,7 @@ def test_a_generated_study_runs_three_trials_on_the_simulator(
     assert done.returncode == 0, done.stderr
     text = path.read_text()
     start, end = text.index("[workload]"), text.index("[constraints]")
-    path.write_text(text[:start] + SHORT_WORKLOAD + text[end:])
+    path.write_text(text[:start] + simstudy.workload() + text[end:])
     cfg = load_study(path)
     baseline = dict(cfg.search.baseline)
 

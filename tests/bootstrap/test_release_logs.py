@@ -152,7 +152,7 @@ def test_a_computed_fraction_launches_as_sglang_ran_it(tmp_path: Path) -> None:
     assert "no step: the baseline 0.8260405859375" in text
     # a short load, and no seed: the baseline is launched first
     start, end = text.index("[workload]"), text.index("[constraints]")
-    text = text[:start] + SHORT_WORKLOAD + text[end:]
+    text = text[:start] + simstudy.workload(stress=False) + text[end:]
     path.write_text("".join(line for line in text.splitlines(True) if "seed_logs" not in line))
     run = simstudy.run(path, "run", "--backend", "sim", "--n-trials", "1")
     assert run.returncode == 0, run.stdout + run.stderr
@@ -161,17 +161,3 @@ def test_a_computed_fraction_launches_as_sglang_ran_it(tmp_path: Path) -> None:
     assert argv[argv.index("--mem-fraction-static") + 1] == repr(COMPUTED)
     assert record["params"]["mem_fraction_static"] == COMPUTED
     simstudy.assert_none_left(tmp_path)
-
-
-SHORT_WORKLOAD = """[workload]
-input_len = { dist = "uniform", min = 200, max = 600 }
-output_len = 16
-request_timeout_s = 30
-drain_timeout_s = 5
-
-[[workload.phases]]
-kind = "steady"
-concurrency = 8
-duration_s = 1.0
-
-"""

@@ -13,6 +13,7 @@ from autotune.config.studyfile import SHIPPED_STUDIES, StudyConfig, load_study
 from autotune.review.export import launch_argv
 from autotune.server.flagcheck import FlagReport, inspect_argvs
 from autotune.server.hostcheck import argvs_to_check
+from autotune.sim.flags import sglang_argv
 
 pytestmark = pytest.mark.sglang
 CONFIGS = SHIPPED_STUDIES
@@ -33,17 +34,7 @@ def _as_sglang(cfg: StudyConfig, python: Path) -> StudyConfig:
 
 def _without_sim_flags(argv: list[str]) -> list[str]:
     """The simulator's command with its own `--sim-*` options (and program) taken out."""
-    out: list[str] = []
-    skip = False
-    for token in argv[argv.index("autotune.sim") + 1 :]:
-        if skip:
-            skip = False
-            continue
-        if token.startswith("--sim-"):
-            skip = "=" not in token
-            continue
-        out.append(token)
-    return out
+    return list(sglang_argv(argv[argv.index("autotune.sim") + 1 :]))
 
 
 def _commands(cfg: StudyConfig, python: Path) -> dict[str, list[str]]:

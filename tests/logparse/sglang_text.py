@@ -9,7 +9,7 @@ and format spec applied as Python would), %-formats from a tuple.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from autotune.logparse.formats import Source
@@ -93,7 +93,9 @@ def found(source: Source, strings: Sequence[Sequence[str]] | None) -> bool:
     return False
 
 
-def _field_end(text: str, start: int) -> int:
+def _unnested(text: str, start: int = 0) -> Iterator[tuple[int, str]]:
+    """(index, character) of each character of `text` from `start` that stands outside quotes
+    and brackets; a closing bracket that closes nothing (an f-string field's end) is one."""
     depth, quote = 0, ""
     for i in range(start, len(text)):
         c = text[i]
@@ -104,29 +106,22 @@ def _field_end(text: str, start: int) -> int:
             quote = c
         elif c in "([{":
             depth += 1
-        elif c in ")]}":
-            if depth == 0:
-                return i
+        elif c in ")]}" and depth:
             depth -= 1
+        elif depth == 0:
+            yield i, c
+
+
+def _field_end(text: str, start: int) -> int:
+    for i, c in _unnested(text, start):
+        if c in ")]}":
+            return i
     raise ValueError(f"unclosed field in {text!r}")
 
 
 def _split_field(field: str) -> tuple[str, str, str]:
     """(expression, conversion, spec) of one f-string field."""
-    depth, quote, colon = 0, "", -1
-    for i, c in enumerate(field):
-        if quote:
-            if c == quote:
-                quote = ""
-        elif c in "'\"":
-            quote = c
-        elif c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-        elif c == ":" and depth == 0:
-            colon = i
-            break
+    colon = next((i for i, c in _unnested(field) if c == ":"), -1)
     expr, spec = (field[:colon], field[colon + 1 :]) if colon >= 0 else (field, "")
     conv = ""
     if len(expr) > 2 and expr[-2] == "!" and expr[-1] in "rsa":

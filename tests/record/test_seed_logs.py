@@ -7,6 +7,7 @@ errors, what a seed becomes for the planner, and a whole study with and without 
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -80,35 +81,42 @@ def test_a_log_without_a_ledger_is_refused(tmp_path: Path, seed_log: Path) -> No
         read_seed(cfg.search.seed_logs[0], cfg)
 
 
-def test_a_log_of_another_server_is_refused(tmp_path: Path, seed_log: Path) -> None:
+def _seed_error(tmp_path: Path, seed_log: Path, old: str, new: str) -> str:
+    """The one error reading `seed_log` gives for the study seeded by it, `old` made `new`."""
     path = _study(tmp_path, "s", n_trials=1, seed=str(seed_log))
-    path.write_text(path.read_text().replace("tp-size = 8", "tp-size = 4"))
+    path.write_text(path.read_text().replace(old, new))
     cfg = load_study(path)
     with pytest.raises(ConfigError) as err:
         read_seed(cfg.search.seed_logs[0], cfg)
-    text = str(err.value)
+    return str(err.value)
+
+
+def test_a_log_of_another_server_is_refused(tmp_path: Path, seed_log: Path) -> None:
+    text = _seed_error(tmp_path, seed_log, "tp-size = 8", "tp-size = 4")
     assert text.startswith("search.seed_logs: ") and "ran --tp-size 8" in text
     assert "server.flags.tp_size" in text and "remove it" in text
 
 
-def test_a_fixed_search_value_the_log_did_not_run_is_refused(
-    tmp_path: Path, seed_log: Path
+@pytest.mark.parametrize(
+    ("old", "new", "match"),
+    [
+        (
+            "max_running_requests = 48",
+            "max_running_requests = 32",
+            r"ran max_running_requests=48, the study fixes 32",
+        ),
+        (
+            'backend = "sim"',
+            'backend = "sglang"',
+            r"a sim trial's log .* cannot seed a sglang study",
+        ),
+    ],
+    ids=["a-fixed-search-value-the-log-did-not-run", "a-sim-trials-log-cannot-seed-a-real-study"],
+)
+def test_a_log_the_study_did_not_run_is_refused(
+    tmp_path: Path, seed_log: Path, old: str, new: str, match: str
 ) -> None:
-    path = _study(tmp_path, "s", n_trials=1, seed=str(seed_log))
-    path.write_text(
-        path.read_text().replace("max_running_requests = 48", "max_running_requests = 32")
-    )
-    cfg = load_study(path)
-    with pytest.raises(ConfigError, match=r"ran max_running_requests=48, the study fixes 32"):
-        read_seed(cfg.search.seed_logs[0], cfg)
-
-
-def test_a_sim_trials_log_cannot_seed_a_real_study(tmp_path: Path, seed_log: Path) -> None:
-    path = _study(tmp_path, "s", n_trials=1, seed=str(seed_log))
-    path.write_text(path.read_text().replace('backend = "sim"', 'backend = "sglang"'))
-    cfg = load_study(path)
-    with pytest.raises(ConfigError, match=r"a sim trial's log .* cannot seed a sglang study"):
-        read_seed(cfg.search.seed_logs[0], cfg)
+    assert re.search(match, _seed_error(tmp_path, seed_log, old, new))
 
 
 def test_a_bad_seed_stops_run_with_exit_2_and_writes_nothing(

@@ -188,6 +188,17 @@ class World:
     def foreign_sleep(self) -> subprocess.Popen[bytes]:
         return self.stranger(["sleep", "600"])
 
+    def foreign_listener(self) -> int:
+        """A foreign process listening on a free local port; returns the port."""
+        listener = self.stranger(
+            [sys.executable, "-c", "import socket, time\ns = socket.socket()\n"
+             "s.bind(('127.0.0.1', 0)); s.listen()\nprint(s.getsockname()[1], flush=True)\n"
+             "time.sleep(600)"],
+            stdout=subprocess.PIPE,
+        )  # fmt: skip
+        assert listener.stdout is not None
+        return int(listener.stdout.readline())
+
     def leftovers(self) -> list[audit.Leftover]:
         return audit.leftovers(
             str(self.folder), sessions=self.sessions, spare={p.pid for p in self.foreign}

@@ -32,6 +32,14 @@ from tests.reliability.helpers import EAGLE, STRESS, World, server_record, wait_
 pytestmark = pytest.mark.e2e
 
 
+def _run(world: World, env: dict[str, str] | None = None, **study: object) -> None:
+    """The study of `study` run to its end (exit 0), a foreign process alive beside it."""
+    world.foreign_sleep()
+    world.study(**study)
+    done = world.run(env=env)
+    assert done.rc == 0, done.err
+
+
 def _only_trial(world: World, state: TrialState, outcome: str) -> dict[str, object]:
     trial, *queued = world.trials()
     assert all(t.state == TrialState.WAITING for t in queued)  # grid points not yet run
@@ -43,20 +51,14 @@ def _only_trial(world: World, state: TrialState, outcome: str) -> dict[str, obje
 
 
 def test_hang_in_weight_load(world: World) -> None:
-    world.foreign_sleep()
-    world.study(flags='sim-fault = "hang-weight-load"')
-    done = world.run()
-    assert done.rc == 0, done.err
+    _run(world, flags='sim-fault = "hang-weight-load"')
     record = _only_trial(world, TrialState.FAIL, "hang")
     assert "weight_load" in str(record["reason"])
 
 
 @pytest.mark.parametrize("fault", ["health-empty", "health-fail"])
 def test_broken_health_while_serving_works(world: World, fault: str) -> None:
-    world.foreign_sleep()
-    world.study(flags=f'sim-fault = "{fault}"', duration=1.0)
-    done = world.run()
-    assert done.rc == 0, done.err
+    _run(world, flags=f'sim-fault = "{fault}"', duration=1.0)
     record = _only_trial(world, TrialState.COMPLETE, "ok")
     workload = record["workload"]
     assert isinstance(workload, dict)
@@ -70,20 +72,19 @@ the same (the writer is given a moment to write the last lines of a dying server
 
 @pytest.mark.parametrize("keyed", [False, True], ids=["plain", "keyed"])
 def test_non_oom_crash_mid_load(world: World, keyed: bool) -> None:
-    world.foreign_sleep()
-    world.study(flags='sim-fault = "crash-mid-load"', **(KEYED if keyed else {}))
-    done = world.run(env={"REL_API_KEY": "sk-rel-crash-0123456789"} if keyed else None)
-    assert done.rc == 0, done.err
+    _run(
+        world,
+        env={"REL_API_KEY": "sk-rel-crash-0123456789"} if keyed else None,
+        flags='sim-fault = "crash-mid-load"',
+        **(KEYED if keyed else {}),
+    )
     record = _only_trial(world, TrialState.COMPLETE, "startup_error")
     assert world.trials()[0].constraints["crash"] > 0
     assert "Scheduler hit an exception" in str(record["evidence"])
 
 
 def test_oom_at_startup(world: World) -> None:
-    world.foreign_sleep()
-    world.study(baseline=0.97)
-    done = world.run()
-    assert done.rc == 0, done.err
+    _run(world, baseline=0.97)
     record = _only_trial(world, TrialState.COMPLETE, "startup_oom")
     assert "out of memory" in str(record["evidence"]).lower()
     assert world.trials()[0].constraints["oom"] > 0
@@ -91,29 +92,27 @@ def test_oom_at_startup(world: World) -> None:
 
 @pytest.mark.parametrize("keyed", [False, True], ids=["plain", "keyed"])
 def test_oom_under_load(world: World, keyed: bool) -> None:
-    world.foreign_sleep()
-    world.study(phases=STRESS, baseline=0.93, flags=EAGLE, **(KEYED if keyed else {}))
-    done = world.run(env={"REL_API_KEY": "sk-rel-oom-0123456789"} if keyed else None)
-    assert done.rc == 0, done.err
+    _run(
+        world,
+        env={"REL_API_KEY": "sk-rel-oom-0123456789"} if keyed else None,
+        phases=STRESS,
+        baseline=0.93,
+        flags=EAGLE,
+        **(KEYED if keyed else {}),
+    )
     record = _only_trial(world, TrialState.COMPLETE, "runtime_oom")
     assert "CUDA out of memory" in str(record["evidence"])
     assert record["capacity_tokens"] > 0  # the capacity it measured is kept
 
 
 def test_server_ignoring_sigterm_is_killed(world: World) -> None:
-    world.foreign_sleep()
-    world.study(flags='sim-fault = "ignore-sigterm"')
-    done = world.run()
-    assert done.rc == 0, done.err
+    _run(world, flags='sim-fault = "ignore-sigterm"')
     record = _only_trial(world, TrialState.COMPLETE, "ok")
     assert record["phases"]["teardown"] >= 1.5  # the whole grace, then SIGKILL
 
 
 def test_gpu_memory_held_briefly_is_waited_out(world: World) -> None:
-    world.foreign_sleep()
-    world.study(flags='sim-fault = "hold-gpu=1.5"', release_s=10, n_trials=2)
-    done = world.run()
-    assert done.rc == 0, done.err
+    _run(world, flags='sim-fault = "hold-gpu=1.5"', release_s=10, n_trials=2)
     first, second, *queued = world.trials()
     assert (first.state, first.user_attrs["outcome"]) == (TrialState.COMPLETE, "ok")
     record = json.loads((world.study_dir / "trials/0000/trial.json").read_text())

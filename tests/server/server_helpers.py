@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.logparse.outcome import Outcome
 from autotune.logparse.phase import PhaseLimits
 from autotune.server import procs
 from autotune.server.launchspec import LaunchSpec
@@ -37,24 +38,34 @@ def make_spec(tmp_path: Path, **values: Any) -> LaunchSpec:
     return LaunchSpec(**{**base, **values})
 
 
+# The lifecycle limits for the fake server, which starts and stops in well under a second.
+FAKE_LIMITS: dict[str, float] = dict(
+    startup_s=60.0,
+    stall_s=30.0,
+    ready_check_s=10.0,
+    health_timeout_s=5.0,
+    exit_wait_s=5.0,
+    health_interval_s=0.1,
+    unhealthy_s=1.0,
+    stop_grace_s=5.0,
+    release_s=5.0,
+)
+
+
 def fake_spec(tmp_path: Path, *modes: str, **overrides: Any) -> LaunchSpec:
     argv = list(FAKE)
     for mode in modes:
         argv += ["--mode", mode]
-    values: dict[str, Any] = dict(
-        env={"PYTHONUNBUFFERED": "1"},
-        phase_limits=PhaseLimits(),
-        startup_s=60.0,
-        stall_s=30.0,
-        ready_check_s=10.0,
-        health_timeout_s=5.0,
-        exit_wait_s=5.0,
-        health_interval_s=0.1,
-        unhealthy_s=1.0,
-        stop_grace_s=5.0,
-        release_s=5.0,
-    )
-    return make_spec(tmp_path, **{"argv": tuple(argv), **values, **overrides})
+    values: dict[str, Any] = dict(env={"PYTHONUNBUFFERED": "1"}, phase_limits=PhaseLimits())
+    return make_spec(tmp_path, **{"argv": tuple(argv), **values, **FAKE_LIMITS, **overrides})
+
+
+def launch_ready(guard: Guard, spec: LaunchSpec) -> Server:
+    """Launch `spec` under `guard` and wait until it is ready (fails the test if it is not)."""
+    server = guard.server(Server.launch(spec))
+    report = server.wait_ready()
+    assert report.outcome is Outcome.READY, report
+    return server
 
 
 def sleeper() -> subprocess.Popen[bytes]:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from server_helpers import Guard, fake_spec, make_spec, wait_death
+from server_helpers import Guard, fake_spec, launch_ready, make_spec, wait_death
 
 from autotune.logparse.outcome import Outcome
 from autotune.server import deaths
@@ -71,8 +71,7 @@ def test_a_sigkill_from_outside_is_recorded_with_its_sender(tmp_path: Path, guar
 
 
 def test_our_own_stop_is_autotune_s(tmp_path: Path, guard: Guard) -> None:
-    server = guard.server(Server.launch(fake_spec(tmp_path, "child")))
-    assert server.wait_ready().outcome is Outcome.READY
+    server = launch_ready(guard, fake_spec(tmp_path, "child"))
     assert server.exit_facts().code is None
     down = server.stop()
     assert down.outcome is Outcome.STOPPED
@@ -81,8 +80,7 @@ def test_our_own_stop_is_autotune_s(tmp_path: Path, guard: Guard) -> None:
 
 
 def test_a_sigkill_while_serving_is_a_death_from_outside(tmp_path: Path, guard: Guard) -> None:
-    server = guard.server(Server.launch(fake_spec(tmp_path, "child")))
-    assert server.wait_ready().outcome is Outcome.READY
+    server = launch_ready(guard, fake_spec(tmp_path, "child"))
     os.kill(server.pid, signal.SIGKILL)
     death = wait_death(server)
     assert death.outcome is Outcome.KILLED, death

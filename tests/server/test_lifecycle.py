@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from server_helpers import Guard, fake_spec, pid_alive, sleeper, wait_death
+from server_helpers import Guard, fake_spec, launch_ready, pid_alive, sleeper, wait_death
 
 from autotune.errors import HarnessError, UsageError
 from autotune.logparse.outcome import Outcome
@@ -53,22 +53,23 @@ def test_startup_oom_is_a_value_with_evidence(tmp_path: Path, guard: Guard) -> N
     assert down.clean and down.outcome is Outcome.STARTUP_OOM
 
 
-def test_runtime_oom_is_seen_by_check_alive(tmp_path: Path, guard: Guard) -> None:
-    server = guard.server(Server.launch(fake_spec(tmp_path, "runtime-oom")))
-    assert server.wait_ready().outcome is Outcome.READY
+@pytest.mark.parametrize(
+    ("mode", "outcome", "cause", "reason"),
+    [
+        ("runtime-oom", Outcome.RUNTIME_OOM, "torch_oom", "CUDA out of memory"),
+        ("exit-after-ready", Outcome.CRASH, "exited_after_ready", "crash (exited_after_ready)"),
+    ],
+    ids=["runtime-oom", "silent-exit-is-a-crash"],
+)
+def test_a_death_after_ready_is_seen_by_check_alive(
+    tmp_path: Path, guard: Guard, mode: str, outcome: Outcome, cause: str, reason: str
+) -> None:
+    server = launch_ready(guard, fake_spec(tmp_path, mode))
     death = wait_death(server)
-    assert (death.outcome, death.cause) == (Outcome.RUNTIME_OOM, "torch_oom")
-    assert "CUDA out of memory" in server.dead_reason()  # type: ignore[operator]
+    assert (death.outcome, death.cause) == (outcome, cause)
+    assert reason in server.dead_reason()  # type: ignore[operator]
     down = server.stop()
-    assert down.clean and down.outcome is Outcome.RUNTIME_OOM
-
-
-def test_silent_exit_after_ready_is_a_crash(tmp_path: Path, guard: Guard) -> None:
-    server = guard.server(Server.launch(fake_spec(tmp_path, "exit-after-ready")))
-    assert server.wait_ready().outcome is Outcome.READY
-    death = wait_death(server)
-    assert (death.outcome, death.cause) == (Outcome.CRASH, "exited_after_ready")
-    assert server.stop().clean
+    assert down.clean and down.outcome is outcome
 
 
 def test_stall_during_weight_load_is_a_hang(tmp_path: Path, guard: Guard) -> None:
@@ -101,8 +102,7 @@ def test_ready_line_without_any_working_route_is_not_ready(tmp_path: Path, guard
 def test_failing_health_route_with_working_generation_is_ready_and_alive(
     tmp_path: Path, guard: Guard
 ) -> None:
-    server = guard.server(Server.launch(fake_spec(tmp_path, "health-fail", "generate")))
-    assert server.wait_ready().outcome is Outcome.READY
+    server = launch_ready(guard, fake_spec(tmp_path, "health-fail", "generate"))
     time.sleep(1.5)  # several health checks, each failing on /health and passing on /generate
     assert server.check_alive() is None
     watch = server._watch
@@ -114,8 +114,7 @@ def test_failing_health_route_with_working_generation_is_ready_and_alive(
 def test_health_failing_alone_while_batches_flow_keeps_server_alive(
     tmp_path: Path, guard: Guard
 ) -> None:
-    server = guard.server(Server.launch(fake_spec(tmp_path, "health-late", "batches")))
-    assert server.wait_ready().outcome is Outcome.READY
+    server = launch_ready(guard, fake_spec(tmp_path, "health-late", "batches"))
     # Force the watch to report failures from now on, while batches keep coming.
     server.spec = fake_spec(tmp_path, unhealthy_s=0.5)
     watch = server._watch
@@ -132,8 +131,7 @@ def test_health_failing_alone_while_batches_flow_keeps_server_alive(
 
 
 def test_failing_health_without_batches_is_death(tmp_path: Path, guard: Guard) -> None:
-    server = guard.server(Server.launch(fake_spec(tmp_path, "health-late")))
-    assert server.wait_ready().outcome is Outcome.READY
+    server = launch_ready(guard, fake_spec(tmp_path, "health-late"))
     watch = server._watch
     assert watch is not None
     watch._url = f"http://127.0.0.1:{server.spec.port}/nothing-here"
@@ -146,8 +144,7 @@ def test_failing_health_without_batches_is_death(tmp_path: Path, guard: Guard) -
 def test_a_vanished_server_process_with_failing_checks_is_a_crash(
     tmp_path: Path, guard: Guard
 ) -> None:
-    server = guard.server(Server.launch(fake_spec(tmp_path, "child", unhealthy_s=60.0)))
-    assert server.wait_ready().outcome is Outcome.READY
+    server = launch_ready(guard, fake_spec(tmp_path, "child", unhealthy_s=60.0))
     [child] = [m for m in server._members if m.pid != server.pid]
     os.kill(child.pid, signal.SIGKILL)  # the kernel's OOM killer takes a scheduler
     watch = server._watch
@@ -170,16 +167,14 @@ def test_readiness_waits_for_health_generate(tmp_path: Path, guard: Guard) -> No
 
 def test_ignored_sigterm_ends_with_sigkill(tmp_path: Path, guard: Guard) -> None:
     spec = fake_spec(tmp_path, "ignore-sigterm", stop_grace_s=0.5)
-    server = guard.server(Server.launch(spec))
-    assert server.wait_ready().outcome is Outcome.READY
+    server = launch_ready(guard, spec)
     down = server.stop()
     assert down.clean
     assert down.signals[:2] == ("SIGTERM", "SIGKILL")
 
 
 def test_a_child_that_left_the_group_is_killed_too(tmp_path: Path, guard: Guard) -> None:
-    server = guard.server(Server.launch(fake_spec(tmp_path, "escaped-child")))
-    assert server.wait_ready().outcome is Outcome.READY
+    server = launch_ready(guard, fake_spec(tmp_path, "escaped-child"))
     escaped = [m for m in server._members if m.pgid != server.record.pgid]
     assert escaped, "the fake server's escaped child should be known"
     guard.must_die.extend(escaped)
@@ -220,8 +215,7 @@ def test_pidfile_masks_the_api_key_and_a_second_launch_is_refused(
 
 def test_stop_orphans_stops_only_what_autotune_started(tmp_path: Path, guard: Guard) -> None:
     spec = fake_spec(tmp_path, "child")
-    server = guard.server(Server.launch(spec))
-    assert server.wait_ready().outcome is Outcome.READY
+    server = launch_ready(guard, spec)
     # A foreign process with a forged pidfile: right pid, wrong start time.
     foreign = guard.stranger(sleeper())
     record = server.record

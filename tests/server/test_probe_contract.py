@@ -121,6 +121,18 @@ class FakeLibNvml:
         index = None if address is None else address - self.HANDLE_BASE
         return index if index in self.gpus else None
 
+    def _device(self, handle: Any) -> tuple[int, int]:
+        """(return code, GPU index) of a call on `handle`: an error before init, for a handle of
+        no GPU or for a GPU fallen off the bus, else success."""
+        if ret := self._check():
+            return ret, -1
+        index = self._index(handle)
+        if index is None:
+            return int(self.nv.NVML_ERROR_INVALID_ARGUMENT), -1
+        if index in self.lost:
+            return int(self.nv.NVML_ERROR_GPU_IS_LOST), index
+        return int(self.nv.NVML_SUCCESS), index
+
     def nvmlDeviceGetCount_v2(self, count: Any) -> int:
         if ret := self._check():
             return ret
@@ -137,13 +149,9 @@ class FakeLibNvml:
         return int(self.nv.NVML_SUCCESS)
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, memory: Any) -> int:
-        if ret := self._check():
+        ret, index = self._device(handle)
+        if ret:
             return ret
-        index = self._index(handle)
-        if index is None:
-            return int(self.nv.NVML_ERROR_INVALID_ARGUMENT)
-        if index in self.lost:
-            return int(self.nv.NVML_ERROR_GPU_IS_LOST)
         used = RESERVED + sum(p.get(index, 0) for p in self._live_procs().values())
         memory._obj.total = self.gpus[index]
         memory._obj.used = used
@@ -151,13 +159,9 @@ class FakeLibNvml:
         return int(self.nv.NVML_SUCCESS)
 
     def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count: Any, infos: Any) -> int:
-        if ret := self._check():
+        ret, index = self._device(handle)
+        if ret:
             return ret
-        index = self._index(handle)
-        if index is None:
-            return int(self.nv.NVML_ERROR_INVALID_ARGUMENT)
-        if index in self.lost:
-            return int(self.nv.NVML_ERROR_GPU_IS_LOST)
         if index in self.listing_unsupported:
             return int(self.nv.NVML_ERROR_NOT_SUPPORTED)
         rows = [] if self.processes_hidden else [

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from server_helpers import Guard, make_spec, pid_alive, sleeper, wait_death
+from server_helpers import FAKE_LIMITS, Guard, make_spec, pid_alive, sleeper, wait_death
 
 from autotune.errors import HarnessError
 from autotune.logparse.outcome import Outcome
@@ -29,24 +29,25 @@ from autotune.server.lifecycle import Server
 pytestmark = pytest.mark.e2e
 
 
+# The simulator takes longer to start, answer and let go of its GPUs than the fake server.
+SIM_LIMITS: dict[str, float] = {
+    **FAKE_LIMITS,
+    "startup_s": 120.0,
+    "stall_s": 20.0,
+    "health_interval_s": 0.2,
+    "unhealthy_s": 2.0,
+    "stop_grace_s": 10.0,
+    "release_s": 10.0,
+}
+
+
 def sim_spec(tmp_path: Path, *flags: str, **overrides: Any) -> LaunchSpec:
     argv = (
         sys.executable, "-m", "autotune.sim", "--model-path", "/models/Kimi-K2.5",
         "--tp-size", "8", "--sim-time-scale", "30000", "--sim-gpu-dir", str(tmp_path / "gpu"),
         *flags,
     )  # fmt: skip
-    values: dict[str, Any] = dict(
-        startup_s=120.0,
-        stall_s=20.0,
-        ready_check_s=10.0,
-        health_timeout_s=5.0,
-        exit_wait_s=5.0,
-        health_interval_s=0.2,
-        unhealthy_s=2.0,
-        stop_grace_s=10.0,
-        release_s=10.0,
-    )
-    return make_spec(tmp_path, **{"argv": argv, **values, **overrides})
+    return make_spec(tmp_path, **{"argv": argv, **SIM_LIMITS, **overrides})
 
 
 def gpu_dir(spec: LaunchSpec) -> Path:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import http.client
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -202,12 +201,8 @@ def test_bad_flags_and_profile_exit_2() -> None:
         assert b"error" in proc.stderr
 
 
-def test_port_in_use_fails_like_uvicorn(launch_sim: Launcher) -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        busy = launch_sim([*SMALL, "--skip-server-warmup"], port=port)
-        assert busy.wait_exit() == 1
-        assert "address already in use" in busy.log()
-        assert READY not in busy.log()
+def test_port_in_use_fails_like_uvicorn(launch_sim: Launcher, taken_port: int) -> None:
+    busy = launch_sim([*SMALL, "--skip-server-warmup"], port=taken_port)
+    assert busy.wait_exit() == 1
+    assert "address already in use" in busy.log()
+    assert READY not in busy.log()

@@ -6,7 +6,6 @@ with `[Errno 28]`). Full disks are real tmpfs mounts (root only; skipped otherwi
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,42 +36,34 @@ def full_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_port_taken_by_a_listener_prints_uvicorns_lines_then_the_warmup_gives_up(
-    launch_sim: Launcher,
+    launch_sim: Launcher, taken_port: int
 ) -> None:
     """uvloop's bind error once (`… ('H', P): address already in use`, not asyncio's doubled
     text), uvicorn's lifespan shutdown, then SGLang's warm-up thread, which waited for
     `/model_info` on the taken port, gives up and the tree is SIGKILLed."""
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        busy = launch_sim(SMALL, port=port, scale=30000)
-        assert busy.wait_exit() == -9
+    busy = launch_sim(SMALL, port=taken_port, scale=30000)
+    assert busy.wait_exit() == -9
     log = busy.log()
     bind = (
-        f"ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', {port}): "
-        "address already in use"
+        "ERROR:    [Errno 98] error while attempting to bind on address "
+        f"('127.0.0.1', {taken_port}): address already in use"
     )
     assert re.search(STAMP + re.escape(bind) + "\n", log), log[-2000:]
     assert log.count("error while attempting to bind") == 1
     after = log[log.index(bind) :]
     assert "INFO:     Waiting for application shutdown." in after
     assert "Initialization failed. warmup error: Traceback (most recent call last):" in after
-    assert f"ReadTimeout: HTTPConnectionPool(host='127.0.0.1', port={port})" in after
+    assert f"ReadTimeout: HTTPConnectionPool(host='127.0.0.1', port={taken_port})" in after
     assert READY not in log
 
 
 def test_port_taken_without_warmup_exits_1_after_the_lifespan_shutdown(
-    launch_sim: Launcher,
+    launch_sim: Launcher, taken_port: int
 ) -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        busy = launch_sim([*SMALL, "--skip-server-warmup"], port=port)
-        assert busy.wait_exit() == 1
+    busy = launch_sim([*SMALL, "--skip-server-warmup"], port=taken_port)
+    assert busy.wait_exit() == 1
     tail = busy.log().splitlines()[-3:]
-    assert tail[0].endswith(f"('127.0.0.1', {port}): address already in use"), tail
+    assert tail[0].endswith(f"('127.0.0.1', {taken_port}): address already in use"), tail
     assert [line.split("] ", 1)[1] for line in tail[1:]] == [
         "INFO:     Waiting for application shutdown.",
         "INFO:     Application shutdown complete.",

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import optuna
@@ -41,6 +43,23 @@ def _wait_for_running_trial(folder: Path, proc: subprocess.Popen[str], number: i
         raise AssertionError(f"trial {number} never became ready (autotune rc {proc.poll()})")
 
 
+@contextmanager
+def _serving_trial_0(folder: Path) -> Iterator[subprocess.Popen[str]]:
+    """`autotune run` on a study of 20 s trials, from when trial 0 serves; on the way out it is
+    killed if it still runs, waited for, and its output closed."""
+    _study(folder, duration=20.0, step=0.06)
+    proc = simstudy.start(folder / "e2e.toml", "run")
+    try:
+        _wait_for_running_trial(folder, proc, 0)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+
 def test_study_runs_to_the_end(no_leftovers: Path) -> None:
     folder = no_leftovers
     _study(folder)
@@ -66,15 +85,8 @@ def test_study_runs_to_the_end(no_leftovers: Path) -> None:
 
 def test_sigkill_mid_trial_then_resume(no_leftovers: Path) -> None:
     folder = no_leftovers
-    _study(folder, duration=20.0, step=0.06)
-    proc = simstudy.start(folder / "e2e.toml", "run")
-    try:
-        _wait_for_running_trial(folder, proc, 0)
+    with _serving_trial_0(folder) as proc:
         proc.kill()
-    finally:
-        proc.wait(timeout=30)
-        assert proc.stdout is not None
-        proc.stdout.close()
     assert simstudy.leftovers(folder), "the killed run should have left its server behind"
     _study(folder, duration=1.0, step=0.06)
     done = simstudy.run(folder / "e2e.toml", "run")
@@ -90,16 +102,9 @@ def test_sigkill_mid_trial_then_resume(no_leftovers: Path) -> None:
 
 def test_ctrl_c_stops_the_server_and_exits_130(no_leftovers: Path) -> None:
     folder = no_leftovers
-    _study(folder, duration=20.0, step=0.06)
-    proc = simstudy.start(folder / "e2e.toml", "run")
-    try:
-        _wait_for_running_trial(folder, proc, 0)
+    with _serving_trial_0(folder) as proc:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 130, out
     assert "interrupted" in out
     assert not simstudy.leftovers(folder)

@@ -236,15 +236,18 @@ def test_the_search_ends_as_a_study_attribute_and_leaves_no_trial(tmp_path: Path
     def run_one(trial: optuna.trial.Trial) -> Any:
         return launch(KIMI, settings_for(trial, cfg.search).params, trial.number)[1]
 
-    end = run_loop(
-        study,
-        cfg,
-        run_one=run_one,
-        n_trials=40,
-        timeout_s=None,
-        clock=lambda: 0.0,
-        worker=Worker.current(),
-    )
+    def loop() -> Any:
+        return run_loop(
+            study,
+            cfg,
+            run_one=run_one,
+            n_trials=40,
+            timeout_s=None,
+            clock=lambda: 0.0,
+            worker=Worker.current(),
+        )
+
+    end = loop()
     trials = study.get_trials()
     assert end.why.startswith("search done: ") and end.counted == len(trials) < 40
     assert all(t.state == TrialState.COMPLETE for t in trials)  # no FAIL trial for the stop
@@ -259,15 +262,7 @@ def test_the_search_ends_as_a_study_attribute_and_leaves_no_trial(tmp_path: Path
     assert ended.line() == f"search done after {len(trials)} trials: {done['reason']}"
     text = render("kimi", "sqlite:///x", trials, ended=ended.line())
     assert text.splitlines()[-1] == ended.line()
-    again = run_loop(  # a second run decides the same before asking: still no trial
-        study,
-        cfg,
-        run_one=run_one,
-        n_trials=40,
-        timeout_s=None,
-        clock=lambda: 0.0,
-        worker=Worker.current(),
-    )
+    again = loop()  # a second run decides the same before asking: still no trial
     assert again.why == end.why and again.ran == 0 and len(study.get_trials()) == len(trials)
 
 

@@ -9,8 +9,6 @@ import json
 import os
 import signal
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 from datetime import datetime
@@ -369,14 +367,7 @@ def _wait_gone(pid: int) -> None:
 
 @e2e
 def test_three_in_a_row_names_the_actual_results_folder(world: World) -> None:
-    listener = world.stranger(
-        [sys.executable, "-c", "import socket, time\ns = socket.socket()\n"
-         "s.bind(('127.0.0.1', 0)); s.listen()\nprint(s.getsockname()[1], flush=True)\n"
-         "time.sleep(600)"],
-        stdout=subprocess.PIPE,
-    )  # fmt: skip
-    assert listener.stdout is not None
-    port = int(listener.stdout.readline())
+    port = world.foreign_listener()
     world.study(server=f"port = {port}", n_trials=3)
     elsewhere = world.folder / "night-1"
     done = world.autotune("run", "--config", str(world.folder / "rel.toml"),

@@ -72,6 +72,18 @@ def _open(cfg: StudyConfig, tmp_path: Path) -> optuna.Study:
     return open_study(cfg, default_storage_url(tmp_path), make_sampler(cfg.sampler))
 
 
+@pytest.fixture
+def cfg(study_file: Callable[[str], Path]) -> StudyConfig:
+    """`VALID` with the TPE sampler."""
+    return _cfg(study_file)
+
+
+@pytest.fixture
+def study(cfg: StudyConfig, tmp_path: Path) -> optuna.Study:
+    """`cfg`'s study, opened on the SQLite file in `tmp_path` (open it again there to resume)."""
+    return _open(cfg, tmp_path)
+
+
 def _runner(
     cfg: StudyConfig, outcomes: dict[int, str] | None = None
 ) -> Callable[[optuna.trial.Trial], Result]:
@@ -105,10 +117,8 @@ def _loop(study: optuna.Study, cfg: StudyConfig, n: int, runner: Callable[..., R
 
 
 def test_baseline_runs_first_and_constraints_are_stored(
-    study_file: Callable[[str], Path], tmp_path: Path
+    cfg: StudyConfig, study: optuna.Study
 ) -> None:
-    cfg = _cfg(study_file)
-    study = _open(cfg, tmp_path)
     assert prepare(study, cfg) == 1
     _loop(study, cfg, 3, _runner(cfg, {1: "startup_oom"}))
     trials = study.get_trials()
@@ -127,9 +137,7 @@ def test_baseline_runs_first_and_constraints_are_stored(
     assert trials[0].user_attrs["worker"]["pid"] == os.getpid()
 
 
-def test_prepare_is_done_once(study_file: Callable[[str], Path], tmp_path: Path) -> None:
-    cfg = _cfg(study_file)
-    study = _open(cfg, tmp_path)
+def test_prepare_is_done_once(cfg: StudyConfig, study: optuna.Study, tmp_path: Path) -> None:
     prepare(study, cfg)
     assert prepare(_open(cfg, tmp_path), cfg) == 0
 
@@ -154,9 +162,9 @@ def test_grid_walks_every_point_and_stops(
     assert end.why == "grid done"  # type: ignore[attr-defined]
 
 
-def test_resume_counts_finished_trials(study_file: Callable[[str], Path], tmp_path: Path) -> None:
-    cfg = _cfg(study_file)
-    study = _open(cfg, tmp_path)
+def test_resume_counts_finished_trials(
+    cfg: StudyConfig, study: optuna.Study, tmp_path: Path
+) -> None:
     prepare(study, cfg)
     _loop(study, cfg, 2, _runner(cfg))
     again = _open(cfg, tmp_path)
@@ -165,10 +173,8 @@ def test_resume_counts_finished_trials(study_file: Callable[[str], Path], tmp_pa
 
 
 def test_interrupt_records_trial_and_requeues_point(
-    study_file: Callable[[str], Path], tmp_path: Path
+    cfg: StudyConfig, study: optuna.Study, tmp_path: Path
 ) -> None:
-    cfg = _cfg(study_file)
-    study = _open(cfg, tmp_path)
     prepare(study, cfg)
     with pytest.raises(Interrupted):
         _loop(study, cfg, 4, _runner(cfg, {0: "interrupt"}))
@@ -181,11 +187,7 @@ def test_interrupt_records_trial_and_requeues_point(
     assert trials[1].params == t0.params  # the interrupted point ran again
 
 
-def test_repeated_harness_failures_stop_the_run(
-    study_file: Callable[[str], Path], tmp_path: Path
-) -> None:
-    cfg = _cfg(study_file)
-    study = _open(cfg, tmp_path)
+def test_repeated_harness_failures_stop_the_run(cfg: StudyConfig, study: optuna.Study) -> None:
     with pytest.raises(HarnessError, match="3 trials in a row"):
         _loop(
             study,
@@ -208,11 +210,7 @@ def _dead_worker() -> dict[str, object]:
     return {"host": Worker.current().host, "pid": int(proc.stdout), "start_ticks": 12345}
 
 
-def test_stale_running_trial_is_failed_and_requeued(
-    study_file: Callable[[str], Path], tmp_path: Path
-) -> None:
-    cfg = _cfg(study_file)
-    study = _open(cfg, tmp_path)
+def test_stale_running_trial_is_failed_and_requeued(cfg: StudyConfig, study: optuna.Study) -> None:
     prepare(study, cfg)
     trial = study.ask()
     from autotune.config.space import settings_for
@@ -265,42 +263,32 @@ def test_gp_sampler_without_torch_is_a_usage_error() -> None:
             make_sampler(SamplerConfig("gp"))
 
 
-def test_stop_asked_during_teardown_records_the_trial_then_stops(
-    study_file: Callable[[str], Path], tmp_path: Path
+@pytest.mark.parametrize(
+    ("fatal", "error", "match"),
+    [
+        ("interrupted", Interrupted, None),
+        ("teardown: GPU 0: 3.00 GiB more in use", HarnessError, "GPU 0"),
+    ],
+    ids=["stop-asked-during-teardown", "unclean-teardown"],
+)
+def test_a_fatal_teardown_records_the_trial_then_stops_the_study(
+    cfg: StudyConfig, study: optuna.Study, fatal: str, error: type[Exception], match: str | None
 ) -> None:
-    cfg = _cfg(study_file)
-    study = _open(cfg, tmp_path)
-
     def run_one(trial: optuna.trial.Trial) -> Result:
         ok = _runner(cfg)(trial)
-        return dataclasses.replace(ok, fatal="interrupted")
+        return dataclasses.replace(ok, fatal=fatal)
 
-    with pytest.raises(Interrupted):
+    with pytest.raises(error, match=match):
         _loop(study, cfg, 5, run_one)
     trials = study.get_trials()
     assert len(trials) == 1 and trials[0].state == TrialState.COMPLETE
 
 
-def test_unclean_teardown_stops_the_study(
-    study_file: Callable[[str], Path], tmp_path: Path
+def test_a_study_never_mixes_backends(
+    cfg: StudyConfig, study: optuna.Study, tmp_path: Path
 ) -> None:
-    cfg = _cfg(study_file)
-    study = _open(cfg, tmp_path)
-
-    def run_one(trial: optuna.trial.Trial) -> Result:
-        ok = _runner(cfg)(trial)
-        return dataclasses.replace(ok, fatal="teardown: GPU 0: 3.00 GiB more in use")
-
-    with pytest.raises(HarnessError, match="GPU 0"):
-        _loop(study, cfg, 5, run_one)
-    assert len(study.get_trials()) == 1
-
-
-def test_a_study_never_mixes_backends(study_file: Callable[[str], Path], tmp_path: Path) -> None:
     """A rehearsal on the simulator cannot add trials to a real night's study, nor the reverse;
     a study from before backends were recorded is judged by its trials' records."""
-    cfg = _cfg(study_file)
-    study = _open(cfg, tmp_path)
     assert study.user_attrs["backend"] == cfg.server.backend == "sim"
     real = dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, backend="sglang"))
     with pytest.raises(UsageError, match="holds trials of the simulator rehearsal") as err:

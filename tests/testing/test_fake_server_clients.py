@@ -18,6 +18,7 @@ import subprocess
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -178,10 +179,10 @@ json.dump(out, sys.stdout)
 """
 
 
-@pytest.mark.sglang
-def test_chunks_have_the_fields_sglang_dumps(fake_server: Start, sglang_python: Path) -> None:
+def _last_json(sglang_python: Path, *args: str) -> Any:
+    """The JSON on the last line SGLang's Python prints, run on `args` from `/`."""
     done = subprocess.run(
-        [str(sglang_python), "-c", REFERENCE],
+        [str(sglang_python), *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -189,7 +190,12 @@ def test_chunks_have_the_fields_sglang_dumps(fake_server: Start, sglang_python: 
         cwd="/",
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    want = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.sglang
+def test_chunks_have_the_fields_sglang_dumps(fake_server: Start, sglang_python: Path) -> None:
+    want = _last_json(sglang_python, "-c", REFERENCE)
     srv = fake_server()
     usage = {"stream_options": {"include_usage": True}}
     base = {"model": "m", "max_tokens": 2, "stream": True}
@@ -213,34 +219,26 @@ def test_chunks_have_the_fields_sglang_dumps(fake_server: Start, sglang_python: 
 def _bench_serving(
     sglang_python: Path, srv: Running, api: str, n: int, extra: dict[str, object]
 ) -> list[dict[str, object]]:
-    done = subprocess.run(
-        [
-            str(sglang_python),
-            str(ROOT / "scripts" / "bench_serving_client.py"),
-            "--url",
-            srv.url,
-            "--api",
-            api,
-            "--requests",
-            "6",
-            "--concurrency",
-            "3",
-            "--input-len",
-            "7",
-            "--output-len",
-            str(n),
-            "--extra",
-            json.dumps(extra),
-            "--keep-text",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        cwd="/",
+    out = _last_json(
+        sglang_python,
+        str(ROOT / "scripts" / "bench_serving_client.py"),
+        "--url",
+        srv.url,
+        "--api",
+        api,
+        "--requests",
+        "6",
+        "--concurrency",
+        "3",
+        "--input-len",
+        "7",
+        "--output-len",
+        str(n),
+        "--extra",
+        json.dumps(extra),
+        "--keep-text",
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    requests: list[dict[str, object]] = json.loads(done.stdout.strip().splitlines()[-1])["requests"]
+    requests: list[dict[str, object]] = out["requests"]
     return requests
 
 

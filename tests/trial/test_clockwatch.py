@@ -19,7 +19,7 @@ from autotune.trial.clockwatch import ClockWatch
 from autotune.trial.plan import TrialPlan
 from autotune.trial.run import run_trial
 from autotune.trial.seam import Load, Startup, Stop
-from tests.study.fakes import FakeLauncher, FakeRun
+from tests.study.fakes import Behaviour, FakeLauncher, FakeRun, kimi_like
 
 
 @dataclass
@@ -180,13 +180,25 @@ class _PausedRun(FakeRun):
         return super().stop()
 
 
-def _trial(tmp_path: Path, phase: str, seconds: float, **script: object):  # type: ignore[no-untyped-def]
+def _trial(  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    phase: str,
+    seconds: float,
+    *,
+    behaviour: Behaviour = kimi_like,
+    interrupt: bool = False,
+    clock: Callable[[], float] | None = None,
+):
+    """One trial on the fake server, autotune paused `seconds` during its `phase` (then, with
+    `interrupt`, stopped by Ctrl-C); `clock` is the trial's, a tick a call unless given."""
     clocks = Clocks()
     watch = clocks.watch()
 
     def pause() -> None:
         clocks.run(seconds + 0.25)
         watch.look()
+        if interrupt:
+            raise KeyboardInterrupt
 
     class Launcher(FakeLauncher):
         def launch(self, plan: TrialPlan) -> FakeRun:
@@ -195,8 +207,8 @@ def _trial(tmp_path: Path, phase: str, seconds: float, **script: object):  # typ
 
     ticks = iter(range(1000))
     return run_trial(
-        _plan(tmp_path), Launcher(), clock=lambda: float(next(ticks)), phase=lambda _: None,
-        watch=watch,
+        _plan(tmp_path), Launcher(behaviour=behaviour), clock=clock or (lambda: float(next(ticks))),
+        phase=lambda _: None, watch=watch,
     )  # fmt: skip
 
 
@@ -216,29 +228,13 @@ def test_a_watchdog_verdict_during_a_pause_is_not_the_server_s(tmp_path: Path) -
     reason."""
 
     def timed_out(plan: TrialPlan):  # type: ignore[no-untyped-def]
-        from tests.study.fakes import Script, kimi_like
+        from tests.study.fakes import Script
 
         ready = kimi_like(plan).startup
         load = Load("timeout", "workload", ("workload ran past server.limits.workload_s",))
         return Script(ready, load)
 
-    clocks = Clocks()
-    watch = clocks.watch()
-
-    class Launcher(FakeLauncher):
-        def launch(self, plan: TrialPlan) -> FakeRun:
-            run = super().launch(plan)
-
-            def pause() -> None:
-                clocks.run(60.25)
-                watch.look()
-
-            return _PausedRun(run.script, run.log, phase="workload", pause=pause)
-
-    record = run_trial(
-        _plan(tmp_path), Launcher(behaviour=timed_out), clock=time.monotonic,
-        phase=lambda _: None, watch=watch,
-    )  # fmt: skip
+    record = _trial(tmp_path, "workload", 60.0, behaviour=timed_out, clock=time.monotonic)
     assert (record.state, record.outcome) == ("fail", "disturbed")
     assert record.reason.startswith("autotune was paused 60.0 s during workload;")
     assert "(it measured timeout (workload): workload ran past" in record.reason
@@ -255,22 +251,5 @@ def test_an_interrupted_trial_stays_interrupted(tmp_path: Path) -> None:
     record = _trial(tmp_path, "startup", 30.0)
     assert record.outcome == "disturbed"
 
-    clocks = Clocks()
-    watch = clocks.watch()
-
-    class Launcher(FakeLauncher):
-        def launch(self, plan: TrialPlan) -> FakeRun:
-            run = super().launch(plan)
-
-            def pause() -> None:
-                clocks.run(30.25)
-                watch.look()
-                raise KeyboardInterrupt
-
-            return _PausedRun(run.script, run.log, phase="workload", pause=pause)
-
-    record = run_trial(
-        _plan(tmp_path / "i"), Launcher(), clock=time.monotonic, phase=lambda _: None,
-        watch=watch,
-    )  # fmt: skip
+    record = _trial(tmp_path / "i", "workload", 30.0, interrupt=True, clock=time.monotonic)
     assert (record.state, record.outcome) == ("interrupted", "interrupted")
