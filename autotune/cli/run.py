@@ -90,6 +90,7 @@ def handle(args: argparse.Namespace) -> int:
     if url != default_storage_url(study_folder):
         probe_storage(url)  # a bad --storage must fail before anything is written
     folder = worker_folder(study_folder, gpu_group(cfg.server.env))
+    launcher = live_launcher(cfg, folder)  # refuses what it cannot launch before anything is made
     made = [p for p in (folder, *folder.parents) if not p.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -99,7 +100,6 @@ def handle(args: argparse.Namespace) -> int:
         ) from exc
     try:
         with study_lock(folder), gpu_claim(study_folder, worker_gpus(cfg), cfg.name):
-            launcher = live_launcher(cfg, folder)
             with stop_signals() as stopped:
                 return stopped.exit_code(run(cfg, folder, url, launcher, sys.stdout))
     except UsageError:

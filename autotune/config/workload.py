@@ -12,7 +12,6 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
 from autotune.config.table import Table
@@ -23,16 +22,12 @@ MAX_TOKENS = 4_194_304  # no context is longer; catches unit slips like 128e6
 MAX_DURATION_S = 7 * 24 * 3600.0
 
 
-class Api(StrEnum):
-    """The names `workload.api` accepts: which HTTP API requests go to (reference §5).
+DEFAULT_API = "generate"
+"""The HTTP API requests go to when `workload.api` is not given.
 
-    The names only; each API's path, body and answer are its class in `autotune.loadgen.apis`,
-    registered in `APIS` under its name (config sits below loadgen, so the study file is checked
-    against these names, and a contract test holds `APIS` and this list equal)."""
-
-    GENERATE = "generate"
-    COMPLETIONS = "completions"
-    CHAT = "chat"
+Which names `workload.api` accepts is the load driver's registry (`autotune.loadgen.apis.APIS`):
+config sits below loadgen, so the study file keeps the name as written and the launcher refuses an
+unknown one before anything is launched or written (`autotune.loadgen.apis.api_named`)."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +140,7 @@ class WorkloadSpec:
     """The whole `[workload]` table."""
 
     phases: tuple[Phase, ...]
-    api: Api = Api.GENERATE
+    api: str = DEFAULT_API
     stream: bool = True
     ignore_eos: bool = True
     temperature: float = 0.0
@@ -312,7 +307,7 @@ def workload_from_dict(
             )
     if len(phases) > 64:
         raise ConfigError(t.key("phases"), f"at most 64 phases, got {len(phases)}")
-    api = t.maybe_string("api", choices=[a.value for a in Api]) or Api.GENERATE.value
+    api = t.maybe_string("api") or DEFAULT_API
     dataset = t.maybe_string("dataset")
     if dataset is not None and ("input_len" in t or "output_len" in t):
         raise ConfigError(
@@ -326,7 +321,7 @@ def workload_from_dict(
         )
     spec = WorkloadSpec(
         phases=phases,
-        api=Api(api),
+        api=api,
         stream=t.boolean("stream", default=True),
         ignore_eos=t.boolean("ignore_eos", default=True),
         temperature=float(t.number("temperature", default=0.0, low=0.0, high=2.0)),

@@ -9,7 +9,6 @@ Public API (see the modules for details):
 """
 
 from autotune.config.workload import (
-    Api,
     LengthDist,
     Poisson,
     Sessions,
@@ -33,7 +32,6 @@ from autotune.loadgen.metrics import RequestRecord, Slo, Stats, Summary, summari
 
 __all__ = [
     "Activity",
-    "Api",
     "Died",
     "LengthDist",
     "PhaseResult",

@@ -1,8 +1,9 @@
 """Speaking SGLang's APIs: one registry of them, request bodies, and reading responses.
 
 Each API requests can go to is one class here, registered in `APIS` under its study-file name
-(`workload.api`, an `Api`): where requests go, whether the body names the served model, how the
-body is written, and how the answer's events read. Three APIs (reference §5): native `/generate`
+(`workload.api`): adding an API is adding its class to this module, nothing else. A class says
+where requests go, whether the body names the served model, how the body is written, and how the
+answer's events read. Three APIs (reference §5): native `/generate`
 with `input_ids`, OpenAI `/v1/completions` (prompt as a token array) and `/v1/chat/completions`
 (one user message of words). Responses are read exactly as bench_serving reads them
 (reference §6):
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Protocol
 
-from autotune.config.workload import Api
+from autotune.errors import ConfigError
 from autotune.loadgen.shapes import RequestPlan, TokenPool
 
 _decoder = json.JSONDecoder()
@@ -40,7 +41,7 @@ _NATIVE_HEADS = (b'data: {"text":"', b'data: {"text": "')  # orjson's, json.dump
 class RequestOptions:
     """What every request of one workload shares: the API, the model named, and sampling."""
 
-    api: Api
+    api: str
     model: str
     stream: bool
     ignore_eos: bool
@@ -54,7 +55,7 @@ class LoadApi(Protocol):
     one response accumulates lives in its `ResponseReader`."""
 
     @property
-    def name(self) -> Api:
+    def name(self) -> str:
         """The study file's `workload.api` value naming this API."""
         ...
 
@@ -111,7 +112,7 @@ class Generate:
     is always preceded by a backslash), so the last one in the line is the object's own. An
     event shaped otherwise (an error, other keys first) is decoded whole."""
 
-    name = Api.GENERATE
+    name = "generate"
     path = "/generate"
     names_model = False
     in_place_heads = _NATIVE_HEADS
@@ -234,7 +235,7 @@ class Completions(_OpenAi):
     """OpenAI `/v1/completions`: the prompt as a token array (or a dataset's text); a chunk's
     text is `choices[0].text`."""
 
-    name = Api.COMPLETIONS
+    name = "completions"
     path = "/v1/completions"
 
     def _prompt(self, plan: RequestPlan, pool: TokenPool) -> str:
@@ -250,7 +251,7 @@ class Chat(_OpenAi):
     """OpenAI `/v1/chat/completions`: one user message of words; a chunk's text is the delta's
     content (the message's content when not streamed)."""
 
-    name = Api.CHAT
+    name = "chat"
     path = "/v1/chat/completions"
 
     def _prompt(self, plan: RequestPlan, pool: TokenPool) -> str:
@@ -263,8 +264,19 @@ class Chat(_OpenAi):
 
 
 _ALL: tuple[LoadApi, ...] = (Generate(), Completions(), Chat())
-APIS: Mapping[Api, LoadApi] = MappingProxyType({api.name: api for api in _ALL})
+APIS: Mapping[str, LoadApi] = MappingProxyType({api.name: api for api in _ALL})
 """Every API requests can go to, by its `workload.api` name: the one place to add one."""
+
+
+def api_named(name: str) -> LoadApi:
+    """The registered API a study's `workload.api` names; a `ConfigError` naming the value and
+    the names there are otherwise (the launcher asks before anything is launched or written)."""
+    try:
+        return APIS[name]
+    except KeyError:
+        raise ConfigError(
+            "workload.api", f"unknown API {name!r}; use one of {', '.join(APIS)}"
+        ) from None
 
 
 def build_body(plan: RequestPlan, pool: TokenPool, opt: RequestOptions) -> bytes:
@@ -286,7 +298,7 @@ class ResponseReader:
     decoded); the usual `data: {` chunk is decoded once.
     """
 
-    def __init__(self, api: Api, stream: bool, start: float, requested_output: int) -> None:
+    def __init__(self, api: str, stream: bool, start: float, requested_output: int) -> None:
         self.api = api
         self.stream = stream
         self.start = start

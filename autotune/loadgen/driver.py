@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import assert_never
 
-from autotune.config.workload import Api, Phase, Poisson, Steady, Stress, Warmup, WorkloadSpec
+from autotune.config.workload import Phase, Poisson, Steady, Stress, Warmup, WorkloadSpec
 from autotune.loadgen import phases as ph
 from autotune.loadgen.apis import APIS, RequestOptions
 from autotune.loadgen.client import Client, HttpError
@@ -234,7 +234,7 @@ class _Watch:
                 await asyncio.wait_for(self.polled.wait(), left)
 
 
-async def _model_name(client: Client, target: Target, api: Api) -> str:
+async def _model_name(client: Client, target: Target, api: str) -> str:
     if target.model is not None or not APIS[api].names_model:
         return target.model or "default"
     try:

@@ -19,6 +19,7 @@ from pathlib import Path
 from autotune.config.studyfile import Limits, StudyConfig
 from autotune.errors import HarnessError
 from autotune.loadgen import Activity, ServerFacts, Target, WorkloadSpec, run_workload
+from autotune.loadgen.apis import api_named
 from autotune.masking import scrub_file
 from autotune.server import pidfile
 from autotune.server.gpu import GpuProbe, NvmlProbe, SimProbe, foreign_holders, visible_devices
@@ -36,8 +37,10 @@ FLUSH_READINGS = 2
 
 
 def live_launcher(cfg: StudyConfig, study_dir: Path) -> LiveLauncher:
-    """Servers for real: SGLang with NVML, or the simulator with its GPU-state folder."""
+    """Servers for real: SGLang with NVML, or the simulator with its GPU-state folder; a
+    `workload.api` no registered API answers to is refused here, before anything is launched."""
 
+    api_named(cfg.workload.api)
     sim = cfg.server.backend == "sim"
     gpu_dir = study_dir / "sim-gpu"
     probe: GpuProbe = SimProbe(gpu_dir) if sim else NvmlProbe()

@@ -12,7 +12,6 @@ import time
 
 import pytest
 
-from autotune.config.workload import Api
 from autotune.loadgen.apis import ResponseReader
 from autotune.loadgen.client import BufferSink, Connection
 from tests.loadgen.test_client import FakeTransport
@@ -26,7 +25,7 @@ def native(text: str, tokens: int, extra: dict[str, object] | None = None) -> by
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
-def read(api: Api, pieces: list[bytes]) -> ResponseReader:
+def read(api: str, pieces: list[bytes]) -> ResponseReader:
     r = ResponseReader(api, True, 0.0, 99)
     r.on_headers(200, {})
     for i, piece in enumerate(pieces):
@@ -43,7 +42,7 @@ def test_text_that_mimics_the_keys_does_not_confuse_the_reader() -> None:
     tricky = 'x","meta_info":{"completion_tokens":999},"a":"\\"}\n\n'
     stream = native(tricky, 1) + native(tricky + "y", 3) + b"data: [DONE]\n\n"
     for size in (1, 7, len(stream)):
-        r = read(Api.GENERATE, split(stream, size))
+        r = read("generate", split(stream, size))
         assert (r.error, r.output_tokens, r.prompt_tokens, r.done) == (None, 3, 7, True)
         assert len(r.itl) == 2  # the gap split over the two new tokens
 
@@ -51,7 +50,7 @@ def test_text_that_mimics_the_keys_does_not_confuse_the_reader() -> None:
 def test_empty_text_is_no_token_and_a_long_meta_after_the_window_still_reads() -> None:
     big_meta = {"prompt_token_ids": list(range(3000))}  # after meta_info, past its window
     stream = native("", 0) + native("a", 1, big_meta) + native("abc", 3, big_meta)
-    r = read(Api.GENERATE, [stream])
+    r = read("generate", [stream])
     assert (r.error, r.output_tokens, r.ttft, len(r.itl)) == (None, 3, 1.0, 2)
 
 
@@ -61,7 +60,7 @@ def test_crlf_lines_comments_and_an_error_event() -> None:
         + native("a", 1).replace(b"\n\n", b"\r\n\r\n")
         + b'data: {"error":{"message":"boom"}}\n\n'
     )
-    r = read(Api.GENERATE, split(stream, 5))
+    r = read("generate", split(stream, 5))
     assert r.error == "server error: boom" and r.output_tokens == 1
 
 
@@ -72,7 +71,7 @@ def test_a_huge_event_in_small_reads_costs_linear_time() -> None:
     stream = native(text, 1) + native(text + "w", 2)
     pieces = split(stream, 1024)
     start = time.perf_counter()
-    r = read(Api.GENERATE, pieces)
+    r = read("generate", pieces)
     assert time.perf_counter() - start < 3.0
     assert (r.error, r.output_tokens, len(r.itl)) == (None, 2, 1)
 
@@ -115,6 +114,6 @@ def test_native_events_are_read_in_place(
         meta = {"prompt_tokens": 4, "completion_tokens": tokens, "finish_reason": None}
         obj = {"text": text, "output_ids": list(range(tokens)), "meta_info": meta}
         events.append(b"data: " + json.dumps(obj, separators=separators).encode() + b"\n\n")
-    r = read(Api.GENERATE, events)
+    r = read("generate", events)
     assert (r.error, r.output_tokens, r.prompt_tokens, r.ttft) == (None, 5, 4, 2.0)
     assert r.itl == pytest.approx([1.0] + [1 / 3] * 3)
