@@ -18,9 +18,9 @@ import numpy as np
 from autotune.config.studyfile import FRACTION, REQUESTS
 from autotune.memory import model as memory_model
 from autotune.memory.arithmetic import cell_from_fit, startup_parts
-from autotune.memory.model import Observation, Setting
 from autotune.record.view import TrialView
 from autotune.review import figures as fig
+from autotune.search.records import observation_of
 
 MODEL_POINTS = 41
 DEFAULT_NOISE = 0.05
@@ -322,31 +322,14 @@ def capacity(trials: Sequence[TrialView]) -> CapacityData:
 def _model_tokens(
     trials: Sequence[TrialView], grid: np.ndarray
 ) -> tuple[tuple[float, ...], str] | None:
-    """The memory model's N(f), when `autotune.memory.model` can fit one from these trials."""
+    """The memory model's N(f), when `autotune.memory.model` can fit one from these trials, each
+    read as the search reads it (`search.records.observation_of`)."""
     try:
-        obs = []
-        for t in trials:
-            if t.fraction is None or t.kind == "running":
-                continue
-            hicache = t.params.get("hicache_size")
-            chunk = t.params.get("chunked_prefill_size")
-            setting = Setting(
-                mem_fraction=float(t.fraction),
-                max_running_requests=t.requests,
-                chunked_prefill_size=int(chunk) if isinstance(chunk, int) else None,
-                hicache_gb=float(hicache) if isinstance(hicache, int | float) else 0.0,
-            )
-            obs.append(
-                Observation(
-                    setting=setting,
-                    ledger=t.ledger,
-                    outcome=t.outcome,
-                    stress_peak_gib=t.stress_peak_gib,
-                    headroom_gib=t.free_at_peak_gib,
-                    feasible=t.feasible,
-                    reason=t.reason,
-                )
-            )
+        obs = [
+            o
+            for t in trials
+            if t.kind != "running" and (o := observation_of(t, t.params)) is not None
+        ]
         model = memory_model.fit(obs)
         ys = []
         for x in grid:

@@ -27,7 +27,7 @@ from autotune.memory.model import Observation
 from autotune.record.seeds import Seed, Seeds, seeds_of
 from autotune.record.stored import Stored, stored, study_record
 from autotune.record.stored import required_headroom as stored_headroom
-from autotune.record.view import view
+from autotune.record.view import TrialView, view
 from autotune.search.points import FRACTION, Point, setting_of
 
 MAX_INT_CANDIDATES = 24
@@ -43,10 +43,29 @@ def trial_params(t: FrozenTrial, s: Stored | None = None) -> dict[str, Scalar]:
     return params
 
 
+def observation_of(v: TrialView, params: Mapping[str, Scalar]) -> Observation | None:
+    """What a finished trial taught about memory, as the memory model reads it: from the record
+    as written (`TrialView.stored`: the reason and evidence unmasked, the stress peak as the
+    probe saw it), feasible when it completed within every constraint. None without a numeric
+    fraction. The search and the report's model curve both read trials through it."""
+    setting = setting_of(params)
+    if setting is None:
+        return None
+    s = v.stored
+    return Observation(
+        setting=setting,
+        ledger=v.ledger,
+        outcome=v.outcome,
+        stress_peak_gib=s.stress_peak_gib,
+        headroom_gib=s.headroom_gib,
+        feasible=v.state == "complete" and all(c <= 0 for c in s.constraints.values()),
+        reason=" ".join([s.reason or "", *s.evidence]),
+    )
+
+
 def point_of(t: FrozenTrial) -> Point | None:
     """A finished trial in the planner's terms, from its view; None when it says nothing about
-    memory. The planner learns from the record as written (`TrialView.stored`: the reason and
-    evidence unmasked, the stress peak as the probe saw it)."""
+    memory (`observation_of`)."""
     if t.state not in (TrialState.COMPLETE, TrialState.FAIL):
         return None
     v = view(t)
@@ -54,18 +73,9 @@ def point_of(t: FrozenTrial) -> Point | None:
     if t.state == TrialState.FAIL and not v.ending.is_parameter_result:
         return None
     params = trial_params(t, s)
-    setting = setting_of(params)
-    if setting is None:
+    obs = observation_of(v, params)
+    if obs is None:
         return None
-    obs = Observation(
-        setting=setting,
-        ledger=v.ledger,
-        outcome=v.outcome,
-        stress_peak_gib=s.stress_peak_gib,
-        headroom_gib=s.headroom_gib,
-        feasible=t.state == TrialState.COMPLETE and all(c <= 0 for c in s.constraints.values()),
-        reason=" ".join([s.reason or "", *s.evidence]),
-    )
     return Point(
         number=t.number,
         params=params,
