@@ -99,9 +99,12 @@ def handle(args: argparse.Namespace) -> int:
             f"--results-dir {args.results_dir}: cannot create {folder}: {exc}"
         ) from exc
     try:
-        with study_lock(folder), gpu_claim(study_folder, worker_gpus(cfg), cfg.name):
-            with stop_signals() as stopped:
-                return stopped.exit_code(run(cfg, folder, url, launcher, sys.stdout))
+        with (
+            study_lock(folder),
+            gpu_claim(study_folder, worker_gpus(cfg), cfg.name),
+            stop_signals() as stopped,
+        ):
+            return stopped.exit_code(run(cfg, folder, url, launcher, sys.stdout))
     except UsageError:
         _undo(folder, made)
         raise
