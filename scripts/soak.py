@@ -453,7 +453,9 @@ class Review(threading.Thread):
             "status": ["status", *common],
             "report": ["report", *common],
             "export": ["export", *common, "--format", "shell", "--no-flag-check"],
-            "confirm": ["confirm", *common],
+            # the soak confirms the winner alongside the run; its worst cases (a launch's worth
+            # of bursts) are `confirm`'s own tests, not this loop's
+            "confirm": ["confirm", *common, "--cases", "none"],
         }
         with open(self.log, "a") as out:
             while not self.halt.is_set():
@@ -464,15 +466,24 @@ class Review(threading.Thread):
                     self.halt.wait(0.5)
 
     def _once(self, name: str, argv: list[str], out: Any) -> None:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "autotune", *argv],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=self.folder,
+            start_new_session=True,
+        )  # fmt: skip
         try:
-            done = subprocess.run(
-                [sys.executable, "-m", "autotune", *argv],
-                capture_output=True, text=True, timeout=120, cwd=self.folder,
-                start_new_session=True,
-            )  # fmt: skip
+            stdout, stderr = proc.communicate(timeout=120)
         except subprocess.TimeoutExpired:
+            # stopped as an operator would (Ctrl-C), so a confirm stops the server it started
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
             self.problems.append(f"{name}: no answer within 120 s")
             return
+        done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
         self.codes[f"{name} exit {done.returncode}"] += 1
         out.write(f"$ autotune {name} → {done.returncode}\n{done.stdout[-2000:]}{done.stderr}\n")
         lines = [ln for ln in done.stderr.splitlines() if ln.strip()]

@@ -81,6 +81,7 @@ class Kind(StrEnum):
     RANK_DEAD = "rank_dead"
     SUBPROCESS_CRASHED = "subprocess_crashed"
     WATCHDOG_TIMEOUT = "watchdog_timeout"
+    FATAL_SIGNAL = "fatal_signal"
     WARMUP_FAILED = "warmup_failed"
     HICACHE_TOO_SMALL = "hicache_too_small"
     EXIT_CODE = "exit_code"
@@ -132,6 +133,7 @@ FAILURE_KINDS = frozenset(
         Kind.RANK_DEAD,
         Kind.SUBPROCESS_CRASHED,
         Kind.WATCHDOG_TIMEOUT,
+        Kind.FATAL_SIGNAL,
         Kind.WARMUP_FAILED,
         Kind.HICACHE_TOO_SMALL,
         Kind.HOST_ENOMEM,

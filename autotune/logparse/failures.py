@@ -126,10 +126,25 @@ def _oom(line: str, ctx: Ctx) -> Event | None:
     return Event(Kind.OOM, *ctx)
 
 
+_FATAL_SIGNALS = (
+    "Segmentation fault",
+    "Bus error",
+    "Floating point exception",
+    "Illegal instruction",
+)
+"""The crashes CPython's faulthandler names in `Fatal Python error: <signal>` (SGLang enables it in
+each scheduler, `managers/scheduler.py` `configure_scheduler_process`: `faulthandler.enable()`):
+a process that dies so prints no Python traceback and sends its parent no SIGQUIT. `Aborted` is
+left out: NCCL's and torch's watchdogs abort a process on purpose after a timeout."""
+
+
 def failure(line: str, ctx: Ctx) -> Event | None:
     """Failure text, wherever it sits in the line (tracebacks carry no prefix)."""
     if line.startswith(_REQUEST_LOG):
         return None
+    if line.startswith("Fatal Python error: "):
+        what = line[len("Fatal Python error: ") :].strip()
+        return Event(Kind.FATAL_SIGNAL, *ctx, label=what) if what in _FATAL_SIGNALS else None
     if ("emory" in line or "EMORY" in line or "ALLOC_FAILED" in line) and _ANY_OOM.search(line):
         return _oom(line, ctx)
     if _MACHINE_HINT.search(line):
@@ -252,9 +267,17 @@ def _looks_like_exception(line: str) -> bool:
     return ("Error" in line or "Exception" in line) and bool(_EXCEPTION_LINE.match(line))
 
 
+_FAULT_FRAME = re.compile(r", line \d+ (in \w+)\s*$")
+"""A frame as faulthandler prints it (`  File "…", line N in event_loop_overlap`, no comma)."""
+
+
 def serving_frame(message: str, ctx: Ctx) -> Event | None:
-    """A traceback frame (`  File "…", line N, in event_loop_overlap`) of the serving loop."""
+    """A traceback frame (`  File "…", line N, in event_loop_overlap`, or faulthandler's `…, line
+    N in event_loop_overlap`) of the serving loop."""
     at = message.rfind(", in ")
     if at > 0 and message[at + 2 :].startswith(_SERVING_FRAMES):
         return Event(Kind.SERVING_FRAME, *ctx, label=message[at + 5 :].strip())
+    fault = _FAULT_FRAME.search(message) if at < 0 else None
+    if fault is not None and fault.group(1).startswith(_SERVING_FRAMES):
+        return Event(Kind.SERVING_FRAME, *ctx, label=fault.group(1)[3:])
     return None

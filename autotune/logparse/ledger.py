@@ -125,6 +125,11 @@ class Ledger:
     host_budget_gb: float | None = None
     """0.5.23 auto-sizing: one rank's host budget, `(available − 10 GiB) ÷ ranks`, decimal GB."""
     host_ranks: int | None = None
+    host_available_gib: float | None = None
+    """0.5.23's `HiCache memory headroom: host H GiB, cgroup C GiB` (printed when a memory cgroup
+    limits the server, `mem_cache/host_memory.py`): H, the host's available RAM."""
+    cgroup_headroom_gib: float | None = None
+    """C of that line: what the container's memory limit leaves, the bound when below H."""
     mem_fraction_static: float | None = None
     page_size: int | None = None
     tp_size: int | None = None
@@ -139,6 +144,33 @@ class Ledger:
     startup_timings: dict[str, float] | None = field(default=None, hash=False)
     """`Engine startup timings (s)` (0.5.18+): load_weight, kv_cache_allocation, scheduler_e2e,
     tokenizer_e2e and `cuda_graph.<phase>`, seconds."""
+    # What the trial asked for, beside what SGLang ran (`logparse.clamps` compares them).
+    requested_max_running_requests: int | None = None
+    """`--max-running-requests` as the `server_args=` line shows it (0.5.23 prints the resolved
+    value: 48 with speculative decoding); else the `requested` of the line that lowered it."""
+    max_running_requests_rule: str | None = None
+    """Which line lowered the request slots: `kv_capacity` (0.5.23 `max_running_requests was
+    reduced from the requested R to E (per dp worker) due to the available KV cache capacity.`,
+    `mem_cache/kv_cache_configurator.py` `resolve_max_num_reqs`), `post_capture` (`Post-capture
+    KV sizing: max_running_requests R -> E`, `model_runner_components/kv_pool_runtime.py`
+    `compute_post_capture_kv_resize`) or `spec_reset` (0.5.9 `Max running requests is reset to
+    48 for speculative decoding`, `server_args.py`)."""
+    requested_cuda_graph_max_bs: int | None = None
+    """`--cuda-graph-max-bs` as the `server_args=` line shows it (0.5.9 `cuda_graph_max_bs`,
+    0.5.23 `cuda_graph_max_bs_decode`); None when SGLang chose it."""
+    requested_context_length: int | None = None
+    """`--context-length` as the `server_args=` line shows it; None when the model's own."""
+    requested_chunked_prefill_size: int | None = None
+    """`--chunked-prefill-size` as the `server_args=` line shows it (0.5.23: resolved)."""
+    post_capture_kv_sizing: bool | None = None
+    """Whether SGLang sized the KV pool after graph capture (0.5.23, SGLANG_ENABLE_POST_CAPTURE_
+    KV_SIZING): True when the log shows `KV Cache VA upper bound` or `Post-capture KV sizing: KV
+    cache allocated`, False when it shows the pool `is allocated` outright, None without a KV
+    line."""
+    post_capture_requested: bool | None = None
+    """Whether the trial's environment turned post-capture sizing on. SGLang reads the variable
+    (`environ.py`) and prints it nowhere, so the log cannot say it: the trial sets it from its
+    environment (`trial.judge`); None for a log read on its own."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe: numbers, strings, None and flat dicts of numbers only."""
@@ -363,6 +395,16 @@ def _from_server_args(event: Event | None) -> dict[str, Any]:
         "chunked_prefill_size": _scalar(args, "chunked_prefill_size", int),
         "max_prefill_tokens": _scalar(args, "max_prefill_tokens", int),
         "max_running_requests": _scalar(args, "max_running_requests", int),
+        "requested_max_running_requests": _scalar(args, "max_running_requests", int),
+        "requested_cuda_graph_max_bs": _scalar(
+            args,
+            "cuda_graph_max_bs_decode"
+            if "cuda_graph_max_bs_decode" in args
+            else "cuda_graph_max_bs",
+            int,
+        ),
+        "requested_context_length": _scalar(args, "context_length", int),
+        "requested_chunked_prefill_size": _scalar(args, "chunked_prefill_size", int),
     }
     if not args.get("enable_hierarchical_cache"):
         out["hicache_ratio"] = out["hicache_size_gb"] = None
@@ -377,6 +419,8 @@ def build_ledger(events: Iterable[Event]) -> Ledger:
     host = _Host()
     first: dict[Kind, Event] = {}
     mrr_reduced: float | None = None
+    mrr_requested: float | None = None
+    mrr_rule: str | None = None
     kv_dtype: str | None = None
     graph_bs: float | None = None
     for event in events:
@@ -393,10 +437,15 @@ def build_ledger(events: Iterable[Event]) -> Ledger:
             host.add(event)
         elif kind is Kind.MRR_REDUCED:
             mrr_reduced = event.values.get("value")
+            mrr_requested, mrr_rule = event.values.get("requested"), "kv_capacity"
+        elif kind is Kind.MRR_SPEC_RESET:
+            mrr_rule = mrr_rule or "spec_reset"
         elif kind is Kind.GRAPH_BATCH_SIZES:
             graph_bs = graph_bs or event.values.get("max_bs")
         if kind is Kind.POST_CAPTURE and event.label == "max_running_requests":
             mrr_reduced = event.values.get("value", mrr_reduced)
+            mrr_requested = mrr_requested or event.values.get("requested")
+            mrr_rule = "post_capture"
         if kind is Kind.POST_CAPTURE and event.label in ("kv", "draft_kv"):
             ranks.setdefault(event.rank, _Rank()).add(event)
     ordered = [ranks[r] for r in sorted(ranks, key=rank_order)]
@@ -446,7 +495,13 @@ def build_ledger(events: Iterable[Event]) -> Ledger:
         host_requested_gb=_first_value(first, Kind.HOST_MEMORY, "requested_gb"),
         host_budget_gb=_host_budget(first.get(Kind.HICACHE_AUTOSIZE)),
         host_ranks=_int(_first_value(first, Kind.HICACHE_AUTOSIZE, "ranks")),
+        host_available_gib=_first_value(first, Kind.HOST_HEADROOM, "host_gib"),
+        cgroup_headroom_gib=_first_value(first, Kind.HOST_HEADROOM, "cgroup_gib"),
         startup_timings=dict(t.values) if (t := first.get(Kind.STARTUP_TIMINGS)) else None,
+        requested_max_running_requests=args.get("requested_max_running_requests")
+        or _int(mrr_requested),
+        max_running_requests_rule=mrr_rule,
+        post_capture_kv_sizing=_post_capture_seen(events),
     )
     return led.merged(Ledger(**{k: v for k, v in args.items() if v is not None}))
 
@@ -505,6 +560,20 @@ def _prefill_max_tokens(events: Iterable[Event]) -> float | None:
         if e.kind is Kind.GRAPH_CAPTURE_BEGIN and "max_tokens" in e.values
     ]
     return max(sizes) if sizes else None
+
+
+def _post_capture_seen(events: Iterable[Event]) -> bool | None:
+    """Whether the target pool was sized after graph capture: 0.5.23 prints `KV Cache VA upper
+    bound` for a pool it will resize (`mem_cache/memory_pool.py`, `post_capture_active`) and
+    `Post-capture KV sizing: KV cache allocated` once it did (`kv_pool_runtime.py`); a pool that
+    `is allocated` outright was not. None without a target KV line."""
+    seen: bool | None = None
+    for e in events:
+        if e.kind is Kind.POST_CAPTURE and e.label == "kv":
+            return True
+        if e.kind is Kind.KV_ALLOCATED and e.values.get("pool", 0.0) != POOL_AUX and seen is None:
+            seen = bool(e.values.get("va_upper_bound"))
+    return seen
 
 
 def _canary(events: Iterable[Event]) -> float | None:
@@ -659,3 +728,32 @@ def cross_check(
         if a is not None and abs(a - b) > gib_tolerance:
             problems.append(f"graph_phases.{phase}: log={a} server={b}")
     return tuple(problems)
+
+
+RANK_FIELDS = (
+    "p_gib",
+    "weights_gib",
+    "avail_after_weights_gib",
+    "kv_gib",
+    "avail_after_pool_gib",
+    "graph_gib",
+    "avail_after_graphs_gib",
+)
+"""The ledger fields every rank prints for itself (SGLang 0.5.23 logs each with `logger.info` on
+every TP worker, not `log_info_on_rank0`: `model_executor/model_runner.py` `load_model` for
+`Load weight begin/end`, `mem_cache/memory_pool.py` for `KV Cache is allocated`,
+`mem_cache/kv_cache_configurator.py` for `Memory pool end`,
+`model_executor/model_runner_components/cuda_graph_setup.py` for `Capture … CUDA graph end`)."""
+
+
+def rank_ledgers(events: Iterable[Event]) -> dict[str, Ledger]:
+    """One ledger per rank tag that printed a per-rank line (`_PER_RANK`), each built from that
+    rank's own lines only, in `rank_order`: what each rank showed of `RANK_FIELDS`, so a rank
+    whose line is missing is seen (the merged ledger takes the least or most over the ranks that
+    printed)."""
+    events = tuple(events)
+    tags = sorted({e.rank for e in events if e.kind in _PER_RANK}, key=rank_order)
+    return {
+        tag: build_ledger(e for e in events if e.kind in _PER_RANK and e.rank == tag)
+        for tag in tags
+    }

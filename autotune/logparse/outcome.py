@@ -203,7 +203,10 @@ _STARTUP_MEMORY_KINDS = frozenset(
 # `…Error:` line after the `Scheduler hit an exception` line that announced it). A rank the
 # host's OOM killer ended ranks with the memory lines (`_KILLED_RANK`), above what the other
 # ranks print when their peer vanishes (an NCCL remote error); a rank that died otherwise ranks
-# below the line that explains why. A request failed with the OOM error is below every death.
+# below the line that explains why. A rank's own crash (faulthandler's `Fatal Python error:
+# Segmentation fault`) explains its peers' watchdog timeouts, waiting in a collective it never
+# joined, and the watchdog's report of its exit code. A request failed with the OOM error is
+# below every death.
 _PRIORITY = (
     Kind.NO_KV_ROOM,
     Kind.POOL_TOO_SMALL,
@@ -225,6 +228,7 @@ _PRIORITY = (
     Kind.DISK_FULL,
     Kind.GPU_FAULT,
     Kind.HOST_FAULT,
+    Kind.FATAL_SIGNAL,
     Kind.WATCHDOG_TIMEOUT,
     Kind.HICACHE_TOO_SMALL,
     Kind.WARMUP_FAILED,

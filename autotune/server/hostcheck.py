@@ -2,9 +2,13 @@
 
 Three mistakes would otherwise cost a launch each (or a whole night of failed trials):
 SGLang not installed for the interpreter the study's command names, a model path that does not
-exist, and a hierarchical host cache that cannot fit in host RAM (per rank, times the ranks).
-Host RAM is the simulator profile's in rehearsal and the machine's (/proc/meminfo) on the real
-backend. Each problem is a `ConfigError` or `UsageError` naming the value and the fix.
+exist, and a hierarchical host cache that cannot fit in host memory (per rank, times the ranks).
+Host memory is bounded by the SGLang release's own rule (`server.hostmem`): host RAM available,
+bounded by the container's memory cgroup, less a 10 GiB reserve; the simulator profile's in
+rehearsal, the machine's (/proc/meminfo, the cgroup files) on the real backend. Each problem is a
+`ConfigError` or `UsageError` naming the value and the fix. A host cache candidate above the bound
+is a note here, and each trial that asks for it is refused before its launch (`hicache_refusal`);
+only a study whose every host cache candidate is above it stops here.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from autotune.config.space import gpus_needed, server_argv, settings_of
@@ -30,21 +34,33 @@ from autotune.config.studyfile import (
 from autotune.errors import ConfigError, HarnessError, UsageError
 from autotune.server.flagcheck import inspect_argvs
 from autotune.server.gpu import GpuProbe, NvmlProbe, visible_devices
+from autotune.server.hostmem import (
+    CgroupError,
+    GiB,
+    HostBound,
+    Limit,
+    cgroup_limits,
+    headroom_of,
+    meminfo_available,
+)
 from autotune.sim.profiles import ProfileError, load_profile
 
 MODEL_FLAGS = ("model_path", "speculative_draft_model_path", "tokenizer_path")
 _FIND_SGLANG = "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"
+_SGLANG_VERSION = "import importlib.metadata as m; print(m.version('sglang'))"
+SIM_CGROUP_KEY = "hardware.cgroup_memory_max_gib"
 
 
 def check_host(
     cfg: StudyConfig,
     *,
-    host_ram_gb: Callable[[], float | None] | None = None,
+    host: Callable[[], HostBound | None] | None = None,
     sglang_present: Callable[[tuple[str, ...]], bool] | None = None,
     gpu_probe: Callable[[], GpuProbe] | None = None,
 ) -> list[str]:
     """Raise when the study cannot run here; nothing is launched before this passes. Returns
-    notes worth a line each (a flag SGLang reads under another spelling)."""
+    notes worth a line each (a flag SGLang reads under another spelling, host cache candidates
+    over the host memory bound). `host` gives the bound (`host_bound` by default)."""
     sim = cfg.server.backend == "sim"
     if not sim:
         _check_sglang(cfg.server.command, sglang_present or _sglang_importable)
@@ -52,9 +68,8 @@ def check_host(
     notes = _check_flags(cfg)
     if not sim:
         _check_gpus(cfg, (gpu_probe or NvmlProbe)())
-    ram = (host_ram_gb or (lambda: _ram_gb(cfg)))()
-    _check_hicache(cfg, ram, "the simulator profile's" if sim else "this machine's")
-    return notes
+    bound = (host or (lambda: host_bound(cfg)))()
+    return notes + _check_hicache(cfg, bound)
 
 
 def _check_sglang(command: tuple[str, ...], present: Callable[[tuple[str, ...]], bool]) -> None:
@@ -144,22 +159,33 @@ def _ranks(cfg: StudyConfig) -> int:
     return gpus_needed(cfg.server.flags)
 
 
-def _largest_hicache(cfg: StudyConfig) -> float:
+def _ranks_per_host(cfg: StudyConfig) -> int:
+    """The ranks whose host pools share this host: tp × pp over `--nnodes` (0.5.23
+    `ranks_per_host`: the launch world size ÷ nodes, at least 1)."""
+    nnodes = dict(cfg.server.flags).get("nnodes")
+    nodes = nnodes if isinstance(nnodes, int) and not isinstance(nnodes, bool) and nnodes > 0 else 1
+    return max(1, _ranks(cfg) // nodes)
+
+
+def hicache_candidates(cfg: StudyConfig) -> list[float]:
+    """The host cache sizes (GB per rank, > 0) the study may launch: each choice, a range's ends
+    (its low end, or its first step above 0 when it starts at 0 = off), or the fixed flag."""
     for p in cfg.search.params:
         if p.name != HICACHE:
             continue
         if isinstance(p, Fixed):
-            values = [p.value]
+            values: list[Scalar] = [p.value]
         elif isinstance(p, Choices):
             values = list(p.values)
         elif isinstance(p, IntRange | FloatRange):
-            values = [p.high]
+            # a continuous range from 0 holds sizes as small as one likes: 1e-9 stands for them
+            first = p.low if p.low > 0 else min(p.step or 1e-9, p.high)
+            values = [first, p.high]
         else:
             values = []
-        numbers = [float(v) for v in values if isinstance(v, int | float)]
-        return max(numbers, default=0.0)
+        return [float(v) for v in values if isinstance(v, int | float) and v > 0]
     value = dict(cfg.server.flags).get(HICACHE)
-    return float(value) if isinstance(value, int | float) else 0.0
+    return [float(value)] if isinstance(value, int | float) and value > 0 else []
 
 
 def _check_gpus(cfg: StudyConfig, probe: GpuProbe) -> None:
@@ -192,26 +218,85 @@ def _check_gpus(cfg: StudyConfig, probe: GpuProbe) -> None:
         )
 
 
-def _check_hicache(cfg: StudyConfig, ram_gb: float | None, whose: str) -> None:
-    largest = _largest_hicache(cfg)
-    ranks = _ranks(cfg)
-    if ram_gb is None or largest <= 0 or largest * ranks <= ram_gb:
-        return
-    raise ConfigError(
-        f"search.{HICACHE}",
-        f"{largest:g} GB per rank × {ranks} ranks = {largest * ranks:g} GB of host cache is "
-        f"more than {whose} {ram_gb:g} GB of host RAM; lower it to at most "
-        f"{ram_gb / ranks:g}",
-    )
+def _check_hicache(cfg: StudyConfig, bound: HostBound | None) -> list[str]:
+    """Every host cache candidate above the bound: a preflight error when none is left, else a
+    note (each trial that asks for one is refused before launch, `hicache_refusal`)."""
+    candidates = hicache_candidates(cfg)
+    if bound is None or not candidates:
+        return []
+    over = [c for c in candidates if not bound.fits(c)]
+    if not over:
+        return []
+    where = f"search.{HICACHE}" if HICACHE in cfg.search.names() else f"server.flags.{HICACHE}"
+    if len(over) == len(candidates):
+        raise ConfigError(where, bound.refusal(max(over), HICACHE, named=False))
+    return [
+        f"{where}: {', '.join(f'{c:g}' for c in over)} GB per rank is over the host memory bound "
+        f"({bound.source()}, {bound.per_rank_gb:.1f} GB per rank); those trials are refused "
+        "before launch"
+    ]
 
 
-def _ram_gb(cfg: StudyConfig) -> float | None:
+def hicache_refusal(cfg: StudyConfig, params: Mapping[str, object], bound: HostBound | None) -> str:
+    """Why a trial of `params` is not launched: its host cache is above the bound ("" when it
+    fits, when it has none, or when no bound is known)."""
+    value = params.get(HICACHE, dict(cfg.server.flags).get(HICACHE))
+    if bound is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return ""
+    return bound.refusal(float(value), HICACHE)
+
+
+def host_bound(
+    cfg: StudyConfig, *, proc: Path = Path("/proc"), root: Path = Path("/")
+) -> HostBound | None:
+    """The host memory bound of this study's host cache: the simulator profile's host RAM and
+    cgroup limit (`hardware.cgroup_memory_max_gib`) in rehearsal, this machine's MemAvailable and
+    memory cgroup on the real backend (`proc` and `root` are where those files are read); None
+    when host RAM cannot be read (nothing is checked then)."""
+    ranks = _ranks_per_host(cfg)
     if cfg.server.backend == "sim":
         try:
-            return load_profile(cfg.server.sim_profile).hardware.host_ram_gb
+            profile = load_profile(cfg.server.sim_profile)
         except (ProfileError, OSError):
             return None  # the launch reports a bad profile itself
-    return machine_ram_gb()
+        hw = profile.hardware
+        limit = hw.cgroup_memory_max_gib
+        cgroup = (
+            Limit(f"the simulator profile's {SIM_CGROUP_KEY}", int(limit * GiB)) if limit else None
+        )
+        release = cfg.server.sim_version or profile.sglang_version
+        ram = int(hw.host_ram_available_gb * 1e9)
+        return HostBound(ram, "the simulator profile's", cgroup, ranks, release)
+    available = meminfo_available(proc / "meminfo")
+    if available is None:
+        return None
+    try:
+        limits = cgroup_limits(proc, root)
+    except (CgroupError, OSError):
+        limits = None  # SGLang then checks an explicit size against host RAM alone, and so do we
+    version = sglang_version(cfg.server.command)
+    return HostBound(available, "this machine's", headroom_of(limits or []), ranks, version)
+
+
+def sglang_version(command: tuple[str, ...]) -> str | None:
+    """The SGLang release the study's Python has installed, None when the command does not run
+    SGLang or its version cannot be read."""
+    if not (len(command) >= 3 and command[1] == "-m" and command[2].startswith("sglang")):
+        return None
+    try:
+        done = subprocess.run(
+            [command[0], "-c", _SGLANG_VERSION],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = done.stdout.strip()
+    if done.returncode != 0 or not text:
+        return None
+    return text
 
 
 def machine_ram_gb(meminfo: Path = Path("/proc/meminfo")) -> float | None:

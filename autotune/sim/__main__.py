@@ -3,7 +3,8 @@
 Owns only the process entry: find the profile and the release (`--sim-version`, else the
 profile's `sglang_version`), parse the command line with that release's flags, run `SimServer`.
 A bad profile exits 2 like a bad flag. It is kept apart so the simulator is launched the way
-SGLang's `python -m sglang.launch_server` is: one module, SGLang's flags, one server process.
+SGLang's `python -m sglang.launch_server` is: one module, SGLang's flags, one server process
+(which starts its scheduler and detokenizer children, `tree`).
 """
 
 from __future__ import annotations

@@ -18,6 +18,21 @@ oom-kill=SECONDS     SECONDS after the server is ready the OS OOM killer SIGKILL
                      rank 0: 0.5.23's SubprocessWatchdog logs it and the whole tree is killed
                      (rc -9); 0.5.9 has no watchdog, so the server stays up and stops answering
                      (health checks fail after 20 s)
+rank-dies=SECONDS    SECONDS after the server is ready the last TP rank's scheduler process dies
+                     of a segfault (faulthandler's `Fatal Python error: Segmentation fault`);
+                     its peers wait in the collective it never joins. 0.5.23's
+                     SubprocessWatchdog reports it within a second and the tree is killed; on
+                     0.5.9 nothing watches the children, so once a batch runs the peers' own
+                     watchdogs log `Scheduler watchdog timeout` after --watchdog-timeout, SIGQUIT
+                     the main process 5 s later and the tree is killed (rc -9)
+orphan-scheduler     the scheduler processes ask for no parent-death signal: a main process
+                     SIGKILLed (or exiting) leaves them running, each holding its GPU memory
+                     under its own pid, until someone kills them (the process group does)
+bad-server-info      /server_info and /get_server_info answer 200 with a JSON object that has no
+                     `internal_states` and no `version` (a server of another shape)
+reword-log           the ranks print P reworded (`Weight loading begins, free memory: X GB`
+                     for `Load weight begin. avail mem=X GB`), as a release that rewords its
+                     memory lines would: the log no longer shows P
 
 The host's own faults need no switch, because the simulator meets the real thing as SGLang does:
 another process listening on its port (uvicorn's `[Errno 98]` line, then the warm-up gives up:
@@ -46,16 +61,22 @@ class FaultSet:
     startup_factor: float = 1.0
     oom_kill_startup: bool = False
     oom_kill_after_s: float | None = None
+    rank_dies_after_s: float | None = None
+    orphan_scheduler: bool = False
+    bad_server_info: bool = False
+    reword_log: bool = False
 
     @property
     def health_faults(self) -> frozenset[str]:
-        """The health faults in force (`health-empty`, `health-fail`), the set the HTTP side
-        consults."""
+        """The HTTP faults in force (`health-empty`, `health-fail`, `bad-server-info`), the set
+        the HTTP side consults."""
         out = set()
         if self.health_empty:
             out.add("health-empty")
         if self.health_fail:
             out.add("health-fail")
+        if self.bad_server_info:
+            out.add("bad-server-info")
         return frozenset(out)
 
 
@@ -65,6 +86,7 @@ def resolve(sim: SimOptions) -> FaultSet:
     hold = sim.fault("hold-gpu")
     slow = sim.fault("slow-startup")
     kill = sim.fault("oom-kill")
+    dies = sim.fault("rank-dies")
     return FaultSet(
         hang_weight_load=sim.fault("hang-weight-load") is not None,
         health_empty=sim.fault("health-empty") is not None,
@@ -75,4 +97,8 @@ def resolve(sim: SimOptions) -> FaultSet:
         startup_factor=slow.arg if slow is not None and slow.arg else 1.0,
         oom_kill_startup=sim.fault("oom-kill-startup") is not None,
         oom_kill_after_s=kill.arg if kill is not None else None,
+        rank_dies_after_s=dies.arg if dies is not None else None,
+        orphan_scheduler=sim.fault("orphan-scheduler") is not None,
+        bad_server_info=sim.fault("bad-server-info") is not None,
+        reword_log=sim.fault("reword-log") is not None,
     )

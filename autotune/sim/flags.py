@@ -44,6 +44,10 @@ SIM_FAULTS = (
     "slow-startup",
     "oom-kill-startup",
     "oom-kill",
+    "rank-dies",
+    "orphan-scheduler",
+    "bad-server-info",
+    "reword-log",
 )
 
 __all__ = [
@@ -409,7 +413,7 @@ def _fault(text: str) -> Fault:
         raise argparse.ArgumentTypeError(
             f"unknown fault {kind!r}; choose from {', '.join(SIM_FAULTS)}"
         )
-    if kind in ("hold-gpu", "slow-startup", "oom-kill"):
+    if kind in ("hold-gpu", "slow-startup", "oom-kill", "rank-dies"):
         try:
             value = float(arg)
         except ValueError:

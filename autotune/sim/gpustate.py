@@ -32,7 +32,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -204,15 +204,17 @@ def read_gpu_state(directory: Path, now: Callable[[], float] = time.monotonic) -
     return out
 
 
-def foreign_used_bytes(directory: Path, indices: list[int], exclude_pid: int) -> list[int]:
-    """Bytes other holders use on each of `indices` (what shrinks a new server's P)."""
+def foreign_used_bytes(
+    directory: Path, indices: list[int], exclude: int | Collection[int]
+) -> list[int]:
+    """Bytes other holders use on each of `indices` (what shrinks a new server's P); `exclude` is
+    the server's own pid, or every pid of its process tree."""
+    ours = {exclude} if isinstance(exclude, int) else set(exclude)
     state = {g.index: g for g in read_gpu_state(directory)}
     out = []
     for idx in indices:
         gpu = state.get(idx)
-        out.append(
-            0 if gpu is None else sum(b for p, b in gpu.processes.items() if p != exclude_pid)
-        )
+        out.append(0 if gpu is None else sum(b for p, b in gpu.processes.items() if p not in ours))
     return out
 
 

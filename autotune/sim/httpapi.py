@@ -216,6 +216,8 @@ class _Api:
         return args
 
     async def server_info(self, request: web.Request) -> web.Response:
+        if "bad-server-info" in self.s.faults:
+            return web.json_response({"status": "ready", "model_path": self.s.model_name})
         if self.s.release.graph_memory_per_phase:
             return web.json_response(self._server_info_0523())
         p = self.s.plan

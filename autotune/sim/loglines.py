@@ -534,6 +534,49 @@ def fmt_watchdog_crash(name: str, pid: int, exit_code: int) -> str:
     )
 
 
+def fmt_hicache_headroom(host_gib: float, cgroup_gib: float) -> str:
+    """0.5.23 mem_cache/host_memory.py `available_host_memory_bytes` (logged when a cgroup
+    limit bounds the process)."""
+    return f"HiCache memory headroom: host {host_gib:.1f} GiB, cgroup {cgroup_gib:.1f} GiB"
+
+
+def fmt_scheduler_watchdog(timeout: float) -> str:
+    """A scheduler's watchdog giving up on a forward that makes no progress (0.5.23
+    utils/watchdog.py `WatchdogRaw._watchdog_once`: `f"{self.debug_name} watchdog timeout
+    ({self.watchdog_timeout=}, {self.soft=})"`, debug name `Scheduler`; 0.5.9 the same). The
+    default `--watchdog-timeout` is the int 300 (`arg_groups/fields/device.py`); a value given
+    on the command line is a float."""
+    shown = int(timeout) if timeout == 300 else timeout
+    return f"Scheduler watchdog timeout (self.watchdog_timeout={shown!r}, self.soft=False)"
+
+
+SEGFAULT_FRAMES = (
+    ("/usr/local/lib/python3.12/dist-packages/sglang/srt/layers/communicator.py", 612,
+     "_gather_hidden_states_and_residual"),
+    ("/usr/local/lib/python3.12/dist-packages/sglang/srt/model_executor/model_runner.py", 2467,
+     "forward"),
+    ("/usr/local/lib/python3.12/dist-packages/sglang/srt/managers/tp_worker.py", 431,
+     "forward_batch_generation"),
+    ("/usr/local/lib/python3.12/dist-packages/sglang/srt/managers/scheduler.py", 2891,
+     "run_batch"),
+    ("/usr/local/lib/python3.12/dist-packages/sglang/srt/managers/scheduler.py", 1207,
+     "event_loop_overlap"),
+)  # fmt: skip
+
+
+def fmt_segfault() -> str:
+    """What CPython's faulthandler writes when a scheduler dies of SIGSEGV (SGLang enables it in
+    `configure_scheduler_process`: `faulthandler.enable()`): unprefixed, the innermost frame
+    first, each `  File "…", line N in name` (faulthandler's own format, no comma)."""
+    frames = "".join(f'  File "{path}", line {line} in {name}\n' for path, line, name in
+                     SEGFAULT_FRAMES)  # fmt: skip
+    return (
+        "Fatal Python error: Segmentation fault\n\n"
+        "Thread 0x00007f3b2e7fc640 (most recent call first):\n"
+        f"{frames}\n"
+    )
+
+
 def fmt_hicache_auto(requested: float, ratio: float, budget_gib: float, fraction: float,
                      ranks: int, pools_gib: float) -> str:  # fmt: skip
     """0.5.23 mem_cache/hicache_auto_size.py:117."""
@@ -541,6 +584,17 @@ def fmt_hicache_auto(requested: float, ratio: float, budget_gib: float, fraction
         f"HiCache auto-sizing: ratio {requested:.3f} -> {ratio:.3f}; {budget_gib:.1f} GiB host "
         f"memory per rank (fraction {fraction:.2f}, {ranks} ranks on this host), host pools "
         f"{pools_gib:.1f} GiB."
+    )
+
+
+def fmt_pool_below_context(tokens: int, context: int) -> str:
+    """0.5.23 `managers/tp_worker.py` `get_worker_info`'s warning: the pool holds fewer tokens
+    than one full-length request needs."""
+    return (
+        f"KV pool holds {tokens} tokens, fewer than --context-length {context}. One full-length "
+        "request cannot fit, so long requests will be refused or truncated at serving time. "
+        "Lower --context-length, raise --mem-fraction-static, or free memory taken before the "
+        "pool is sized."
     )
 
 

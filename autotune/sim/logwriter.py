@@ -16,6 +16,8 @@ import threading
 from collections.abc import Callable
 from typing import TextIO
 
+_P_LINE = "Load weight begin. avail mem="
+
 
 def _now() -> dt.datetime:
     return dt.datetime.now()
@@ -35,6 +37,8 @@ class LogWriter:
         self.stream = stream if stream is not None else sys.stderr
         self.access_stream = access_stream if access_stream is not None else sys.stdout
         self.clock = clock
+        self.reworded = False
+        """Print P reworded (the `reword-log` fault), as a release that rewords its lines."""
         self._lock = threading.Lock()
 
     def _stamp(self) -> str:
@@ -53,8 +57,16 @@ class LogWriter:
 
     def rank(self, rank: int, message: str) -> None:
         """Write `message` as rank `rank`'s line (`TPn` in the prefix only when tp > 1)."""
+        self._emit(self.stream, self.rank_text(rank, message))
+
+    def rank_text(self, rank: int, message: str, stamp: str | None = None) -> str:
+        """Rank `rank`'s line as `rank` writes it, newline included, for a rank's own process to
+        write (`stamp` in place of the time, for a line written later)."""
         tag = f" TP{rank}" if self.tp > 1 else ""
-        self._emit(self.stream, f"[{self._stamp()}{tag}] {message}")
+        if self.reworded and message.startswith(_P_LINE):
+            message = f"Weight loading begins, free memory: {message[len(_P_LINE) :]}"
+        text = f"[{self._stamp() if stamp is None else stamp}{tag}] {message}"
+        return text if text.endswith("\n") else text + "\n"
 
     def every_rank(self, message: str | Callable[[int], str]) -> None:
         """Write `message` once per rank, in rank order (a callable gets the rank and gives its

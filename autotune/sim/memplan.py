@@ -142,6 +142,9 @@ class StartupPlan:
     host_budget_gb: float | None = None
     host_auto_ratio: tuple[float, float] | None = None
     """(requested, chosen) ratio when HiCache auto-sizing picked it (0.5.23)."""
+    host_headroom_gib: tuple[float, float] | None = None
+    """(host available, cgroup headroom) GiB when 0.5.23 read a cgroup limit (the profile's
+    `cgroup_memory_max_gib`): its `HiCache memory headroom` line."""
     host_draft_tokens: int | None = None
     host_draft_gb: float | None = None
     spec_steps: int = 0
@@ -468,6 +471,7 @@ class _Sizes(TypedDict, total=False):
     host_cache_gb: float
     host_budget_gb: float
     host_auto_ratio: tuple[float, float]
+    host_headroom_gib: tuple[float, float]
     host_draft_tokens: int
     host_draft_gb: float
 
@@ -991,7 +995,7 @@ class _Planner:
         _, elem = kv_dtype_for(s, self.profile)
         spt = host_bytes_per_token(self.profile.attention, b.tp, elem)
         self.sizes["host_cache_per_token_bytes"] = spt
-        available = self.profile.hardware.host_ram_available_gb * 1e9
+        available = self._host_available()
         auto = self.release.hicache_auto_size and s.hicache_size <= 0 and s.hicache_ratio is None
         if auto:
             return self._hicache_auto(available, spt)
@@ -1007,13 +1011,27 @@ class _Planner:
         if small is not None:
             return small
         if not self.release.host_budget_per_rank:
-            return _host_memory_failure(requested, available - HOST_RESERVE_BYTES, b.tp)
+            cgroup = self.profile.hardware.cgroup_memory_max_gib * GiB
+            return _host_memory_failure(requested, available - HOST_RESERVE_BYTES, b.tp, cgroup)
         budget = (int(available) - HOST_RESERVE_BYTES) // b.tp
         self.sizes["host_budget_gb"] = budget / 1e9
         if requested > budget:
             return _host_refused(requested, budget)
         left = (int(available) - b.tp * requested - HOST_RESERVE_BYTES) // b.tp
         return self._draft_host_pool(tokens, left)
+
+    def _host_available(self) -> float:
+        """Host RAM a pool may be checked against, bytes: the profile's available RAM, bounded
+        by the container's cgroup limit where the release reads it (0.5.23
+        `mem_cache/host_memory.py: available_host_memory_bytes`; the simulated container's usage
+        before the pools is taken as none, so its headroom is the limit)."""
+        hw = self.profile.hardware
+        host = hw.host_ram_available_gb * 1e9
+        cgroup = hw.cgroup_memory_max_gib * GiB
+        if cgroup <= 0 or not self.release.host_reads_cgroup:
+            return host
+        self.sizes["host_headroom_gib"] = (host / GiB, cgroup / GiB)
+        return min(host, cgroup)
 
     def _host_pool_size_check(self, label: str, tokens: int) -> StartupFailure | None:
         """0.5.9 refuses a host pool not larger than the device pool; 0.5.23 warns."""
@@ -1090,12 +1108,17 @@ def _host_refused(requested: float, available: float) -> StartupFailure:
     )
 
 
-def _host_memory_failure(requested: float, available: float, tp: int) -> StartupFailure | None:
+def _host_memory_failure(
+    requested: float, available: float, tp: int, cgroup: float = 0.0
+) -> StartupFailure | None:
     """0.5.9: too little host RAM is refused up front, or the OOM killer takes the ranks that
-    don't fit (each rank checks against the whole box)."""
+    don't fit (each rank checks against the whole box; the container's memory limit, `cgroup`
+    bytes when one is set, is never read, and its OOM killer takes the rank that pins past it)."""
     if requested > available:
         return _host_refused(requested, available)
     ranks_fit = int(available // requested) if requested > 0 else tp
+    if cgroup > 0 and requested > 0:
+        ranks_fit = min(ranks_fit, int(cgroup // requested))
     if ranks_fit < tp:
         return StartupFailure(
             "host_oom_killer",

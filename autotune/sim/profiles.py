@@ -31,7 +31,8 @@ class ProfileError(ValueError):
 @dataclass(frozen=True)
 class Hardware:
     """The box: GPU model, count and memory, what the CUDA context takes, host RAM (total and
-    available) and the host-to-device bandwidth HiCache loads at."""
+    available), the host-to-device bandwidth HiCache loads at, and the memory limit of the
+    container the server runs in (its cgroup's `memory.max`, GiB; 0 for none)."""
 
     gpu_name: str
     gpu_count: int
@@ -40,6 +41,7 @@ class Hardware:
     host_ram_gb: float
     host_ram_available_gb: float
     host_to_device_gbps: float = 20.0
+    cgroup_memory_max_gib: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,17 @@
-"""One simulated SGLang server process: GPU state, startup, serving, signals and death.
+"""One simulated SGLang server: the main process's GPU state, startup, serving, signals and death,
+over a tree of real child processes (`tree`: one scheduler per TP rank and a detokenizer).
 
 The startup stages live in `StartupSequence`; this module runs them, then the HTTP server and
 the scheduler. Once uvicorn's lines are out, SIGTERM stops the server like uvicorn (exit 0) until
 the first request (warm-up included); after it, like SGLang's TokenizerManager: drain, then
 0.5.9 SIGKILLs itself (rc −9) while 0.5.23 shuts the schedulers down, stops uvicorn and exits 0.
-A runtime OOM prints the scheduler's exception and the main process's SIGQUIT line, then SIGKILLs
-the process, as SGLang's kill_process_tree does. A scheduler killed after startup (the
-`oom-kill` fault) is noticed by 0.5.23's SubprocessWatchdog, which brings the tree down; 0.5.9
-keeps serving HTTP with a dead scheduler. A port another process holds fails the bind as uvicorn
+A runtime OOM makes every scheduler process print its exception and SIGQUIT the main process,
+whose handler logs its SIGQUIT line, SIGKILLs the children and then itself, as SGLang's
+kill_process_tree does. A scheduler process that dies after startup (the `oom-kill` and
+`rank-dies` faults) is noticed by 0.5.23's SubprocessWatchdog (a poll of the children every
+second), which logs it and SIGQUITs the main process; 0.5.9 keeps serving HTTP with a dead
+scheduler, and where a batch was running its peers' watchdogs end the tree after
+`--watchdog-timeout`. A port another process holds fails the bind as uvicorn
 on uvloop does, and SGLang's warm-up thread then gives up and kills the tree (`_bind_failed`).
 """
 
@@ -26,7 +30,14 @@ from autotune.sim import faults as faultmod
 from autotune.sim import gpustate
 from autotune.sim.flags import CommandLine, ServerSettings
 from autotune.sim.httpapi import ServerState, build_app
-from autotune.sim.loglines import fmt_bind_failed, fmt_warmup_gave_up, fmt_watchdog_crash, lines_for
+from autotune.sim.loglines import (
+    fmt_bind_failed,
+    fmt_scheduler_watchdog,
+    fmt_segfault,
+    fmt_warmup_gave_up,
+    fmt_watchdog_crash,
+    lines_for,
+)
 from autotune.sim.logwriter import LogWriter
 from autotune.sim.memplan import StartupPlan
 from autotune.sim.profiles import Profile
@@ -35,11 +46,17 @@ from autotune.sim.serverargs import resolved_args
 from autotune.sim.sizing import GiB
 from autotune.sim.startup import StartupSequence
 from autotune.sim.tokens import encode
+from autotune.sim.tree import STAMP, ProcessTree, RankMemory
 from autotune.sim.versions import get_version
 
 DRAIN_POLL_S = 1.0
 HEARTBEAT_S = 0.5
 WATCHDOG_INTERVAL_S = 1.0
+"""SubprocessWatchdog's poll (utils/watchdog.py, `interval=1.0`), in real seconds."""
+WATCHDOG_QUIT_S = 5.0
+"""A scheduler's watchdog waits this long after its line before SIGQUIT (`time.sleep(5)`)."""
+WATCHDOG_QUIT_MIN_S = 0.2
+"""However fast the time scale, the wait stays long enough for every rank to be scheduled."""
 
 
 def visible_gpus(env: Mapping[str, str], tp: int, gpu_count: int) -> list[int]:
@@ -78,10 +95,14 @@ class SimServer(StartupSequence):
         self.graph_times: dict[str, float] = {}
         self.argv = cmd.argv
         self.log = log or LogWriter(self.s.tp_size)
+        self.log.reworded = self.faults.reword_log
         self.scale = cmd.sim.time_scale
         self.pid = os.getpid()
         self.gpus = visible_gpus(env, self.s.tp_size, profile.hardware.gpu_count)
-        self.writer: gpustate.GpuStateWriter | None = None
+        self.tree = ProcessTree([])
+        self.memory: RankMemory | None = None
+        self.running_phase = False
+        self.stopping = False
         self.plan: StartupPlan | None = None
         self.state: ServerState | None = None
         self.static_gib = 0.0
@@ -92,19 +113,26 @@ class SimServer(StartupSequence):
     # ---- entry --------------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Run the server until it ends and return its exit code (130 on Ctrl-C, its GPU entry
-        released); SGLang's kill paths end the process instead of returning."""
+        """Start the tree (`ProcessTree.spawn`: the schedulers and the detokenizer, forked before
+        the event loop exists), run the server until it ends and return its exit code (130 on
+        Ctrl-C, its GPU entries released); SGLang's kill paths end the process instead of
+        returning. However it returns, no child is left (launch_server's `finally:
+        kill_process_tree(os.getpid(), include_parent=False)`)."""
+        self.tree = ProcessTree.spawn(self.s.tp_size, orphan=self.faults.orphan_scheduler)
         if self.faults.ignore_sigterm:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
             asyncio.run(self._main())
         except KeyboardInterrupt:
-            if self.writer is not None:
-                self.writer.release()
+            if self.memory is not None:
+                self.memory.release()
             return 130
+        finally:
+            self.tree.kill(wait_s=5.0)
         return self.exit_code
 
     async def _main(self) -> None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGQUIT, self.sigquit_received)
         heartbeat = None
         if self.cmd.sim.gpu_dir:
             directory = Path(self.cmd.sim.gpu_dir)
@@ -118,9 +146,7 @@ class SimServer(StartupSequence):
             gpustate.write_inventory(
                 directory, dict.fromkeys(range(self.profile.hardware.gpu_count), total)
             )
-            self.writer = gpustate.GpuStateWriter(
-                directory, self.pid, dict.fromkeys(self.gpus, total), self.faults.hold_gpu_s
-            )
+            self.memory = RankMemory(directory, self.tree, self.gpus, total, self.faults.hold_gpu_s)
             if self.faults.hold_gpu_s:
                 heartbeat = asyncio.create_task(self._heartbeat())
         await self._startup()
@@ -131,8 +157,8 @@ class SimServer(StartupSequence):
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(HEARTBEAT_S)
-            if self.writer is not None:
-                self.writer.heartbeat()
+            if self.memory is not None:
+                self.memory.heartbeat()
 
     # ---- startup ------------------------------------------------------------------------------
 
@@ -146,17 +172,22 @@ class SimServer(StartupSequence):
         if not self.faults.ignore_sigterm:
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._sigterm)
         sched_task = asyncio.create_task(state.scheduler.run())
+        watchdog = None
+        if self.release.subprocess_watchdog:
+            watchdog = asyncio.create_task(self._subprocess_watchdog())
         await self.phase(self.profile.startup.server_start_s)
         if not self.s.skip_server_warmup:
             await self._warmup(state)
         state.status = "Up"
         self.log.main("The server is fired up and ready to roll!")
-        killer = None
+        killers = []
         if self.faults.oom_kill_after_s is not None:
-            killer = asyncio.create_task(self._oom_kill(self.faults.oom_kill_after_s))
+            killers.append(asyncio.create_task(self._oom_kill(self.faults.oom_kill_after_s)))
+        if self.faults.rank_dies_after_s is not None:
+            killers.append(asyncio.create_task(self._rank_dies(self.faults.rank_dies_after_s)))
         await self.stop_event.wait()
-        if killer is not None:
-            killer.cancel()
+        for task in (*killers, *([watchdog] if watchdog is not None else [])):
+            task.cancel()
         state.scheduler.stop()
         sched_task.cancel()
         await runner.cleanup()
@@ -259,51 +290,84 @@ class SimServer(StartupSequence):
         self.log.access("127.0.0.1:0", "POST", "/generate", 200)
 
     def _first_request(self) -> None:
+        self.running_phase = True
         if self.state is not None:
             self.state.first_request_seen = True
 
     def _on_peak(self, peak: float) -> None:
         """The GPU state shows the static memory plus what the allocator holds: the high-water
         mark of the forwards, or after a `/flush_cache` only the growth while serving."""
-        if self.writer is not None:
-            self.writer.set_all(int((self.static_gib + peak) * GiB))
+        if self.memory is not None:
+            self.memory.set_all(int((self.static_gib + peak) * GiB))
 
     def _runtime_oom(self, kind: str, peak: float, free: float) -> None:
+        """A forward ran out of GPU memory: every scheduler process prints torch's error and
+        SIGQUITs the main process, whose handler (`sigquit_received`) ends the tree."""
         tried = max(peak * 0.4, peak - free + 0.01)
         remaining = max(free - (peak - tried), 0.01)
         remaining = min(remaining, tried * 0.9)
         self.scheduler_exception(
             list(range(self.s.tp_size)), self.lines.run_frames, self.oom_text(tried, remaining)
         )
-        self._sigquit_from_child()
+        asyncio.get_running_loop().create_task(self.until_sigquit())
 
-    def _sigquit_from_child(self) -> NoReturn:
-        """The main process's SIGQUIT handler: the running-phase one once a request installed it
-        (warm-up included), else the launch-phase one; then the whole tree is killed."""
-        if self.state is not None and self.state.first_request_seen:
-            self.log.main(
-                "SIGQUIT received. signum=None, frame=None. It usually means one child failed."
-            )
-        else:
-            self.log.main(
-                "Received sigquit from a child process. It usually means the child failed."
-            )
-        self.kill_tree()
-        self.die()
+    async def _subprocess_watchdog(self) -> None:
+        """0.5.23's `SubprocessWatchdog`, started once every scheduler reported ready: every
+        second it looks at each child (the schedulers, then the detokenizer); the first that ended
+        with a non-zero code is logged (`Subprocess scheduler_i (pid=P) crashed with exit code
+        C. Triggering SIGQUIT for cleanup...`) and the main process SIGQUITs itself
+        (`_check_processes`: `os.kill(os.getpid(), signal.SIGQUIT)`)."""
+        while not self.stopping:
+            await asyncio.sleep(WATCHDOG_INTERVAL_S)
+            if self.stopping:
+                return
+            crashed = self.tree.crashed()
+            if crashed:
+                child = crashed[0]
+                self.log.main(fmt_watchdog_crash(child.name, child.pid, child.exit_code or 0))
+                os.kill(self.pid, signal.SIGQUIT)
+                return
 
     async def _oom_kill(self, after_s: float) -> None:
-        """The `oom-kill` fault: the OS OOM killer SIGKILLs scheduler rank 0 while serving."""
+        """The `oom-kill` fault: the OS OOM killer SIGKILLs scheduler rank 0's process while
+        serving; its memory goes with it. 0.5.23's SubprocessWatchdog takes it from there;
+        0.5.9 keeps its HTTP front, and the schedulers stop (rank 0 is the one that receives the
+        requests), with the peers' watchdogs armed if a batch was running."""
         await asyncio.sleep(after_s)
         state = self.state
         assert state is not None
-        if self.release.subprocess_watchdog:
-            await asyncio.sleep(WATCHDOG_INTERVAL_S)
-            self.log.main(fmt_watchdog_crash("scheduler_0", self.pid + 1, -9))
-            self._sigquit_from_child()
+        busy = state.scheduler.busy
         state.scheduler.stop()
-        if self.writer is not None and self.gpus:
-            used = int(self.static_gib * GiB)
-            self.writer.set_used({g: (0 if i == 0 else used) for i, g in enumerate(self.gpus)})
+        self.tree.oom_killed(0)
+        if not self.release.subprocess_watchdog and busy:
+            self._arm_watchdogs([r for r in range(1, self.s.tp_size)])
+
+    async def _rank_dies(self, after_s: float) -> None:
+        """The `rank-dies` fault: the last TP rank's scheduler process dies of a segfault
+        (faulthandler's lines, exit code -11) while its peers wait in the collective it never
+        joins. 0.5.23's SubprocessWatchdog reports it; 0.5.9 has none, so the peers' scheduler
+        watchdogs fire `--watchdog-timeout` after a batch began (at once if one runs)."""
+        await asyncio.sleep(after_s)
+        state = self.state
+        assert state is not None
+        rank = self.s.tp_size - 1
+        state.scheduler.stop()  # every rank waits in the collective of the next forward
+        self.tree.die(rank, signal.SIGSEGV, fmt_segfault())
+        if self.release.subprocess_watchdog or rank == 0:
+            return
+        while not state.scheduler.busy:
+            await asyncio.sleep(0.02)
+        self._arm_watchdogs(list(range(rank)))
+
+    def _arm_watchdogs(self, ranks: list[int]) -> None:
+        """The scheduler watchdog of each of `ranks` (`WatchdogRaw`, active while a batch runs):
+        after `--watchdog-timeout` (scaled) without a forward it logs `Scheduler watchdog timeout
+        (…)` and, 5 s (scaled) later, SIGQUITs the main process."""
+        text = fmt_scheduler_watchdog(self.s.watchdog_timeout)
+        texts = {r: self.log.rank_text(r, text, stamp=STAMP) for r in ranks}
+        after = self.s.watchdog_timeout / self.scale
+        # every peer's line is out before the first SIGQUIT, as SGLang's 5 s make sure of
+        self.tree.watchdog(texts, after, max(WATCHDOG_QUIT_S / self.scale, WATCHDOG_QUIT_MIN_S))
 
     # ---- signals ------------------------------------------------------------------------------
 
@@ -313,9 +377,10 @@ class SimServer(StartupSequence):
         self.log.uvicorn("Waiting for application shutdown.")
         self.log.uvicorn("Application shutdown complete.")
         self.log.uvicorn(f"Finished server process [{self.pid}]")
+        self.stopping = True
         self.kill_tree(include_parent=False)
-        if self.writer is not None:
-            self.writer.release()
+        if self.memory is not None:
+            self.memory.release()
         self.exit_code = 0
         if self.stop_event is not None:
             self.stop_event.set()
@@ -337,6 +402,7 @@ class SimServer(StartupSequence):
             asyncio.get_running_loop().create_task(self._drain_and_stop(unhealthy, forced))
             return
         if unhealthy or forced:
+            self.kill_tree()
             self.die()
         asyncio.get_running_loop().create_task(self._drain())
 
@@ -353,6 +419,7 @@ class SimServer(StartupSequence):
                 f"Remaining requests remaining_rids={rids}."
             )
             await asyncio.sleep(DRAIN_POLL_S)
+        self.kill_tree()
         self.die()
 
     async def _drain_and_stop(self, unhealthy: bool, forced: bool) -> None:
@@ -377,6 +444,7 @@ class SimServer(StartupSequence):
                     break
                 await asyncio.sleep(DRAIN_POLL_S)
         sch.stop()
+        self.stopping = True
         self.kill_tree(include_parent=False)
         self._uvicorn_stop()
         code = self.release.graceful_exit_code

@@ -37,12 +37,14 @@ from autotune.sim.loglines import (
     fmt_died_during_init,
     fmt_hicache,
     fmt_hicache_auto,
+    fmt_hicache_headroom,
     fmt_init_begin,
     fmt_init_end,
     fmt_kv_allocated,
     fmt_load_begin,
     fmt_load_end,
     fmt_oom_error,
+    fmt_pool_below_context,
     fmt_pool_end,
     fmt_post_capture,
 )
@@ -51,6 +53,7 @@ from autotune.sim.memplan import StartupFailure, StartupPlan, plan_startup, unba
 from autotune.sim.profiles import Profile
 from autotune.sim.serverargs import args_repr, resolved_args
 from autotune.sim.sizing import GiB
+from autotune.sim.tree import ACK_TIMEOUT_S, ProcessTree, RankMemory
 from autotune.sim.versions import SglangVersion
 
 DRAFT_ARCH = {
@@ -96,7 +99,9 @@ class StartupSequence:
     scale: float
     pid: int
     gpus: list[int]
-    writer: gpustate.GpuStateWriter | None
+    tree: ProcessTree
+    memory: RankMemory | None
+    running_phase: bool
     plan: StartupPlan | None
     static_gib: float
     timings: dict[str, float]
@@ -113,13 +118,15 @@ class StartupSequence:
         """Set the static GPU use of every rank to `gib` and write it to the GPU state, as an
         allocation shows on nvidia-smi."""
         self.static_gib = gib
-        if self.writer is not None:
-            self.writer.set_all(int(gib * GiB))
+        if self.memory is not None:
+            self.memory.set_all(int(gib * GiB))
 
     def die(self, code: int | None = None) -> NoReturn:
-        """End like SGLang's kill_process_tree: SIGKILL ourselves (or exit with `code`)."""
-        if self.writer is not None:
-            self.writer.release()
+        """End like SGLang's kill_process_tree: SIGKILL ourselves (or exit with `code`). Children
+        still alive die with us by their parent-death signal (`kill_itself_when_parent_died`),
+        except the orphans of the `orphan-scheduler` fault."""
+        if self.memory is not None:
+            self.memory.release()
         for stream in (sys.stdout, sys.stderr):  # a full disk: what cannot be written is lost
             with contextlib.suppress(OSError):
                 stream.flush()
@@ -129,33 +136,56 @@ class StartupSequence:
         os._exit(137)  # not reached
 
     def kill_tree(self, include_parent: bool = True) -> None:
-        """The main process's `kill_process_tree` log line, where the release prints one."""
+        """`kill_process_tree(os.getpid(), include_parent)` (utils/common.py): its log line where
+        the release prints one, then SIGKILL to every child; without the parent, wait until each
+        is reaped (0.5.23's `wait_timeout`), since the process lives on. With the parent the
+        caller dies next (`die`)."""
         line = self.lines.kill_tree(self.pid, include_parent)
         if line is not None:
             self.log.main(line)
+        self.tree.kill(wait_s=0.0 if include_parent else 60.0)
 
     def scheduler_exception(self, ranks: Sequence[int], frames: Frames, final: str) -> None:
-        """Print `Scheduler hit an exception:` with the traceback on each of `ranks`, as a failing
-        scheduler does before its parent learns of it."""
-        for r in ranks:
-            self.log.rank(
-                r, "Scheduler hit an exception: " + tracebacks.traceback_block(frames, final)
-            )
+        """Each of `ranks` writes `Scheduler hit an exception:` with the traceback and SIGQUITs the
+        main process, as `run_scheduler_process` does; the main process's handler
+        (`sigquit_received`) takes it from there."""
+        text = "Scheduler hit an exception: " + tracebacks.traceback_block(frames, final)
+        self.tree.fail({r: self.log.rank_text(r, text) for r in ranks})
 
-    def crash_startup(self, ranks: Sequence[int], frames: Frames, final: str) -> NoReturn:
-        """Die of a failed startup stage the SGLang way: the schedulers' traceback, the main
-        process's SIGQUIT line, then the tree killed."""
-        self.scheduler_exception(ranks, frames, final)
-        self.log.main("Received sigquit from a child process. It usually means the child failed.")
+    def sigquit_received(self) -> NoReturn:
+        """The main process's SIGQUIT handler: the running-phase one once a request installed it
+        (`tokenizer_manager.py` `running_phase_sigquit_handler`, warm-up included), else the
+        launch-phase one (`engine.py` `launch_phase_sigquit_handler`); then the whole tree is
+        killed (`kill_process_tree(os.getpid())`)."""
+        if self.running_phase:
+            self.log.main(
+                "SIGQUIT received. signum=None, frame=None. It usually means one child failed."
+            )
+        else:
+            self.log.main(
+                "Received sigquit from a child process. It usually means the child failed."
+            )
         self.kill_tree()
         self.die()
+
+    async def until_sigquit(self) -> NoReturn:
+        """Wait for the SIGQUIT a failing child sends (its handler ends the process); should none
+        come (every rank already dead), act as if it had."""
+        await asyncio.sleep(ACK_TIMEOUT_S)
+        self.sigquit_received()
+
+    async def crash_startup(self, ranks: Sequence[int], frames: Frames, final: str) -> NoReturn:
+        """Die of a failed startup stage the SGLang way: each failing rank's traceback and the
+        SIGQUIT it sends, the main process's SIGQUIT line, then the tree killed."""
+        self.scheduler_exception(ranks, frames, final)
+        await self.until_sigquit()
 
     async def graph_oom(self, fail: StartupFailure | None, stage: str, duration: float) -> None:
         """Where `fail` is in the graph capture `stage` (prefill or draft graphs): die 30% into
         its `duration` of torch's out-of-memory error under the capture frames."""
         if fail is not None and fail.stage == stage:
             await self.phase(duration * 0.3)
-            self.crash_startup(
+            await self.crash_startup(
                 list(range(self.s.tp_size)),
                 (*self.lines.init_frames, *self.lines.graph_frames),
                 self.oom_text(fail.tried_gib, fail.free_gib),
@@ -173,20 +203,25 @@ class StartupSequence:
             graphs += 0.0 if plan.spec else (plan.prefill_graph_gib or 0.0)
         return fmt_oom_error(tried, total, free, in_use, graphs)
 
-    def scheduler_died(self, rank: int) -> NoReturn:
-        """The OS OOM killer took scheduler `rank` before it reported ready: the main process
-        says so (0.5.9: `Rank i scheduler is dead`; 0.5.23: a RuntimeError) and exits 1."""
+    async def scheduler_died(self, rank: int) -> NoReturn:
+        """The OS OOM killer SIGKILLs scheduler `rank`'s process before it reported ready, and the
+        main process, polling for it, says so with the exit code it reaped (0.5.9: `Rank i
+        scheduler is dead`; 0.5.23: `_wait_for_scheduler_ready` raises `_scheduler_died_error`,
+        launch_server's `finally` kills the other children) and exits 1; 0.5.9's children die with
+        it by their parent-death signal."""
+        reaped = self.tree.oom_killed(rank)
+        code = -9 if reaped is None else reaped
         if self.release.subprocess_watchdog:
             self.kill_tree(include_parent=False)
             self.log.raw(
                 tracebacks.traceback_block(
                     tracebacks.MAIN_INIT_FRAMES_0523,
-                    f"RuntimeError: {fmt_died_during_init(rank, -9)}",
+                    f"RuntimeError: {fmt_died_during_init(rank, code)}",
                 )
             )
             self.die(1)
         self.log.main(f"Rank {rank} scheduler is dead. Please check if there are relevant logs.")
-        self.log.main("Exit code: -9")
+        self.log.main(f"Exit code: {code}")
         self.log.raw(
             tracebacks.traceback_block(
                 (
@@ -216,7 +251,7 @@ class StartupSequence:
             await self._capture(plan, draft=False)
             if plan.spec:
                 await self._draft_graphs(plan)
-            self._post_capture(plan)
+            await self._post_capture(plan)
         else:
             await self._kv_pool(plan)
             await self._capture(plan, draft=False)
@@ -232,8 +267,9 @@ class StartupSequence:
         """Print the server args, then plan startup against the GPU memory others hold now."""
         s = self.s
         foreign: list[float] = []
-        if self.writer is not None:
-            used = gpustate.foreign_used_bytes(self.writer.directory, self.gpus, self.pid)
+        if self.memory is not None:
+            ours = {self.pid, *self.tree.pids}
+            used = gpustate.foreign_used_bytes(self.memory.directory, self.gpus, ours)
             foreign = [b / GiB for b in used]
         plan = plan_startup(
             self.profile,
@@ -270,7 +306,7 @@ class StartupSequence:
         log.every_rank(self.lines.init_begin())
         if (fail is not None and fail.kind == "bad_tp") or len(self.gpus) < s.tp_size:
             await self.phase(st.init_distributed_s * 0.1)
-            self.crash_startup(
+            await self.crash_startup(
                 [len(self.gpus)] if len(self.gpus) < s.tp_size else [0],
                 self.lines.init_frames,
                 "RuntimeError: CUDA error: invalid device ordinal\nCUDA kernel errors might be "
@@ -284,7 +320,7 @@ class StartupSequence:
         if fail is not None and fail.kind == "tp_imbalance":
             ranks = unbalanced_ranks(plan.p_per_rank)
             final = f"RuntimeError: {fail.message}"
-            self.crash_startup(ranks, self.lines.init_frames, final)
+            await self.crash_startup(ranks, self.lines.init_frames, final)
         for w in plan.warnings:
             log.rank(0, w)
         for note in plan.notes_at("init"):
@@ -293,7 +329,7 @@ class StartupSequence:
         if baseline is not None:
             log.every_rank(baseline)
         if fail is not None and fail.kind == "context_too_long":
-            self.crash_startup([0], self.lines.init_frames, f"ValueError: {fail.message}")
+            await self.crash_startup([0], self.lines.init_frames, f"ValueError: {fail.message}")
 
     async def _model_weights(self, plan: StartupPlan) -> None:
         """The target model's weight load, between its begin and end lines."""
@@ -323,7 +359,7 @@ class StartupSequence:
         self.timings["load_weight"] = self.timings.get("load_weight", 0.0) + elapsed
         fail = plan.failure
         if fail is not None and fail.stage == "draft_weights":
-            self.crash_startup(
+            await self.crash_startup(
                 list(range(self.s.tp_size)),
                 (*self.lines.init_frames, *self.lines.load_frames),
                 self.oom_text(fail.tried_gib, fail.free_gib),
@@ -366,7 +402,7 @@ class StartupSequence:
         elapsed = await self.phase(self.profile.startup.kv_alloc_s)
         self.timings["kv_cache_allocation"] = elapsed
         if fail is not None and fail.stage == "kv":
-            self._fail_pool(fail.kind, fail.message, fail.tried_gib, fail.free_gib)
+            await self._fail_pool(fail.kind, fail.message, fail.tried_gib, fail.free_gib)
         for note in plan.notes_at("kv"):
             log.every_rank(note)
         assert plan.max_total_num_tokens is not None and plan.avail_after_pool_gib is not None
@@ -381,7 +417,7 @@ class StartupSequence:
         if self.release.draft_before_profile and plan.spec:
             await self._draft_pool(plan)
         if fail is not None and fail.stage == "workspace":
-            self.crash_startup(
+            await self.crash_startup(
                 list(range(s.tp_size)),
                 self.lines.init_frames,
                 self.oom_text(fail.tried_gib, fail.free_gib),
@@ -392,7 +428,7 @@ class StartupSequence:
         fail = plan.failure
         await self.phase(self.profile.startup.kv_alloc_s * 0.2)
         if fail is not None and fail.stage == "draft_kv":
-            self.crash_startup(
+            await self.crash_startup(
                 list(range(self.s.tp_size)),
                 (*self.lines.init_frames, *self.lines.pool_frames[:1]),
                 self.oom_text(fail.tried_gib, fail.free_gib),
@@ -410,6 +446,8 @@ class StartupSequence:
     def _log_summary(self, plan: StartupPlan) -> None:
         assert plan.max_total_num_tokens is not None
         assert plan.avail_final_gib is not None and plan.max_running_requests is not None
+        if self.release.pool_below_context_warning and plan.max_total_num_tokens < plan.context_len:
+            self.log.rank(0, fmt_pool_below_context(plan.max_total_num_tokens, plan.context_len))
         self.log.rank(
             0,
             self.lines.summary(
@@ -440,8 +478,8 @@ class StartupSequence:
                 f"Loading safetensors checkpoint shards:  50% Completed | {shards // 2}/{shards}"
             )
             if self.faults.oom_kill_startup:
-                self.scheduler_died(0)
-            self.crash_startup(
+                await self.scheduler_died(0)
+            await self.crash_startup(
                 [0],
                 (*self.lines.init_frames, *self.lines.load_frames),
                 "safetensors_rust.SafetensorError: Error while deserializing header: "
@@ -450,7 +488,7 @@ class StartupSequence:
         fail = plan.failure
         if fail is not None and fail.stage == "weights":
             await self.phase(st.weight_load_s * 0.9)
-            self.crash_startup(
+            await self.crash_startup(
                 list(range(self.s.tp_size)),
                 (*self.lines.init_frames, *self.lines.load_frames),
                 self.oom_text(fail.tried_gib, fail.free_gib),
@@ -463,17 +501,19 @@ class StartupSequence:
         )
         return elapsed_w
 
-    def _fail_pool(self, kind: str, message: str, tried: float, free: float) -> NoReturn:
+    async def _fail_pool(self, kind: str, message: str, tried: float, free: float) -> NoReturn:
         ranks = list(range(self.s.tp_size))
         lines = self.lines
         frames = (*lines.init_frames, *lines.pool_frames)
         if kind == "kv_budget":
-            self.crash_startup(ranks, (*frames, *lines.budget_frames), f"ValueError: {message}")
+            budget = (*frames, *lines.budget_frames)
+            await self.crash_startup(ranks, budget, f"ValueError: {message}")
         if kind == "kv_pool":
-            self.crash_startup(ranks, (*frames, *lines.tokens_frames), f"RuntimeError: {message}")
+            tokens = (*frames, *lines.tokens_frames)
+            await self.crash_startup(ranks, tokens, f"RuntimeError: {message}")
         if kind == "pool_too_small":
-            self.crash_startup([0], lines.init_frames, f"AssertionError: {message}")
-        self.crash_startup(ranks, frames, self.oom_text(tried, free))
+            await self.crash_startup([0], lines.init_frames, f"AssertionError: {message}")
+        await self.crash_startup(ranks, frames, self.oom_text(tried, free))
 
     async def _capture_prefill(self, plan: StartupPlan) -> None:
         """0.5.23: the target's prefill CUDA graph (or the line saying it is off)."""
@@ -529,7 +569,7 @@ class StartupSequence:
                 f"Exception: Capture cuda graph failed: {cache_error}\n{self.lines.capture_advice}"
             )
             graph_frames = (*self.lines.init_frames, *self.lines.graph_frames)
-            self.crash_startup(list(range(self.s.tp_size)), graph_frames, final)
+            await self.crash_startup(list(range(self.s.tp_size)), graph_frames, final)
         if fail is not None and fail.stage == stage:
             await self.phase(duration * 0.3)
             err = self.oom_text(fail.tried_gib, fail.free_gib)
@@ -538,7 +578,7 @@ class StartupSequence:
             frames: tracebacks.Frames = (*self.lines.init_frames, *self.lines.graph_frames)
             if self.release.prefill_graphs:
                 frames = (*frames, *tracebacks.DECODE_GRAPH_FRAMES_0523)
-            self.crash_startup(list(range(self.s.tp_size)), frames, final)
+            await self.crash_startup(list(range(self.s.tp_size)), frames, final)
         elapsed = await self.phase(duration)
         self.graph_times["target_verify" if plan.spec else "decode"] = elapsed
         graph = (plan.draft_graph_gib if draft else plan.graph_gib) or 0.0
@@ -578,7 +618,7 @@ class StartupSequence:
         log.every_rank(fmt_load_begin(plan.avail_after_graphs_gib))
         elapsed = await self.phase(st.draft_load_s)
         if fail is not None and fail.stage == "draft_weights":
-            self.crash_startup(
+            await self.crash_startup(
                 ranks,
                 (*tracebacks.SCHEDULER_INIT_FRAMES, *tracebacks.LOAD_FRAMES),
                 self.oom_text(fail.tried_gib, fail.free_gib),
@@ -598,7 +638,7 @@ class StartupSequence:
         log.rank(0, f"Using KV cache dtype: {plan.kv_dtype}")
         await self.phase(st.kv_alloc_s * 0.2)
         if fail is not None and fail.stage == "draft_kv":
-            self.crash_startup(
+            await self.crash_startup(
                 ranks,
                 (*tracebacks.SCHEDULER_INIT_FRAMES, *tracebacks.POOL_FRAMES[:1]),
                 self.oom_text(fail.tried_gib, fail.free_gib),
@@ -644,7 +684,7 @@ class StartupSequence:
             emit(self.lines.capture_end(elapsed, gib, avail, "draft", phase, shape))
             self.set_used(plan.init_mem_usage_gib + plan.p_gib - avail)
 
-    def _post_capture(self, plan: StartupPlan) -> None:
+    async def _post_capture(self, plan: StartupPlan) -> None:
         """0.5.23 SGLANG_ENABLE_POST_CAPTURE_KV_SIZING: the pool sized after capture."""
         if not plan.post_capture:
             return
@@ -652,7 +692,7 @@ class StartupSequence:
         for note in plan.notes_at("post_capture"):
             self.log.every_rank(note)
         if fail is not None and fail.stage == "post_capture":
-            self.crash_startup(
+            await self.crash_startup(
                 list(range(self.s.tp_size)),
                 (*self.lines.init_frames, *self.lines.tokens_frames[-1:]),
                 f"RuntimeError: {fail.message}",
@@ -677,7 +717,7 @@ class StartupSequence:
         if self.release.host_budget_per_rank:
             self._hicache_lines(plan)
             if fail is not None:
-                self.crash_startup(ranks, lines.hicache_frames, f"ValueError: {fail.message}")
+                await self.crash_startup(ranks, lines.hicache_frames, f"ValueError: {fail.message}")
             return
         if fail is None:
             self.log.every_rank(fmt_hicache(plan.host_cache_gb or 0.0))
@@ -685,14 +725,18 @@ class StartupSequence:
         if fail.kind == "host_oom_killer":
             for r in range(fail.rank):
                 self.log.rank(r, fmt_hicache(plan.host_cache_gb or 0.0))
-            self.scheduler_died(fail.rank)
+            await self.scheduler_died(fail.rank)
         if fail.kind == "hicache_too_small":
-            self.crash_startup(ranks, lines.hicache_frames, f"AssertionError: {fail.message}")
-        self.crash_startup(ranks, lines.hicache_frames, f"ValueError: {fail.message}")
+            await self.crash_startup(ranks, lines.hicache_frames, f"AssertionError: {fail.message}")
+        await self.crash_startup(ranks, lines.hicache_frames, f"ValueError: {fail.message}")
 
     def _hicache_lines(self, plan: StartupPlan) -> None:
-        """0.5.23's host-pool lines on every rank, as far as allocation got."""
+        """0.5.23's host-pool lines on every rank, as far as allocation got: the cgroup's
+        headroom when one bounds the host (once for auto-sizing, else before each pool)."""
         log = self.log
+        headroom = plan.host_headroom_gib
+        if headroom is not None and plan.host_auto_ratio is not None:
+            log.every_rank(fmt_hicache_headroom(*headroom))
         if plan.host_auto_ratio is not None and plan.host_budget_gb is not None:
             requested, ratio = plan.host_auto_ratio
             device = (plan.kv_gib or 0.0) + (plan.draft_kv_gib or 0.0)
@@ -710,9 +754,14 @@ class StartupSequence:
         for note in plan.notes_at("hicache"):
             log.every_rank(note)
         fail = plan.failure
+        explicit = plan.host_auto_ratio is None
+        if headroom is not None and explicit and plan.host_cache_tokens is not None:
+            log.every_rank(fmt_hicache_headroom(*headroom))
         if plan.host_cache_tokens is None or (fail is not None and plan.host_draft_gb is None):
             return
         log.every_rank(self.lines.hicache(plan.host_cache_gb or 0.0, plan.host_cache_tokens))
+        if headroom is not None and explicit and plan.host_draft_gb is not None:
+            log.every_rank(fmt_hicache_headroom(*headroom))
         if plan.host_draft_gb is not None and fail is None:
             log.every_rank(
                 self.lines.hicache(plan.host_draft_gb, plan.host_draft_tokens or 0, "draft")

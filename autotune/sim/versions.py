@@ -56,6 +56,10 @@ class SglangVersion:
     """SGLANG_ENABLE_POST_CAPTURE_KV_SIZING exists (MHA models; off by default)."""
     host_budget_per_rank: bool
     """HiCache checks each pool against (available − 10 GiB) ÷ local ranks, not the whole box."""
+    host_reads_cgroup: bool
+    """Available host RAM is bounded by the memory cgroup's headroom, logged as `HiCache memory
+    headroom: host … GiB, cgroup … GiB` (0.5.23 `mem_cache/host_memory.py`); before, a pool the
+    container cannot hold is pinned until its OOM killer ends a rank."""
     host_pool_must_exceed_device: bool
     """A host pool not larger than the device pool is refused (0.5.9) rather than warned about."""
     draft_host_pool: bool
@@ -81,6 +85,10 @@ class SglangVersion:
     retractions_key: str = "total_retractions"
     reasoning_tokens: bool = False
     graph_memory_per_phase: bool = False
+    pool_below_context_warning: bool = False
+    """A pool of fewer tokens than the context is warned about on TP0 before the summary line
+    (0.5.23 `managers/tp_worker.py` `get_worker_info`: `KV pool holds N tokens, fewer than
+    --context-length M. …`); 0.5.9 cuts a request to the pool without a word."""
 
     @property
     def number(self) -> tuple[int, ...]:
@@ -136,6 +144,7 @@ V0_5_9 = SglangVersion(
     prefill_graphs=False,
     post_capture_kv_sizing=False,
     host_budget_per_rank=False,
+    host_reads_cgroup=False,
     host_pool_must_exceed_device=True,
     draft_host_pool=False,
     hicache_auto_size=False,
@@ -164,6 +173,7 @@ V0_5_23 = SglangVersion(
     prefill_graphs=True,
     post_capture_kv_sizing=True,
     host_budget_per_rank=True,
+    host_reads_cgroup=True,
     host_pool_must_exceed_device=False,
     draft_host_pool=True,
     hicache_auto_size=True,
@@ -179,6 +189,7 @@ V0_5_23 = SglangVersion(
     retractions_key="num_retractions",
     reasoning_tokens=True,
     graph_memory_per_phase=True,
+    pool_below_context_warning=True,
 )
 
 VERSIONS: Mapping[str, SglangVersion] = MappingProxyType({v.name: v for v in (V0_5_9, V0_5_23)})

@@ -451,3 +451,51 @@ def test_the_host_running_out_of_ram_pushes_the_search_to_a_smaller_host_cache()
     assert push_of(str(verdict.outcome), reason) is Push.SHRINK_HOST
     machine = classify(parse_text(READY + "OSError: [Errno 28] No space left on device\n").events)
     assert push_of(str(machine.outcome), f"{machine.outcome} ({machine.cause})") is Push.NONE
+
+
+_SEGFAULT = (
+    "Fatal Python error: Segmentation fault\n\n"
+    "Thread 0x00007f3b2e7fc640 (most recent call first):\n"
+    '  File "/sgl/srt/model_executor/model_runner.py", line 2467 in forward\n'
+    '  File "/sgl/srt/managers/scheduler.py", line 1207 in event_loop_overlap\n\n'
+)
+_PEERS = "".join(
+    f"[2026-11-20 14:05:00 TP{r}] Scheduler watchdog timeout (self.watchdog_timeout=300, "
+    "self.soft=False)\n"
+    for r in range(7)
+)
+_QUIT = MAIN + "SIGQUIT received. signum=None, frame=None. It usually means one child failed.\n"
+
+
+@pytest.mark.parametrize(
+    "after",
+    [
+        _PEERS + _QUIT,  # 0.5.9: the peers wait in the collective until their watchdogs
+        MAIN + "Subprocess scheduler_7 (pid=4242) crashed with exit code -11. Triggering "
+        "SIGQUIT for cleanup...\n" + _QUIT,  # 0.5.23's SubprocessWatchdog
+    ],
+    ids=["0.5.9-peers-watchdog", "0.5.23-subprocess-watchdog"],
+)
+def test_a_rank_s_own_crash_explains_its_peers_hang(after: str) -> None:
+    """One rank segfaults (faulthandler's lines, no traceback, no SIGQUIT of its own); its peers'
+    watchdog timeouts, or the SubprocessWatchdog's report, follow. The rank's crash is the
+    verdict, not the hang it caused."""
+    parsed = parse_text(READY + DECODE + _SEGFAULT + after)
+    verdict = classify(parsed.events, RunFacts(exited=True, exit_code=-9), parsed.batches)
+    assert (verdict.outcome, verdict.cause) == (Outcome.CRASH, "fatal_signal"), verdict
+    assert verdict.evidence[0] == "Fatal Python error: Segmentation fault"
+    kinds = {e.kind for e in parsed.events}
+    assert Kind.FATAL_SIGNAL in FAILURE_KINDS and Kind.SERVING_FRAME in kinds
+
+
+def test_a_crash_at_startup_is_a_startup_error_and_an_abort_is_not_a_crash() -> None:
+    """Before "fired up" the same crash is the start's (`startup_error`). `Fatal Python error:
+    Aborted` is what NCCL's and torch's watchdogs end a process with on purpose: not read, so
+    the peers' watchdog timeouts decide (`hang`)."""
+    early = parse_text(_SEGFAULT.replace(" in event_loop_overlap", " in __init__") + _QUIT)
+    verdict = classify(early.events, RunFacts(exited=True, exit_code=-9), early.batches)
+    assert (verdict.outcome, verdict.cause) == (Outcome.STARTUP_ERROR, "fatal_signal")
+    aborted = parse_text(READY + DECODE + _SEGFAULT.replace("Segmentation fault", "Aborted")
+                         + _PEERS + _QUIT)  # fmt: skip
+    verdict = classify(aborted.events, RunFacts(exited=True, exit_code=-9), aborted.batches)
+    assert (verdict.outcome, verdict.cause) == (Outcome.HANG, "watchdog_timeout")

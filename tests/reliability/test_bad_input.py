@@ -118,8 +118,9 @@ def test_hicache_larger_than_the_profiles_host_ram_is_rejected_before_launch(
     text = _edit(world, "max_running_requests = 48", "max_running_requests = 48\n"
                  "hicache_size = { choices = [0, 300] }")  # fmt: skip
     line = _fails_before_launch(world, capsys, text)
-    assert "search.hicache_size" in line and "300 GB per rank × 8 ranks" in line, line
-    assert "2199 GB of host RAM" in line  # the kimi profile's host
+    assert "search.hicache_size: 300 GB per rank × 8 ranks" in line, line
+    assert "the simulator profile's 2100.0 GB of host RAM available" in line, line  # kimi's
+    assert "Lower hicache_size to at most 261" in line, line  # (2100 GB − 10 GiB) ÷ 8
 
 
 def _stand_in(world: World, old: str, new: str) -> str:

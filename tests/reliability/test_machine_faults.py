@@ -90,8 +90,12 @@ def test_gpus_busy_with_a_foreign_simulator(world: World) -> None:
     while not any(g.used_bytes for g in read_gpu_state(world.gpu_dir)):
         assert time.monotonic() < deadline and foreign.poll() is None
         time.sleep(0.1)
+    # Its memory is its scheduler processes' (one per GPU), children of its main process.
+    [holder] = read_gpu_state(world.gpu_dir)[0].processes
+    stat = Path(f"/proc/{holder}/stat").read_text()
+    assert int(stat[stat.rfind(")") + 2 :].split()[1]) == foreign.pid
     world.study(n_trials=3)
-    _launch_failures(world, f"pid {foreign.pid} holds")
+    _launch_failures(world, f"GPU 0: pid {holder} holds")
 
 
 @pytest.mark.parametrize("flags", ["", 'sim-fault = "hold-gpu=1"'], ids=["plain", "slow-release"])

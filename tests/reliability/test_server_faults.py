@@ -132,7 +132,11 @@ def test_gpu_memory_never_released_stops_the_run_clearly(world: World) -> None:
     assert "trial 0: teardown" in done.err and "stopping the study" in done.err
     assert "more in use than before the launch" in done.err
     # The line names the holder and the budget it was given.
-    assert re.search(r"pid \d+ \(main process, exited\) holds [\d.]+ GiB on GPUs 0-7", done.err)
+    # Each rank's memory is its scheduler process's, one GPU each.
+    holders = re.findall(
+        r"pid \d+ \(group member, exited\) holds [\d.]+ GiB on GPU (\d)\b", done.err
+    )
+    assert holders == [str(rank) for rank in range(8)], done.err
     assert "past the teardown budget (stop_grace_s + release_s = 2.5 s)" in done.err
     assert done.err.count("\n") == 1
     [trial, *queued] = world.trials()
@@ -252,9 +256,38 @@ def test_scheduler_killed_while_the_http_front_answers_is_a_hang(world: World) -
     serving the OS kills scheduler rank 0; the server process, its HTTP front and `/health`
     live on, generation stops and the log goes quiet. A hang within stall_s, not a timeout."""
     world.foreign_sleep()
-    world.study(flags='sim-fault = "oom-kill=1"', duration=30)
+    # SGLang's own watchdog (300 s, 10 ms at this time scale) pushed out of the way: the rule
+    # tested is autotune's.
+    world.study(flags='sim-fault = "oom-kill=1"\nwatchdog-timeout = 100000000', duration=30)
     done = world.run()
     assert done.rc == 0, done.out + done.err
     record = _only_trial(world, TrialState.FAIL, "hang")
     assert "hang (stall:serving)" in str(record["reason"]), record["reason"]
     assert record["phases"]["workload"] < 1 + 1.5 + 3, record["phases"]
+
+
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.23"])
+def test_a_rank_that_dies_mid_load_is_a_crash_not_the_hang_it_causes(
+    world: World, version: str
+) -> None:
+    """`rank-dies=1`: a second into the workload the last rank's scheduler process segfaults and
+    its peers wait in the collective it never joins (on 0.5.9 until their own watchdogs end the
+    tree, on 0.5.23 until the SubprocessWatchdog does). The rank's crash decides: COMPLETE
+    `crash (fatal_signal)`, faulthandler's line first; a parameter result, not a `hang`; every
+    process of the tree gone."""
+    world.foreign_sleep()
+    world.study(
+        server=f'sim_version = "{version}"',
+        flags='sim-fault = "rank-dies=1"\nwatchdog-timeout = 15000',
+        duration=30,
+    )
+    done = world.run()
+    assert done.rc == 0, done.out + done.err
+    trial, *_ = world.trials()
+    assert (trial.state, trial.user_attrs["outcome"]) == (TrialState.COMPLETE, "crash"), (
+        trial.user_attrs
+    )
+    record = json.loads((world.study_dir / "trials/0000/trial.json").read_text())
+    assert str(record["reason"]).startswith("crash (fatal_signal): "), record["reason"]
+    assert record["evidence"][0] == "Fatal Python error: Segmentation fault", record["evidence"]
+    assert world.problems() == []

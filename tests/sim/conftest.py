@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -74,22 +75,45 @@ class SimProcess:
         return self.proc.wait(timeout=timeout)
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.pgid, signal.SIGKILL)
+        if self.proc.poll() is None or group_alive(self.pgid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pgid, signal.SIGKILL)
         self.proc.wait(timeout=10)
+
+    def children(self) -> dict[str, int]:
+        """The server's child processes by title (`sglang::scheduler_TP0`, …), read from /proc."""
+        return {title: pid for pid, ppid, _, title in processes() if ppid == self.proc.pid}
+
+    def group(self) -> list[tuple[int, int, int, str]]:
+        """Every live process of the server's process group: (pid, ppid, pgid, command line)."""
+        return [p for p in processes() if p[2] == self.pgid]
+
+
+def processes() -> list[tuple[int, int, int, str]]:
+    """Every live (not zombie) process: (pid, ppid, pgid, command line as `ps` shows it)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if fields[0] in ("Z", "X"):
+            continue
+        args = cmdline.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
+        out.append((int(entry.name), int(fields[1]), int(fields[2]), args))
+    return sorted(out)
 
 
 Launcher = Callable[..., SimProcess]
 
 
 def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    """Whether any process of group `pgid` still runs (a zombie does not)."""
+    return any(p[2] == pgid for p in processes())
 
 
 @pytest.fixture

@@ -120,7 +120,8 @@ def test_gpu_state_tracks_the_server_and_cuda_visible_devices(launch_sim: Launch
     sim.wait_ready()
     gpus = {g.index: g for g in read_gpu_state(sim.gpu_dir)}
     assert len(gpus) == 8
-    assert gpus[6].processes.keys() == {sim.proc.pid} and gpus[0].used_bytes == 0
+    rank2 = sim.children()["sglang::scheduler_TP2"]  # rank 2 runs on the third visible GPU
+    assert gpus[6].processes.keys() == {rank2} and gpus[0].used_bytes == 0
     free = float(re.findall(r"available_gpu_mem=([\d.]+) GB", sim.log())[0])
     assert abs(gpus[7].used_bytes / 2**30 - (gpus[7].total_bytes / 2**30 - free)) < 0.01
     sim.kill()

@@ -29,8 +29,9 @@ def test_live_holder_counts_and_release_drops_it(tmp_path: Path) -> None:
     gpus = read_gpu_state(tmp_path)
     assert [(g.index, g.used_bytes) for g in gpus] == [(0, 0), (1, 10 * GiB)]
     assert gpus[1].processes == {os.getpid(): 10 * GiB}
-    assert foreign_used_bytes(tmp_path, [0, 1], exclude_pid=12345) == [0, 10 * GiB]
-    assert foreign_used_bytes(tmp_path, [1], exclude_pid=os.getpid()) == [0]
+    assert foreign_used_bytes(tmp_path, [0, 1], exclude=12345) == [0, 10 * GiB]
+    assert foreign_used_bytes(tmp_path, [1], exclude=os.getpid()) == [0]
+    assert foreign_used_bytes(tmp_path, [1], exclude={12345, os.getpid()}) == [0]  # a tree
     w.release()
     assert read_gpu_state(tmp_path)[1].used_bytes == 0
     assert not list(tmp_path.glob("proc-*"))
