@@ -27,22 +27,33 @@ throughput): throughput is the second objective.
     .venv/bin/python scripts/bench_search.py --mismatch      # a world that differs from the model
     .venv/bin/python scripts/bench_search.py --mismatch peak_tail_dof,spike_probability
     .venv/bin/python scripts/bench_search.py --chunks 2048,4096,8192   # search the prefill chunk
+    .venv/bin/python scripts/bench_search.py --mismatch random --more --study kimi
+
+`--mismatch random` runs every study in a world drawn at random (`autotune.testing.worlds`:
+the ranges, the seed from `--world-seed`, the box and the study's seed, the departure score and
+its buckets), prints each study's world on a line of its own, and the figures by bucket. `--more`
+adds scripts/bench_profiles/more/; `--study NAME` adds a study file on its simulator profile.
+Every run ends with the night in hours (`autotune.testing.night`): each study's simulated wall
+time from its first launch to the end of its export's confirm soak, median and worst per box
+(`--per-study`: every study's).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import optuna
 
 from autotune.config.space import settings_for
-from autotune.config.studyfile import Choices, SamplerConfig
+from autotune.config.studyfile import Choices, SamplerConfig, Scalar, StudyConfig, read_study
+from autotune.config.workload import EarlyEnd
 from autotune.errors import UsageError
 from autotune.record import internals
 from autotune.record.stored import stored
@@ -51,6 +62,7 @@ from autotune.review.soak import DEFAULT_SOAK_FACTOR
 from autotune.review.winner import choose
 from autotune.sim.profiles import Mismatch, list_profiles, load_profile
 from autotune.study.samplers import SAMPLER_FACTORIES, make_sampler
+from autotune.testing.night import BENCH_WORKLOAD, Hours, launch_hours, soak_hours
 from autotune.testing.oracle import (
     MISMATCH,
     Bench,
@@ -60,20 +72,30 @@ from autotune.testing.oracle import (
     covered,
     front,
     launch,
+    over,
+    plan_for,
     run_trial,
 )
+from autotune.testing.worlds import BUCKETS, bucket, departure, describe, draw_world, world_seed
 
 DEFAULT_SAMPLERS = ("capacity", "tpe", "random", "gp", "walkdown")
 BENCH_PROFILES = Path(__file__).resolve().parent / "bench_profiles"
 """Boxes of the benchmark's own besides the shipped simulator profiles (loaded by path)."""
+MORE_PROFILES = BENCH_PROFILES / "more"
+"""Boxes outside the default set (`--more` adds them)."""
+STUDIES = Path(__file__).resolve().parent.parent / "autotune" / "studies"
+"""The shipped study files `--study NAME` finds."""
+RANDOM = "random"
+"""`--mismatch random`: every study in a world of its own (`autotune.testing.worlds`)."""
 
 
 MISMATCH_KEYS = tuple(f.name for f in fields(Mismatch))
 
 
 def mismatch_of(keys: str) -> Mismatch:
-    """The world of `--mismatch KEYS`: every key of `MISMATCH` ("all"), the named ones, or none."""
-    if not keys:
+    """The world of `--mismatch KEYS`: every key of `MISMATCH` ("all"), the named ones, or none
+    (and none for "random", whose worlds are drawn per study)."""
+    if not keys or keys == RANDOM:
         return Mismatch()
     if keys == "all":
         return MISMATCH
@@ -86,9 +108,64 @@ def mismatch_of(keys: str) -> Mismatch:
     return replace(Mismatch(), **{k: getattr(MISMATCH, k) for k in names})
 
 
-def default_profiles() -> list[str]:
-    """Every shipped simulator profile, then every profile directly in scripts/bench_profiles/."""
-    return list_profiles() + [str(p) for p in sorted(BENCH_PROFILES.glob("*.toml"))]
+def default_profiles(more: bool = False) -> list[str]:
+    """Every shipped simulator profile, then every profile directly in scripts/bench_profiles/
+    (and, with `more`, every one in scripts/bench_profiles/more/)."""
+    extra = sorted(MORE_PROFILES.glob("*.toml")) if more else []
+    return list_profiles() + [str(p) for p in [*sorted(BENCH_PROFILES.glob("*.toml")), *extra]]
+
+
+def study_file(name: str) -> StudyConfig:
+    """A study file by path or by the name of a shipped one (`autotune/studies/NAME.toml`)."""
+    path = Path(name)
+    if not path.is_file():
+        path = STUDIES / f"{name}.toml"
+    if not path.is_file():
+        raise SystemExit(f"--study: no study file {name}; a path or one of {_shipped()}")
+    return read_study(path.read_text(encoding="utf-8"), name=path.stem, path=path)
+
+
+def _shipped() -> str:
+    return ", ".join(p.stem for p in sorted(STUDIES.glob("*.toml")))
+
+
+@dataclass(frozen=True)
+class Box:
+    """One study's box: its label, profile, the study's search (a study file's or the
+    benchmark's), the study file it times its night by, and its launch budget."""
+
+    label: str
+    bench: Bench
+    cfg: StudyConfig
+    budget: int
+
+
+@dataclass(frozen=True)
+class World:
+    """The world one study runs in: the bench (its profile's `[mismatch]` with the world's
+    keys on top), the best stable capacity and the true front there, and how it was drawn."""
+
+    bench: Bench
+    best: int
+    pareto: list[tuple[int, float]]
+    seed: int | None = None  # the world's seed (`--mismatch random`), None otherwise
+    departure: float = 0.0  # `autotune.testing.worlds.departure`, GiB
+
+
+def world_for(box: Box, mismatch: str, base: int, seed: int) -> World:
+    """The study's world: the box's own with `--mismatch`'s keys on top, or, for
+    `--mismatch random`, one drawn from the box's name, the study seed and `base`."""
+    bench = box.bench
+    drawn: int | None = None
+    if mismatch == RANDOM:
+        drawn = world_seed(base, box.label, seed)
+        bench = replace(
+            bench,
+            profile=replace(
+                bench.profile, mismatch=over(bench.profile.mismatch, draw_world(drawn))
+            ),
+        )
+    return World(bench, best_stable(bench), front(bench), drawn, departure(bench).total)
 
 
 @dataclass(frozen=True)
@@ -104,6 +181,16 @@ class Run:
     clock: float | None  # trial-durations of wall time to the target (workers mode)
     front: float = 0.0  # share of the true (capacity, throughput) front held by the end
     soak_ok: bool | None = None  # the exported setting passes a confirm soak (None: nothing held)
+    world: str = ""  # the world the study ran in (`describe`)
+    world_seed: int | None = None  # its seed under `--mismatch random`
+    departure: float = 0.0  # its departure score, GiB
+    # the simulated night, first launch to the confirm soak's end
+    night: Hours = field(default_factory=Hours)
+    to_target: Hours | None = None  # the same had the study stopped at the target's launch
+    night_off: Hours = field(default_factory=Hours)  # the night with no phase ending early
+    to_target_off: Hours | None = None
+    best: int = 0  # the best stable capacity of the study's world (0: nothing in it is stable)
+    soak_factor: float | None = None  # the confirm soak's length in trials (None: no export)
 
 
 def study_run(
@@ -114,7 +201,16 @@ def study_run(
     budget: int,
     workers: int,
     pareto: list[tuple[int, float]] | None = None,
+    cfg: StudyConfig | None = None,
 ) -> Run:
+    """One study of sampler `name` on the bench, seeded by `seed`, up to `budget` launches; its
+    night timed by the study file `cfg` (the benchmark's workload when None)."""
+    timed = cfg if cfg is not None else replace(bench.study_config, workload=BENCH_WORKLOAD)
+    # the same launches timed with every phase run to its end (`[workload] end_early = false`)
+    off = replace(timed, workload=replace(timed.workload, end_early=EarlyEnd(enabled=False)))
+    night = night_off = Hours()
+    at_target: Hours | None = None
+    at_target_off: Hours | None = None
     sampler = make_sampler(SamplerConfig(name=name, seed=seed))
     study = optuna.create_study(directions=["maximize", "maximize"], sampler=sampler)
     study.set_user_attr("objectives", ["capacity", "throughput"])
@@ -141,11 +237,24 @@ def study_run(
         now = max(now, started + 1.0)
         launch = run_trial(study, bench, trial, seed * 1000 + trial.number)
         launches.append(launch)
+        plan = plan_for(bench, launch.params, seed * 1000 + trial.number)
+        night += launch_hours(bench.profile, plan, timed, launch.outcome)
+        night_off += launch_hours(bench.profile, plan, off, launch.outcome)
         if reached is None and launch.feasible and launch.stable and launch.tokens >= 0.99 * best:
             reached = len(launches)
             clock = now
+            at_target, at_target_off = night, night_off
     upto = launches[:reached] if reached else launches
     held = [x.tokens for x in launches if x.feasible and x.stable]
+    soaked = exported_soak(bench, study, seed)
+    if soaked is not None:
+        _, factor, params = soaked
+        plan = plan_for(bench, params, seed * 1000 + 999)
+        soak_h = soak_hours(bench.profile, plan, timed, factor)
+        night += soak_h
+        night_off += soak_h  # the soak never ends early
+        at_target = at_target + soak_h if at_target is not None else None
+        at_target_off = at_target_off + soak_h if at_target_off is not None else None
     return Run(
         sampler=name,
         profile=bench.profile.name,
@@ -157,12 +266,29 @@ def study_run(
         final=max(held, default=0) / best if best else 0.0,
         clock=clock,
         front=covered(pareto, launches) if pareto else 0.0,
-        soak_ok=exported_passes_soak(bench, study, seed),
+        soak_ok=soaked[0] if soaked is not None else None,
+        world=describe(bench.mismatch),
+        night=night,
+        to_target=at_target,
+        night_off=night_off,
+        to_target_off=at_target_off,
+        best=best,
+        soak_factor=soaked[1] if soaked is not None else None,
     )
 
 
 def exported_passes_soak(bench: Bench, study: optuna.Study, seed: int) -> bool | None:
-    """Whether the setting `autotune export` would print passes `autotune confirm`'s soak on the
+    """Whether the setting `autotune export` would print passes its confirm soak (None: the
+    study held nothing to export); `exported_soak`."""
+    soaked = exported_soak(bench, study, seed)
+    return soaked[0] if soaked is not None else None
+
+
+def exported_soak(
+    bench: Bench, study: optuna.Study, seed: int
+) -> tuple[bool, float, dict[str, Scalar]] | None:
+    """(whether it passes, the soak's length in trials, the exported parameters): whether the
+    setting `autotune export` would print passes `autotune confirm`'s soak on the
     simulated machine (one soak launch, as `autotune confirm` runs it): `review.winner.choose`
     with its default margin (`review.soak.soak_plan`: backed off for a soak as long as the
     trials' growth asks for, never below a fraction that can start, trading demand where the
@@ -174,7 +300,7 @@ def exported_passes_soak(bench: Bench, study: optuna.Study, seed: int) -> bool |
         return None
     factor = w.soak.factor if w.soak is not None else DEFAULT_SOAK_FACTOR
     soaked, _ = launch(bench, dict(w.params), seed * 1000 + 999, soak=factor)
-    return soaked.feasible
+    return soaked.feasible, factor, dict(w.params)
 
 
 def summarize(runs: list[Run], budget: int, workers: int) -> list[str]:
@@ -241,6 +367,193 @@ def per_profile(runs: list[Run], budget: int) -> list[str]:
     return lines
 
 
+def _steps(r: Run, budget: int) -> int:
+    return r.launches if r.launches is not None else budget + 1
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{part / whole:.0%}" if whole else "-"
+
+
+def outcomes(runs: list[Run], budget: int) -> list[str]:
+    """Per sampler: the share of studies whose export passes its soak and the share that held
+    99% of the best stable capacity, the lowest share of the best any study ended with, median
+    and worst launches to the target, median crashes on the way, TPE's median launches over
+    this sampler's (on the same studies), the share of the front held at the median."""
+    by: dict[str, list[Run]] = {}
+    for r in runs:
+        if r.best > 0:
+            by.setdefault(r.sampler, []).append(r)
+    head = (
+        f"{'sampler':<10} {'studies':>7} {'soak ok':>7} {'reached':>7} {'final min':>9} "
+        f"{'launches med':>12} {'worst':>6} {'crashes med':>11} {'vs tpe':>7} {'front med':>9}"
+    )
+    lines = [head]
+    tpe = by.get("tpe")
+    tpe_med = statistics.median(_steps(r, budget) for r in tpe) if tpe else None
+    for name, rs in by.items():
+        steps = [_steps(r, budget) for r in rs]
+        med = statistics.median(steps)
+        ratio = "-"
+        if tpe_med is not None:
+            ratio = f"{'>=' if tpe_med > budget else ''}{tpe_med / med:.1f}x"
+        soaked = sum(r.soak_ok is True for r in rs)
+        lines.append(
+            f"{name:<10} {len(rs):>7} {_pct(soaked, len(rs)):>7} "
+            f"{_pct(sum(r.launches is not None for r in rs), len(rs)):>7} "
+            f"{min(r.final for r in rs):>9.1%} {_launches(med, budget):>12} "
+            f"{_launches(max(steps), budget):>6} "
+            f"{statistics.median(r.crashes for r in rs):>11g} {ratio:>7} "
+            f"{statistics.median(r.front for r in rs):>9.0%}"
+        )
+    none = [r for r in runs if r.best == 0]
+    if none:
+        studies = sorted({(r.profile, r.seed) for r in none})
+        exported = sum(r.soak_ok is not None for r in none)
+        lines.append(
+            f"({len(studies)} studies left out: no setting of the space is stable in their world "
+            f"({', '.join(f'{p} seed {s}' for p, s in studies)}); "
+            f"{exported} of their {len(none)} runs exported a setting, "
+            f"{sum(r.soak_ok is True for r in none)} passed its soak)"
+        )
+    return lines
+
+
+def worst_studies(runs: list[Run], budget: int) -> list[str]:
+    """Per sampler, the study that ended with the least of the best stable capacity (ties: the
+    most launches to the target), with its seed and world."""
+    lines = []
+    for name in dict.fromkeys(r.sampler for r in runs):
+        rs = [r for r in runs if r.sampler == name and r.best > 0]
+        if not rs:
+            continue
+        w = min(rs, key=lambda r: (r.final, -_steps(r, budget), r.soak_ok is True))
+        seed = f", world seed {w.world_seed}" if w.world_seed is not None else ""
+        world = f", departure {w.departure:.2f} GiB: {w.world}" if w.departure else ""
+        lines.append(
+            f"worst {name}: {w.final:.1%} of the best, {_launches(_steps(w, budget), budget)} "
+            f"launches, soak {'ok' if w.soak_ok else 'FAILED' if w.soak_ok is False else '-'}; "
+            f"{w.profile} seed {w.seed}{seed}{world}"
+        )
+    return lines
+
+
+def by_departure(runs: list[Run], budget: int) -> list[str]:
+    """The outcome figures per departure bucket (`autotune.testing.worlds.BUCKETS`)."""
+    lines = []
+    low = 0.0
+    for name, upper in BUCKETS:
+        rs = [r for r in runs if bucket(r.departure) == name]
+        span = f"{low:g}-{upper:g} GiB" if math.isfinite(upper) else f">= {low:g} GiB"
+        low = upper
+        studies = len({(r.profile, r.seed) for r in rs})
+        lines += ["", f"departure {name} ({span}): {studies} studies"]
+        if rs:
+            lines += outcomes(rs, budget)
+    return lines
+
+
+def _hours(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f}/{max(values):.1f}" if values else "-"
+
+
+def night_table(runs: list[Run]) -> list[str]:
+    """The night in hours (first launch to the confirm soak's end), median/worst per profile and
+    sampler, and where the hours went."""
+    samplers = list(dict.fromkeys(r.sampler for r in runs))
+    profiles = list(dict.fromkeys(r.profile for r in runs))
+    width = max([32, *(len(p) for p in profiles)])
+    lines = [
+        "",
+        "night in hours, first launch to the confirm soak's end (median/worst)",
+        f"{'profile':<{width}} " + " ".join(f"{s:>11}" for s in samplers),
+    ]
+    for prof in [*profiles, "all"]:
+        cells = [
+            _hours([r.night.total_h for r in runs if r.sampler == s and prof in ("all", r.profile)])
+            for s in samplers
+        ]
+        lines.append(f"{prof:<{width}} " + " ".join(f"{c:>11}" for c in cells))
+    lines += [
+        "",
+        "hours if the study stopped at the launch that reached the target, then soaked "
+        "(median/worst; - : never reached)",
+        f"{'profile':<{width}} " + " ".join(f"{s:>11}" for s in samplers),
+    ]
+    for prof in [*profiles, "all"]:
+        cells = []
+        for s in samplers:
+            rs = [r for r in runs if r.sampler == s and prof in ("all", r.profile)]
+            hit = [r.to_target.total_h for r in rs if r.to_target is not None]
+            cells.append(_hours(hit) if len(hit) == len(rs) else f"{_hours(hit)}*")
+        lines.append(f"{prof:<{width}} " + " ".join(f"{c:>11}" for c in cells))
+    lines.append("(*: some studies never reached it; the figures are over those that did)")
+    lines += early_end_table(runs, samplers, profiles, width)
+    lines.append("")
+    for s in samplers:
+        rs = [r for r in runs if r.sampler == s]
+        total = sum((r.night for r in rs), Hours())
+        secs = total.total_h * 3600 or 1.0
+        unconfirmed = sum(r.soak_ok is not True for r in rs)
+        factors = [r.soak_factor for r in rs if r.soak_factor is not None]
+        soaks = f"{statistics.median(factors):g}x/{max(factors):g}x" if factors else "-"
+        lines.append(
+            f"{s}: startup {total.startup_s / secs:.0%}, workload {total.workload_s / secs:.0%}, "
+            f"teardown {total.teardown_s / secs:.0%}, confirm soak {total.soak_s / secs:.0%} "
+            f"of the hours; {statistics.median(r.used for r in rs):g} launches at the median; "
+            f"soak factor median/max {soaks}; "
+            f"{unconfirmed} of {len(rs)} without a confirmed export"
+        )
+    for s in samplers:
+        long = max((r for r in runs if r.sampler == s), key=lambda r: r.night.total_h)
+        lines.append(f"longest night {s}: {study_line(long)}")
+    return lines
+
+
+def early_end_table(
+    runs: list[Run], samplers: list[str], profiles: list[str], width: int
+) -> list[str]:
+    """The night with every phase run to its end beside the night with the early end
+    (`[workload] end_early`), median/worst per profile and sampler; then the same had the study
+    stopped at the launch that reached the target."""
+
+    def whole(r: Run) -> tuple[Hours | None, Hours | None]:
+        return r.night_off, r.night
+
+    def stopped(r: Run) -> tuple[Hours | None, Hours | None]:
+        return r.to_target_off, r.to_target
+
+    lines = []
+    for title, of in (("night", whole), ("stopped at the target", stopped)):
+        lines += [
+            "",
+            f"{title}, hours without the early end -> with it (median/worst)",
+            f"{'profile':<{width}} " + " ".join(f"{s:>21}" for s in samplers),
+        ]
+        for prof in [*profiles, "all"]:
+            cells = []
+            for s in samplers:
+                pairs = [of(r) for r in runs if r.sampler == s and prof in ("all", r.profile)]
+                kept = [(a, b) for a, b in pairs if a is not None and b is not None]
+                before = _hours([a.total_h for a, _ in kept])
+                cells.append(f"{before} -> {_hours([b.total_h for _, b in kept])}")
+            lines.append(f"{prof:<{width}} " + " ".join(f"{c:>21}" for c in cells))
+    return lines
+
+
+def study_line(r: Run) -> str:
+    """One study's night: its box, seed and world, the hours by part, the soak's factor."""
+    n = r.night
+    soak = f"{r.soak_factor:g}x soak {n.soak_s / 3600:.1f} h" if r.soak_factor else "no export"
+    world = f", world seed {r.world_seed}" if r.world_seed is not None else ""
+    return (
+        f"{n.total_h:.1f} h, {r.profile} seed {r.seed}{world}: {n.launches} launches (startup "
+        f"{n.startup_s / 3600:.1f} h, workload {n.workload_s / 3600:.1f} h, teardown "
+        f"{n.teardown_s / 3600:.1f} h), {soak}"
+        + (f", to the target {r.to_target.total_h:.1f} h" if r.to_target is not None else "")
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=10)
@@ -263,7 +576,8 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEYS",
         help="run every profile in a world that differs from the model: all of "
         f"{', '.join(MISMATCH_KEYS)} (or the comma-separated ones named), set on top of the "
-        "profile's own [mismatch] table (which is always kept)",
+        "profile's own [mismatch] table (which is always kept); 'random': every study in a "
+        "world drawn from the ranges of autotune/testing/worlds.py (--world-seed)",
     )
     ap.add_argument(
         "--chunks",
@@ -271,11 +585,33 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SIZES",
         help="also search chunked_prefill_size over these comma-separated sizes",
     )
+    ap.add_argument(
+        "--world-seed",
+        type=int,
+        default=0,
+        help="with --mismatch random: the seed every study's world is drawn from (with the "
+        "profile's name and the study's seed)",
+    )
+    ap.add_argument(
+        "--more", action="store_true", help="also run every profile in scripts/bench_profiles/more/"
+    )
+    ap.add_argument(
+        "--study",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also run this study file (a path or a shipped study's name, e.g. kimi) on its "
+        "simulator profile: its search, constraints, n_trials and workload",
+    )
+    ap.add_argument(
+        "--per-study", action="store_true", help="print every study's night on a line of its own"
+    )
     args = ap.parse_args(argv)
     world = mismatch_of(args.mismatch)
+    drawn = args.mismatch == RANDOM
     chunks = tuple(int(c) for c in args.chunks.split(",") if c.strip())
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    profiles = [p for p in args.profiles.split(",") if p] or default_profiles()
+    profiles = [p for p in args.profiles.split(",") if p] or default_profiles(args.more)
     samplers = []
     for name in args.samplers.split(","):
         if name not in SAMPLER_FACTORIES:
@@ -287,11 +623,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"skipping sampler {name}: {exc}", file=sys.stderr)
             continue
         samplers.append(name)
-    runs: list[Run] = []
-    t0 = time.perf_counter()
+    boxes: list[Box] = []
     for prof_name in profiles:
         profile = load_profile(prof_name)
-        prof_name = profile.name
         bench = bench_for(profile, min_headroom_gib=args.min_headroom, mismatch=world)
         if chunks:
             space = (*bench.search.params, Choices("chunked_prefill_size", chunks))
@@ -299,25 +633,61 @@ def main(argv: list[str] | None = None) -> int:
         if args.baseline_fraction is not None:
             baseline = {**bench.search.baseline, "mem_fraction_static": args.baseline_fraction}
             bench = replace(bench, search=replace(bench.search, baseline=baseline))
-        best = best_stable(bench)
-        pareto = front(bench)
-        print(
-            f"{prof_name}: best stable capacity {best:,} tokens; "
-            f"{len(pareto)} settings on the capacity/throughput front",
-            file=sys.stderr,
-        )
-        for name in samplers:
-            for seed in range(args.seeds):
-                runs.append(study_run(name, bench, best, seed, args.budget, args.workers, pareto))
+        timed = replace(bench.study_config, workload=BENCH_WORKLOAD)
+        boxes.append(Box(profile.name, bench, timed, args.budget))
+    for name in args.study:
+        cfg = study_file(name)
+        profile = load_profile(cfg.server.sim_profile)
+        base = bench_for(profile, mismatch=world)
+        bench = replace(base, search=cfg.search, constraints=cfg.constraints)
+        boxes.append(Box(f"{cfg.name} (study)", bench, cfg, cfg.budget.n_trials))
+    runs: list[Run] = []
+    t0 = time.perf_counter()
+    for box in boxes:
+        fixed = None if drawn else world_for(box, args.mismatch, args.world_seed, 0)
+        if fixed is not None:
+            print(
+                f"{box.label}: best stable capacity {fixed.best:,} tokens; "
+                f"{len(fixed.pareto)} settings on the capacity/throughput front",
+                file=sys.stderr,
+            )
+        for seed in range(args.seeds):
+            w = fixed or world_for(box, args.mismatch, args.world_seed, seed)
+            if drawn:
+                print(
+                    f"world: seed {seed}, profile {box.label}, world seed {w.seed}, departure "
+                    f"{w.departure:.2f} GiB ({bucket(w.departure)}): {describe(w.bench.mismatch)}"
+                    f"; best stable {w.best:,} tokens"
+                )
+            for name in samplers:
+                run = study_run(
+                    name, w.bench, w.best, seed, box.budget, args.workers, w.pareto, box.cfg
+                )
+                runs.append(
+                    replace(run, profile=box.label, world_seed=w.seed, departure=w.departure)
+                )
+    mode = f", mismatch: {world}" if world.on else ""
+    if drawn:
+        mode = f", mismatch: random (world seed {args.world_seed}, on top of each profile's own)"
     print(
-        f"{len(profiles)} profiles × {args.seeds} seeds, budget {args.budget} launches, "
-        f"{args.workers} worker(s), headroom ≥ {args.min_headroom:g} GiB"
-        + (f", mismatch: {world}" if world.on else "")
-        + "; "
+        f"{len(boxes)} profiles × {args.seeds} seeds, budget {args.budget} launches, "
+        f"{args.workers} worker(s), headroom ≥ {args.min_headroom:g} GiB" + mode + "; "
         f"{time.perf_counter() - t0:.0f} s"
     )
     for line in summarize(runs, args.budget, args.workers) + per_profile(runs, args.budget):
         print(line)
+    print()
+    for line in outcomes(runs, args.budget) + worst_studies(runs, args.budget):
+        print(line)
+    if drawn:
+        for line in by_departure(runs, args.budget):
+            print(line)
+    for line in night_table(runs):
+        print(line)
+    if args.per_study:
+        print()
+        for r in runs:
+            print(f"night {r.sampler}: {study_line(r)}")
     return 0
 
 

@@ -27,7 +27,7 @@ a world that took more than the model once will likely do so again.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from autotune.logparse.outcome import Outcome
@@ -68,22 +68,36 @@ class Calibration:
     """The model's record against the launches, and the widening it earns."""
 
     checks: tuple[Check, ...] = ()
+    clip: float | None = None
+    """With a heavy tail taken for the outliers (`search.doubt`), a miss counts in the spread
+    and the bias as at most this many sd: the tail, not a wider spread, answers for it."""
 
     @property
     def kappa(self) -> float:
         """The widening factor, the root mean square of the z's shrunk towards 1 by `PRIOR_WEIGHT`
         launches and kept within `MIN_KAPPA`–`MAX_KAPPA`; a z above 10 (far more headroom than
-        predicted) counts as 10, so one safe surprise cannot take over."""
+        predicted) counts as 10, so one safe surprise cannot take over (and any z beyond `clip`
+        as `clip`)."""
         if not self.checks:
             return 1.0
-        total = PRIOR_WEIGHT + sum(min(c.z, 10.0) ** 2 for c in self.checks)
+        total = PRIOR_WEIGHT + sum(self._z(c) ** 2 for c in self.checks)
         return min(max(math.sqrt(total / (PRIOR_WEIGHT + len(self.checks))), MIN_KAPPA), MAX_KAPPA)
+
+    def _z(self, c: Check) -> float:
+        z = min(c.z, 10.0)
+        return z if self.clip is None else max(min(z, self.clip), -self.clip)
 
     @property
     def bias_gib(self) -> float:
         """How much less headroom than predicted the launches kept, on average over the misses
         on the optimistic side (0 when the model was never optimistic by a miss)."""
-        over = [c.predicted - c.measured for c in self.checks if c.missed and c.z < 0]
+        over = [
+            c.predicted - c.measured
+            if self.clip is None
+            else min(c.predicted - c.measured, self.clip * c.sd)
+            for c in self.checks
+            if c.missed and c.z < 0
+        ]
         return sum(over) / (PRIOR_WEIGHT + len(self.checks)) if over else 0.0
 
     @property
@@ -91,15 +105,26 @@ class Calibration:
         """The checks that missed, for the why's "the model missed N of M launches"."""
         return tuple(c for c in self.checks if c.missed)
 
-    def p_stable(self, fc: Forecast, min_headroom_gib: float) -> float:
-        """`Forecast.p_stable` with the margin judged against the widened sd and the bias."""
+    def p_stable(
+        self,
+        fc: Forecast,
+        min_headroom_gib: float,
+        tail: Callable[[float, float], float] | None = None,
+    ) -> float:
+        """`Forecast.p_stable` with the margin judged against the widened sd and the bias; with
+        `tail` (margin, sd → p), against that tail instead of the normal one (`search.doubt`)."""
         p = fc.p_stable(min_headroom_gib)
         head = fc.headroom
-        if head is None or fc.blocked is not None or (self.kappa == 1.0 and self.bias_gib <= 0):
+        if head is None or fc.blocked is not None:
+            return p
+        if tail is None and self.kappa == 1.0 and self.bias_gib <= 0:
             return p
         margin = head.mean - self.bias_gib - min_headroom_gib
         sd = head.sd * self.kappa
-        wide = phi(margin / sd) if sd > 0 else float(margin >= 0)
+        if tail is not None:
+            wide = tail(margin, sd)
+        else:
+            wide = phi(margin / sd) if sd > 0 else float(margin >= 0)
         return min(wide, fc.p_start())
 
     def describe(self) -> str:

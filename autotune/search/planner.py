@@ -16,11 +16,22 @@ memory model and returns the next setting with the rule that chose it and why:
   halfway between the two instead of one safe step at a time.
 * `down`: nothing stable yet and nothing predicted safe; the most likely to be stable.
 * `explore`: the capacity edge is known to one step; try max_running_requests, the host cache
-  and the prefill chunk one at a time at that capacity, for throughput.
+  and the prefill chunk one at a time at that capacity, for throughput: only a launch that can
+  add a point to the capacity/throughput front (`search.front`: more requests where the fitted
+  throughput law puts them above the noise of what held, one probe of another host cache or
+  chunk, the axis left where it moved nothing).
 * `secure` / `recheck`: the best setting held with a thin margin; first the highest fraction
-  the model calls safe for its demand, then the best again until it held RECHECKS times.
+  the model calls safe for its demand (unless more demand held there), then the best again
+  until it held RECHECKS times. Where the launches contradict the model, `secure` also holds
+  the step below the best before the search turns to throughput or ends.
 * `confirm`: what is left to learn is smaller than one step; run the best setting again and say
   so in `done`.
+
+Where the launches contradict the model beyond its noise (`search.doubt`), its margins are
+judged against a heavy tail, the best setting runs until it held twice (`recheck`), and the why
+and `done` give the evidence instead of "smaller than one step". A setting that held twice is
+stable by measurement, and one that held runs again before the search would end with nothing
+kept.
 
 Settings that the model says cannot start (no room for KV, host RAM exceeded, host cache smaller
 than the GPU pool) are never proposed, nor settings that need at least as much memory as one
@@ -47,6 +58,16 @@ from autotune.config.space import (
 from autotune.config.studyfile import Scalar
 from autotune.memory.model import SPIKE_RATIO, Forecast, MemoryModel, Setting, fit
 from autotune.search.calibration import calibrate
+from autotune.search.doubt import DOUBT_Z, REPEATS, doubt
+from autotune.search.front import (
+    FRONT_GAIN,
+    SAME_TOKENS,
+    ThroughputFit,
+    dominated,
+    fit_throughput,
+    gain,
+    no_effect,
+)
 from autotune.search.points import (
     CHUNK,
     FRACTION,
@@ -363,6 +384,12 @@ class _Planner:
             and not (p.observation.outcome == "runtime_oom" and _contradicted(p, known))
         )
         self.cal = calibrate(known)
+        # launches that contradict the model beyond its noise (`search.doubt`): margins judged
+        # against a heavy tail (which answers for the outliers, not a wider spread), the edge
+        # repeated, and the why and the end say so
+        self.doubt = doubt(known, self.cal)
+        if self.doubt.tails:
+            self.cal = dataclasses.replace(self.cal, clip=DOUBT_Z)
         """Failures that bound the search: each rules out every setting needing at least as
         much memory of its kind. A GPU-memory failure that a launch needing at least as much
         memory contradicts (it held) is noise of the peak, not a bound: it widens the model's
@@ -382,6 +409,10 @@ class _Planner:
         # stable: held, and the model (widened by its misses) expects it to hold again; one
         # stress phase that happened to pass at the edge is not stability
         stable = [p for p in held if self._proven(p)]
+        if not stable:
+            # what held REPEATS times is stable by measurement, whatever a doubted model says:
+            # a study never ends with nothing kept when a setting held
+            stable = [p for p in held if self._runs(p) >= REPEATS]
         self.best = _best_of(stable)
         self.cap = tokens_of(self.best) if self.best else 0
         unproven = [p for p in held if p not in stable and tokens_of(p) > self.cap]
@@ -399,8 +430,10 @@ class _Planner:
         """Below this fraction the KV pool finds no room (a launch's ledger said so)."""
 
     def _p(self, fc: Forecast) -> float:
-        """p(stable) of a forecast, its margin widened by the model's misses (`calibration`)."""
-        return self.cal.p_stable(fc, self.goal.min_headroom_gib)
+        """p(stable) of a forecast, its margin widened by the model's misses (`calibration`),
+        judged against a heavy tail where the launches contradict the model's (`doubt`)."""
+        tail = self.doubt.p_above if self.doubt.tails else None
+        return self.cal.p_stable(fc, self.goal.min_headroom_gib, tail)
 
     def _forecast(self, s: Setting) -> Forecast:
         return self.model.forecast(
@@ -546,10 +579,16 @@ class _Planner:
                     key=lambda x: (x[2] >= g.safe_p, x[2] >= g.probe_p, _fc_tokens(x[1]), x[2]),
                 )
                 return self._proposal(params, fc, "down", f"p(stable) {p:.2f}")
+            kept = self._keep()
+            if kept is not None:
+                return kept
             return self._done("no setting left that the model expects to be stable")
         secure = self._secure(scored)
         if secure is not None:
             return secure
+        below = self._below(scored)
+        if below is not None:
+            return below
         recheck = self._recheck()
         if recheck is not None:
             return recheck
@@ -753,7 +792,9 @@ class _Planner:
 
     def _recheck(self) -> Proposal | None:
         """Run the best setting again while its margin is thin and it has held fewer than
-        RECHECKS times: one lucky stress phase at the edge is not stability."""
+        RECHECKS times: one lucky stress phase at the edge is not stability. Where the launches
+        contradict the model (`doubt`), also while it has held fewer than REPEATS times, however
+        wide the model says its margin is."""
         best = self.best
         if best is None or best.observation is None:
             return None
@@ -770,11 +811,48 @@ class _Planner:
             for q in self.known
             if q.feasible and q.observation and _same_gpu(q.observation.setting, s)
         )
-        if p >= self.goal.safe_p or runs >= RECHECKS:
+        doubted = self.doubt.wrong and runs < REPEATS
+        if not doubted and (p >= self.goal.safe_p or runs >= RECHECKS):
             return None
         params = {k: v for k, v in best.params.items() if k in self.axes}
+        note = (
+            f"held {runs} time(s), and the launches contradict the model: once more before it "
+            f"counts, p(stable) {p:.2f}"
+            if doubted and p >= self.goal.safe_p
+            else f"held {runs} time(s) with a thin margin, p(stable) {p:.2f}"
+        )
+        return self._proposal(params, fc, "recheck", note)
+
+    def _keep(self) -> Proposal | None:
+        """Nothing is stable and no setting is left the model expects to be: the most capacity
+        that held runs again (until it held REPEATS times, when it counts as stable), so the
+        study does not end with nothing kept while a setting held."""
+        target = self.thin
+        if target is None or target.observation is None:
+            return None
+        params = {k: v for k, v in target.params.items() if k in self.axes}
+        if _key(params, self.names) in {_key(p, self.names) for p in self.pending}:
+            return None
+        fc = self._forecast(target.observation.setting)
         return self._proposal(
-            params, fc, "recheck", f"held {runs} time(s) with a thin margin, p(stable) {p:.2f}"
+            params,
+            fc,
+            "recheck",
+            f"no setting the model expects to be stable is left, and trial {target.number} "
+            f"held {self._runs(target)} time(s): once more, so that the study keeps a setting, "
+            f"p(stable) {self._p(fc):.2f}",
+        )
+
+    def _runs(self, p: Point) -> int:
+        """How many launches of `p`'s GPU setting held."""
+        s = p.observation.setting if p.observation else None
+        return sum(
+            1
+            for q in self.known
+            if s is not None
+            and q.feasible
+            and q.observation
+            and _same_gpu(q.observation.setting, s)
         )
 
     def _secure(self, scored: list[tuple[dict[str, Scalar], Forecast, float]]) -> Proposal | None:
@@ -802,6 +880,20 @@ class _Planner:
             and self._p_of(p) >= self.goal.safe_p
         ]
         floor = max(trusted, default=0)
+        # a launch of more demand at a fraction, held and called stable, already holds what a
+        # launch of the best's demand there would: the fallback is in hand (not where the
+        # launches contradict the model: there one hold of more demand may be its luck, and
+        # the fallback of less demand is the likelier to be stable)
+        backing = [
+            p.observation.setting
+            for p in self.known
+            if not self.doubt.wrong
+            and p.feasible
+            and p is not best
+            and p.observation is not None
+            and not self._beaten(p)
+            and self._p_of(p) >= self.goal.accept_p
+        ]
         safe = [
             x
             for x in scored
@@ -813,6 +905,11 @@ class _Planner:
         if not safe:
             return None
         params, fc, p = max(safe, key=lambda x: (_fc_tokens(x[1]), -self._distance(x[0]), x[2]))
+        if any(
+            o.mem_fraction >= fc.setting.mem_fraction - 1e-9 and needs_more(o, fc.setting)
+            for o in backing
+        ):
+            return None
         q = self._p_of(best)
         return self._proposal(
             params,
@@ -821,6 +918,49 @@ class _Planner:
             f"trial {best.number} held with a thin margin, p(stable) {q:.2f}: first the "
             "highest fraction the model calls safe for that demand, "
             f"p(stable) {p:.2f}",
+        )
+
+    def _below(self, scored: list[tuple[dict[str, Scalar], Forecast, float]]) -> Proposal | None:
+        """Where the launches contradict the model (`doubt`), the step below the best at its
+        demand or less, held before the search turns to throughput or ends: in such a world a
+        few holds near the edge cannot tell a setting that passes 99% of stress phases from one
+        that passes 92% (a heavy tail, spikes the launches never met), and a step of the
+        fraction is about what that uncertainty spans. The best may be over the line; the step
+        below is what an export can trust. Not needed where a launch of the best's demand or
+        less already held within that step."""
+        best = self.best
+        if not self.doubt.wrong or best is None or best.observation is None:
+            return None
+        s = best.observation.setting
+        step = self._step()
+        low = s.mem_fraction - step - 1e-9
+
+        def within(o: Setting) -> bool:
+            return low <= o.mem_fraction < s.mem_fraction - 1e-9 and not _more_demand(o, s)
+
+        if any(
+            p.feasible and p.observation is not None and within(p.observation.setting)
+            for p in self.known
+        ):
+            return None
+        options = [
+            x
+            for x in scored
+            if abs(x[1].setting.mem_fraction - (s.mem_fraction - step)) < 0.25 * step
+            and not _more_demand(x[1].setting, s)
+            and self._besides_demand(x[0]) == self._besides_demand(best.params)
+            and x[2] >= self.goal.probe_p
+        ]
+        if not options:
+            return None
+        params, fc, p = max(options, key=lambda x: (x[2], -self._distance(x[0])))
+        return self._proposal(
+            params,
+            fc,
+            "secure",
+            f"the launches contradict the model, and a few holds near the edge cannot tell a "
+            f"setting that passes 99% of stress phases from one that passes 92%: the step below "
+            f"trial {best.number}, p(stable) {p:.2f}, before the search ends",
         )
 
     def _bisect(
@@ -847,7 +987,12 @@ class _Planner:
     def _explore(self, scored: list[tuple[dict[str, Scalar], Forecast, float]]) -> Proposal | None:
         """One axis at a time from the fastest stable launch near the best capacity: more
         requests (at the highest fraction that stays safe for them), each other host-cache size
-        and prefill chunk; a combination that already held is not tried again."""
+        and prefill chunk; a combination that already held is not tried again. Only a launch
+        that can add a point to the capacity/throughput front (`search.front`): more requests
+        where no candidate with more requests holds as much capacity and, once two request
+        counts are measured, where the fitted throughput is FRONT_GAIN above every held launch
+        of at least its capacity; another host cache or chunk until one probe showed the axis
+        moves throughput or capacity by less than that."""
         axes = [n for n in (REQUESTS, HICACHE, CHUNK) if len(self.axes.get(n, ())) > 1]
         if not axes or self.best is None:
             return None
@@ -855,32 +1000,116 @@ class _Planner:
         # the best capacity, unless a launch near it was clearly faster (not just noise)
         faster = max(near, key=lambda p: (p.throughput, tokens_of(p)))
         fastest = faster if faster.throughput > 1.02 * self.best.throughput else self.best
-        held = {self._combo(p.params) for p in self.known if p.feasible}
+        held: dict[PointKey, int] = {}
+        for q in self.known:
+            if q.feasible:
+                held[self._combo(q.params)] = max(held.get(self._combo(q.params), 0), tokens_of(q))
+        measured = [
+            (tokens_of(p), p.throughput) for p in self.known if p.feasible and p.throughput > 0
+        ]
+        law = fit_throughput(
+            [
+                (p.observation.slots, p.throughput)
+                for p in self.known
+                if p.feasible and p.observation is not None and p.observation.slots
+            ]
+        )
         for name in axes:
+            # more requests from the most capacity (each a point of the front below it), the
+            # other axes from the fastest launch
+            origin = self.best if name == REQUESTS else fastest
+            if name != REQUESTS and self._axis_done(name, fastest):
+                continue
             options = []
             for params, fc, p in scored:
                 if p < self.goal.safe_p or _fc_tokens(fc) < EXPLORE_FLOOR * self.cap:
                     continue
-                if self._combo(params) in held:
+                # a combination that held is tried again only for more requests, at a fraction
+                # its own measured peak now calls safe, for more capacity than it held (a point
+                # of the front the first probe, judged from far, fell short of)
+                was = held.get(self._combo(params))
+                if was is not None and (
+                    name != REQUESTS or _fc_tokens(fc) <= (1 + SAME_TOKENS) * was
+                ):
                     continue
                 diff = [
                     n
                     for n in self.names
-                    if n != FRACTION and not same_value(params.get(n), fastest.params.get(n))
+                    if n != FRACTION and not same_value(params.get(n), origin.params.get(n))
                 ]
-                more = name != REQUESTS or num(params.get(name)) > num(fastest.params.get(name))
+                more = name != REQUESTS or num(params.get(name)) > num(origin.params.get(name))
                 if diff == [name] and more:
                     options.append((params, fc, p))
+            note = ""
+            if name == REQUESTS:
+                options = self._on_front(options, measured, law)
             if options:
-                params, fc, p = max(options, key=lambda x: (_fc_tokens(x[1]), -num(x[0].get(name))))
+                if name == REQUESTS:
+                    params, fc, p = max(
+                        options, key=lambda x: (_fc_tokens(x[1]), num(x[0].get(name)))
+                    )
+                else:  # the value farthest from the launch it departs from shows most
+                    at = num(fastest.params.get(name))
+                    params, fc, p = max(
+                        options,
+                        key=lambda x: (
+                            abs(num(x[0].get(name)) - at),
+                            -num(x[0].get(name)),
+                            _fc_tokens(x[1]),
+                        ),
+                    )
+                if name == REQUESTS and law is not None:
+                    r = num(params.get(name))
+                    t = law.at(r)
+                    note = (
+                        f"; predicted {t:,.0f} tok/s, "
+                        f"{gain(_fc_tokens(fc), t, measured):+.0%} over every launch held with "
+                        "as much capacity"
+                    )
                 return self._proposal(
                     params,
                     fc,
                     "explore",
                     f"capacity edge known; trying {name}={params.get(name)} for throughput "
-                    f"(fastest so far trial {fastest.number}, {fastest.throughput:,.0f} tok/s)",
+                    f"(fastest so far trial {fastest.number}, {fastest.throughput:,.0f} tok/s)"
+                    f"{note}",
                 )
         return None
+
+    def _on_front(
+        self,
+        options: list[tuple[dict[str, Scalar], Forecast, float]],
+        measured: Sequence[tuple[int, float]],
+        law: ThroughputFit | None,
+    ) -> list[tuple[dict[str, Scalar], Forecast, float]]:
+        """The more-requests candidates that can add a point to the front: not dominated by a
+        candidate with more requests and as much predicted capacity, and (with a fitted law)
+        predicted FRONT_GAIN faster than every held launch of at least their capacity."""
+        pairs = [(num(x[0].get(REQUESTS)), _fc_tokens(x[1])) for x in options]
+        kept = [
+            x
+            for x, (r, c) in zip(options, pairs, strict=True)
+            if not dominated(r, c, pairs)
+            and (law is None or gain(c, law.at(r), measured) >= FRONT_GAIN)
+        ]
+        return kept
+
+    def _axis_done(self, name: str, fastest: Point) -> bool:
+        """Whether the launches that departed from `fastest` in `name` alone (besides the
+        fraction) showed the axis moves neither throughput nor capacity (`front.no_effect`)."""
+        probes = [
+            (tokens_of(p), p.throughput)
+            for p in self.known
+            if p.feasible
+            and p is not fastest
+            and [
+                n
+                for n in self.names
+                if n != FRACTION and not same_value(p.params.get(n), fastest.params.get(n))
+            ]
+            == [name]
+        ]
+        return no_effect((tokens_of(fastest), fastest.throughput), probes)
 
     def _combo(self, params: Mapping[str, Scalar]) -> PointKey:
         """The point on the searched parameters other than the fraction."""
@@ -897,7 +1126,7 @@ class _Planner:
         )
         why = (
             f"{rule} to {where}: {fc.describe()}, {self.goal.min_headroom_gib:g} GiB required; "
-            f"{note}{self._edge_text(fc)}{self.cal.describe()}; {best}"
+            f"{note}{self._edge_text(fc)}{self.cal.describe()}{self.doubt.describe()}; {best}"
         )
         return Proposal(params, rule, why, forecast=fc, model=self.model, kappa=self.cal.kappa)
 
@@ -909,6 +1138,16 @@ class _Planner:
         ref = self.best or self.ref
         params = {k: v for k, v in ref.params.items() if k in self.axes}
         text = f"what is left to learn is smaller than one step: {summary}"
+        if self.doubt.wrong:
+            held = self.best is not None and self._runs(self.best) >= REPEATS
+            head = (
+                f"the best setting held {self._runs(self.best)} times"
+                if held and self.best is not None
+                else "nothing better is left to try"
+            )
+            wider = " with the wider margin the evidence asks for" if self.doubt.tails else ""
+            text = f"{head}{wider}: {summary}"
+            text += self.doubt.describe()
         return Proposal(
             params, "confirm", f"confirm trial {ref.number}: {text}", done=text, model=self.model
         )

@@ -60,6 +60,7 @@ def observation_of(v: TrialView, params: Mapping[str, Scalar]) -> Observation | 
         headroom_gib=s.headroom_gib,
         feasible=v.state == "complete" and all(c <= 0 for c in s.constraints.values()),
         reason=" ".join([s.reason or "", *s.evidence]),
+        growth_gib=s.growth_gib,
     )
 
 
@@ -122,10 +123,15 @@ def finished_points(trials: Sequence[FrozenTrial], current: int) -> list[Point]:
 
 
 def pending_params(trials: Sequence[FrozenTrial], current: int) -> list[dict[str, Scalar]]:
-    """Parameters of trials other workers run now (or that wait in the queue)."""
+    """Parameters of trials other workers run now (or that wait in the queue), and of points
+    skipped because SGLang runs them as a measured trial (`search.effective`): none of them is
+    proposed again."""
     out = []
     for t in trials:
-        if t.number == current or t.state not in (TrialState.RUNNING, TrialState.WAITING):
+        if t.number == current:
+            continue
+        live = t.state in (TrialState.RUNNING, TrialState.WAITING)
+        if not live and (t.state != TrialState.FAIL or stored(t).runs_as is None):
             continue
         params = trial_params(t)
         if params:

@@ -303,6 +303,12 @@ def _plan(bench: Bench, params: Mapping[str, Scalar], seed: int = 0) -> StartupP
     return plan_startup(bench.profile, server_settings(bench, params), seed=seed)
 
 
+def plan_for(bench: Bench, params: Mapping[str, Scalar], seed: int = 0) -> StartupPlan:
+    """The startup plan of a launch of `params` on the bench's box (with launch `seed`'s
+    jitter): what the benchmark's departure score and its time accounting read."""
+    return _plan(bench, params, seed)
+
+
 def best_stable(bench: Bench) -> int:
     """The most capacity any stable setting of the space holds (exhaustive)."""
 
