@@ -12,6 +12,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from autotune.config.table import Table
@@ -117,10 +118,29 @@ class Poisson:
     output_len: LengthDist | None = None
 
 
+class BurstOrder(StrEnum):
+    """The order a stress burst sends its prompts in. A study file's stress phase sends prompts
+    of one length (`same`); `autotune confirm`'s worst cases mix the longest prompt the workload
+    can send with its shortest, to meet the server's FCFS waiting queue in each order."""
+
+    SAME = "same"
+    """Every prompt `input_len` tokens, all at once (the study file's stress phase)."""
+    LONGEST_FIRST = "longest-first"
+    """The long prompts, then the short ones, all at once."""
+    SHORTEST_FIRST = "shortest-first"
+    """The short prompts, then, once they run (`ORDER_GAP_S` later), the long ones."""
+    RANDOM = "random"
+    """Long and short prompts shuffled by `order_seed`, all at once."""
+
+
 @dataclass(frozen=True)
 class Stress:
     """Bursts that provoke the transient peak: `requests` prompts at once (default: the server's
-    effective max running requests), each `input_len` tokens (default: one full prefill chunk)."""
+    effective max running requests), each `input_len` tokens (default: one full prefill chunk).
+
+    `order`, `short_len` and `order_seed` are set only by `autotune confirm`'s worst cases (a
+    study file cannot name them): with an order other than `same`, half the prompts (rounded
+    down, at least one) are `input_len` tokens and the rest `short_len`, sent in that order."""
 
     name: str
     rounds: int = 2
@@ -128,9 +148,36 @@ class Stress:
     input_len: int | None = None
     output_len: int = 64
     timeout_s: float = 600.0
+    order: BurstOrder = BurstOrder.SAME
+    short_len: int | None = None
+    order_seed: int = 0
 
 
 Phase = Warmup | Steady | Poisson | Stress
+
+
+@dataclass(frozen=True)
+class EarlyEnd:
+    """When a phase may end before its duration or its rounds (`[workload] end_early`), the rule
+    `autotune.loadgen.earlyend` applies to the phase's own samples.
+
+    A steady or Poisson phase ends once, after `min_s` seconds and `min_requests` completed
+    requests (0: the phase's clients), the output throughput of its last `windows`
+    windows of `window_s` seconds spans at most `tolerance` of their mean and the least free GPU
+    memory under load did not fall by more than `headroom_tol_gib` over those windows. A stress
+    phase skips its remaining rounds once two rounds in a row ended alike and their least free
+    memory at the burst agrees within `headroom_tol_gib`. `enabled = False` runs every phase to its
+    end (the confirm soak always does: a soak exists to run long)."""
+
+    enabled: bool = True
+    window_s: float = 30.0
+    windows: int = 3
+    tolerance: float = 0.02
+    min_s: float = 120.0
+    min_requests: int = 0
+    headroom_tol_gib: float = 0.1
+
+
 DEFAULT_INPUT_LEN = LengthDist.fixed(1024)
 DEFAULT_OUTPUT_LEN = LengthDist.fixed(128)
 
@@ -153,6 +200,7 @@ class WorkloadSpec:
     api_key_env: str | None = None
     request_timeout_s: float = 600.0
     drain_timeout_s: float = 60.0
+    end_early: EarlyEnd = EarlyEnd()
 
     def api_key(self, environ: Mapping[str, str] | None = None) -> str | None:
         """The API key from the environment variable the spec names (None when none is named)."""
@@ -270,6 +318,30 @@ def _phase_from_dict(raw: object, key: str, index: int) -> Phase:
     return phase
 
 
+def _end_early_from(raw: object, key: str) -> EarlyEnd:
+    """`end_early = true | false`, or a table of the rule's figures (`EarlyEnd`'s fields)."""
+    if raw is None:
+        return EarlyEnd()
+    if isinstance(raw, bool):
+        return EarlyEnd(enabled=raw)
+    if not isinstance(raw, Mapping):
+        raise ConfigError(
+            key, f"expected true, false or a table like {{tolerance = 0.02}}, got {raw!r}"
+        )
+    t = Table.of(raw, key)
+    rule = EarlyEnd(
+        enabled=t.boolean("enabled", default=True),
+        window_s=float(t.number("window_s", default=30.0, low=0.1, high=MAX_DURATION_S)),
+        windows=t.integer("windows", default=3, low=2, high=1000),
+        tolerance=float(t.number("tolerance", default=0.02, low=0.0, high=1.0)),
+        min_s=float(t.number("min_s", default=120.0, low=0.0, high=MAX_DURATION_S)),
+        min_requests=t.integer("min_requests", default=0, low=0, high=100_000_000),
+        headroom_tol_gib=float(t.number("headroom_tol_gib", default=0.1, low=0.0, high=1024.0)),
+    )
+    t.finish()
+    return rule
+
+
 def _sessions_from_dict(raw: object, key: str) -> Sessions:
     t = Table.of(raw, key)
     sessions = Sessions(
@@ -339,6 +411,7 @@ def workload_from_dict(
         drain_timeout_s=float(
             t.number("drain_timeout_s", default=60.0, low=0.0, high=MAX_DURATION_S)
         ),
+        end_early=_end_early_from(t.raw("end_early"), t.key("end_early")),
     )
     t.finish()
     if spec.dataset is not None:

@@ -14,6 +14,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
+import math
 import random
 import time
 from collections.abc import Callable, Coroutine, Mapping
@@ -22,10 +23,19 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import assert_never
 
-from autotune.config.workload import Phase, Poisson, Steady, Stress, Warmup, WorkloadSpec
+from autotune.config.workload import (
+    BurstOrder,
+    Phase,
+    Poisson,
+    Steady,
+    Stress,
+    Warmup,
+    WorkloadSpec,
+)
 from autotune.loadgen import phases as ph
 from autotune.loadgen.apis import APIS, RequestOptions
 from autotune.loadgen.client import Client, HttpError
+from autotune.loadgen.earlyend import Round, Window, steady_end, stress_end
 from autotune.loadgen.metrics import RequestRecord, Slo, Summary, summarize
 from autotune.loadgen.shapes import Shaper, TokenPool
 
@@ -33,6 +43,12 @@ POLL_S = 0.15
 MIN_POLL_GAP_S = 0.02  # pokes cannot make the watcher poll faster than this
 DEFAULT_STRESS_REQUESTS = 32  # when the server's max running requests is unknown
 DEFAULT_PREFILL_CHUNK = 8192  # when chunked prefill is off or unknown
+ABORT_SETTLE_S = 5.0
+"""How long the driver waits after a phase that ended early cancelled requests in flight, before
+the next phase: SGLang aborts a request whose client went away, a streamed one 2 s after its
+response ended (`TokenizerManager.create_abort_task`), one not streamed or still waiting at its
+next disconnect poll, every `SGLANG_REQUEST_STATE_WAIT_TIMEOUT` (4) s
+(`TokenizerManager._wait_one_response`, `sglang/srt/managers/tokenizer_manager.py`)."""
 
 
 @dataclass(frozen=True)
@@ -111,9 +127,10 @@ class PhaseResult:
     kind: str
     started_s: float
     duration_s: float
-    ended_by: str  # completed | time_limit | server_died | skipped
+    ended_by: str  # completed | ended_early | time_limit | server_died | skipped
     summary: Summary
     plan: dict[str, object]  # what the phase was sized to (stress: requests, input_len, ...)
+    early_end: str | None = None  # ended_early: when, of what was planned, and the rule's why
 
     def to_dict(self) -> dict[str, object]:
         """The phase for `trial.json` and `workload.json`, its summary as plain JSON values."""
@@ -152,7 +169,8 @@ def stress_plan(phase: Stress, facts: ServerFacts) -> dict[str, int]:
     """Size a stress burst: the server's effective max running requests, each prompt one full
     prefill chunk (shrunk so input + output fits the context). When the KV pool size is known,
     the burst is cut to one more request than the pool can hold at once, so a round is not a
-    long queue of prompts that could never run together."""
+    long queue of prompts that could never run together. A worst case's ordered mix
+    (`Stress.order`) also sizes its short prompts (`short_len`, never above `input_len`)."""
     requests = phase.requests or facts.max_running_requests or DEFAULT_STRESS_REQUESTS
     chunk = facts.chunked_prefill_size
     input_len = phase.input_len or (chunk if chunk and chunk > 0 else DEFAULT_PREFILL_CHUNK)
@@ -162,12 +180,16 @@ def stress_plan(phase: Stress, facts: ServerFacts) -> dict[str, int]:
         input_len = min(input_len, max(2, facts.context_len - out - 1))
     if phase.requests is None and facts.max_total_num_tokens:
         requests = min(requests, facts.max_total_num_tokens // (input_len + out) + 1)
-    return {
+    sized = {
         "requests": max(1, min(requests, ph.MAX_BURST)),
         "input_len": input_len,
         "output_len": out,
         "rounds": phase.rounds,
     }
+    if phase.order is not BurstOrder.SAME and phase.short_len is not None:
+        # a worst case's mix: the short prompts fit wherever the long ones do
+        sized["short_len"] = max(2, min(phase.short_len, input_len))
+    return sized
 
 
 def run_workload(
@@ -179,12 +201,18 @@ def run_workload(
     slo: Slo | None = None,
     clock: Callable[[], float] = time.perf_counter,
     activity: Activity | None = None,
+    headroom: Callable[[], float | None] | None = None,
 ) -> WorkloadResult:
     """Drive `spec` at `target` and return what users would have felt (see module docstring).
-    With `activity`, the caller can ask at any moment how long the server has owed an answer."""
+    With `activity`, the caller can ask at any moment how long the server has owed an answer.
+    `headroom()` is the least free GPU memory seen so far under load (GiB, None before a
+    reading): the early-end rule (`spec.end_early`, `loadgen.earlyend`) ends a phase only once
+    it stopped falling."""
     executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="autotune-is-dead")
     try:
-        return asyncio.run(_run(spec, target, facts, is_dead, slo, clock, executor, activity))
+        return asyncio.run(
+            _run(spec, target, facts, is_dead, slo, clock, executor, activity, headroom)
+        )
     finally:
         executor.shutdown(wait=False, cancel_futures=True)
         if activity is not None:
@@ -256,6 +284,7 @@ async def _run(
     clock: Callable[[], float],
     executor: concurrent.futures.Executor,
     activity: Activity | None = None,
+    headroom: Callable[[], float | None] | None = None,
 ) -> WorkloadResult:
     api_key = target.api_key if target.api_key is not None else spec.api_key()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -278,7 +307,9 @@ async def _run(
                     died = _died(rt, watcher.result(), phase.name)
                 results.append(_skipped(phase, rt.rel(clock())))
                 continue
-            result, died = await _phase(spec, rt, facts, phase, index, watch, watcher, slo)
+            result, died = await _phase(
+                spec, rt, facts, phase, index, watch, watcher, slo, headroom
+            )
             results.append(result)
         measured = [p for p in results if p.kind != "warmup" and p.ended_by != "skipped"]
         keep = {p.name for p in measured}
@@ -336,6 +367,7 @@ class _PhaseRun:
     shaper: Shaper
     start: float
     capped: list[int]  # open loop: arrivals that waited for an in-flight slot
+    headroom: Callable[[], float | None] | None = None  # least free GPU memory so far (GiB)
 
 
 @dataclass(frozen=True)
@@ -356,19 +388,92 @@ async def _phase(
     watch: _Watch,
     watcher: asyncio.Task[str],
     slo: Slo | None,
+    headroom: Callable[[], float | None] | None = None,
 ) -> tuple[PhaseResult, Died | None]:
     out: list[RequestRecord] = []
     rt.records[phase.name] = out
     rt.cut_by_time_limit = False
+    rt.ended_early = None
     start = rt.clock()
-    run = _PhaseRun(spec, rt, facts, index, out, _shaper(spec, facts, phase, index), start, [0])
+    shaper = _shaper(spec, facts, phase, index)
+    run = _PhaseRun(spec, rt, facts, index, out, shaper, start, [0], headroom)
     started = _start(phase, run)
-    ended_by, died = await _until_end(rt, phase.name, started, out, watch, watcher)
+    ender = _ender(phase, run)
+    try:
+        ended_by, died = await _until_end(rt, phase.name, started, out, watch, watcher, ender)
+    finally:
+        if ender is not None:
+            ender.cancel()
     duration = rt.clock() - start
+    if ended_by == "completed" and rt.ended_early is not None:
+        ended_by = "ended_early"  # a stress phase that skipped its remaining rounds
     summary = summarize(out, duration, slo, capped_arrivals=run.capped[0])
     plan = started.plan
-    result = PhaseResult(phase.name, _kind(phase), rt.rel(start), duration, ended_by, summary, plan)
+    early = rt.ended_early if ended_by == "ended_early" else None
+    result = PhaseResult(
+        phase.name, _kind(phase), rt.rel(start), duration, ended_by, summary, plan, early
+    )
+    if early is not None and any(r.error and r.error.startswith("unfinished") for r in out):
+        await asyncio.sleep(ABORT_SETTLE_S)  # the server aborts what was cancelled
     return result, died
+
+
+class _Sampler:
+    """A steady or Poisson phase's windows for `earlyend.steady_end`: at each tick, the output
+    tokens generated so far (those of requests still streaming included), the requests completed
+    and the least free GPU memory so far; a window closes at the first tick past its end."""
+
+    def __init__(self, run: _PhaseRun, window_s: float) -> None:
+        self.run = run
+        self.window_s = window_s
+        self.windows: list[Window] = []
+        self._seen = 0
+        self._done_tokens = 0
+        self._completed = 0
+        self._last = (0.0, 0.0)  # (seconds into the phase, tokens) at the last window's end
+
+    def tick(self) -> bool:
+        """Take a sample; True when it closed a window."""
+        run = self.run
+        now = run.rt.clock() - run.start
+        while self._seen < len(run.out):
+            r = run.out[self._seen]
+            self._done_tokens += r.output_tokens
+            self._completed += r.ok
+            self._seen += 1
+        if now < (len(self.windows) + 1) * self.window_s:
+            return False
+        live = sum(x.reader.output_tokens for x in run.rt.live.values() if x.reader is not None)
+        tokens = float(self._done_tokens + live)
+        t0, c0 = self._last
+        free = run.headroom() if run.headroom is not None else None
+        self.windows.append(Window(now, (tokens - c0) / max(now - t0, 1e-9), self._completed, free))
+        self._last = (now, tokens)
+        return True
+
+
+def _ender(phase: Phase, run: _PhaseRun) -> asyncio.Task[str] | None:
+    """The task that returns once a steady or Poisson phase may end early (None for other
+    phases, or when the study's rule is off); its result is the phase's `early_end`."""
+    rule = run.spec.end_early
+    if not rule.enabled or not isinstance(phase, Steady | Poisson):
+        return None
+    clients = (
+        phase.concurrency if isinstance(phase, Steady) else math.ceil(phase.rate * rule.window_s)
+    )
+    sampler = _Sampler(run, rule.window_s)
+    tick_s = min(1.0, rule.window_s / 10)
+
+    async def watch() -> str:
+        while True:
+            await asyncio.sleep(tick_s)
+            if sampler.tick():
+                why = steady_end(sampler.windows, rule, clients)
+                if why is not None:
+                    at = sampler.windows[-1].end_s
+                    return f"ended at {at:.0f} s of {phase.duration_s:g}: {why}"
+
+    return asyncio.create_task(watch())
 
 
 def _shaper(spec: WorkloadSpec, facts: ServerFacts, phase: Phase, index: int) -> Shaper:
@@ -445,8 +550,35 @@ def _start_stress(phase: Stress, run: _PhaseRun) -> _Started:
         sized["requests"],
         sized["input_len"],
         sized["output_len"],
+        order=phase.order,
+        short_len=sized.get("short_len"),
+        order_seed=phase.order_seed,
+        enough=_enough(run, sized["rounds"]),
     )
-    return _Started(coro, phase.timeout_s, dict(sized))
+    plan: dict[str, object] = dict(sized)
+    if "short_len" in sized:
+        plan.update(order=str(phase.order), order_seed=phase.order_seed)
+    return _Started(coro, phase.timeout_s, plan)
+
+
+def _enough(run: _PhaseRun, rounds: int) -> Callable[[list[RequestRecord]], bool] | None:
+    """The stress phase's question after each round (`phases.bursts`): may the remaining rounds
+    be skipped (`earlyend.stress_end`)? It sets the phase's `early_end` when they may."""
+    rule = run.spec.end_early
+    if not rule.enabled:
+        return None
+    seen: list[Round] = []
+
+    def enough(records: list[RequestRecord]) -> bool:
+        free = run.headroom() if run.headroom is not None else None
+        ok = sum(r.ok for r in records)
+        seen.append(Round(ok, len(records) - ok, free))
+        why = stress_end(seen, rule)
+        if why is not None:
+            run.rt.ended_early = f"ended after {len(seen)} of {rounds} rounds: {why}"
+        return why is not None
+
+    return enough
 
 
 async def _until_end(
@@ -456,12 +588,21 @@ async def _until_end(
     out: list[RequestRecord],
     watch: _Watch,
     watcher: asyncio.Task[str],
+    ender: asyncio.Task[str] | None = None,
 ) -> tuple[str, Died | None]:
-    """Run the phase until it completes, the server dies or its limit passes: how it ended."""
+    """Run the phase until it completes, the server dies, its limit passes or it may end early
+    (`ender`: requests not yet sent are not, those in flight are cancelled): how it ended."""
     task = asyncio.ensure_future(started.coro)
+    waits = {task, watcher} if ender is None else {task, watcher, ender}
     done, _ = await asyncio.wait(
-        {task, watcher}, timeout=started.limit_s, return_when=asyncio.FIRST_COMPLETED
+        waits, timeout=started.limit_s, return_when=asyncio.FIRST_COMPLETED
     )
+    if ender is not None and ender in done and not done & {task, watcher}:
+        rt.ended_early = ender.result()
+        rt.cancel_reason = f"ended early (phase {name})"  # recorded as `metrics.ENDED_EARLY`
+        task.cancel()
+        await asyncio.wait({task}, timeout=1.0)
+        return "ended_early", None
     if task in done and any(r.error and r.error.startswith("connection") for r in out):
         await watch.confirm(watcher)  # lost connections: did the server die in this phase?
         done = {task, watcher} if watcher.done() else done

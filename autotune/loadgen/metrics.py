@@ -25,6 +25,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 UNFINISHED = "unfinished"
+ENDED_EARLY = f"{UNFINISHED}: ended early"
+"""How a request cancelled by its phase's early end (`loadgen.earlyend`) is recorded: unfinished,
+but the tokens it streamed before the end count towards the phase's throughput, which is then
+the rate the server generated at until the end, with no drain's tail."""
 LAG_THRESHOLD_S = 0.025  # a request sent this much later than scheduled was held up by the client
 
 
@@ -205,6 +209,8 @@ def summarize(
 
     Requests cut by the phase's time limit while their tokens were still arriving (error
     "unfinished: ...") are neither successes nor failures: they count in `unfinished` only.
+    Those cut by an early end (`ENDED_EARLY`) also add the output tokens they streamed to
+    `output_throughput` and `total_throughput` (generated inside the measured time).
     """
     all_records = records
     records = [r for r in all_records if not (r.error and r.error.startswith(UNFINISHED))]
@@ -214,6 +220,7 @@ def summarize(
     dur = duration_s if duration_s > 0 else math.nan
     total_in = sum(r.input_tokens for r in ok)
     total_out = sum(r.output_tokens for r in ok)
+    cut = sum(r.output_tokens for r in all_records if r.error and r.error.startswith(ENDED_EARLY))
     ttfts = [r.ttft for r in ok if r.ttft is not None]
     e2es = [r.e2e for r in ok if r.e2e is not None]
     tpots = [t for t in map(tpot_of, ok) if t is not None]
@@ -236,8 +243,8 @@ def summarize(
         total_output_tokens=total_out,
         request_throughput=_finite(len(ok) / dur),
         input_throughput=_finite(total_in / dur),
-        output_throughput=_finite(total_out / dur),
-        total_throughput=_finite((total_in + total_out) / dur),
+        output_throughput=_finite((total_out + cut) / dur),
+        total_throughput=_finite((total_in + total_out + cut) / dur),
         ttft_ms=Stats.of_seconds(ttfts),
         itl_ms=Stats.of_seconds(itls),
         tpot_ms=Stats.of_seconds(tpots),

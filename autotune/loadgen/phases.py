@@ -16,14 +16,18 @@ from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from autotune.config.workload import BurstOrder
 from autotune.loadgen.apis import APIS, RequestOptions, ResponseReader
 from autotune.loadgen.client import Client, HttpError
 from autotune.loadgen.metrics import UNFINISHED, RequestRecord
-from autotune.loadgen.shapes import RequestPlan, Shaper, TokenPool
+from autotune.loadgen.shapes import RequestPlan, Shaper, TokenPool, ordered_burst
 
 ERROR_PAUSE_S = 0.1  # a client pauses after a failed request, so errors cannot spin
 MAX_REQUESTS_PER_PHASE = 1_000_000  # bounds memory whatever the server does
 MAX_BURST = 8192  # stays well inside the process's file-descriptor limit
+ORDER_GAP_S = 0.5
+"""How long after a burst's short prompts its long ones follow (`shortest-first`): the short
+ones are then decoding, so the long prefill meets a running batch."""
 
 
 @dataclass
@@ -48,6 +52,9 @@ class Runtime:
     on_connection_error: Callable[[], None] = lambda: None  # asks the watcher to check now
     cancel_reason: str = "cancelled"
     cut_by_time_limit: bool = False  # the phase ran out of time (not: the server died)
+    # Why the running phase ended early (`loadgen.earlyend`): no request is sent after it, and
+    # requests it cancels are recorded as unfinished, not as failures.
+    ended_early: str | None = None
     live: dict[int, Live] = field(default_factory=dict)
     # What was in flight when connections first failed after the last success: a crashed
     # server resets every connection before anyone notices it died.
@@ -113,6 +120,7 @@ async def send_one(
         rt.on_connection_error()
     except asyncio.CancelledError:
         streaming = rt.cut_by_time_limit and reader.first_ts is not None
+        streaming = streaming or rt.ended_early is not None
         error = f"{UNFINISHED if streaming else 'cancelled'}: {rt.cancel_reason}"
         end = rt.clock()
         raise
@@ -162,7 +170,7 @@ async def _session(
 ) -> None:
     """Turns of one session in order; later turns wait for earlier ones and stop on a failure."""
     for i, plan in enumerate(plans):
-        if i > 0 and rt.clock() >= stop_at:
+        if i > 0 and (rt.clock() >= stop_at or rt.ended_early is not None):
             return
         record = await send_one(rt, out, phase, plan, scheduled)
         if not record.ok:
@@ -198,10 +206,10 @@ async def closed_loop(
     async def client_loop() -> None:
         nonlocal issued
         scheduled = rt.clock()
-        while issued < budget and rt.clock() < stop_sending_at:
+        while issued < budget and rt.clock() < stop_sending_at and rt.ended_early is None:
             plans = shaper.session()
             for plan in plans:
-                if issued >= budget or rt.clock() >= stop_sending_at:
+                if issued >= budget or rt.clock() >= stop_sending_at or rt.ended_early:
                     return
                 issued += 1
                 record = await send_one(rt, out, phase, plan, scheduled)
@@ -254,6 +262,8 @@ async def open_loop(
             delay = t_next - rt.clock()
             if delay > 0:
                 await asyncio.sleep(delay)
+            if rt.ended_early is not None:
+                break
             if slots.locked():
                 capped[0] += 1
             await slots.acquire()
@@ -275,17 +285,42 @@ async def bursts(
     requests: int,
     input_len: int,
     output_len: int,
+    *,
+    order: BurstOrder = BurstOrder.SAME,
+    short_len: int | None = None,
+    order_seed: int = 0,
+    enough: Callable[[list[RequestRecord]], bool] | None = None,
 ) -> None:
-    """`rounds` bursts of `requests` prompts sent at once; each round waits for the last."""
+    """`rounds` bursts of `requests` prompts sent at once; each round waits for the last. With an
+    `order` (`shapes.ordered_burst`), the prompts of a group are sent in that order, and a second
+    group (`shortest-first`'s long prompts) follows `ORDER_GAP_S` after the first, while the
+    first still runs. `enough(records)`, asked after each round but the last with that round's
+    records, skips the remaining rounds when it says so (`loadgen.earlyend.stress_end`)."""
     tasks: set[asyncio.Task[RequestRecord]] = set()
     try:
-        for _ in range(rounds):
-            plans = [shaper.fixed(input_len, output_len) for _ in range(min(requests, MAX_BURST))]
-            now = rt.clock()
-            tasks = {asyncio.create_task(send_one(rt, out, phase, p, now)) for p in plans}
-            records = await asyncio.gather(*tasks)
+        for r in range(rounds):
+            groups = ordered_burst(
+                shaper,
+                min(requests, MAX_BURST),
+                input_len,
+                output_len,
+                order=order,
+                short_len=short_len,
+                seed=order_seed + r,
+            )
+            sent: list[asyncio.Task[RequestRecord]] = []
+            for g, plans in enumerate(groups):
+                if g:
+                    await asyncio.sleep(ORDER_GAP_S)
+                now = rt.clock()
+                # created in order: the event loop opens their connections in this order
+                sent += [asyncio.create_task(send_one(rt, out, phase, p, now)) for p in plans]
+                tasks = set(sent)
+            records = await asyncio.gather(*sent)
             if any(not r.ok for r in records):
                 await asyncio.sleep(ERROR_PAUSE_S)  # time for the watcher to see a crash
+            elif r + 1 < rounds and enough is not None and enough(list(records)):
+                return
     finally:
         pending = {t for t in tasks if not t.done()}
         for t in pending:

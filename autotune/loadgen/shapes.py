@@ -16,7 +16,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from autotune.config.workload import DatasetRow, LengthDist, Sessions
+from autotune.config.workload import BurstOrder, DatasetRow, LengthDist, Sessions
 
 POOL_SIZE = 1 << 17
 TOKEN_LOW, TOKEN_HIGH = 1000, 30000  # ordinary vocabulary ids in any large tokenizer
@@ -235,3 +235,33 @@ class Shaper:
             plans.append(RequestPlan(prompt, total, output_len, session=sid, turn=turn))
             pieces.append(self._span(output_len))
         return plans or [self.single()]
+
+
+def ordered_burst(
+    shaper: Shaper,
+    requests: int,
+    input_len: int,
+    output_len: int,
+    *,
+    order: BurstOrder = BurstOrder.SAME,
+    short_len: int | None = None,
+    seed: int = 0,
+) -> list[list[RequestPlan]]:
+    """One stress round's prompts in the groups they are sent in, each group at once.
+
+    `same`: one group of `requests` prompts of `input_len` tokens (the study file's stress phase,
+    drawn exactly as before). Otherwise half the prompts (at least one) are `input_len` tokens
+    and the rest `short_len`: `longest-first` one group, the long ones first; `random` one group
+    shuffled by `seed`; `shortest-first` two groups, the short ones, then the long ones."""
+    if order is BurstOrder.SAME or short_len is None or requests < 2:
+        return [[shaper.fixed(input_len, output_len) for _ in range(requests)]]
+    n_long = max(1, requests // 2)
+    longs = [shaper.fixed(input_len, output_len) for _ in range(n_long)]
+    shorts = [shaper.fixed(short_len, output_len) for _ in range(requests - n_long)]
+    if order is BurstOrder.LONGEST_FIRST:
+        return [[*longs, *shorts]]
+    if order is BurstOrder.SHORTEST_FIRST:
+        return [shorts, longs]
+    mixed = [*longs, *shorts]
+    random.Random(f"order/{seed}").shuffle(mixed)
+    return [mixed]

@@ -17,6 +17,7 @@ Kept apart from the control flow (`trial.run`): these are pure decisions over va
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Mapping
 from dataclasses import replace
@@ -24,10 +25,11 @@ from pathlib import Path
 
 from autotune import __version__
 from autotune.config.space import address_flags
+from autotune.logparse.clamps import post_capture_asked
 from autotune.logparse.ledger import build_ledger
 from autotune.logparse.lines import parse_lines
 from autotune.logparse.outcome import Outcome
-from autotune.trial.clockwatch import ClockWatch
+from autotune.trial.clockwatch import MEASURED_PHASES, ClockWatch
 from autotune.trial.plan import TrialPlan
 from autotune.trial.seam import Load, Startup
 from autotune.trial.trialfile import TrialRecord
@@ -37,12 +39,18 @@ BY_OPERATOR = "stopped by the operator"
 REASON_CHARS = 160
 
 
-def disturbed(record: TrialRecord, watch: ClockWatch, limit_s: float) -> TrialRecord:
-    """A trial during whose launch, startup or workload autotune was paused more than `limit_s`
-    in all is a FAIL `disturbed`, whatever the server or the watchdogs said (a stall or a phase
-    limit run out while autotune was stopped is not the server's): its point runs again, and its
-    reason gives the pause and what was measured. An interrupted trial stays interrupted."""
-    why = watch.disturbance(limit_s)
+def disturbed(
+    record: TrialRecord,
+    watch: ClockWatch,
+    limit_s: float,
+    phases: tuple[str, ...] = MEASURED_PHASES,
+) -> TrialRecord:
+    """A trial during whose launch, startup or workload (`phases`) autotune was paused more than
+    `limit_s` in all is a FAIL `disturbed`, whatever the server or the watchdogs said (a stall or
+    a phase limit run out while autotune was stopped is not the server's): its point runs again,
+    and its reason gives the pause and what was measured. An interrupted trial stays
+    interrupted."""
+    why = watch.disturbance(limit_s, phases)
     if not why or record.state == "interrupted":
         return record
     measured = record.reason or record.outcome  # a reason starts with its outcome
@@ -65,9 +73,13 @@ def judge(
     measured; the teardown's facts are added by the caller."""
     base = blank_record(plan, "fail", "", "", phases=phases)
     if startup is not None:
-        base = replace(base, ledger=dict(startup.ledger), sglang_version=startup.sglang_version)
+        base = replace(
+            base, ledger=_asked(plan, startup.ledger), sglang_version=startup.sglang_version
+        )
     if interrupted:  # the trial keeps the ledger it measured: its pool was real
-        ledger = dict(startup.ledger) if startup is not None else _ledger_so_far(plan.log_path)
+        ledger = (
+            _asked(plan, startup.ledger) if startup is not None else _ledger_so_far(plan.log_path)
+        )
         return replace(
             base,
             state="interrupted",
@@ -143,6 +155,15 @@ def blank_record(
         host=socket.gethostname(),
         backend=plan.backend,
     )
+
+
+def _asked(plan: TrialPlan, ledger: Mapping[str, object]) -> dict[str, object]:
+    """The ledger with what the trial asked that the log cannot show: post-capture KV sizing,
+    which SGLang reads from the environment and never prints (`logparse.clamps`)."""
+    if not ledger:
+        return {}
+    env = {**os.environ, **plan.env}  # the server inherits autotune's environment
+    return {**ledger, "post_capture_requested": post_capture_asked(env)}
 
 
 def _ledger_so_far(log_path: Path) -> dict[str, object]:

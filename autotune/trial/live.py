@@ -170,9 +170,28 @@ class _LiveRun:
         )
 
     def drive(self, ledger: Mapping[str, object]) -> Load:
+        return self.drive_workload(ledger, self.launcher.workload, self.launcher.limits.workload_s)
+
+    def rest(self) -> str:
+        """The server brought to rest between two workloads on one launch: alive, its cache
+        flushed (`/flush_cache`, asked again while requests drain: `server.health.flush_cache`)
+        and its GPUs' usage settled (`trial.gpuwatch.settled_usage`); "" at rest, else why not."""
+        death = self.server.check_alive()
+        if death is not None:
+            return f"the server ended ({death.outcome})"
+        spec = self.server.spec
+        answer = flush_cache(self.server.base_url, spec.api_key, spec.health_timeout_s)
+        if not answer.ok:
+            return f"/flush_cache answered {answer.status or 'nothing'}: {answer.detail}"
+        if settled_usage(self.launcher.probe, spec.devices()) is None:
+            return "the GPU probe could not be read"
+        return ""
+
+    def drive_workload(
+        self, ledger: Mapping[str, object], workload: WorkloadSpec, limit_s: float
+    ) -> Load:
         facts = ServerFacts.from_ledger(ledger)
         target = Target(self.server.base_url, self.launcher._api_key)
-        limit_s = self.launcher.limits.workload_s
         before = self._flushed_usage()
         t0 = time.monotonic()
         activity = Activity()
@@ -185,7 +204,12 @@ class _LiveRun:
 
         with FreeMemoryWatch(self.launcher.probe, self.server.spec.devices()) as watch:
             result = run_workload(
-                self.launcher.workload, target, facts, is_dead=is_dead, activity=activity
+                workload,
+                target,
+                facts,
+                is_dead=is_dead,
+                activity=activity,
+                headroom=lambda: watch.min_free_gib,
             )
         seconds = time.monotonic() - t0
         death = self.server.check_alive()

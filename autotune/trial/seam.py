@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
+from autotune.config.workload import WorkloadSpec
 from autotune.trial.plan import TrialPlan
 
 
@@ -80,6 +81,26 @@ class ServerRun(Protocol):
 
     def stop(self) -> Stop:
         """Stop the server and prove it gone, whatever state it is in; report the teardown."""
+
+
+@runtime_checkable
+class SharedRun(ServerRun, Protocol):
+    """A launched server that serves more than one workload on one launch (`trial.run.
+    run_shared`: `autotune confirm`'s worst cases after its soak)."""
+
+    def rest(self) -> str:
+        """Bring the ready server to rest before another workload: its cache flushed
+        (`/flush_cache`, which SGLang answers only when the scheduler is idle) and its GPUs' free
+        memory settled; "" when it is at rest, else why not (the server died, the flush was
+        refused, the probe could not be read). Never raises."""
+        ...
+
+    def drive_workload(
+        self, ledger: Mapping[str, object], workload: WorkloadSpec, limit_s: float
+    ) -> Load:
+        """Run `workload` (instead of the launcher's own) against the ready server, within
+        `limit_s` seconds, and report what it measured, as `drive` does."""
+        ...
 
 
 class Launcher(Protocol):

@@ -12,6 +12,7 @@ memory held in the simulator's state.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -23,13 +24,14 @@ import pytest
 
 from autotune.config.space import settings_for
 from autotune.config.studyfile import StudyConfig, load_study
+from autotune.config.workload import Stress
 from autotune.server import pidfile
 from autotune.server.gpu import SimProbe
 from autotune.server.teardown import port_is_free
 from autotune.study.runner import trial_dir
 from autotune.trial.live import live_launcher
 from autotune.trial.plan import TrialPlan, plan_trial
-from autotune.trial.run import run_trial
+from autotune.trial.run import FollowUp, run_shared, run_trial
 from autotune.trial.seam import Launcher
 from autotune.trial.trialfile import TrialRecord, write_record
 from tests import simstudy
@@ -176,3 +178,28 @@ def test_extra_args_are_strings_that_every_plan_carries(rig: Rig) -> None:
         argv = rig.plan(f, number).argv
         starts = [i for i in range(len(argv) - len(extra) + 1) if argv[i : i + len(extra)] == extra]
         assert starts, f"{extra} not in {argv}"
+
+
+def test_follow_ups_share_a_live_launch_and_a_launcher_that_cannot_share_says_so(
+    rig: Rig,
+) -> None:
+    plan = rig.plan(0.88, number=4)
+    burst = Stress("burst", rounds=1, requests=2, input_len=64, output_len=4)
+    workload = dataclasses.replace(rig.cfg.workload, phases=(burst,))
+    follows = [
+        FollowUp(name, dataclasses.replace(plan, trial_dir=plan.trial_dir / name), workload, 60.0)
+        for name in ("one", "two")
+    ]
+    phases: list[str] = []
+    shared = run_shared(plan, rig.launcher, lambda ledger: follows, clock=time.monotonic,
+                        phase=phases.append)  # fmt: skip
+    assert shared.first.outcome == "ok", shared.first.reason
+    if rig.name == "live":  # one server served all three workloads, at rest before each
+        assert phases == ["launch", "startup", "workload", "case one", "case two", "teardown"]
+        assert [r.outcome for r in shared.then] == ["ok", "ok"] and shared.why == ""
+        assert all(r.stress_peak_gib is not None and r.headroom_gib for r in shared.then)
+        assert all(r.log_path == str(plan.log_path) for r in shared.then)
+        assert shared.then[-1].fatal == "" and "teardown" in shared.then[-1].phases
+    else:  # the fake's servers serve their own workload only
+        assert shared.then == () and shared.unrun == 2 and "one workload each" in shared.why
+    rig.check_gone(plan)
