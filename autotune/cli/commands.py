@@ -13,6 +13,7 @@ Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], No
 
 MODULES = (
     "autotune.cli.run",
+    "autotune.cli.check",
     "autotune.cli.status",
     "autotune.cli.rebuild",
     "autotune.cli.ledger",

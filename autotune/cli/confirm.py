@@ -1,4 +1,6 @@
-"""`autotune confirm`: soak the exported setting once more, longer, and record pass or fail."""
+"""`autotune confirm`: soak the exported setting once more, longer, then run it at its worst cases
+(the largest prefill chunk, the longest context, the most running requests, several arrival
+orders), and record pass or fail with every case's peak on the study."""
 
 from __future__ import annotations
 
@@ -6,14 +8,16 @@ import argparse
 import dataclasses
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from autotune.cli import common
 from autotune.errors import UsageError
-from autotune.review.confirm import keep_verdict, run_confirmation, soak, soak_factor_for
+from autotune.review.confirm import keep_verdict, run_confirm, soak, soak_factor_for, with_cases
 from autotune.review.export import build_export
 from autotune.review.soak import DEFAULT_SOAK_FACTOR
+from autotune.review.verdict import CaseResult
+from autotune.review.worstcase import CASE_NAMES, Case, case_planner
 from autotune.server.flagcheck import check_argv
 from autotune.study.runner import study_lock
 
@@ -37,6 +41,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "the export's margin was sized for, long enough for the growth the trials measured "
         f"to eat the spare headroom; {DEFAULT_SOAK_FACTOR:g} where they measured none)",
     )
+    p.add_argument(
+        "--cases",
+        default=None,
+        metavar="NAMES",
+        help="the worst cases to run after the soak, comma-separated, or `all` or `none` "
+        f"(default: all for the exported setting, none with --trial): {', '.join(CASE_NAMES)}",
+    )
     common.add_backend_arg(p)
     p.add_argument(
         "--wait",
@@ -52,6 +63,7 @@ def handle(args: argparse.Namespace) -> int:
     verdict on the study and print it; exits 0 on pass, 1 on fail."""
     if args.soak_factor is not None and not 1.0 <= args.soak_factor <= 100.0:
         raise UsageError(f"--soak-factor {args.soak_factor:g}: must be between 1 and 100")
+    names = _case_names(args.cases or ("none" if args.trial is not None else "all"))
     source, review = common.review(args, need_config=True)
     cfg = source.cfg
     assert cfg is not None
@@ -70,14 +82,37 @@ def handle(args: argparse.Namespace) -> int:
         f"(trial {ex.trial}) with a {factor:g}× soak{why}\n"
     )
     out.flush()
+    planner = None if names is None else case_planner(cfg, names, review.trial(ex.trial).ledger)
+
+    def planned(cases: Sequence[Case]) -> None:
+        out.write(f"worst cases: {len(cases)}, sharing a launch, from the least to the most "
+                  f"likely to fail: {', '.join(c.name for c in cases)}\n")  # fmt: skip
+        out.flush()
+
+    def heard(case: Case, r: CaseResult) -> None:
+        out.write(f"  {case.name}: {r.verdict} ({case.why})\n")
+        out.flush()
+
     with study_lock(source.folder, wait=args.wait), common.stop_signals() as stopped:
-        verdict = run_confirmation(
-            soak_cfg, source.folder, dict(ex.params), trial=ex.trial, phase=_phase_printer(out)
-        )
+        done = run_confirm(soak_cfg, cfg, source.folder, dict(ex.params), trial=ex.trial,
+                           cases=planner, phase=_phase_printer(out), on_plan=planned,
+                           on_case=heard)  # fmt: skip
+    verdict = done.verdict
     if verdict.outcome == "interrupted":
         out.write("confirmation interrupted: the server was stopped; nothing was recorded\n")
         return stopped.exit_code(common.INTERRUPTED)
     verdict = dataclasses.replace(verdict, soak_factor=factor)
+    cut = done.cut
+    if names is not None:
+        verdict = with_cases(verdict, done.cases)
+        if done.launches > 1:
+            fresh = done.launches - 1
+            out.write(f"worst cases: {fresh} fresh launch{'es' if fresh > 1 else ''} of the "
+                      "same setting, after the server ended or did not come to rest (the "
+                      "launch column)\n")  # fmt: skip
+        if cut:
+            out.write(f"worst cases interrupted after {len(done.cases)}: the soak's verdict is "
+                      "recorded with the cases that ran\n")  # fmt: skip
 
     def warn(line: str) -> None:
         out.write(f"warning: {line}\n")
@@ -85,7 +120,24 @@ def handle(args: argparse.Namespace) -> int:
 
     keep_verdict(source.study, verdict, url=source.url, note=warn)
     out.write(verdict.describe())
+    if names is not None and cut:
+        return stopped.exit_code(common.INTERRUPTED)
     return 0 if verdict.passed else 1
+
+
+def _case_names(text: str) -> tuple[str, ...] | None:
+    """`--cases`: None for `none`, () for `all`, else the names, each one checked."""
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    if words == ["none"]:
+        return None
+    if words in ([], ["all"]):
+        return ()
+    bad = [w for w in words if w not in CASE_NAMES]
+    if bad:
+        raise UsageError(
+            f"--cases {','.join(bad)}: unknown; use all, none or some of {', '.join(CASE_NAMES)}"
+        )
+    return tuple(words)
 
 
 def _phase_printer(out: TextIO) -> Callable[[str], None]:

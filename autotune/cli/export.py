@@ -53,8 +53,12 @@ def handle(args: argparse.Namespace) -> int:
     text = render(ex, args.format)  # a value the format cannot carry stops here: nothing written
     if args.format == "flags":  # stdout stays one pasteable line; the answer goes to stderr
         sys.stderr.write(review.scrub(comment(ex.headline) + "\n"))
+        if ex.ceiling.get("line"):
+            sys.stderr.write(review.scrub(comment(str(ex.ceiling["line"])) + "\n"))
         if ex.forced:
             line = f"FORCED EXPORT: {ex.forced}; remove {ex.forced_flag} to launch"
             sys.stderr.write(comment(line) + "\n")
+        for line in ex.ran_other:  # SGLang ran another value than the trial asked
+            sys.stderr.write(review.scrub(comment(line)) + "\n")
     sys.stdout.write(review.scrub(text))
     return 0

@@ -118,6 +118,10 @@ class Observation:
     headroom_gib: float | None = None
     feasible: bool = False
     reason: str = ""
+    growth_gib: float | None = None
+    """What the allocator kept once the workload was over (GPU use after it minus before it,
+    each read right after `/flush_cache`); the model takes free memory as static, so growth is
+    evidence against it (`search.doubt`), never fitted."""
 
     @property
     def tokens(self) -> int | None:
@@ -589,6 +593,7 @@ def fit(observations: Iterable[Observation]) -> MemoryModel:
     started = [o for o in obs if o.started and o.tokens and o.ledger.kv_gib is not None]
     slot_gib = _slot_gib(obs)
     graph, other = _overhead(started, cell, slot_gib)
+    probe = _probe_offset(obs)
     return MemoryModel(
         p_gib=p,
         weights_gib=_mean([o.ledger.weights_gib for o in obs]),
@@ -604,18 +609,25 @@ def fit(observations: Iterable[Observation]) -> MemoryModel:
         graph=graph,
         other_overhead=other,
         peak=_peak_model(obs),
-        peak_floors=tuple(
-            (o.setting, o.static_free_gib)
-            for o in obs
-            if Outcome.of(o.outcome).fails_at_runtime and o.static_free_gib is not None
-        ),
+        peak_floors=_peak_floors(obs, probe),
         host_bytes_per_token=_host_bytes_per_token(obs),
         host_draft_ratio=_host_draft_ratio(obs),
         host_free_gb=min((f for o in obs if (f := o.host_free_gb) is not None), default=None),
         host_budget_gb=min((b for o in obs if (b := o.host_budget_gb) is not None), default=None),
         ranks=max((o.ledger.host_ranks or o.ledger.ranks or 1 for o in obs), default=1),
         observations=len(obs),
-        probe_offset=_probe_offset(obs),
+        probe_offset=probe,
+    )
+
+
+def _peak_floors(obs: Sequence[Observation], offset: Estimate) -> tuple[tuple[Setting, float], ...]:
+    """Each runtime OOM's floor on the stress peak: the static free memory it ran out of, as the
+    GPU probe sees it (the log's figure less the probe offset): the peak is measured by the
+    probe, and the least rank, which runs out first, can hold less than rank 0's log shows."""
+    return tuple(
+        (o.setting, max(free - offset.mean, 0.0))
+        for o in obs
+        if Outcome.of(o.outcome).fails_at_runtime and (free := o.static_free_gib) is not None
     )
 
 

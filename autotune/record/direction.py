@@ -12,7 +12,8 @@ users meet first need opposite fixes (sglang#322, #4330):
   capture, workspaces, the request table), under load (a runtime OOM), or too little headroom
   left under the stress peak (the `headroom_gib` constraint).
 * `SHRINK_HOST` — the host cache does not fit in host RAM (`Not enough host memory`, the kernel's
-  OOM killer); `GROW_HOST` — it is not larger than the GPU pool (0.5.9's assertion).
+  OOM killer, or a trial refused before its launch for a host cache over the host memory
+  bound); `GROW_HOST` — it is not larger than the GPU pool (0.5.9's assertion).
 * `NONE` — not about a memory setting: a launch that held, a crash or start error for another
   reason (a bad flag, a hang), weights that do not fit the GPUs at all (no fraction helps). Such
   a failure is retried or reported, never walked away from.
@@ -73,7 +74,11 @@ _RAISE_TEXT = (
     "cannot hold even one request",
 )
 _SHRINK_CAUSES = frozenset({"host_memory", "host_oom_killer", "host_enomem"})
-_SHRINK_TEXT = ("Not enough host memory", "No host memory is left for HiCache")
+_SHRINK_TEXT = (
+    "Not enough host memory",
+    "No host memory is left for HiCache",
+    "over the host memory bound",  # refused before launch (`server.hostcheck.hicache_refusal`)
+)
 _GROW_CAUSES = frozenset({"hicache_too_small"})
 _GROW_TEXT = ("host memory should be larger than the device memory",)
 _SUGGESTED = re.compile(r"Raise --mem-fraction-static above ([0-9.]+)")

@@ -45,6 +45,9 @@ SEARCH_DONE = "search_done"
 (so no trial is left behind): `{"reason": …, "trials": counted trials, "last_trial": N}`."""
 SEEDS = "seeds"
 """A study attribute: the seed logs, `{"points": [...], "space": {...}, ...}` (`record.seeds`)."""
+CHECK = "check"
+"""A study attribute: what `autotune check` measured of its one launch, for the night's ETA:
+`{"trial": N or None, "launch_s": …, "startup_s": …, "teardown_s": …, "log_bytes": …}`."""
 CONFIRMATION = "confirmation"
 """A study attribute: the latest verdict of `autotune confirm`."""
 CONFIRMATIONS = "confirmations"
@@ -53,6 +56,9 @@ SEARCH_RULE = "search_rule"
 """A trial attribute: the capacity search's rule that chose the trial's point."""
 SEARCH_WHY = "search_why"
 """A trial attribute: why the capacity search chose the point, in a sentence."""
+RUNS_AS = "runs_as"
+"""A trial attribute: the number of the measured trial a skipped trial was not launched for,
+because SGLang would run its point as that trial's (the effective setting is equal)."""
 SEARCH_STOP = "search_done"
 """A trial attribute: why the capacity search had nothing left worth a launch after this trial
 (the name of the study's `SEARCH_DONE`, here on the trial)."""
@@ -82,6 +88,9 @@ LEDGER_RENAMES = {
     "pp_size": "pp_gpus",
     "dp_size": "dp_ranks",
     "max_total_tokens_cap": "max_total_tokens_cap_tokens",
+    "requested_cuda_graph_max_bs": "requested_graph_max_batch_requests",
+    "requested_context_length": "requested_context_tokens",
+    "requested_chunked_prefill_size": "requested_chunked_prefill_tokens",
 }
 """Ledger fields whose names end in no unit, as their flat key names (the others keep theirs)."""
 

@@ -9,7 +9,7 @@ the trial folder and worker, the search's rule and forecast, and Optuna's own sy
 prints are `autotune.record.view.TrialView`'s, built on this; the search learns from these
 fields as written (`autotune.search.records`). A study's attributes (`StudyRecord`, read by
 `study_record`) are its objectives, backend, baseline, seeds, confirmations and the search's
-stop.
+stop, and what `autotune check` timed.
 
 A figure stored both flat and inside the record is read once, with the fallback every reader
 takes: the flat attribute, else the record's (the stress peak: the record's, else the flat one).
@@ -64,6 +64,9 @@ class Stored:
     """Seconds per phase of the trial (`total` for the whole); non-numbers left out."""
     workload_phases: Mapping[str, float] = field(default_factory=dict)
     """Seconds each phase of the workload took, in order (skipped phases left out)."""
+    ended_early: Mapping[str, str] = field(default_factory=dict)
+    """The workload's phases that ended early (`[workload] end_early`), each with its why
+    ("ended at 212 s of 900: throughput within 2% over 3 windows …")."""
     log_path: str | None = None
     argv: tuple[str, ...] = ()
     """The server's command line as recorded (unmasked)."""
@@ -87,6 +90,9 @@ class Stored:
     enqueued: bool = False
     constraints: Mapping[str, float] = field(default_factory=dict)
     """The trial's named constraints (≤ 0 satisfied; `internals.constraints`)."""
+    runs_as: int | None = None
+    """The measured trial a skipped trial stands for: SGLang runs its point as that one's
+    (`keys.RUNS_AS`); None for every other trial."""
 
 
 def stored(t: FrozenTrial) -> Stored:
@@ -127,6 +133,7 @@ def stored(t: FrozenTrial) -> Stored:
         median_tpot_ms=_num(_mapping(overall.get("tpot_ms")).get("p50")),
         phases={k: float(v) for k, v in phases.items() if _num(v) is not None},
         workload_phases=_workload_phases(workload),
+        ended_early=_ended_early(workload),
         log_path=log_path if isinstance(log_path, str) and log_path else None,
         argv=tuple(str(x) for x in rec.get("argv", ()) or ()),
         sglang_version=str(version) if version else None,
@@ -141,6 +148,7 @@ def stored(t: FrozenTrial) -> Stored:
         queued=internals.fixed_params(t),
         enqueued=internals.is_enqueued(t),
         constraints=internals.constraints(t),
+        runs_as=same if isinstance(same := a.get(keys.RUNS_AS), int) else None,
     )
 
 
@@ -186,6 +194,49 @@ class SearchDone:
 
 
 @dataclass(frozen=True)
+class CheckTimings:
+    """What `autotune check` measured of its launch (`keys.CHECK`): the seconds of its launch,
+    startup and teardown, the bytes of its server log, and the trial it was stored as (None
+    when it was not stored)."""
+
+    trial: int | None
+    launch_s: float
+    startup_s: float
+    teardown_s: float
+    log_bytes: int | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        """The attribute as stored (`StudyRecord.of` reads it back)."""
+        return {
+            "trial": self.trial,
+            "launch_s": self.launch_s,
+            "startup_s": self.startup_s,
+            "teardown_s": self.teardown_s,
+            "log_bytes": self.log_bytes,
+        }
+
+    @property
+    def phases(self) -> dict[str, float]:
+        """The trial phases the check timed, by the names a trial's phases carry."""
+        return {"launch": self.launch_s, "startup": self.startup_s, "teardown": self.teardown_s}
+
+
+def _check_timings(raw: object) -> CheckTimings | None:
+    data = _mapping(raw)
+    launch, startup, teardown = (_num(data.get(k)) for k in ("launch_s", "startup_s", "teardown_s"))
+    if launch is None or startup is None or teardown is None:
+        return None
+    trial, size = data.get("trial"), data.get("log_bytes")
+    return CheckTimings(
+        trial=trial if isinstance(trial, int) and not isinstance(trial, bool) else None,
+        launch_s=launch,
+        startup_s=startup,
+        teardown_s=teardown,
+        log_bytes=size if isinstance(size, int) and not isinstance(size, bool) else None,
+    )
+
+
+@dataclass(frozen=True)
 class StudyRecord:
     """A study's attributes as stored, typed; a field is None (or empty) when not stored."""
 
@@ -202,6 +253,8 @@ class StudyRecord:
     confirmations: tuple[object, ...] = ()
     """The short history of verdicts (`keys.CONFIRMATIONS`), oldest first."""
     search_done: SearchDone | None = None
+    check: CheckTimings | None = None
+    """What `autotune check` measured of its launch (`keys.CHECK`)."""
 
     @classmethod
     def of(cls, attrs: Mapping[str, object]) -> StudyRecord:
@@ -226,6 +279,7 @@ class StudyRecord:
             )
             if reason
             else None,
+            check=_check_timings(attrs.get(keys.CHECK)),
         )
 
     @property
@@ -248,6 +302,15 @@ def _workload_phases(workload: Mapping[str, Any]) -> dict[str, float]:
         seconds = _num(_mapping(p).get("duration_s"))
         if seconds is not None and _mapping(p).get("ended_by") != "skipped":
             out[str(_mapping(p).get("name", ""))] = seconds
+    return out
+
+
+def _ended_early(workload: Mapping[str, Any]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for p in workload.get("phases", ()) or ():
+        m = _mapping(p)
+        if m.get("ended_by") == "ended_early":
+            out[str(m.get("name", ""))] = str(m.get("early_end") or "ended early")
     return out
 
 

@@ -34,6 +34,7 @@ from datetime import datetime
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.studyfile import CHUNK, FRACTION, REQUESTS, Scalar
+from autotune.logparse.clamps import Clamps
 from autotune.logparse.ledger import Ledger
 from autotune.logparse.outcome import Outcome
 from autotune.masking import masked_argv, scrub
@@ -117,6 +118,17 @@ class TrialView:
     def ending(self) -> Outcome:
         """The trial's outcome as an `Outcome`, which every rule that depends on an ending asks."""
         return Outcome.of(self.outcome)
+
+    @property
+    def clamps(self) -> Clamps:
+        """What the trial asked for beside what SGLang ran of it (`logparse.clamps`)."""
+        return Clamps.of(self.ledger)
+
+    @property
+    def runs_as(self) -> int | None:
+        """The measured trial this one was not launched for: SGLang runs its point as that
+        trial's (`keys.RUNS_AS`)."""
+        return self.stored.runs_as
 
     @property
     def counted(self) -> bool:

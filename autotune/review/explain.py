@@ -21,6 +21,7 @@ from autotune.memory.arithmetic import Arithmetic, AtFraction
 from autotune.record.remedy import remedy
 from autotune.record.view import TrialView
 from autotune.review import figures as fig
+from autotune.review.ceiling import line as ceiling_line
 from autotune.review.headline import headline
 from autotune.review.source import Review
 
@@ -28,8 +29,10 @@ NEIGHBOURS = 3
 
 
 def explain(review: Review, t: TrialView, *, extra: Sequence[float] = ()) -> str:
-    """The whole explanation of trial `t` (pure), the study's headline first."""
-    lines = [headline(review), _heading(review, t)]
+    """The whole explanation of trial `t` (pure), the study's headline and the winner's ceiling
+    line first."""
+    lines = [headline(review), ceiling_line(review), _heading(review, t), *_clamped(t)]
+    lines += _ended_early(t)
     lines += [f"The memory model that chose it also learnt from {o}" for o in t.seeded_from]
     a = t.arithmetic(review.cell_bytes)
     if a is None:
@@ -57,6 +60,24 @@ def explain(review: Review, t: TrialView, *, extra: Sequence[float] = ()) -> str
     lines += _other_fractions(a, review, t, extra)
     lines += _limits(a, review, t)
     return "\n".join(lines) + "\n"
+
+
+def _clamped(t: TrialView) -> list[str]:
+    """What SGLang ran of the trial other than it asked (`TrialView.clamps`), each with the
+    SGLang source of the rule; for a skipped duplicate, the trial it stands for."""
+    out = [
+        f"  SGLang ran {c.text()}; the figures below are of what it ran [{c.source}]"
+        for c in t.clamps.clamped
+    ]
+    if t.runs_as is not None:
+        out.append(f"  its figures are trial {t.runs_as}'s: SGLang runs this point as that trial")
+    return out
+
+
+def _ended_early(t: TrialView) -> list[str]:
+    """The workload's phases that ended before their planned end (`[workload] end_early`), each
+    with the rule's why, so a short phase is not read as a cut-short trial."""
+    return [f"  workload phase {name} {why}" for name, why in t.stored.ended_early.items()]
 
 
 def _started_neighbour(review: Review, t: TrialView) -> TrialView | None:

@@ -7,7 +7,8 @@ exported is what ran (`params_from_flags` reads the parameters back). Formats:
 * `flags`: the flags alone, one shell-quoted line (fixed, then tuned);
 * `shell`: the full command with a comment header, one flag per line;
 * `json`: headline, study, trial, params, argv, capacity_tokens, throughput_tok_s, headroom_gib
-  (free at the worst moment), margin, confirmed, sglang_version and how the winner was chosen;
+  (free at the worst moment), margin, confirmed, sglang_version, how the winner was chosen and
+  its share of the box's ceiling (`ceiling`);
 * `systemd`: a drop-in that replaces `ExecStart=` (and sets the study's environment).
 
 Every format starts with the headline (`autotune.review.headline`; for `flags` it goes to
@@ -44,12 +45,14 @@ from autotune.config.space import (
     server_argv,
     settings_of,
 )
-from autotune.config.studyfile import Scalar, StudyConfig, flag_of, is_env_name
+from autotune.config.studyfile import REQUESTS, Scalar, StudyConfig, flag_of, is_env_name
 from autotune.errors import UsageError
 from autotune.record.view import TrialView
+from autotune.review import ceiling
 from autotune.review import figures as fig
 from autotune.review.headline import Answer, headline
 from autotune.review.source import Review
+from autotune.search.effective import effective_point, exact_clamps
 
 FORCED_FLAG = "--autotune-forced-export"
 """The marker a forced export carries: no SGLang flag starts with it, so SGLang's parser stops
@@ -87,9 +90,18 @@ class Export:
     """Why this setting was refused, when `--force` exported it anyway ("" otherwise)."""
     forced_flag: str = ""
     """The marker flag of a forced export (`--autotune-forced-export=trial-6-runtime_oom`)."""
+    ceiling: Mapping[str, object] = field(default_factory=dict)
+    """The exported setting's share of the box's ceiling (`review.ceiling.Share.to_dict`; its
+    `line` is printed below the headline)."""
     origins: Mapping[str, str] = field(default_factory=dict)
     """Each flag's study-file key (`--model-path` → `server.flags.model-path`), so that a value a
     format cannot carry is refused by the key the user wrote it under."""
+    asked: Mapping[str, Scalar] = field(default_factory=dict)
+    """The parameters the trial asked for where SGLang ran another value (`logparse.clamps`);
+    `params` and the command hold what it ran. Empty when SGLang ran what was asked."""
+    ran_other: tuple[str, ...] = ()
+    """One line per such parameter: asked, ran, why (each format prints them: a `note:`
+    comment, `ran_other` in `json`, stderr beside `flags`)."""
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -156,6 +168,11 @@ def _pick(review: Review, trial: int | None) -> _Pick:
                 if w.soak is not None
                 else {}
             ),
+            **(
+                {"rise_gib": round(w.soak.rise_gib, 4), **w.soak.worst.to_dict()}
+                if w.soak is not None and w.soak.worst is not None
+                else {}
+            ),
         },
         number=w.trial,
         tolerance=w.tolerance,
@@ -191,6 +208,10 @@ def build_export(
             f"trial {number} has no value for {', '.join(missing)}: the study file's search "
             "space changed since; export with the study file the trials ran with (--config)"
         )
+    asked, ran_other = _ran(review, pick)
+    if asked:
+        params = _ran_params(review, pick)
+        notes = (*notes, *ran_other)
     argv = launch_argv(cfg, params, backend=backend)
     soaked = review.confirmation_of(params)
     confirmed = soaked.passed if soaked is not None else None
@@ -200,6 +221,10 @@ def build_export(
         notes = (*notes, "figures measured by the confirmation soak")
     key_env = _api_key_env(cfg)
     answer = Answer(params, figures[0], figures[2], figures[3], trial=trial, forced=forced)
+    if trial is None:
+        share = ceiling.of_winner(review)
+    else:
+        share = ceiling.of_trial(review, review.trial(trial))
     return Export(
         study=review.name,
         trial=number,
@@ -224,7 +249,55 @@ def build_export(
         forced=forced,
         forced_flag=_forced_flag(failed) if failed is not None else "",
         origins=_origins(cfg),
+        ceiling=share.to_dict(),
+        asked=asked,
+        ran_other=ran_other,
     )
+
+
+def _ran_view(review: Review, pick: _Pick) -> TrialView | None:
+    """The trial whose launch shows what SGLang runs the exported point as: the exported trial,
+    else (a winner backed off to a fraction never run) the trial it was chosen from."""
+    for number in (pick.number, pick.chosen):
+        if number is not None:
+            try:
+                return review.trial(number)
+            except (KeyError, UsageError):
+                continue
+    return None
+
+
+def _ran_params(review: Review, pick: _Pick) -> dict[str, Scalar]:
+    """The exported parameters as SGLang runs them: each exact clamp the trial showed
+    (`search.effective`) applied; request slots at most the exported pool's tokens ÷ 2 where
+    the pool was what lowered them (0.5.23 `resolve_max_num_reqs`)."""
+    t = _ran_view(review, pick)
+    if t is None:
+        return dict(pick.params)
+    clamps = exact_clamps(t)
+    out = effective_point(pick.params, clamps)
+    tokens = pick.figures[0]
+    rq = clamps.get(REQUESTS)
+    asked = pick.params.get(REQUESTS)
+    if rq is not None and tokens and isinstance(asked, int) and not isinstance(asked, bool):
+        out[REQUESTS] = min(asked, tokens // 2)
+    return out
+
+
+def _ran(review: Review, pick: _Pick) -> tuple[dict[str, Scalar], tuple[str, ...]]:
+    """What the trial asked where SGLang ran another value, and one line per such value."""
+    t = _ran_view(review, pick)
+    if t is None:
+        return {}, ()
+    ran = _ran_params(review, pick)
+    clamps = {c.name: c for c in t.clamps.clamped}
+    asked = {k: v for k, v in pick.params.items() if k in ran and ran[k] != v}
+    lines = tuple(
+        f"SGLang runs {k}={ran[k]}, not the {v} asked (trial {t.number}: "
+        f"{clamps[k].reason if k in clamps else 'clamped'}); the command sets what it runs"
+        for k, v in asked.items()
+    )
+    return asked, lines
 
 
 def _origins(cfg: StudyConfig) -> dict[str, str]:
@@ -315,6 +388,9 @@ def to_json(ex: Export) -> dict[str, object]:
         "sglang_version": ex.sglang_version,
         "backend": ex.backend,
         "notes": list(ex.notes),
+        "ceiling": dict(ex.ceiling) or None,
+        "asked": dict(ex.asked) or None,
+        "ran_other": list(ex.ran_other),
     }
 
 
@@ -335,6 +411,8 @@ def _header(ex: Export) -> list[str]:
     else:
         m = f"{margin.get('steps', 0)} step(s) of mem_fraction_static"
     lines = [ex.headline] if ex.headline else []
+    if ex.ceiling.get("line"):
+        lines.append(str(ex.ceiling["line"]))
     if ex.forced:
         lines.append(
             f"FORCED EXPORT: {ex.forced}; the command carries {ex.forced_flag}, which SGLang "

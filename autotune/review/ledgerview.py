@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import UsageError
+from autotune.logparse.clamps import Clamps
 from autotune.logparse.events import STARTUP_KINDS, Kind, ParsedLog
 from autotune.logparse.ledger import Ledger, build_ledger
 from autotune.logparse.lines import parse_lines
@@ -88,6 +89,11 @@ def as_json(ledger: Ledger, verdict: Verdict, serving: ServingSummary, log: Pars
     doc["serving"] = serving.to_dict()
     doc["startup_missing"] = startup_missing(log)
     doc["lines"] = log.lines
+    doc["clamps"] = [
+        {"name": c.name, "asked": c.asked, "ran": c.effective, "reason": c.reason,
+         "source": c.source}
+        for c in Clamps.of(ledger).clamped
+    ]  # fmt: skip
     return json.dumps(doc)
 
 
@@ -137,6 +143,10 @@ def as_text(
         else:
             shown = f"{value:,}" if isinstance(value, int) else str(value)
         lines.append(f"{label:<28} {shown:>14} {unit}".rstrip())
+    clamped = Clamps.of(ledger).clamped
+    if clamped:
+        lines.append("")
+        lines += [f"asked vs ran: {c.text()} [SGLang {c.source}]" for c in clamped]
     if serving.decode_lines or serving.prefill_lines:
         lines.append("")
         lines.append(_serving(serving))

@@ -17,6 +17,7 @@ from autotune.review import figures as fig
 from autotune.review import html as h
 from autotune.review import plotdata as pd
 from autotune.review import png
+from autotune.review.ceiling import line as ceiling_line
 from autotune.review.headline import headline
 from autotune.review.source import Review
 from autotune.review.style import CAPACITY, LOAD, PARETO
@@ -153,6 +154,7 @@ def render_page(
     head = (
         f"<h1>autotune study {e(review.name)}</h1>"
         f'<p class="headline">{e(headline(review))}</p>'
+        f'<p class="ceiling">{e(ceiling_line(review))}</p>'
         f"<p>storage {e(review.storage)} · generated {e(generated_at)} · {done} trials finished"
         f" ({feas} feasible, {oom} out of memory), {review.running} running, "
         f"{review.queued} queued{skipped}</p>"
@@ -248,6 +250,7 @@ def summary(review: Review, written: Written | None = None) -> str:
     done = sum(1 for t in trials if t.kind not in ("running", "skipped"))
     lines = [
         headline(review),
+        ceiling_line(review),
         f"study {review.name} ({review.storage}): {done} trials finished, {feas} feasible, "
         f"{oom} out of memory, {review.running} running, {review.queued} queued"
         f"{_skipped(review)}",

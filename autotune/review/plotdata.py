@@ -434,7 +434,7 @@ def _row(t: TrialView) -> Row:
         state=t.state,
         outcome=t.outcome,
         kind=t.kind,
-        params=", ".join(f"{k}={_scalar(v)}" for k, v in t.params.items()),
+        params=", ".join(f"{k}={_asked_ran(t, k, v)}" for k, v in t.params.items()),
         capacity=fig.tokens(t.capacity_tokens, ""),
         throughput=f"{t.throughput_tok_s:,.0f}" if t.throughput_tok_s is not None else "",
         free=fig.gib(t.static_free_gib),
@@ -443,9 +443,17 @@ def _row(t: TrialView) -> Row:
         p99_ttft=f"{t.p99_ttft_ms:,.0f}" if t.p99_ttft_ms is not None else "",
         p99_itl=f"{t.p99_itl_ms:,.0f}" if t.p99_itl_ms is not None else "",
         seconds=f"{t.seconds:.0f}" if t.seconds is not None else "",
-        reason=t.reason,
+        reason="; ".join(
+            [*([t.reason] if t.reason else []), *(f"SGLang ran {x}" for x in t.clamps.lines())]
+        ),
         log_path=t.log_path,
     )
+
+
+def _asked_ran(t: TrialView, name: str, value: object) -> str:
+    """A parameter as asked, `asked→ran` where SGLang ran another value (`TrialView.clamps`)."""
+    ran = next((c.effective for c in t.clamps.clamped if c.name == name), None)
+    return _scalar(value) if ran is None else f"{_scalar(value)}→{_scalar(ran)}"
 
 
 def study_cell_bytes(trials: Sequence[TrialView]) -> float | None:

@@ -8,7 +8,10 @@ steady leak at the measured rate would eat the setting's spare headroom, so a sl
 passes a trial fails the soak instead of the night after; `soak_steps` backs the exported
 fraction off until the headroom the trials kept covers the required headroom, the growth over
 the soak and how far the soak's worst peak may rise; `soak_plan` puts the three together from
-the trials, for `export`'s default margin and `confirm`'s default length.
+the trials, for `export`'s default margin and `confirm`'s default length. Where a confirmation
+ran worst cases at the exported setting (`WorstCases`), the rise is at least how far their peaks
+rose beyond the trials' (`memory.arithmetic.peak_rise_gib`), and a case that failed there backs
+the setting off one step beyond it (`WorstFound` says what they did).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 
 from autotune.config.space import Space, point_key
 from autotune.config.studyfile import Scalar
+from autotune.memory.arithmetic import peak_rise_gib
 from autotune.record.view import TrialView
 
 DEFAULT_SOAK_FACTOR = 3.0
@@ -27,7 +31,10 @@ DEFAULT_SOAK_FACTOR = 3.0
 
 LEAK_FACTOR = 1.5
 """A soak lasts long enough that a steady leak would eat this many times the spare headroom."""
-MAX_SOAK_FACTOR = 100.0
+MAX_SOAK_FACTOR = 8.0
+"""The longest soak, in trials. A leak slow enough to need more to eat the spare headroom is
+measured already (its rate per trial is the trials' growth): the plan says how many workloads the
+setting's spare headroom lasts at that rate (`SoakPlan.leak_lasts`) instead of soaking a day."""
 GROWTH_NOISE_GIB = 0.02
 """Below this much per trial, growth is the probe's noise, not a leak."""
 
@@ -168,15 +175,93 @@ class SoakPlan:
     """The headroom the setting needs to pass the soak: required + growth over it + the rise."""
     step_gib: float = 0.0
     """What one step of the fraction hands back from the KV pool (P × step × (1 + draft))."""
+    worst: WorstFound | None = None
+    """What a confirmation's worst cases at the exported point found, when one ran them."""
+
+    @property
+    def leak_lasts(self) -> float | None:
+        """Workloads the setting's spare headroom (beyond the required) lasts at the measured
+        growth per trial; None where the trials measured no growth above the probe's noise."""
+        g = self.growth_gib
+        if g is None or g < GROWTH_NOISE_GIB:
+            return None
+        return max(self.headroom_gib - self.required_gib, 0.0) / g
 
     def describe(self) -> str:
-        """`2 steps for a 6× soak (0.29 GiB growth per trial, the peak may rise 0.87 GiB)`."""
+        """`2 steps for a 6× soak (0.29 GiB growth per trial, the peak may rise 0.87 GiB)`, with
+        the worst case that set the rise, or the one it does not cover."""
         parts = []
-        if self.growth_gib is not None and self.growth_gib >= GROWTH_NOISE_GIB:
-            parts.append(f"{self.growth_gib:.2f} GiB growth per trial")
-        parts.append(f"the worst peak may rise {self.rise_gib:.2f} GiB")
+        lasts = self.leak_lasts
+        if self.growth_gib is not None and lasts is not None:
+            leak = f"{self.growth_gib:.2f} GiB growth per trial"
+            if lasts < self.factor * LEAK_FACTOR:
+                leak += f": the spare headroom lasts about {lasts:.0f} workloads at that rate"
+            else:
+                leak += (
+                    f": the spare headroom lasts about {lasts:.0f} workloads at that rate, more "
+                    f"than a {MAX_SOAK_FACTOR:g}× soak can show; restart the server within that "
+                    "or lower the fraction"
+                )
+            parts.append(leak)
+        rise = f"the worst peak may rise {self.rise_gib:.2f} GiB"
+        w = self.worst
+        if w is not None and w.set_rise:
+            rise += f", set by the worst case {w.case}"
+        elif w is not None and w.measured and not w.uncovered:
+            rise += f", set by the soak: the worst case {w.case} rose {w.case_rise_gib:.2f} GiB"
+        parts.append(rise)
+        if w is not None and w.uncovered:
+            parts.append(
+                f"not covered: worst case {', '.join(w.uncovered)} failed at the confirmed "
+                "setting, backed off one step more"
+            )
+        if w is not None and w.unrun:
+            parts.append(f"not covered: worst case {', '.join(w.unrun)} did not serve")
         n = f"{self.steps} step{'s' if self.steps != 1 else ''}"
         return f"{n} for a {self.factor:g}× soak ({', '.join(parts)})"
+
+
+@dataclass(frozen=True)
+class WorstCases:
+    """What the export's margin is told of a confirmation's worst cases: each measured case's
+    name and peak, the cases that failed serving (out of memory, a crash, a broken constraint),
+    the cases that never served (their launch failed or was cut short: they say nothing of the
+    setting's peak), and the steps the confirmed point was backed off by."""
+
+    peaks: tuple[tuple[str, float], ...]
+    failed: tuple[str, ...] = ()
+    confirmed_steps: int = 0
+    unrun: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class WorstFound:
+    """What the worst cases did to the margin: the case with the highest peak, how far it rose
+    beyond the study's stress peak, whether that set the rise, the margin without the cases
+    (rise, steps), the failed cases the margin cannot cover by a measurement, and the cases that
+    never served."""
+
+    case: str
+    case_rise_gib: float
+    set_rise: bool
+    rise_before_gib: float
+    steps_before: int
+    uncovered: tuple[str, ...] = ()
+    unrun: tuple[str, ...] = ()
+    measured: bool = True
+    """Whether any case measured a peak (`case` is then the one with the highest)."""
+
+    def to_dict(self) -> dict[str, object]:
+        """The finding as the export's `margin` records it."""
+        return {
+            "worst_case": self.case,
+            "worst_case_rise_gib": round(self.case_rise_gib, 4),
+            "worst_case_set_rise": self.set_rise,
+            "rise_before_gib": round(self.rise_before_gib, 4),
+            "steps_before": self.steps_before,
+            "uncovered": list(self.uncovered),
+            "not_served": list(self.unrun),
+        }
 
 
 def soak_plan(
@@ -187,11 +272,18 @@ def soak_plan(
     step: float,
     default_factor: float = DEFAULT_SOAK_FACTOR,
     space: Space | None = None,
+    worst: WorstCases | None = None,
 ) -> SoakPlan | None:
     """The soak for the setting `params` that held, sized from the trials: its worst headroom,
     the growth they measured, the spread of their stress peaks by demand, and how much the
     capacity search had widened its margins (`kappa`); None when no trial that held at `params`
-    (the same point of `space`) kept a measured headroom or its launch logged no P."""
+    (the same point of `space`) kept a measured headroom or its launch logged no P.
+
+    With `worst` (a confirmation's worst cases at the exported point), the rise is at least how
+    far the cases' peaks rose beyond the trials' stress peak at this demand
+    (`memory.arithmetic.peak_rise_gib`), and a case that failed there backs the setting off one
+    step beyond the confirmed one (its peak was cut short by the failure: no measurement covers
+    it)."""
     held = [t for t in trials if t.feasible]
     key = point_key(params, space)
     same = [t for t in held if point_key(t.params, space) == key]
@@ -213,9 +305,19 @@ def soak_plan(
     kappa = max((t.kappa for t in trials if t.kappa is not None), default=1.0)
     peak = statistics.median(peaks) if peaks else 0.0
     rise = soak_peak_rise_gib(peaks, peak, factor, kappa, list(groups.values()))
+    found = None
+    if worst is not None and (worst.peaks or worst.failed or worst.unrun):
+        before = soak_steps(head, required_gib, growth, factor, per_step, rise)
+        case_rise = peak_rise_gib([p for _, p in worst.peaks], peak)
+        top = max(worst.peaks, key=lambda x: x[1])[0] if worst.peaks else ""
+        found = WorstFound(top or (worst.failed + worst.unrun)[0], case_rise, case_rise > rise,
+                           rise, before, worst.failed, worst.unrun, bool(worst.peaks))  # fmt: skip
+        rise = max(rise, case_rise)
     steps = soak_steps(head, required_gib, growth, factor, per_step, rise)
+    if worst is not None and worst.failed:
+        steps = max(steps, worst.confirmed_steps + 1)
     need = soak_need_gib(required_gib, growth, factor, rise)
-    return SoakPlan(factor, steps, growth, rise, head, required_gib, need, per_step)
+    return SoakPlan(factor, steps, growth, rise, head, required_gib, need, per_step, found)
 
 
 def _headroom(t: TrialView) -> float | None:

@@ -22,12 +22,14 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config.space import Space, fraction_step, point_key, stored_space
 from autotune.config.studyfile import Fixed, Scalar, StudyConfig
 from autotune.errors import UsageError
+from autotune.logparse.outcome import Outcome
 from autotune.masking import redact, scrub
 from autotune.record.stored import StudyRecord, study_record
 from autotune.record.stored import required_headroom as stored_headroom
 from autotune.record.view import SearchEnd, TrialView, search_end, views
 from autotune.review.plotdata import study_cell_bytes
-from autotune.review.verdict import Verdict
+from autotune.review.soak import WorstCases
+from autotune.review.verdict import CaseResult, Verdict
 from autotune.review.winner import (
     DEFAULT_TOLERANCE,
     Margin,
@@ -119,9 +121,11 @@ class Review:
         c = self.confirmation if params is None else self.confirmation_of(params)
         if c is None:
             return f"UNCONFIRMED (run `autotune confirm --study {self.name}`)"
+        worst = f"; {c.worst_line()}" if c.cases else ""
         if c.passed:
-            return f"CONFIRMED by a soak ({c.at})"
-        return f"FAILED its confirmation soak: {c.reason or c.outcome}"
+            cases = f" and {len(c.cases)} worst cases" if c.cases else ""
+            return f"CONFIRMED by a soak{cases} ({c.at}){worst}"
+        return f"FAILED its confirmation soak: {c.reason or c.outcome}{worst}"
 
     def trial(self, number: int) -> TrialView:
         """Trial `number`'s view; a number the study does not have is the operator's `UsageError`,
@@ -161,19 +165,29 @@ def build_review(
     step = fraction_step(space)
     cell = study_cell_bytes(seen)
     required = _min_headroom(cfg, trials)
-    return Review(
-        name=name,
-        storage=storage,
-        trials=tuple(seen),
-        winner=choose(
+    confirmations = _confirmations(held)
+
+    def chosen(worst: WorstCases | None = None) -> Winner | None:
+        return choose(
             seen,
             space=space,
             tolerance=tolerance,
             margin=margin,
             cell_bytes=cell,
             min_headroom_gib=required or 0.0,
-        ),
-        confirmations=_confirmations(held),
+            worst=worst,
+        )
+
+    winner = chosen()
+    worst = _worst_cases(winner, confirmations, space)
+    if worst is not None:
+        winner = chosen(worst)
+    return Review(
+        name=name,
+        storage=storage,
+        trials=tuple(seen),
+        winner=winner,
+        confirmations=confirmations,
         fraction_step=step,
         min_headroom_gib=required,
         cell_bytes=cell,
@@ -215,6 +229,31 @@ def baseline_of(study: StudyRecord, cfg: StudyConfig | None) -> dict[str, Scalar
         return None
     searched = {p.name for p in cfg.search.params if not isinstance(p, Fixed)}
     return {k: v for k, v in cfg.search.baseline.items() if k in searched} or None
+
+
+def _worst_cases(
+    winner: Winner | None, confirmations: Sequence[Verdict], space: Space | None
+) -> WorstCases | None:
+    """What the latest confirmation with worst cases of the point the soak's margin exports
+    found there, for the margin to cover (None: no such confirmation, or another margin)."""
+    if winner is None or winner.soak is None:
+        return None
+    for c in reversed(confirmations):
+        if c.cases and c.covers(winner.params, space):
+            served = [x for x in c.cases if _served(x)]
+            peaks = tuple((x.name, x.peak_gib) for x in served if x.peak_gib is not None)
+            failed = tuple(x.name for x in served if not x.passed)
+            unrun = tuple(x.name for x in c.cases if not _served(x))
+            return WorstCases(peaks, failed, winner.steps_back, unrun)
+    return None
+
+
+def _served(case: CaseResult) -> bool:
+    """Whether a worst case served its burst: it passed, or it failed serving (out of memory,
+    a crash, a hang, a broken constraint), not at startup nor cut short by autotune or the
+    machine (those say nothing of the setting's peak)."""
+    o = Outcome.of(case.outcome)
+    return case.passed or not (o.fails_at_startup or o.requeued or o is Outcome.UNKNOWN)
 
 
 def _confirmations(study: StudyRecord) -> tuple[Verdict, ...]:

@@ -2,7 +2,8 @@
 
 Queued points are listed with the parameters they will run; the figures are the trial views'
 (`autotune.record.view`), printed as every other review surface prints them. The command puts
-the study's headline (`autotune.review.headline`) above the table. A trial the storage calls
+the study's headline (`autotune.review.headline`) and the winner's share of the box's ceiling
+(`autotune.review.ceiling`) above the table. A trial the storage calls
 running whose worker is gone (the command judges it, with the rule a run reaps by:
 `autotune.study.storage.stale`) is shown as `running?`, with why, below the table.
 """
@@ -18,8 +19,9 @@ from autotune.config.studyfile import StudyConfig
 from autotune.record.stored import StudyRecord
 from autotune.record.view import TrialView, view
 from autotune.review import figures as fig
+from autotune.review.ceiling import line as ceiling_line
 from autotune.review.headline import headline
-from autotune.review.source import build_review
+from autotune.review.source import Review, build_review
 from autotune.study.objectives import best_feasible_capacity
 from autotune.study.progress import duration
 from autotune.study.storage import counted, stale
@@ -66,7 +68,7 @@ def rows(
                 str(t.number),
                 GONE if t.number in gone else _STATE.get(t.state, t.state.name.lower()),
                 v.outcome,
-                *[_cell(v.params.get(n)) for n in names],
+                *[_param_cell(v, n) for n in names],
                 fig.tokens(v.capacity_tokens, ""),
                 f"{v.throughput_tok_s:,.0f}" if v.throughput_tok_s is not None else "",
                 fig.gib(v.static_free_gib),
@@ -97,9 +99,10 @@ def render(
     gone: Mapping[int, str] | None = None,
     ended: str = "",
 ) -> str:
-    """The summary line and the table, below `headline` when one is given; `ended` (why the
-    search stopped before its budget, `SearchEnd.line`) and one line per trial in `gone`
-    (number: why its worker is gone) below the table."""
+    """The summary line and the table, below `headline` when one is given; below the table, what
+    SGLang ran other than asked (`clamp_notes`), `ended` (why the search stopped before its
+    budget, `SearchEnd.line`) and one line per trial in `gone` (number: why its worker is
+    gone)."""
     gone = gone or {}
     head, body = rows(trials, gone)
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
@@ -119,6 +122,7 @@ def render(
         for n, why in sorted(gone.items())
     ]
     notes = [ended, *notes] if ended else notes
+    notes = [*clamp_notes([view(t) for t in trials]), *notes]
     return "\n".join([*([headline] if headline else []), summary, *lines, *notes]) + "\n"
 
 
@@ -131,15 +135,52 @@ def status_text(
     *,
     now: datetime,
 ) -> str:
-    """`autotune status`'s whole output: the study's headline, the table, why the search ended,
-    and which running trials' workers are gone (judged by the rule a run reaps by, at `now`),
-    every secret masked; `url` is shown as given (the command masks its password)."""
+    """`autotune status`'s whole output: the study's headline and ceiling line, the table, why
+    the search ended, and which running trials' workers are gone (judged by the rule a run reaps
+    by, at `now`), every secret masked; `url` is shown as given (the command masks its password)."""
     review = build_review(name, url, trials, cfg=cfg, study_attrs=study)
     me = current_worker("")
     gone = {t.number: why for t, why in stale(trials, me, (), grace_s=0, now=now)}
     ended = review.search_end.line() if review.search_end is not None else ""
-    text = render(name, url, trials, headline=headline(review), gone=gone, ended=ended)
+    top = f"{headline(review)}\n{ceiling_line(review)}{_worst_case(review)}"
+    text = render(name, url, trials, headline=top, gone=gone, ended=ended)
     return review.scrub(text)
+
+
+def _worst_case(review: Review) -> str:
+    """The worst case of the exported setting's confirmation on a line of its own, else of the
+    latest confirmation that ran worst cases (naming the setting it confirmed: the export may
+    have backed off from it); "" when no confirmation ran any."""
+    c = review.confirmation
+    at = ""
+    if c is None or not c.cases:
+        c = next((v for v in reversed(review.confirmations) if v.cases), None)
+        if c is None:
+            return ""
+        at = " of " + " ".join(f"{k}={v}" for k, v in c.params.items())
+    return f"\nconfirmation{at} {'passed' if c.passed else 'FAILED'}: {c.worst_line()}"
+
+
+def clamp_notes(seen: Sequence[TrialView]) -> list[str]:
+    """One line per trial SGLang ran other than asked (`TrialView.clamps`: the setting, asked,
+    ran, why, the SGLang source of the rule), and one per trial skipped because SGLang would
+    have run it as a measured trial (`TrialView.runs_as`)."""
+    out: list[str] = []
+    for v in seen:
+        for c in v.clamps.clamped:
+            out.append(f"trial {v.number}: SGLang ran {c.text()} [{c.source}]")
+        if v.runs_as is not None:
+            out.append(
+                f"trial {v.number}: not launched, SGLang runs its point as trial {v.runs_as}"
+            )
+    return out
+
+
+def _param_cell(v: TrialView, name: str) -> str:
+    """A parameter as asked, and `→ ran` where SGLang ran another value (`asked→ran`)."""
+    cell = _cell(v.params.get(name))
+    ran = next((c.effective for c in v.clamps.clamped if c.name == name), None)
+    return f"{cell}→{_cell(ran)}" if ran is not None and cell else cell
 
 
 def _cell(v: object) -> str:

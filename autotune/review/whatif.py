@@ -16,7 +16,9 @@ from dataclasses import asdict, dataclass
 from autotune.logparse.ledger import Ledger
 from autotune.memory.arithmetic import (
     Arithmetic,
+    Ceiling,
     arithmetic,
+    ceiling,
     fraction_for_budget,
     lowest_fraction,
 )
@@ -57,12 +59,18 @@ class WhatIf:
     request_table_gib: float | None
     graphs_gib: float | None
     words: tuple[str, ...]
+    ceiling_tokens: int | None = None
+    """The pool the box would hold if the reserve held only what this launch shows it needs,
+    its stress peak included (`memory.arithmetic.ceiling`, no margin); None when not known."""
+    ceiling_missing: tuple[str, ...] = ()
+    """What the ceiling needs that this log does not show (`the stress peak`)."""
 
     def to_dict(self) -> dict[str, object]:
         """The table as JSON values, the `what_if` field of `autotune ledger --json`."""
         d = asdict(self)
         d["rows"] = [asdict(r) for r in self.rows]
         d["words"] = list(self.words)
+        d["ceiling_missing"] = list(self.ceiling_missing)
         return d
 
 
@@ -91,6 +99,8 @@ def what_if(
     h = a.headroom
     table = h.request_table if h is not None else None
     graphs = h.graphs if h is not None else None
+    top = ceiling(a, 0.0)
+    missing = _ceiling_missing(a)
     return WhatIf(
         fraction=f,
         semantics=a.semantics,
@@ -99,7 +109,9 @@ def what_if(
         highest_covering_peak=highest,
         request_table_gib=table,
         graphs_gib=graphs,
-        words=_words(a, lowest, highest, table, graphs),
+        words=(*_words(a, lowest, highest, table, graphs), _ceiling_words(a, top, missing)),
+        ceiling_tokens=top.tokens if top is not None else None,
+        ceiling_missing=missing,
     )
 
 
@@ -185,6 +197,34 @@ def _words(
             "run out of memory is not known from it: run a study with a stress phase."
         )
     return tuple(out)
+
+
+def _ceiling_missing(a: Arithmetic) -> tuple[str, ...]:
+    """What the ceiling needs that the log does not show."""
+    out = []
+    if a.headroom is None:
+        out.append("the free memory after startup")
+    if a.stress_peak_gib is None:
+        out.append("the stress peak")
+    return tuple(out)
+
+
+def _ceiling_words(a: Arithmetic, top: Ceiling | None, missing: Sequence[str]) -> str:
+    """The ceiling in one sentence, or which of its figures the log does not show."""
+    if top is None:
+        said = " and ".join(missing) or "the bytes per token"
+        return (
+            "The ceiling (the pool this box would hold if the reserve held only what it needs) "
+            f"is not known from this log: {said} {'was' if len(missing) <= 1 else 'were'} not "
+            "measured; `autotune run` with a stress phase measures it, and every review surface "
+            "prints the winner's share of it."
+        )
+    share = top.share(a.tokens) if a.tokens is not None else None
+    part = f" (this log's pool is {share:.0%} of it)" if share is not None else ""
+    return (
+        f"The ceiling, the pool this box would hold if the reserve held only what this launch "
+        f"shows it needs (its stress peak included, no margin): {top.tokens:,} tokens{part}."
+    )
 
 
 def _fraction_from_pool(ledger: Ledger) -> float | None:

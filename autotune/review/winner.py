@@ -32,7 +32,7 @@ from autotune.errors import UsageError
 from autotune.memory.model import peak_fall_gib
 from autotune.record.direction import Push, direction, floor_fraction
 from autotune.record.view import TrialView
-from autotune.review.soak import SoakPlan, soak_plan
+from autotune.review.soak import SoakPlan, WorstCases, WorstFound, soak_plan
 
 DEFAULT_TOLERANCE = 0.05
 SAME_CAPACITY = 0.99
@@ -152,12 +152,15 @@ def choose(
     margin: Margin | None = None,
     cell_bytes: float | None = None,
     min_headroom_gib: float = 0.0,
+    worst: WorstCases | None = None,
 ) -> Winner | None:
     """The winner among `trials`, or None while no trial is feasible; `space` is the study's
     (a point's identity and the fraction's step, `config.space.fraction_step`, unless
     `fraction_step` says otherwise); `cell_bytes` (bytes per token fitted across the study)
     sharpens predictions for a point that never ran; `min_headroom_gib` is the study's required
-    headroom (the soak's margin keeps it)."""
+    headroom (the soak's margin keeps it); `worst` what a confirmation's worst cases found at
+    the point the soak's margin exported (`review.soak.soak_plan`: the margin covers their rise,
+    or backs off a step beyond a case that failed)."""
     step = fraction_step if fraction_step is not None else search_space.fraction_step(space)
     margin = margin or DEFAULT_MARGIN
     feasible = [t for t in trials if t.feasible]
@@ -173,8 +176,15 @@ def choose(
     chunk: SmallerChunk | None = None
     if margin.soak:
         plan = soak_plan(
-            trials, chosen.params, required_gib=min_headroom_gib, step=step, space=space
+            trials,
+            chosen.params,
+            required_gib=min_headroom_gib,
+            step=step,
+            space=space,
+            worst=worst,
         )
+        if plan is not None and plan.worst is not None:
+            notes.append(_worst_note(plan))
         if plan is None:
             notes.append("no headroom measured to size the soak's margin from; backed off 1 step")
         else:
@@ -244,6 +254,41 @@ def choose(
         predicted=source is None,
         notes=tuple(notes),
         soak=plan,
+    )
+
+
+def _worst_note(plan: SoakPlan) -> str:
+    """What the confirmation's worst cases did to the margin, in one sentence."""
+    w = plan.worst
+    assert w is not None
+    unrun = (
+        f"; worst case {', '.join(w.unrun)} did not serve at the confirmed setting (its launch "
+        "failed or was cut short), so nothing covers it: run autotune confirm again"
+        if w.unrun
+        else ""
+    )
+    if not w.measured and not w.uncovered:
+        return unrun[2:].capitalize()
+    return _worst_finding(plan, w) + unrun
+
+
+def _worst_finding(plan: SoakPlan, w: WorstFound) -> str:
+    steps = f"{plan.steps} step{'s' if plan.steps != 1 else ''} instead of {w.steps_before}"
+    if w.uncovered:
+        return (
+            f"the confirmation's worst case {', '.join(w.uncovered)} failed at the confirmed "
+            f"setting: no measured peak covers it, so the margin backs off one step more "
+            f"({steps}); run autotune confirm again"
+        )
+    if w.set_rise:
+        return (
+            f"the confirmation's worst case {w.case} peaked {w.case_rise_gib:.2f} GiB above the "
+            f"study's stress peak (the soak's own rise was {w.rise_before_gib:.2f} GiB): the "
+            f"margin covers it ({steps})"
+        )
+    return (
+        f"the confirmation's worst cases stayed within the soak's margin (the worst, {w.case}, "
+        f"rose {w.case_rise_gib:.2f} GiB of the {w.rise_before_gib:.2f} GiB allowed)"
     )
 
 

@@ -128,6 +128,12 @@ def _grid_order(search: SearchConfig) -> Callable[[Mapping[str, Scalar]], tuple[
     return key
 
 
+MAX_REPEATED_POINTS = 25
+"""Proposals in a row skipped because SGLang would run them as a measured trial
+(`search.effective`) before the search is taken to have nothing new left: a skipped trial does
+not count toward the budget, so a sampler stuck on clamped points would otherwise never stop."""
+
+
 class Interrupted(Exception):
     """The operator stopped the run (Ctrl-C or SIGTERM); the current trial is recorded."""
 
@@ -227,6 +233,7 @@ def run_loop(
     start = clock()
     ran = 0
     failures = 0
+    repeats = 0
 
     def budget() -> LoopEnd | str:
         return _budget_left(study, cfg, n_trials, timeout_s, clock() - start, ran, coordinator)
@@ -261,6 +268,10 @@ def run_loop(
             raise Interrupted(f"stopped by the operator during trial {trial.number}")
         if result.fatal:
             raise HarnessError(f"trial {trial.number}: {result.fatal}; stopping the study")
+        repeats = repeats + 1 if result.outcome == Outcome.SKIPPED else 0
+        if repeats >= MAX_REPEATED_POINTS:
+            why = f"the last {repeats} points SGLang would run as trials already measured"
+            return search_done(study, why, ran)
         failures = failures + 1 if Outcome.of(result.outcome).machine_suspect else 0
         if failures >= MAX_CONSECUTIVE_FAILURES:
             hint = remedy(view(_frozen(study, trial)))

@@ -48,6 +48,9 @@ from autotune.record.view import TrialView
 from autotune.sim.profiles import Profile
 
 TRIAL_PHASES = ("launch", "startup", "workload", "teardown")
+NOT_LAUNCHED = "not launched: "
+"""How the reason of a trial recorded without a launch begins (a full disk, a refused host
+cache); its line says so instead of figures it never measured."""
 
 
 class Planned(NamedTuple):
@@ -112,6 +115,12 @@ class Tally:
                 self.phase_seconds.setdefault(name, []).append(seconds)
         for name, seconds in (workload_phases or {}).items():
             self.workload_seconds.setdefault(name, []).append(seconds)
+
+    def seed(self, phases: Mapping[str, float]) -> None:
+        """Take in trial phases timed before the first trial (`autotune check`'s launch, startup
+        and teardown), so the first trial's expected times and ETA rest on them."""
+        for name, seconds in phases.items():
+            self.phase_seconds.setdefault(name, []).append(seconds)
 
     def expected(self, phase: str) -> float | None:
         """The median time the phase took so far; for the workload before any trial timed it,
@@ -278,6 +287,9 @@ def finished_line(
     why = f" — {reason}" if reason and outcome != "ok" else ""
     if outcome == "skipped":
         return f"trial {k}/{n} (#{number}) skipped [not launched]{why}"
+    if reason.startswith(NOT_LAUNCHED):
+        rest = reason[len(NOT_LAUNCHED) :]
+        return f"trial {k}/{n} (#{number}) {outcome} [not launched] — {rest}"
     verdict = {True: "feasible", False: "infeasible", None: "failed"}[feasible]
     parts = [f"capacity {capacity:,} tok" if capacity else "no KV pool"]
     if throughput is not None:

@@ -30,9 +30,10 @@ from autotune.masking import redact, redact_text
 from autotune.record import internals, keys
 from autotune.record.remedy import remedy
 from autotune.record.seeds import origins, read_seeds, store_seeds
-from autotune.record.stored import stored
+from autotune.record.stored import stored, study_record
 from autotune.record.view import TrialView, view, views
-from autotune.server.hostcheck import results_disk_problem
+from autotune.search.effective import duplicate_of
+from autotune.server.hostcheck import hicache_refusal, host_bound, results_disk_problem
 from autotune.server.procs import writers
 from autotune.sim.profiles import Profile, ProfileError, load_profile
 from autotune.study.loop import (
@@ -149,6 +150,10 @@ def run(
     return 0
 
 
+_FINISHED = (TrialState.COMPLETE, TrialState.FAIL)
+"""The trials a new point may be a duplicate of: those that ran (a skipped one has no ledger)."""
+
+
 class _Night:
     """One run of the study on this worker: what a killed run left is recovered first, then each
     asked trial is planned, launched and recorded, and the operator's line kept up to date."""
@@ -171,6 +176,8 @@ class _Night:
         self.shown_k = 1
         """"trial k of N" of the trial in progress."""
         self.url = ""
+        self.host = host_bound(cfg)
+        """The host memory bound a trial's host cache is held to before its launch."""
 
     def start(self, stream: TextIO, url: str, worker: Worker) -> None:
         """Recover, queue the first points, count what is done, and say where the study is."""
@@ -194,9 +201,12 @@ class _Night:
         else:
             recovered_note = ""
         trials = study.get_trials(deepcopy=False)
+        check = study_record(study).check
+        if check is not None:  # `autotune check` timed the launch before the night
+            self.tally.seed(check.phases)
         for t in trials:
             if t.state.is_finished():
-                _tally_add(self.tally, t)
+                _tally_add(self.tally, t, timed=check is None or t.number != check.trial)
         deadline = self.clock() + cfg.budget.timeout_s if cfg.budget.timeout_s else None
         self.progress = Progress(stream, self.tally, clock=self.clock, deadline=deadline)
         self.shown_k = self.tally.done + 1
@@ -214,12 +224,22 @@ class _Night:
             self.progress.message(f"warning: {warning}")
 
     def run_one(self, trial: optuna.trial.Trial) -> Result:
-        """Launch the asked trial (unless the disk is full), record it."""
+        """Launch the asked trial (unless the disk is full, or SGLang would run its point as a
+        trial already measured: `search.effective`; or its host cache is over the host memory
+        bound, `server.hostcheck.hicache_refusal`), record it."""
         cfg, folder = self.cfg, self.folder
         settings = settings_for(trial, cfg.search)
+        measured = views(self.study.get_trials(deepcopy=False, states=_FINISHED))
+        twin = duplicate_of(settings.params, measured, cfg.search)
+        if twin is not None:
+            return Result("fail", "skipped", twin.reason, None, {keys.RUNS_AS: twin.trial})
         full = results_disk_problem(folder)
         if full:
             return Result("fail", "harness_error", f"not launched: {full}", None, {}, fatal=full)
+        refused = hicache_refusal(cfg, settings.params, self.host)
+        if refused:  # the startup_oom SGLang would end it with, known without a launch
+            self.shown_k = self.tally.done + 1
+            return Result("fail", "startup_oom", f"not launched: {refused}", None, {})
         try:
             where = claim(folder, trial.number)
         except HarnessError as exc:
@@ -363,14 +383,16 @@ def _profile(cfg: StudyConfig) -> Profile | None:
         return None
 
 
-def _tally_add(tally: Tally, t: FrozenTrial) -> None:
+def _tally_add(tally: Tally, t: FrozenTrial, *, timed: bool = True) -> None:
+    """Count a finished trial; with `timed` False (the check's launch, whose short workload is not
+    the night's, and whose phases the tally was seeded with) its seconds are left out."""
     v = view(t)
     tally.add(
         counted=v.counted,
         feasible_capacity=(v.capacity_tokens or 0) if v.feasible else None,
         oom=v.ending.is_oom,
-        phases=dict(v.phases),
-        workload_phases=dict(v.workload_phases),
+        phases=dict(v.phases) if timed else {},
+        workload_phases=dict(v.workload_phases) if timed else {},
     )
 
 

@@ -2,7 +2,9 @@
 memory after CUDA-graph capture, the stress peak and the free memory at it, and what another
 fraction would give) read the same on every surface that prints or decides by them: the run's
 progress line, `autotune status`, `autotune explain`, `autotune export`, the report, `autotune
-ledger` and the search's records. Each surface asks `autotune.memory` for them, so none can drift.
+ledger` and the search's records; so does the winner's share of the box's ceiling (status,
+explain, export, the report; `ledger` names the stress peak a log alone lacks). Each surface
+asks `autotune.memory` for them, so none can drift.
 
 The end-to-end test runs one trial of a small study through the simulator (`autotune run` as a
 real process, its stress phase on an EAGLE draft) and reads each surface as the operator would.
@@ -21,15 +23,17 @@ from pathlib import Path
 import optuna
 import pytest
 
+from autotune.config.studyfile import load_study
 from autotune.memory.arithmetic import (
     arithmetic,
     free_after_capture_gib,
     reserve_gib,
     stress_peak_gib,
 )
+from autotune.memory.arithmetic import ceiling as memory_ceiling
 from autotune.record.view import view
+from autotune.review import ceiling, page
 from autotune.review import figures as fig
-from autotune.review import page
 from autotune.review.source import build_review
 from autotune.search.records import point_of
 from tests.reliability.helpers import EAGLE, NAME, STRESS, Done, World
@@ -142,7 +146,8 @@ def test_one_trials_figures_agree_on_every_surface(world: World) -> None:
     assert (line[1], line[2]) == (want["capacity"], want["worst"])
 
     # autotune status
-    row = _status_row(_cli(world, "status"), 0)
+    status = _cli(world, "status")
+    row = _status_row(status, 0)
     assert (row["capacity"], row["free after startup"], row["free at worst"]) == (
         want["capacity"], want["free"], want["worst"])  # fmt: skip
 
@@ -181,7 +186,7 @@ def test_one_trials_figures_agree_on_every_surface(world: World) -> None:
     assert cells[5] == fig.gib(backed["headroom_gib"])
 
     # the report: its page's trials table and explanation, and the data its charts are drawn from
-    _cli(world, "report")
+    summary = _cli(world, "report")
     html = (world.study_dir / "report.html").read_text()
     cells_html = _report_row(html, 0)
     assert (cells_html["capacity"], cells_html["free after startup GiB"],
@@ -199,10 +204,34 @@ def test_one_trials_figures_agree_on_every_surface(world: World) -> None:
     assert -steps["stress peak"] == t.stress_peak_gib
     assert steps[fig.FREE_AT_WORST] == t.free_at_peak_gib
 
+    # the winner's share of the box's ceiling: memory's function of the trial's figures at the
+    # margin the export keeps, one line on every surface (and the same figures in the json)
+    cfg = load_study(world.folder / f"{NAME}.toml", NAME)
+    review = build_review(NAME, world.url, trials, cfg=cfg, study_attrs={})
+    share = ceiling.of_winner(review)
+    assert share.basis == 0 and share.missing == () and share.ceiling is not None
+    assert share.ceiling == memory_ceiling(
+        t.arithmetic(review.cell_bytes), ceiling.winner_margin_gib(review)
+    )
+    assert share.tokens == backed["capacity_tokens"] and share.share is not None
+    line = share.line()
+    assert f"= {share.share:.0%} of the ceiling {share.ceiling.tokens:,} tokens" in line
+    assert line in status.splitlines() and line in text.splitlines()
+    assert f"# {line}" in _cli(world, "export", "--format", "shell").splitlines()
+    exported = json.loads(_cli(world, "export", "--format", "json"))["ceiling"]
+    assert (exported["line"], exported["tokens"], exported["share"]) == (
+        line, share.ceiling.tokens, share.share)  # fmt: skip
+    assert line in summary.splitlines() and f'<p class="ceiling">{line}</p>' in html
+    assert re.search(r"ceiling: winner [\d,]+ tokens = \d+% of the ceiling [\d,]+ tokens; "
+                     r"[\d.]+ GiB/GPU of its reserve", line)  # fmt: skip
+
     # autotune ledger on the trial's own log: the log's row of its what-if table
     assert t.log_path is not None
     doc = json.loads(_ok(world.autotune("ledger", t.log_path, "--json")))
     logged = next(r for r in doc["what_if"]["rows"] if r["measured"])
+    # a log alone has no stress peak: the ceiling says so instead of a number
+    assert doc["what_if"]["ceiling_tokens"] is None
+    assert doc["what_if"]["ceiling_missing"] == ["the stress peak"]
     assert logged["tokens"] == t.capacity_tokens
     assert logged["reserve_gib"] == round(t.reserve_gib, 4)
     assert logged["free_after_startup_gib"] == round(t.static_free_gib, 4)

@@ -3,6 +3,7 @@ the margin an exported setting needs to pass it (`autotune.review.soak`)."""
 
 from __future__ import annotations
 
+import math
 import statistics
 
 import optuna
@@ -13,6 +14,9 @@ from autotune.record import keys
 from autotune.record.view import TrialView, view, views
 from autotune.review.soak import (
     DEFAULT_SOAK_FACTOR,
+    LEAK_FACTOR,
+    MAX_SOAK_FACTOR,
+    SoakPlan,
     growth_per_trial,
     heavy_tail_z,
     soak_factor,
@@ -50,10 +54,21 @@ def test_growth_is_the_median_the_trials_recorded() -> None:
 def test_the_soak_lasts_long_enough_for_a_leak_to_eat_the_spare_headroom() -> None:
     assert soak_factor(None, 1.0, DEFAULT_SOAK_FACTOR) == DEFAULT_SOAK_FACTOR
     assert soak_factor(0.001, 1.0, DEFAULT_SOAK_FACTOR) == DEFAULT_SOAK_FACTOR  # probe noise
-    k = soak_factor(0.1, 1.0, DEFAULT_SOAK_FACTOR)
-    assert k == 16  # 1 + 1.5 × 1.0 / 0.1: a leak that passes a trial cannot pass the soak
-    assert 0.1 * k > 1.0
-    assert soak_factor(0.001 + 0.02, 100.0, 3.0) == 100.0  # capped
+    k = soak_factor(0.1, 0.3, DEFAULT_SOAK_FACTOR)
+    assert k == 6  # 1 + 1.5 × 0.3 / 0.1: a leak that passes a trial cannot pass the soak
+    assert 0.1 * k > 0.3
+    assert soak_factor(0.1, 1.0, DEFAULT_SOAK_FACTOR) == MAX_SOAK_FACTOR == 8  # 16, capped
+    assert soak_factor(0.001 + 0.02, 100.0, 3.0) == MAX_SOAK_FACTOR
+
+
+def test_a_leak_too_slow_for_the_longest_soak_is_reported_as_workloads_it_lasts() -> None:
+    slow = SoakPlan(8.0, 1, 0.05, 0.3, headroom_gib=2.5, required_gib=0.5)
+    assert slow.leak_lasts == pytest.approx(40.0)
+    assert "lasts about 40 workloads at that rate, more than a 8× soak can show" in slow.describe()
+    fast = SoakPlan(7.0, 2, 0.1, 0.3, headroom_gib=0.9, required_gib=0.5)
+    assert fast.leak_lasts == pytest.approx(4.0)
+    assert "lasts about 4 workloads at that rate, the worst" in fast.describe()
+    assert SoakPlan(3.0, 0, None, 0.3, headroom_gib=2.0, required_gib=0.5).leak_lasts is None
 
 
 def test_the_exported_margin_covers_the_growth_over_the_soak() -> None:
@@ -89,7 +104,7 @@ def test_a_longer_soak_meets_a_higher_peak_and_a_model_that_missed_a_heavier_tai
     assert soak_peak_rise_gib([3.0, 3.0, 9.0], 3.0, 1.0) >= 6.0
 
 
-def test_a_slow_leak_that_passes_a_trial_fails_the_soak() -> None:
+def test_a_slow_leak_that_passes_a_trial_is_measured_and_reported_with_what_it_lasts() -> None:
     bench = bench_for(load_profile("qwen3-32b-h200"), mismatch=MISMATCH)
     params = {"mem_fraction_static": 0.95, "max_running_requests": 32, "hicache_size": 0}
     trial, result = launch(bench, params, 3)
@@ -100,10 +115,16 @@ def test_a_slow_leak_that_passes_a_trial_fails_the_soak() -> None:
     assert isinstance(growth, float)
     head = result.measured.headroom_gib
     assert growth is not None and head is not None and growth > 0.2
+    need = 1 + LEAK_FACTOR * (head - 0.5) / growth
     k = soak_factor(growth, head - 0.5, DEFAULT_SOAK_FACTOR)
-    soaked, _ = launch(bench, params, 3, soak=k)
-    assert not soaked.feasible
-    # backed off by soak_steps, the same soak passes
+    assert k == min(math.ceil(need), MAX_SOAK_FACTOR)
+    soaked, _ = launch(bench, params, 3, soak=math.ceil(need))
+    assert not soaked.feasible  # the leak is real: a soak that long fails
+    plan = SoakPlan(k, 0, growth, 0.0, headroom_gib=head, required_gib=0.5)
+    lasts = (head - 0.5) / growth
+    assert plan.leak_lasts == pytest.approx(lasts)
+    assert f"lasts about {lasts:.0f} workloads at that rate" in plan.describe()
+    # backed off by soak_steps, the capped soak passes
     p_gib = 0.01 * float(rec["ledger"]["p_gib"])
     peak = float(rec["stress_peak_gib"])
     steps = soak_steps(head, 0.5, growth, k, p_gib, soak_peak_rise_gib([peak], peak, k))

@@ -35,7 +35,8 @@ def test_the_demo_records_an_oom_and_draws_a_two_dimensional_map_and_a_front(
     )
     trials = views(study.get_trials(deepcopy=False))
     launched = [t for t in trials if t.launched and t.counted]
-    assert len(launched) >= 6, [t.params for t in launched]
+    # the baseline's OOM, the edge from both sides, and the request slots the front needs
+    assert len(launched) >= 5, [t.params for t in launched]
     ooms = [t for t in launched if Outcome.of(t.outcome or "").is_oom]
     assert ooms and all(t.state == "complete" and not t.feasible for t in ooms)
     assert ooms[0].number == 0  # the baseline, as the operator's try 2 did

@@ -1,0 +1,68 @@
+"""`autotune check`: one launch of the study's baseline with a short load, before the night, and
+a go/no-go table of every reading the night depends on.
+
+Only arguments here: the check itself is `autotune.study.check.run_check`, its table
+`autotune.review.checktable`. It takes the same study arguments as `run`, holds the same lock
+and GPU claim, and stores its launch as the study's baseline trial.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from autotune.cli.common import (
+    add_backend_arg,
+    add_study_args,
+    resolve_config,
+    stop_signals,
+    storage_url,
+    study_dir,
+)
+from autotune.errors import UsageError
+from autotune.review.checktable import check_text, verdict
+from autotune.study.check import run_check
+from autotune.study.runner import study_lock
+from autotune.study.storage import default_storage_url, probe_storage
+from autotune.study.workers import gpu_claim, gpu_group, worker_folder, worker_gpus
+from autotune.trial.live import LiveLauncher, live_launcher
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `autotune check` and its arguments (those of `run` that name the study)."""
+    p = sub.add_parser(
+        "check",
+        help="before the night: launch the baseline once with a short load and say go or no-go",
+        description="Preflight, one launch of the baseline with a short load, teardown; a table "
+        "of every reading the night depends on. Exit 0: go; 1: no-go; 2: bad input.",
+    )
+    add_study_args(p)
+    add_backend_arg(p)
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    """Run the check under the study's lock and GPU claim, print its table, exit 0 (go) or 1."""
+    cfg = resolve_config(args)
+    study_folder = study_dir(cfg, args.results_dir)
+    url = storage_url(args, cfg, study_folder)
+    if url != default_storage_url(study_folder):
+        probe_storage(url)
+    folder = worker_folder(study_folder, gpu_group(cfg.server.env))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"--results-dir {args.results_dir}: cannot create {folder}: {exc}"
+        ) from exc
+    claim = gpu_claim(study_folder, worker_gpus(cfg), cfg.name)
+    with study_lock(folder), claim, stop_signals():
+        report = run_check(
+            cfg,
+            folder,
+            url,
+            live_launcher,
+            lambda launcher: launcher.probe if isinstance(launcher, LiveLauncher) else None,
+        )
+    sys.stdout.write(check_text(cfg, report))
+    return verdict(report)

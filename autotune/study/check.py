@@ -1,0 +1,733 @@
+"""`autotune check`: everything a night depends on, read once before the night, go or no-go.
+
+One launch of the study's baseline point, with a short load (`check_workload`: one short closed
+loop and one stress round), between the same preflight `run` does before its first launch
+(`server.hostcheck.check_host`: SGLang, model paths, flags, GPUs, the host cache against host
+RAM) and the same teardown. On the way it reads each thing the night depends on, one `Row`
+each:
+
+* the SGLang version and the log format its lines follow (`logparse.semantics`);
+* every ledger field the search and the memory arithmetic read (`SEARCH_FIELDS`), on every rank
+  for the lines each rank prints (`logparse.ledger.rank_ledgers`);
+* every HTTP route autotune uses answering with the shape autotune reads
+  (`server.endpoints.check_endpoints`), and the workload's API under the short load;
+* GPU memory before the launch, after startup and after the teardown, and how long the release
+  took;
+* host RAM for the largest host cache, free disk for the logs of the whole budget (the check's
+  own log, its serving part scaled to the study's workload, times the trial budget).
+
+The launch is the study's baseline trial, asked, run and told as `run` does (`study.loop`), so
+the night does not launch it again; its launch, startup and teardown seconds are stored on the
+study (`keys.CHECK`), from which `run`'s progress line takes its ETA before its own first trial.
+The night's plan (phases, launches, the confirm soak, hours) is the review's
+(`review.checktable`), from the `CheckReport` this returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.config.space import distributions, point_key, settings_for
+from autotune.config.studyfile import HICACHE, Fixed, StudyConfig
+from autotune.config.workload import LengthDist, Phase, Poisson, Steady, Stress, WorkloadSpec
+from autotune.errors import AutotuneError, UsageError
+from autotune.logparse.ledger import RANK_FIELDS, Ledger, rank_ledgers
+from autotune.logparse.lines import parse_lines
+from autotune.logparse.outcome import Outcome
+from autotune.memory.arithmetic import free_after_capture_gib
+from autotune.record import internals, keys
+from autotune.record.seeds import read_seeds, store_seeds
+from autotune.record.stored import CheckTimings, stored, study_record
+from autotune.record.view import TrialView, view
+from autotune.server.endpoints import Endpoint, check_endpoints
+from autotune.server.gpu import GiB, GpuMemory, GpuProbe, foreign_holders, visible_devices
+from autotune.server.hostcheck import (
+    MIN_RESULTS_FREE_BYTES,
+    check_host,
+    hicache_candidates,
+    host_bound,
+)
+from autotune.server.hostmem import HostBound
+from autotune.server.preflight import check_no_server_running, check_port
+from autotune.study.loop import baseline_first, prepare, tell
+from autotune.study.records import claim, keep
+from autotune.study.samplers import make_sampler
+from autotune.study.storage import open_study
+from autotune.study.workers import current_worker, worker_gpus
+from autotune.trial.plan import TrialPlan, plan_trial
+from autotune.trial.run import run_trial
+from autotune.trial.seam import Launcher, Load, ServerRun, Startup, Stop
+from autotune.trial.trialfile import write_record
+
+CHECK_STEADY_S = {"sim": 3.0, "sglang": 60.0}
+"""How long the check's closed loop sends, by backend: a few seconds on the simulator, a minute
+on the real box (the stress round and the drain come on top)."""
+CHECK_CONCURRENCY = 8
+"""At most this many requests at once in the check's closed loop."""
+CHECK_OUTPUT_TOKENS = 16
+"""Each request of the check asks for at most this many tokens: the check proves the routes and
+reads the memory, it does not measure the night's throughput."""
+CHECK_INPUT_TOKENS = 2048
+"""Each prompt of the check's closed loop is at most this long (and sessions are left out): the
+closed loop proves the routes; the stress round, kept whole, measures the peak."""
+CHECK_DRAIN_S = 30.0
+CHECK_REQUEST_TIMEOUT_S = 120.0
+CHECK_WORKLOAD_S = 300.0
+"""The check's workload may run at most this long (`server.limits.workload_s`)."""
+
+SEARCH_FIELDS: tuple[tuple[str, str, bool], ...] = (
+    ("p_gib", "P, free memory before the weights", True),
+    ("weights_gib", "the weights", False),
+    ("avail_after_weights_gib", "A, free after the weights", True),
+    ("kv_gib", "the KV pool", True),
+    ("max_total_num_tokens", "the KV pool's tokens", True),
+    ("req_to_token_gib", "the request table", False),
+    ("avail_after_pool_gib", "free after the pool", False),
+    ("graph_gib", "CUDA graphs", False),
+    ("avail_after_graphs_gib", "free after the graphs", True),
+    ("semantics", "the memory rules the log follows", True),
+)
+"""The ledger fields the memory arithmetic (`memory.arithmetic.arithmetic`, `_headroom`,
+`free_after_capture_gib`) and the search (`search.planner` through `memory.model`) read: name,
+what it is, and whether the search cannot go without it (the others narrow the headroom model)."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One reading of the check: what was read, its value, go or no-go, and the fix when no-go."""
+
+    reading: str
+    value: str
+    go: bool = True
+    fix: str = ""
+
+
+@dataclass
+class CheckReport:
+    """The check's readings (`rows`) and what the night's plan is made from: the timed phases of
+    the launch, the seconds each workload phase of the check took, the stored trial and the
+    study's finished trials (for the soak)."""
+
+    rows: list[Row] = field(default_factory=list)
+    timings: CheckTimings | None = None
+    workload_phases: Mapping[str, float] = field(default_factory=dict)
+    trial: TrialView | None = None
+    trials: Sequence[TrialView] = ()
+    wall_s: float = 0.0
+
+    @property
+    def go(self) -> bool:
+        """Whether every reading is go."""
+        return all(r.go for r in self.rows)
+
+
+DiskFree = Callable[[Path], int]
+HostProbe = Callable[[], HostBound | None]
+
+
+def disk_free_bytes(folder: Path) -> int:
+    """Bytes free to an unprivileged writer under `folder` (statvfs)."""
+    st = os.statvfs(folder)
+    return st.f_bavail * st.f_frsize
+
+
+def check_workload(spec: WorkloadSpec, backend: str) -> WorkloadSpec:
+    """The check's short load: one closed loop of at most `CHECK_CONCURRENCY` clients for
+    `CHECK_STEADY_S` seconds, then one round of the study's stress phase (its first, or a default
+    one), each request at most `CHECK_OUTPUT_TOKENS` long, each closed-loop prompt at most
+    `CHECK_INPUT_TOKENS`, no sessions; the study's API and stress shape otherwise."""
+    steady = [p for p in spec.phases if isinstance(p, Steady | Poisson)]
+    busiest = max(
+        (p.concurrency for p in steady if isinstance(p, Steady)), default=CHECK_CONCURRENCY
+    )
+    first = next((p for p in spec.phases if isinstance(p, Steady | Poisson)), None)
+    out_len = _capped(spec.output_len)
+    phases: list[Phase] = [
+        Steady(
+            name="check",
+            concurrency=min(busiest, CHECK_CONCURRENCY),
+            duration_s=CHECK_STEADY_S.get(backend, CHECK_STEADY_S["sglang"]),
+            input_len=_capped(first.input_len, CHECK_INPUT_TOKENS)
+            if first is not None and first.input_len
+            else None,
+            output_len=_capped(first.output_len) if first and first.output_len else out_len,
+        )
+    ]
+    stress = next((p for p in spec.phases if isinstance(p, Stress)), None)
+    phases.append(
+        dataclasses.replace(
+            stress,
+            rounds=1,
+            output_len=min(stress.output_len, CHECK_OUTPUT_TOKENS),
+            timeout_s=min(stress.timeout_s, CHECK_WORKLOAD_S),
+        )
+        if stress is not None
+        else Stress("stress", rounds=1, output_len=4, timeout_s=CHECK_WORKLOAD_S)
+    )
+    return dataclasses.replace(
+        spec,
+        phases=tuple(phases),
+        input_len=_capped(spec.input_len, CHECK_INPUT_TOKENS),
+        output_len=out_len,
+        sessions=None,
+        drain_timeout_s=min(spec.drain_timeout_s, CHECK_DRAIN_S),
+        request_timeout_s=min(spec.request_timeout_s, CHECK_REQUEST_TIMEOUT_S),
+    )
+
+
+def _capped(dist: LengthDist, cap: int = CHECK_OUTPUT_TOKENS) -> LengthDist:
+    """`dist`, or a fixed length of at most `cap` tokens when it reaches above `cap`."""
+    if dist.high <= cap:
+        return dist
+    return LengthDist.fixed(min(max(int(dist.mean) or dist.low, 1), cap))
+
+
+def check_config(cfg: StudyConfig) -> StudyConfig:
+    """The study as the check launches it: its workload the short one, its workload limit
+    `CHECK_WORKLOAD_S` at most."""
+    limits = dataclasses.replace(
+        cfg.server.limits, workload_s=min(cfg.server.limits.workload_s, CHECK_WORKLOAD_S)
+    )
+    return dataclasses.replace(
+        cfg,
+        workload=check_workload(cfg.workload, cfg.server.backend),
+        server=dataclasses.replace(cfg.server, limits=limits),
+    )
+
+
+LauncherFactory = Callable[[StudyConfig, Path], Launcher]
+
+
+def run_check(
+    cfg: StudyConfig,
+    folder: Path,
+    url: str,
+    launcher_factory: LauncherFactory,
+    probe_of: Callable[[Launcher], GpuProbe | None],
+    *,
+    disk_free: DiskFree = disk_free_bytes,
+    host: HostProbe | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> CheckReport:
+    """Preflight, one launch of the baseline with the short load, teardown: every reading as a
+    `Row`. Raises `UsageError` (bad input: exit 2) for a study whose baseline was measured
+    already; a reading that fails is a no-go row, never an exception."""
+    t0 = clock()
+    report = CheckReport()
+    rows = report.rows
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    seeds = read_seeds(cfg)  # a bad seed log is bad input, before the study is touched
+    study = open_study(cfg, url, make_sampler(cfg.sampler))
+    store_seeds(study, cfg, seeds, distributions(cfg.search))
+    done = _measured_baseline(study, cfg)
+    if done is not None:
+        raise UsageError(
+            f"study {cfg.name} has its baseline measured already (trial {done}); `autotune "
+            "check` runs before a study's first launch: check with another --results-dir"
+        )
+    if not _preflight(cfg, folder, rows, host):
+        report.wall_s = clock() - t0
+        return report
+    short = check_config(cfg)
+    launcher = launcher_factory(short, folder)
+    probe = probe_of(launcher)
+    devices = _devices(cfg)
+    before = _snapshot(probe)
+    if not _gpus_before(before, devices, rows) or not _port(cfg, folder, rows):
+        report.wall_s = clock() - t0
+        return report
+    _queue_baseline(study, cfg)
+    trial = study.ask()
+    trial.set_user_attr(keys.WORKER, current_worker(worker_gpus(cfg)).to_dict())
+    settings = settings_for(trial, cfg.search)
+    where = claim(folder, trial.number)
+    plan = plan_trial(
+        short, settings, number=trial.number, trial_dir=where, extra=launcher.extra_args()
+    )
+    trial.set_user_attr(keys.TRIAL_DIR, str(plan.trial_dir))
+    watched = _Watching(launcher, probe, cfg.workload.api_key())
+    try:
+        record = run_trial(plan, watched, clock=clock, phase=lambda name: None)
+    except BaseException:
+        study.tell(trial, state=TrialState.FAIL)
+        raise
+    write_record(record, plan.trial_dir)
+    result = record.result()
+    tell(study, trial, result, cfg)
+    frozen = internals.fresh(study, trial)
+    keep(plan.trial_dir, frozen)
+    v = view(frozen)
+    report.trial = v
+    report.workload_phases = dict(stored(frozen).workload_phases)
+    log_bytes = _size(plan.log_path)
+    phases = record.phases
+    timings = CheckTimings(
+        trial=trial.number,
+        launch_s=float(phases.get("launch", 0.0)),
+        startup_s=float(phases.get("startup", 0.0)),
+        teardown_s=float(phases.get("teardown", 0.0)),
+        log_bytes=log_bytes,
+    )
+    if record.state == "complete" or "startup" in phases:
+        study.set_user_attr(keys.CHECK, timings.to_dict())
+        report.timings = timings
+    report.trials = [view(t) for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+    _launch_rows(rows, record.state, record.outcome, record.reason, v, trial.number)
+    ledger = Ledger.from_dict(record.ledger)
+    _version_rows(rows, record.sglang_version, ledger, watched.startup)
+    _ledger_rows(rows, ledger, _ranks_of(plan.log_path), cfg)
+    _endpoint_rows(rows, watched.endpoints, v, cfg)
+    _gpu_rows(rows, before, watched.after_startup, watched.after_stop, watched.stop, devices)
+    _disk_row(rows, cfg, folder, log_bytes, watched.log_at_ready, report, disk_free)
+    report.wall_s = clock() - t0
+    return report
+
+
+def _queue_baseline(study: optuna.Study, cfg: StudyConfig) -> None:
+    """Queue the study's first points as `run` would (`loop.prepare`), with the baseline first;
+    the baseline also where a seed log of its setting would have let `run` skip it (the check
+    launches it all the same)."""
+    prepare(study, cfg)
+    if baseline_first(study, cfg):
+        return
+    searched = {p.name for p in cfg.search.params if not isinstance(p, Fixed)}
+    baseline = {k: v for k, v in cfg.search.baseline.items() if k in searched}
+    waiting = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.WAITING]
+    first = internals.fixed_params(waiting[0]) if waiting else {}
+    if baseline and not (
+        first and point_key(baseline, cfg.search).within(point_key(first, cfg.search))
+    ):
+        study.enqueue_trial(dict(baseline))
+        order = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.WAITING]
+        points = [internals.fixed_params(t) for t in order]
+        for t, now in zip(order, [points[-1], *points[:-1]], strict=True):
+            internals.set_fixed_params(study, t, now)
+
+
+def _measured_baseline(study: optuna.Study, cfg: StudyConfig) -> int | None:
+    """The number of a finished trial that measured the baseline point, None when none did."""
+    held = study_record(study).baseline
+    baseline = dict(held) if held else dict(cfg.search.baseline)
+    if not baseline:
+        return None
+    point = point_key(baseline, cfg.search)
+    for t in study.get_trials(deepcopy=False):
+        if not t.state.is_finished() or not point.within(point_key(t.params, cfg.search)):
+            continue
+        if t.state == TrialState.COMPLETE or Outcome.of(stored(t).outcome or "").counted:
+            return t.number
+    return None
+
+
+# -- preflight -----------------------------------------------------------------------------------
+
+
+def _preflight(cfg: StudyConfig, folder: Path, rows: list[Row], host: HostProbe | None) -> bool:
+    """`run`'s preflight (`check_host`) and the host cache against the host memory bound
+    (`server.hostcheck.host_bound`: host RAM within the container's cgroup); False on a no-go."""
+    bound = host() if host is not None else host_bound(cfg)
+    try:
+        notes = check_host(cfg, host=lambda: bound)
+    except AutotuneError as exc:
+        text = str(exc)
+        what = "host RAM for the host cache" if "host memory bound" in text else "preflight"
+        reason, _, fix = text.rpartition(". Lower ") if "Lower " in text else ("", "", "")
+        if not reason:
+            reason, _, fix = text.rpartition("; ")
+        else:
+            fix = "lower " + fix
+        rows.append(Row(what, reason or text, False, fix if reason else ""))
+        return False
+    ram_notes = [n for n in notes if "host memory bound" in n]
+    other = [n for n in notes if n not in ram_notes]
+    rows.append(
+        Row(
+            "preflight (SGLang, model paths, flags, GPUs)",
+            "passed" + (f"; {'; '.join(other)}" if other else ""),
+        )
+    )
+    sizes = hicache_candidates(cfg)
+    baseline = cfg.search.baseline.get(HICACHE, dict(cfg.server.flags).get(HICACHE))
+    if not sizes:
+        rows.append(Row("host RAM for the host cache", "no host cache asked for"))
+    elif bound is None:
+        rows.append(Row("host RAM for the host cache", "host RAM unreadable: not checked"))
+    elif isinstance(baseline, int | float) and not bound.fits(float(baseline)):
+        refusal = bound.refusal(float(baseline), HICACHE)
+        reason, _, fix = refusal.rpartition(". Lower ")
+        rows.append(Row("host RAM for the host cache", reason, False, "lower " + fix))
+        return False
+    else:
+        value = (
+            f"up to {max(sizes):g} GB per rank asked, within the bound of "
+            f"{bound.per_rank_gb:.1f} GB per rank ({bound.source()}, less the 10 GiB reserve, "
+            f"÷ {bound.ranks} ranks)"
+        )
+        if ram_notes:
+            value += "; " + "; ".join(ram_notes)
+        rows.append(Row("host RAM for the host cache", value))
+    return True
+
+
+def _devices(cfg: StudyConfig) -> tuple[int, ...] | None:
+    return visible_devices({**os.environ, **cfg.server.env})
+
+
+def _snapshot(probe: GpuProbe | None) -> list[GpuMemory] | None:
+    if probe is None:
+        return None
+    try:
+        return probe.snapshot()
+    except (AutotuneError, OSError):
+        return None
+
+
+def _gpu_text(snapshot: Sequence[GpuMemory] | None, devices: tuple[int, ...] | None) -> str:
+    if snapshot is None:
+        return "unreadable"
+    gpus = [g for g in snapshot if devices is None or g.index in devices]
+    if not gpus:
+        return "no GPU state yet (nothing holds a GPU)"
+    free = sum(g.free for g in gpus) / GiB
+    total = sum(g.total for g in gpus) / GiB
+    least = min(g.free for g in gpus) / GiB
+    return f"{len(gpus)} GPUs, {free:.2f} of {total:.2f} GiB free (least {least:.2f} GiB)"
+
+
+def _gpus_before(
+    before: list[GpuMemory] | None, devices: tuple[int, ...] | None, rows: list[Row]
+) -> bool:
+    if before is None:
+        rows.append(
+            Row(
+                "GPU memory before the launch",
+                "the GPU probe cannot be read",
+                False,
+                "run on the GPU box, or rehearse with --backend sim",
+            )
+        )
+        return False
+    foreign = foreign_holders(before, (), devices)
+    if foreign:
+        rows.append(
+            Row(
+                "GPU memory before the launch",
+                f"held by processes autotune did not start: {'; '.join(foreign)}",
+                False,
+                "stop them (they would shrink the KV pool), then check again",
+            )
+        )
+        return False
+    rows.append(Row("GPU memory before the launch", _gpu_text(before, devices)))
+    return True
+
+
+def _port(cfg: StudyConfig, folder: Path, rows: list[Row]) -> bool:
+    try:
+        check_no_server_running(folder / "run")
+        if cfg.server.port:
+            check_port(cfg.server.host, cfg.server.port)
+    except AutotuneError as exc:
+        reason, _, fix = str(exc).rpartition("; ")
+        rows.append(Row("server port", reason or str(exc), False, fix if reason else ""))
+        return False
+    port = f"{cfg.server.port} free" if cfg.server.port else "a free one per launch"
+    rows.append(Row("server port", f"{cfg.server.host}:{port}"))
+    return True
+
+
+# -- the launch ----------------------------------------------------------------------------------
+
+
+class _Watching:
+    """The launcher, with the readings of the check taken on the way: GPU memory after startup
+    and after the teardown, every route once the server is ready, the log's size at ready."""
+
+    def __init__(self, inner: Launcher, probe: GpuProbe | None, api_key: str | None) -> None:
+        self.inner = inner
+        self.probe = probe
+        self.api_key = api_key
+        self.startup: Startup | None = None
+        self.after_startup: list[GpuMemory] | None = None
+        self.after_stop: list[GpuMemory] | None = None
+        self.stop: Stop | None = None
+        self.endpoints: list[Endpoint] = []
+        self.log_at_ready: int | None = None
+
+    def launch(self, plan: TrialPlan) -> ServerRun:
+        """Launch through the inner launcher; the handle takes the readings."""
+        return _WatchedRun(self.inner.launch(plan), self, plan)
+
+    def extra_args(self) -> tuple[str, ...]:
+        """The inner launcher's extra flags."""
+        return self.inner.extra_args()
+
+    def stop_orphans(self) -> list[str]:
+        """The inner launcher's orphan stop."""
+        return self.inner.stop_orphans()
+
+
+class _WatchedRun:
+    def __init__(self, run: ServerRun, watch: _Watching, plan: TrialPlan) -> None:
+        self.run = run
+        self.watch = watch
+        self.plan = plan
+
+    def wait_ready(self) -> Startup:
+        startup = self.run.wait_ready()
+        w = self.watch
+        w.startup = startup
+        if startup.outcome == "ready":
+            w.log_at_ready = _size(self.plan.log_path)
+            w.after_startup = _snapshot(w.probe)
+            host = f"[{self.plan.host}]" if ":" in self.plan.host else self.plan.host
+            w.endpoints = check_endpoints(f"http://{host}:{self.plan.port}", w.api_key)
+        return startup
+
+    def drive(self, ledger: Mapping[str, object]) -> Load:
+        return self.run.drive(ledger)
+
+    def stop(self) -> Stop:
+        stop = self.run.stop()
+        self.watch.stop = stop
+        self.watch.after_stop = _snapshot(self.watch.probe)
+        return stop
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
+
+
+# -- the rows ------------------------------------------------------------------------------------
+
+
+def _launch_rows(
+    rows: list[Row], state: str, outcome: str, reason: str, v: TrialView, number: int
+) -> None:
+    ending = Outcome.of(outcome)
+    if state == "complete":
+        cap = f", capacity {v.capacity_tokens:,} tokens" if v.capacity_tokens else ""
+        rows.append(Row("baseline launch", f"{outcome}{cap}; stored as trial {number}"))
+    elif ending.machine_suspect or ending.requeued:
+        rows.append(
+            Row(
+                "baseline launch",
+                f"{outcome}: {reason}",
+                False,
+                "see the trial's server.log; its point runs again",
+            )
+        )
+    else:
+        rows.append(
+            Row(
+                "baseline launch",
+                f"{outcome}: {reason}; stored as trial {number} (the search starts below it)",
+            )
+        )
+
+
+def _version_rows(
+    rows: list[Row], version: str | None, ledger: Ledger, startup: Startup | None
+) -> None:
+    shown = version or ledger.sglang_version
+    rows.append(
+        Row(
+            "SGLang version",
+            shown or "not shown",
+            bool(shown),
+            "" if shown else "the server answered no version and logged none",
+        )
+    )
+    if startup is None or (startup.outcome != "ready" and not ledger.semantics):
+        rows.append(
+            Row("log format", "the server did not start", False, "see the trial's server.log")
+        )
+        return
+    if not ledger.semantics:
+        rows.append(
+            Row(
+                "log format",
+                "no memory line autotune reads (an unknown format)",
+                False,
+                f"run an SGLang release whose log autotune reads (0.5.9 to 0.5.23; "
+                f"this one is {shown or 'unknown'})",
+            )
+        )
+        return
+    rows.append(Row("log format", f"SGLang {ledger.semantics} rules ({ledger.semantics_from})"))
+
+
+def _ranks_of(log: Path) -> dict[str, Ledger]:
+    try:
+        with log.open(errors="replace") as fh:
+            return rank_ledgers(parse_lines(fh).events)
+    except OSError:
+        return {}
+
+
+def _ledger_rows(
+    rows: list[Row], ledger: Ledger, ranks: Mapping[str, Ledger], cfg: StudyConfig
+) -> None:
+    tags = list(ranks)
+    for name, what, needed in SEARCH_FIELDS:
+        value = getattr(ledger, name)
+        if name == "avail_after_graphs_gib":
+            value = free_after_capture_gib(ledger)
+        per_rank = name in RANK_FIELDS and bool(tags)
+        missing = [t or "main" for t, r in ranks.items() if getattr(r, name) is None]
+        missing = missing if per_rank else []
+        shown = "not shown" if value is None else _fmt(value)
+        where = f" on {len(tags) - len(missing)}/{len(tags)} ranks" if per_rank else ""
+        if missing:
+            where += f" (missing on {', '.join(missing)})"
+        ok = value is not None and not missing
+        go = ok or not needed
+        fix = ""
+        if not go:
+            fix = (
+                "the log does not show it: run an SGLang release whose log autotune reads "
+                "(0.5.9 to 0.5.23), with its INFO lines on every rank"
+            )
+        note = "" if ok or needed else "; the headroom model goes without it"
+        rows.append(Row(f"ledger {name} ({what})", f"{shown}{where}{note}", go, fix))
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.2f} GiB" if value >= 0 else f"{value:g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _endpoint_rows(
+    rows: list[Row], endpoints: Sequence[Endpoint], v: TrialView, cfg: StudyConfig
+) -> None:
+    if not endpoints:
+        rows.append(
+            Row(
+                "HTTP routes",
+                "not asked: the server never became ready",
+                False,
+                "see the trial's server.log",
+            )
+        )
+    for e in endpoints:
+        go = e.ok or not e.needed
+        fix = "" if go else "run an SGLang release autotune reads (0.5.9 to 0.5.23)"
+        value = e.detail if e.ok or e.needed else f"{e.detail}; not needed"
+        rows.append(Row(f"HTTP {e.route}", value, go, fix))
+    api = str(cfg.workload.api)
+    err = v.error_rate
+    if err is None:
+        rows.append(
+            Row(
+                f"workload API ({api})",
+                "no request answered",
+                False,
+                "see the trial's server.log and trial.json",
+            )
+        )
+    else:
+        ok = err <= cfg.constraints.max_error_rate
+        rows.append(
+            Row(
+                f"workload API ({api})",
+                f"error rate {err:.3f} under the short load",
+                ok,
+                "" if ok else "see trial.json's workload summary for the failed requests",
+            )
+        )
+
+
+def _gpu_rows(
+    rows: list[Row],
+    before: Sequence[GpuMemory] | None,
+    after_startup: Sequence[GpuMemory] | None,
+    after_stop: Sequence[GpuMemory] | None,
+    stop: Stop | None,
+    devices: tuple[int, ...] | None,
+) -> None:
+    rows.append(Row("GPU memory after startup", _gpu_text(after_startup, devices)))
+    if stop is None:
+        return
+    text = f"{_gpu_text(after_stop, devices)}; released in {stop.seconds:.1f} s"
+    if stop.clean:
+        rows.append(Row("GPU memory after the teardown", text))
+    else:
+        rows.append(
+            Row(
+                "GPU memory after the teardown",
+                f"{text}: {stop.reason}",
+                False,
+                "stop what still holds the GPUs or raise server.limits.release_s",
+            )
+        )
+
+
+def _disk_row(
+    rows: list[Row],
+    cfg: StudyConfig,
+    folder: Path,
+    log_bytes: int | None,
+    at_ready: int | None,
+    report: CheckReport,
+    disk_free: DiskFree,
+) -> None:
+    if log_bytes is None:
+        rows.append(
+            Row(
+                "disk for the logs", "the check's log cannot be read", False, "see the trial folder"
+            )
+        )
+        return
+    per_trial = trial_log_bytes(log_bytes, at_ready, report.workload_phases, cfg.workload)
+    need = per_trial * cfg.budget.n_trials + MIN_RESULTS_FREE_BYTES
+    try:
+        free = disk_free(folder)
+    except OSError as exc:
+        rows.append(Row("disk for the logs", f"unreadable: {exc}", False, "fix the results folder"))
+        return
+    value = (
+        f"{free / 2**30:.2f} GiB free; {cfg.budget.n_trials} trials × "
+        f"{per_trial / 2**20:.1f} MiB of log + {MIN_RESULTS_FREE_BYTES / 2**20:.0f} MiB = "
+        f"{need / 2**30:.2f} GiB needed"
+    )
+    ok = free >= need
+    rows.append(
+        Row(
+            "disk for the logs",
+            value,
+            ok,
+            ""
+            if ok
+            else f"free {(need - free) / 2**30:.2f} GiB under {folder} or use "
+            "another --results-dir",
+        )
+    )
+
+
+def trial_log_bytes(
+    log_bytes: int,
+    at_ready: int | None,
+    check_phases: Mapping[str, float],
+    workload: WorkloadSpec,
+) -> int:
+    """One night trial's server log, estimated from the check's: its startup part as it was,
+    its serving part scaled by the night's steady seconds over the check's (at least once)."""
+    start = at_ready if at_ready is not None and at_ready <= log_bytes else 0
+    serving = log_bytes - start
+    night = sum(p.duration_s for p in workload.phases if isinstance(p, Steady | Poisson))
+    checked = sum(check_phases.values()) or 1.0
+    return int(start + serving * max(1.0, night / checked))

@@ -1,0 +1,20 @@
+"""A confirm soak never ends a phase early, whatever the study file says: a soak exists to run
+long (`review.confirm.soak`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import autotune
+from autotune.config.studyfile import load_study
+from autotune.review.confirm import soak
+from autotune.review.soak import DEFAULT_SOAK_FACTOR
+
+
+def test_the_soak_turns_the_early_end_off() -> None:
+    cfg = load_study(Path(autotune.__file__).parent / "studies" / "kimi.toml")
+    assert cfg.workload.end_early.enabled  # the study's own trials may end early
+    soaked = soak(cfg, DEFAULT_SOAK_FACTOR)
+    assert not soaked.workload.end_early.enabled
+    steady = [p for p in soaked.workload.phases if getattr(p, "concurrency", 0) == 150]
+    assert steady and getattr(steady[-1], "duration_s", 0) == DEFAULT_SOAK_FACTOR * 900
