@@ -630,7 +630,18 @@ def _endpoint_rows(
         rows.append(Row(f"HTTP {e.route}", value, go, fix))
     api = str(cfg.workload.api)
     err = v.error_rate
-    if err is None:
+    ending = Outcome.of(v.outcome or "")
+    if err is not None and ending.is_oom and ending.is_parameter_result:
+        # the baseline ran out of memory under the load: its failed requests are the server's
+        # death, which the search learns from, not the API's answers
+        rows.append(
+            Row(
+                f"workload API ({api})",
+                f"answered until the server ran out of memory ({v.outcome}; error rate "
+                f"{err:.3f}): the night starts below the baseline",
+            )
+        )
+    elif err is None:
         rows.append(
             Row(
                 f"workload API ({api})",

@@ -92,6 +92,27 @@ def test_check_kimi_on_the_simulator_is_go(no_leftovers: Path) -> None:
     assert wall < 120, wall
 
 
+def test_a_baseline_that_runs_out_of_memory_is_go_and_stored_as_the_searchs_first_fact(
+    no_leftovers: Path,
+) -> None:
+    """The shipped demo starts from a setting that runs out of memory under load: the failed
+    requests are the server's death, not the API's, and the night starts below it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "autotune", "check", "--study", "demo",
+         "--results-dir", str(no_leftovers / "results")],
+        capture_output=True, text=True, timeout=240, cwd=no_leftovers, start_new_session=True,
+    )  # fmt: skip
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert re.search(r"^baseline launch\s+go\s+runtime_oom", out, re.M), out
+    assert re.search(
+        r"^workload API \(generate\)\s+go\s+answered until the server ran out", out, re.M
+    )
+    assert out.rstrip().splitlines()[-1].startswith("GO:"), out
+    (trial,) = _trials(no_leftovers, "demo")
+    assert trial.state == optuna.trial.TrialState.COMPLETE
+
+
 def test_a_port_held_by_another_process_is_no_go(no_leftovers: Path) -> None:
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
