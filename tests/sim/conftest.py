@@ -79,6 +79,12 @@ class SimProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pgid, signal.SIGKILL)
         self.proc.wait(timeout=10)
+        # The schedulers and the detokenizer die on their own schedule after the signal: the
+        # kill is over when the whole group is gone, not when the parent is.
+        deadline = time.monotonic() + 10
+        while group_alive(self.pgid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not group_alive(self.pgid), f"process group {self.pgid} outlived SIGKILL"
 
     def children(self) -> dict[str, int]:
         """The server's child processes by title (`sglang::scheduler_TP0`, …), read from /proc."""
