@@ -21,7 +21,7 @@ from autotune.cli.common import (
 )
 from autotune.errors import UsageError
 from autotune.review.checktable import check_text, verdict
-from autotune.study.check import run_check
+from autotune.study.check import preflight, run_check
 from autotune.study.runner import study_lock
 from autotune.study.storage import default_storage_url, probe_storage
 from autotune.study.workers import gpu_claim, gpu_group, worker_folder, worker_gpus
@@ -48,6 +48,10 @@ def handle(args: argparse.Namespace) -> int:
     url = storage_url(args, cfg, study_folder)
     if url != default_storage_url(study_folder):
         probe_storage(url)
+    checked = preflight(cfg)
+    if not checked.go:  # nothing written: the night's folder stays as it was
+        sys.stdout.write(check_text(cfg, checked))
+        return verdict(checked)
     folder = worker_folder(study_folder, gpu_group(cfg.server.env))
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -63,6 +67,7 @@ def handle(args: argparse.Namespace) -> int:
             url,
             live_launcher,
             lambda launcher: launcher.probe if isinstance(launcher, LiveLauncher) else None,
+            preflighted=checked,
         )
     sys.stdout.write(check_text(cfg, report))
     return verdict(report)

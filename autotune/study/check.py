@@ -216,13 +216,17 @@ def run_check(
     disk_free: DiskFree = disk_free_bytes,
     host: HostProbe | None = None,
     clock: Callable[[], float] = time.monotonic,
+    preflighted: CheckReport | None = None,
 ) -> CheckReport:
-    """Preflight, one launch of the baseline with the short load, teardown: every reading as a
-    `Row`. Raises `UsageError` (bad input: exit 2) for a study whose baseline was measured
-    already; a reading that fails is a no-go row, never an exception."""
-    t0 = clock()
-    report = CheckReport()
+    """Preflight (unless `preflighted` holds its go rows already), one launch of the baseline
+    with the short load, teardown: every reading as a `Row`. Raises `UsageError` (bad input:
+    exit 2) for a study whose baseline was measured already; a reading that fails is a no-go
+    row, never an exception."""
+    report = preflighted if preflighted is not None else preflight(cfg, host=host, clock=clock)
+    t0 = clock() - report.wall_s
     rows = report.rows
+    if not report.go:
+        return report
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     seeds = read_seeds(cfg)  # a bad seed log is bad input, before the study is touched
     study = open_study(cfg, url, make_sampler(cfg.sampler))
@@ -233,9 +237,6 @@ def run_check(
             f"study {cfg.name} has its baseline measured already (trial {done}); `autotune "
             "check` runs before a study's first launch: check with another --results-dir"
         )
-    if not _preflight(cfg, folder, rows, host):
-        report.wall_s = clock() - t0
-        return report
     short = check_config(cfg)
     launcher = launcher_factory(short, folder)
     probe = probe_of(launcher)
@@ -330,7 +331,19 @@ def _measured_baseline(study: optuna.Study, cfg: StudyConfig) -> int | None:
 # -- preflight -----------------------------------------------------------------------------------
 
 
-def _preflight(cfg: StudyConfig, folder: Path, rows: list[Row], host: HostProbe | None) -> bool:
+def preflight(
+    cfg: StudyConfig, *, host: HostProbe | None = None, clock: Callable[[], float] = time.monotonic
+) -> CheckReport:
+    """The check's first rows: `run`'s preflight and the host cache's bound, read without
+    writing anything, so a no-go here leaves the results folder as it was."""
+    t0 = clock()
+    report = CheckReport()
+    _preflight(cfg, report.rows, host)
+    report.wall_s = clock() - t0
+    return report
+
+
+def _preflight(cfg: StudyConfig, rows: list[Row], host: HostProbe | None) -> bool:
     """`run`'s preflight (`check_host`) and the host cache against the host memory bound
     (`server.hostcheck.host_bound`: host RAM within the container's cgroup); False on a no-go."""
     bound = host() if host is not None else host_bound(cfg)

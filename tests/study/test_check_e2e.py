@@ -212,3 +212,17 @@ def test_run_after_check_does_not_launch_the_baseline_again_and_times_its_eta_by
     started = re.search(r"trial 2/2 \(#1\) startup \S+ \(expected (\S+)\)", ran.stdout)
     assert started is not None, ran.stdout
     assert started.group(1) == duration(check.startup_s)
+
+
+def test_a_preflight_no_go_writes_nothing(no_leftovers: Path) -> None:
+    """SGLang missing for the study's Python: no-go in one line, and the results folder is left
+    as it was, so a rehearsal on the simulator under the same name still works after."""
+    config = _study(no_leftovers)
+    config.write_text(
+        config.read_text().replace('backend = "sim"\n', 'backend = "sglang"\n', 1)
+        .replace("[server]\n", '[server]\ncommand = ["/nonexistent/python", "-m", "sglang.launch_server"]\n', 1)
+    )
+    done, _ = _check(config)
+    assert done.returncode == 1, done.stdout + done.stderr
+    _no_go(done.stdout, "preflight")
+    assert not (no_leftovers / "results").exists()
