@@ -218,10 +218,9 @@ def test_a_preflight_no_go_writes_nothing(no_leftovers: Path) -> None:
     """SGLang missing for the study's Python: no-go in one line, and the results folder is left
     as it was, so a rehearsal on the simulator under the same name still works after."""
     config = _study(no_leftovers)
-    config.write_text(
-        config.read_text().replace('backend = "sim"\n', 'backend = "sglang"\n', 1)
-        .replace("[server]\n", '[server]\ncommand = ["/nonexistent/python", "-m", "sglang.launch_server"]\n', 1)
-    )
+    missing = 'command = ["/nonexistent/python", "-m", "sglang.launch_server"]'
+    text = config.read_text().replace('backend = "sim"\n', 'backend = "sglang"\n', 1)
+    config.write_text(text.replace("[server]\n", f"[server]\n{missing}\n", 1))
     done, _ = _check(config)
     assert done.returncode == 1, done.stdout + done.stderr
     _no_go(done.stdout, "preflight")
