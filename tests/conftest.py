@@ -1,17 +1,19 @@
 """Fixtures every test folder may use: `no_leftovers`, the test's folder, checked at the end for
 processes that outlive the test (see tests/simstudy.py); `fake_server`, which starts the fake
 SGLang server (`autotune.testing.fakeserver`); `study_file`, a writer of study files;
-`sglang_python`, a Python with the
+`load_script`, a loader of `scripts/*.py` as modules; `sglang_python`, a Python with the
 real SGLang package, the oracle for flags, log formats and response shapes (under CI an oracle
 test that skips fails)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -43,6 +45,22 @@ def fake_server() -> Iterator[Callable[..., fakeserver.Running]]:
     yield start
     for server in started:
         assert server.stop(), f"fake server group {server.proc.pid} still alive"
+
+
+@pytest.fixture
+def load_script(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], ModuleType]:
+    """Loads `scripts/NAME.py` as the module NAME, in `sys.modules` for the test's length (the
+    script's dataclasses look their module up there)."""
+
+    def load(name: str) -> ModuleType:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, name, module)
+        spec.loader.exec_module(module)
+        return module
+
+    return load
 
 
 @pytest.fixture

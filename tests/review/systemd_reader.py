@@ -54,6 +54,13 @@ def _unescape(text: str, i: int) -> tuple[str, int]:
     raise ValueError(f"unknown escape {text[i : i + 2]!r} (systemd warns and guesses)")
 
 
+def _char(text: str, i: int) -> tuple[str, int]:
+    """The character at `text[i]`, an escape unescaped, and the index after it."""
+    if text[i] == "\\":
+        return _unescape(text, i)
+    return text[i], i + 1
+
+
 def split_words(value: str, *, exec_line: bool) -> list[str]:
     """A setting's value unquoted into words by systemd.syntax(7): a quote opens quoting only at
     the start of a word and must be followed by whitespace or the end; C-style escapes anywhere.
@@ -74,12 +81,8 @@ def split_words(value: str, *, exec_line: bool) -> list[str]:
                 if value[i] == quote:
                     i += 1
                     break
-                if value[i] == "\\":
-                    ch, i = _unescape(value, i)
-                    word.append(ch)
-                else:
-                    word.append(value[i])
-                    i += 1
+                ch, i = _char(value, i)
+                word.append(ch)
             if i < n and value[i] not in " \t":
                 raise ValueError(f"a closing quote not followed by whitespace in {value!r}")
         else:
@@ -87,12 +90,8 @@ def split_words(value: str, *, exec_line: bool) -> list[str]:
             while i < n and value[i] not in " \t":
                 if value[i] in "'\"":
                     raise ValueError(f"a quote inside a word in {value!r}")
-                if value[i] == "\\":
-                    ch, i = _unescape(value, i)
-                    word.append(ch)
-                else:
-                    word.append(value[i])
-                    i += 1
+                ch, i = _char(value, i)
+                word.append(ch)
             if exec_line and value[start:i] == ";":
                 raise ValueError(f"a lone ';' (a second command) in {value!r}")
         words.append("".join(word))

@@ -7,6 +7,8 @@ import dataclasses
 import math
 import random
 import re
+from collections.abc import Callable
+from types import ModuleType
 
 import optuna
 import pytest
@@ -388,18 +390,11 @@ def test_the_benchmark_keeps_a_profiles_own_mismatch_and_adds_its_world_on_top(
 
 
 def test_bench_search_runs_a_profile_in_its_own_world(
-    tmp_path: object, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: object,
+    capsys: pytest.CaptureFixture[str],
+    load_script: Callable[[str], ModuleType],
 ) -> None:
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_search.py"
-    spec = importlib.util.spec_from_file_location("bench_search", script)
-    assert spec is not None and spec.loader is not None
-    bench_search = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_search", bench_search)  # its dataclasses look it up
-    spec.loader.exec_module(bench_search)
+    bench_search = load_script("bench_search")
     with_table = _own_table(tmp_path, rank_imbalance_gib=1.5)
     best = {}
     for name in ("kimi-k2.5-tp8-96g", with_table):

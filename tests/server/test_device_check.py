@@ -4,9 +4,9 @@ with the driver's reserve shows them."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -17,13 +17,8 @@ GiB, MiB = 1 << 30, 1 << 20
 
 
 @pytest.fixture
-def device_check(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("device_check", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "device_check", module)  # its dataclasses look it up
-    spec.loader.exec_module(module)
-    return module
+def device_check(load_script: Callable[[str], ModuleType]) -> ModuleType:
+    return load_script("device_check")
 
 
 def _nvml_starts() -> bool:

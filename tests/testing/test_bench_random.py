@@ -4,11 +4,9 @@ night-in-hours table."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
+from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -37,17 +35,10 @@ from autotune.testing.worlds import (
     world_seed,
 )
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_search.py"
-
 
 @pytest.fixture
-def bench_search(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_search", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_search", module)  # its dataclasses look it up
-    spec.loader.exec_module(module)
-    return module
+def bench_search(load_script: Callable[[str], ModuleType]) -> ModuleType:
+    return load_script("bench_search")
 
 
 def test_a_world_seed_draws_the_same_world_inside_the_ranges() -> None:
