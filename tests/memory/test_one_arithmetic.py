@@ -36,6 +36,7 @@ from autotune.review import ceiling, page
 from autotune.review import figures as fig
 from autotune.review.source import build_review
 from autotune.search.records import point_of
+from tests import figures
 from tests.reliability.helpers import EAGLE, NAME, STRESS, Done, World
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -132,13 +133,7 @@ def test_one_trials_figures_agree_on_every_surface(world: World) -> None:
     assert a.free_at_peak_gib == pytest.approx(t.free_at_peak_gib, abs=1e-12)
     at = t.predict(OTHER)
     assert at is not None and at.static_free_gib is not None and at.free_at_peak_gib is not None
-    want = {
-        "capacity": fig.tokens(t.capacity_tokens),
-        "reserve": fig.gib(t.reserve_gib),
-        "free": fig.gib(t.static_free_gib),
-        "peak": fig.gib(t.stress_peak_gib),
-        "worst": fig.gib(t.free_at_peak_gib),
-    }
+    want = figures.printed(t)
 
     # the progress line of the run
     line = _match(r"trial 1/1 \(#0\) ok \[\w+\]: capacity ([\d,]+) tok, .*?([\d.]+) GiB free at "

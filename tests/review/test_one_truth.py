@@ -28,6 +28,7 @@ from autotune.review.source import Review, build_review
 from autotune.review.status import render as status_text
 from autotune.review.status import rows
 from autotune.review.winner import Margin
+from tests import figures
 from tests.review.fakes import P, trial, walk
 
 BASELINE = {"baseline": {"mem_fraction_static": 0.88}}
@@ -65,13 +66,7 @@ def test_status_explain_export_and_report_print_the_same_figures(cfg: StudyConfi
     assert t.static_free_gib is not None and t.stress_peak_gib is not None
     assert t.static_free_gib - t.stress_peak_gib == pytest.approx(t.free_at_peak_gib)
     assert t.reserve_gib == pytest.approx(P * (1 - 0.89))
-    want = {
-        "capacity": fig.tokens(t.capacity_tokens),
-        "reserve": fig.gib(t.reserve_gib),
-        "free": fig.gib(t.static_free_gib),
-        "peak": fig.gib(t.stress_peak_gib),
-        "worst": fig.gib(t.free_at_peak_gib),
-    }
+    want = figures.printed(t)
     assert want["peak"] == "2.49" and want["worst"] == fig.gib(t.static_free_gib - 2.49)
 
     head, body = rows(trials)

@@ -39,6 +39,16 @@ def _study(tmp_path: Path, search: str, workload: str = "") -> StudyConfig:
     return parse_study(tomllib.loads(text), name="t", path=tmp_path / "t.toml")
 
 
+@pytest.fixture
+def long_cfg(tmp_path: Path) -> StudyConfig:
+    """A study whose chunk is searched (2048 to 8192) and whose prompts run up to 30,000 tokens."""
+    return _study(
+        tmp_path,
+        "chunked_prefill_size = { choices = [2048, 4096, 8192] }",
+        'input_len = { dist = "uniform", min = 100, max = 30000 }\noutput_len = 600\n',
+    )
+
+
 LEDGER = Ledger(
     max_running_requests=40,  # asked 48; SGLang ran 40
     chunked_prefill_size=4096,
@@ -48,13 +58,9 @@ LEDGER = Ledger(
 
 
 def test_the_cases_take_the_largest_chunk_the_longest_context_and_the_effective_requests(
-    tmp_path: Path,
+    long_cfg: StudyConfig,
 ) -> None:
-    cfg = _study(
-        tmp_path,
-        "chunked_prefill_size = { choices = [2048, 4096, 8192] }",
-        'input_len = { dist = "uniform", min = 100, max = 30000 }\noutput_len = 600\n',
-    )
+    cfg = long_cfg
     cases = {c.name: c for c in case_plan(cfg, LEDGER)}
     assert tuple(cases) == CASE_NAMES
     chunk = cases["largest-chunk"].burst
@@ -220,13 +226,9 @@ def test_cases_that_never_served_are_named_but_do_not_back_off() -> None:
 
 
 def test_the_cases_run_from_the_least_to_the_most_likely_to_fail_by_their_planned_peak(
-    tmp_path: Path,
+    long_cfg: StudyConfig,
 ) -> None:
-    cfg = _study(
-        tmp_path,
-        "chunked_prefill_size = { choices = [2048, 4096, 8192] }",
-        'input_len = { dist = "uniform", min = 100, max = 30000 }\noutput_len = 600\n',
-    )
+    cfg = long_cfg
     planned = case_plan(cfg, LEDGER)
     cases = {c.name: c for c in planned}
     # the largest prefill forward: the prompts running at once, at most the chunk SGLang ran
