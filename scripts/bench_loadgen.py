@@ -72,11 +72,12 @@ def _run(
 ) -> tuple[WorkloadResult, float, float]:
     server = _start_server(case.server_args, server_core)
     try:
+        workload = dict(case.workload)  # the case's own table stays whole (cases share one)
         phases = [
             {"kind": "warmup", "requests": 20, "concurrency": 4},
-            {"kind": "steady", "duration_s": seconds, **case.workload.pop("steady", {})},  # type: ignore[dict-item]
+            {"kind": "steady", "duration_s": seconds, **workload.pop("steady", {})},  # type: ignore[dict-item]
         ]
-        spec = workload_from_dict({**case.workload, "phases": phases, "drain_timeout_s": 30})
+        spec = workload_from_dict({**workload, "phases": phases, "drain_timeout_s": 30})
         facts = ServerFacts(context_len=1 << 20)
         c0, s0, w0 = time.process_time(), _cpu_seconds(server.proc.pid), time.perf_counter()
         result = run_workload(
@@ -115,6 +116,12 @@ def main() -> int:
     )
     if args.versus_bench_serving:
         return _versus_bench_serving(args.seconds, client_core, server_core)
+    long_completions = {
+        "api": "completions",
+        "input_len": 16,
+        "output_len": 4000,
+        "steady": {"concurrency": 16},
+    }
     cases = [
         Case(
             "non-streamed requests",
@@ -125,23 +132,13 @@ def main() -> int:
         Case(
             "streamed chunks, 32 per write (/v1/completions)",
             ("--batch", "32"),
-            {
-                "api": "completions",
-                "input_len": 16,
-                "output_len": 4000,
-                "steady": {"concurrency": 16},
-            },
+            long_completions,
             "chunks/s",
         ),
         Case(
             "streamed chunks, one write each (/v1/completions)",
             ("--batch", "1"),
-            {
-                "api": "completions",
-                "input_len": 16,
-                "output_len": 4000,
-                "steady": {"concurrency": 16},
-            },
+            long_completions,
             "chunks/s",
         ),
         Case(
