@@ -29,19 +29,44 @@ speculative-eagle-topk = 1
 speculative-num-draft-tokens = 4"""
 
 
-def workload(duration: float = 1.0, *, stress: bool = True) -> str:
+LLAMA_TP2 = """model-path = "meta-llama/Llama-3.1-70B-Instruct"
+tp-size = 2"""
+
+
+def limits(*, stop_grace_s: int = 10, release_s: int = 10) -> str:
+    """The `[server.limits]` table of the end-to-end studies, a blank line after it: a minute to
+    start, half a minute of silence, a minute of load; `stop_grace_s` and `release_s` to stop."""
+    return f"""[server.limits]
+startup_s = 60
+stall_s = 30
+workload_s = 60
+stop_grace_s = {stop_grace_s}
+release_s = {release_s}
+
+"""
+
+
+def workload(
+    duration: float | str = 1.0,
+    *,
+    stress: bool = True,
+    input_len: int | str = '{ dist = "uniform", min = 200, max = 600 }',
+    output_len: int = 16,
+    concurrency: int = 8,
+    drain_s: int = 5,
+) -> str:
     """The `[workload]` table of `sim_study`, a blank line after it: a steady phase of
-    `duration` seconds at 8 requests in flight, then (with `stress`) one stress round of two
-    8K-token prompts."""
+    `duration` seconds at `concurrency` requests in flight, then (with `stress`) one stress round
+    of two 8K-token prompts."""
     text = f"""[workload]
-input_len = {{ dist = "uniform", min = 200, max = 600 }}
-output_len = 16
+input_len = {input_len}
+output_len = {output_len}
 request_timeout_s = 30
-drain_timeout_s = 5
+drain_timeout_s = {drain_s}
 
 [[workload.phases]]
 kind = "steady"
-concurrency = 8
+concurrency = {concurrency}
 duration_s = {duration}
 
 """
@@ -63,22 +88,30 @@ def sim_study(
     step: float = 0.03,
     duration: float = 1.0,
     time_scale: float | None = None,
+    version: str | None = None,
     headroom_gib: float | None = 0.5,
     sampler: str | None = "grid",
     profile: str = "kimi-k2.5-tp8-96g",
     flags: str = KIMI_FLAGS,
+    server_limits: str | None = None,
     search: str | None = None,
-    n_trials: int = 3,
+    load: str | None = None,
+    n_trials: int | str = 3,
+    tail: str = "",
 ) -> str:
     """A study of `n_trials` trials on the simulated Kimi-K2.5 (tp 8, EAGLE3 draft), searching
     mem_fraction_static from `low` to 0.94 by `step`: a steady phase of `duration` seconds, then
-    one stress round of 8K-token prompts. `profile`, `flags` (the `[server.flags]` lines) and
-    `search` (the `[search]` and `[baseline]` tables) put another model and space there."""
+    one stress round of 8K-token prompts. `profile`, `version` (the simulated SGLang's), `flags`
+    (the `[server.flags]` lines), `server_limits` (the `limits()` table), `search` (the `[search]`
+    and `[baseline]` tables), `load` (the `workload()` table) and `tail` (tables after the
+    budget) put another model, space, load and study there."""
     scale = "" if time_scale is None else f"sim_time_scale = {time_scale}\n"
+    release = "" if version is None else f'sim_version = "{version}"\n'
     constraints = (
         "" if headroom_gib is None else f"[constraints]\nmin_headroom_gib = {headroom_gib}\n\n"
     )
-    tail = "" if sampler is None else f'\n[sampler]\nname = "{sampler}"\n'
+    if sampler is not None:
+        tail += f'\n[sampler]\nname = "{sampler}"\n'
     space = search or (
         f"[search]\nmem_fraction_static = {{ low = {low}, high = 0.94, step = {step} }}\n"
         "max_running_requests = 48\nhicache_size = 48\n\n[baseline]\nmem_fraction_static = 0.88"
@@ -87,20 +120,13 @@ def sim_study(
 [server]
 backend = "sim"
 sim_profile = "{profile}"
-{scale}
+{release}{scale}
 [server.flags]
 {flags}
 
-[server.limits]
-startup_s = 60
-stall_s = 30
-workload_s = 60
-stop_grace_s = 10
-release_s = 10
+{server_limits or limits()}{space}
 
-{space}
-
-{workload(duration)}{constraints}[budget]
+{load or workload(duration)}{constraints}[budget]
 n_trials = {n_trials}
 {tail}"""
 

@@ -9,49 +9,25 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.simstudy import assert_none_left, run
+from tests.simstudy import assert_none_left, run, sim_study, workload
 
-STUDY = """
-[server]
-backend = "sim"
-sim_profile = "qwen3-32b-h200"
-sim_version = "0.5.23"
-
-[server.flags]
-model-path = "Qwen/Qwen3-32B"
-max-total-tokens = 2048
-
-[server.limits]
-startup_s = 60
-stall_s = 30
-workload_s = 60
-stop_grace_s = 10
-release_s = 10
-
-[search]
-mem_fraction_static = 0.85
-max_running_requests = { choices = [128, 256, 512, 1024, 2048, 4096] }
-
-[baseline]
-max_running_requests = 4096
-
-[workload]
-input_len = { dist = "uniform", min = 50, max = 100 }
-output_len = 8
-request_timeout_s = 30
-drain_timeout_s = 5
-
-[[workload.phases]]
-kind = "steady"
-concurrency = 4
-duration_s = 0.5
-
-[budget]
-n_trials = 8
-
-[sampler]
-name = "grid"
-"""
+STUDY = sim_study(
+    profile="qwen3-32b-h200",
+    version="0.5.23",
+    flags='model-path = "Qwen/Qwen3-32B"\nmax-total-tokens = 2048',
+    search="[search]\nmem_fraction_static = 0.85\n"
+    "max_running_requests = { choices = [128, 256, 512, 1024, 2048, 4096] }\n\n"
+    "[baseline]\nmax_running_requests = 4096",
+    load=workload(
+        0.5,
+        stress=False,
+        input_len='{ dist = "uniform", min = 50, max = 100 }',
+        output_len=8,
+        concurrency=4,
+    ),
+    headroom_gib=None,
+    n_trials=8,
+)
 
 ASKED_RAN = "max_running_requests: asked 4096, ran 1024 (the KV pool of 2048 tokens holds 1024"
 

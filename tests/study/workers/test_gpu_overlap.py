@@ -11,45 +11,20 @@ import pytest
 from autotune.errors import UsageError
 from autotune.study.workers import gpu_claim
 from tests.reliability.helpers import World, one_line, wait_for_text
+from tests.simstudy import LLAMA_TP2, limits, sim_study, workload
 
-STUDY = """
-[server]
-backend = "sim"
-sim_profile = "llama-3.1-70b-tp8-h100"
-sim_time_scale = 30000
-
-[server.flags]
-model-path = "meta-llama/Llama-3.1-70B-Instruct"
-tp-size = 2
-
-[server.limits]
-startup_s = 60
-stall_s = 30
-workload_s = 60
-stop_grace_s = 2
-release_s = 3
-
-[search]
-mem_fraction_static = { low = 0.80, high = 0.95, step = 0.01 }
-max_running_requests = 16
-
-[workload]
-input_len = 64
-output_len = 8
-request_timeout_s = 30
-drain_timeout_s = 2
-
-[[workload.phases]]
-kind = "steady"
-concurrency = 2
-duration_s = 30
-
-[budget]
-n_trials = 4
-
-[sampler]
-name = "tpe"
-"""
+STUDY = sim_study(
+    profile="llama-3.1-70b-tp8-h100",
+    time_scale=30000,
+    flags=LLAMA_TP2,
+    server_limits=limits(stop_grace_s=2, release_s=3),
+    search="[search]\nmem_fraction_static = { low = 0.80, high = 0.95, step = 0.01 }\n"
+    "max_running_requests = 16",
+    load=workload(30, stress=False, input_len=64, output_len=8, concurrency=2, drain_s=2),
+    headroom_gib=None,
+    sampler="tpe",
+    n_trials=4,
+)
 
 
 def test_overlapping_groups_are_refused_and_disjoint_ones_are_not(tmp_path: Path) -> None:

@@ -24,54 +24,23 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.study.storage import counted
 from autotune.study.workers import HOST_ENV, same_point
-from tests.simstudy import leftovers
+from tests.simstudy import LLAMA_TP2, leftovers, sim_study, workload
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
 N_TRIALS = 15
 GROUPS = ("0,1", "2,3", "4,5")
-STUDY = """
-[server]
-backend = "sim"
-sim_profile = "llama-3.1-70b-tp8-h100"
-
-[server.flags]
-model-path = "meta-llama/Llama-3.1-70B-Instruct"
-tp-size = 2
-
-[server.limits]
-startup_s = 60
-stall_s = 30
-workload_s = 60
-stop_grace_s = 10
-release_s = 10
-
-[search]
-mem_fraction_static = { low = 0.80, high = 0.95, step = 0.01 }
-max_running_requests = { choices = [8, 16, 32] }
-
-[workload]
-input_len = 64
-output_len = 8
-request_timeout_s = 30
-drain_timeout_s = 5
-
-[[workload.phases]]
-kind = "steady"
-concurrency = 2
-duration_s = DURATION
-
-[budget]
-n_trials = N_TRIALS
-
-[storage]
-heartbeat_s = 1
-grace_s = 3
-
-[sampler]
-name = "tpe"
-seed = 1
-"""
+STUDY = sim_study(
+    profile="llama-3.1-70b-tp8-h100",
+    flags=LLAMA_TP2,
+    search="[search]\nmem_fraction_static = { low = 0.80, high = 0.95, step = 0.01 }\n"
+    "max_running_requests = { choices = [8, 16, 32] }",
+    load=workload("DURATION", stress=False, input_len=64, output_len=8, concurrency=2),
+    headroom_gib=None,
+    sampler=None,
+    n_trials="N_TRIALS",
+    tail='\n[storage]\nheartbeat_s = 1\ngrace_s = 3\n\n[sampler]\nname = "tpe"\nseed = 1\n',
+)
 
 
 def _free_port() -> int:
