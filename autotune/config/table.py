@@ -13,8 +13,11 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Mapping, Sequence
+from typing import TypeVar
 
 from autotune.errors import ConfigError
+
+_T = TypeVar("_T")
 
 
 def kind_of(v: object) -> str:
@@ -95,6 +98,15 @@ class Table:
         if close:
             return ConfigError(self.key(close[0]), f"unknown key; did you mean {k}?")
         return ConfigError(self.key(k), f"is missing; it takes {what}")
+
+    def _given(self, k: str, v: _T | None, default: _T, required: bool, what: str) -> _T:
+        """`v`, or `default` when it is absent (the `_missing` error, naming `what` it takes, when
+        `k` is `required`)."""
+        if v is None:
+            if required:
+                raise self._missing(k, what)
+            return default
+        return v
 
     # -- tables and strings -----------------------------------------------------------------
 
@@ -186,11 +198,7 @@ class Table:
     ) -> float:
         """`maybe_number`, with `default` when absent (an error when `required`)."""
         v = self.maybe_number(k, low=low, high=high)
-        if v is None:
-            if required:
-                raise self._missing(k, f"a number{_bounds(low, high)}")
-            return default
-        return v
+        return self._given(k, v, default, required, f"a number{_bounds(low, high)}")
 
     def positive(self, k: str, *, default: float = 1.0) -> float:
         """A number > 0."""
@@ -224,11 +232,7 @@ class Table:
     ) -> int:
         """`maybe_integer`, with `default` when absent (an error when `required`)."""
         v = self.maybe_integer(k, low=low, high=high)
-        if v is None:
-            if required:
-                raise self._missing(k, f"a whole number{_bounds(low, high)}")
-            return default
-        return v
+        return self._given(k, v, default, required, f"a whole number{_bounds(low, high)}")
 
     def _within(self, k: str, v: float, low: float | None, high: float | None) -> None:
         """The bound `v` breaks, named alone (`must be ≥ 1; got 0`)."""
