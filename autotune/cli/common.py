@@ -160,9 +160,13 @@ def stop_signals() -> Iterator[Stopped]:
             signal.signal(signum, handler)
 
 
-def add_review_args(p: argparse.ArgumentParser) -> None:
-    """The study arguments plus the winner's `--tolerance` and `--margin`, for the subcommands that
-    read a finished study (report, explain, export, confirm)."""
+def add_review_command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help: str, doc: str | None
+) -> argparse.ArgumentParser:
+    """The subcommand `name` of those that read a finished study (report, explain, export,
+    confirm): described by the first line of its module's `doc`, with the study arguments plus
+    the winner's `--tolerance` and `--margin`."""
+    p = sub.add_parser(name, help=help, description=doc.splitlines()[0] if doc else None)
     add_study_args(p)
     p.add_argument(
         "--tolerance",
@@ -178,6 +182,7 @@ def add_review_args(p: argparse.ArgumentParser) -> None:
         "as long as the trials' growth asks for (soak, the default), by N steps (1step) or "
         "until N GiB stay free at the stress peak (2GiB)",
     )
+    return p
 
 
 def locate(args: argparse.Namespace, *, need_config: bool = False) -> Source:

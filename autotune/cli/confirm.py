@@ -24,13 +24,13 @@ from autotune.study.runner import study_lock
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `autotune confirm` and its arguments to the subcommands."""
-    p = sub.add_parser(
+    p = common.add_review_command(
+        sub,
         "confirm",
-        help="relaunch the exported command for a longer soak with the stress phase; "
+        "relaunch the exported command for a longer soak with the stress phase; "
         "record pass or fail on the study",
-        description=__doc__.splitlines()[0] if __doc__ else None,
+        __doc__,
     )
-    common.add_review_args(p)
     p.add_argument("--trial", type=int, metavar="N", help="confirm trial N's setting instead")
     p.add_argument(
         "--soak-factor",

@@ -12,12 +12,12 @@ from autotune.review.explain import explain
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `autotune explain` and its arguments to the subcommands."""
-    p = sub.add_parser(
+    p = common.add_review_command(
+        sub,
         "explain",
-        help="the memory arithmetic of one trial (default: the exported winner), in words",
-        description=__doc__.splitlines()[0] if __doc__ else None,
+        "the memory arithmetic of one trial (default: the exported winner), in words",
+        __doc__,
     )
-    common.add_review_args(p)
     p.add_argument("--trial", type=int, metavar="N", help="trial number (default: the winner)")
     common.add_fraction_arg(p, "also say what this mem_fraction_static would give (repeatable)")
     p.set_defaults(handler=handle)

@@ -14,12 +14,12 @@ from autotune.server.flagcheck import canonical_argv, inspect_argv
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `autotune export` and its arguments to the subcommands."""
-    p = sub.add_parser(
+    p = common.add_review_command(
+        sub,
         "export",
-        help="print the winning launch command (flags, shell, json or a systemd drop-in)",
-        description=__doc__.splitlines()[0] if __doc__ else None,
+        "print the winning launch command (flags, shell, json or a systemd drop-in)",
+        __doc__,
     )
-    common.add_review_args(p)
     p.add_argument("--format", default="shell", metavar="FORMAT", help=", ".join(FORMATS))
     p.add_argument("--trial", type=int, metavar="N", help="export trial N as it ran (no margin)")
     common.add_backend_arg(p)

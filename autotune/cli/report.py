@@ -20,12 +20,12 @@ from autotune.server.flagcheck import check_argv
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `autotune report` and its arguments to the subcommands."""
-    p = sub.add_parser(
+    p = common.add_review_command(
+        sub,
         "report",
-        help="write results/NAME/report.html and PNGs, and print a summary",
-        description=__doc__.splitlines()[0] if __doc__ else None,
+        "write results/NAME/report.html and PNGs, and print a summary",
+        __doc__,
     )
-    common.add_review_args(p)
     p.add_argument(
         "--out", type=Path, metavar="DIR", help="folder for the report (default results/NAME)"
     )
