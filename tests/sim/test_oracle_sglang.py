@@ -250,17 +250,16 @@ def kimi_0523(launch_sim: Launcher) -> tuple[dict[str, Any], dict[str, Any]]:
     return info, json.loads(raw)
 
 
-def test_server_info_has_sglangs_shape(
-    sglang_python: Path, kimi_0523: tuple[dict[str, Any], dict[str, Any]]
+@pytest.mark.parametrize(
+    ("endpoint", "ours"), [("server_info", 0), ("generate", 1)], ids=["server_info", "generate"]
+)
+def test_the_reply_has_sglangs_shape(
+    sglang_python: Path,
+    kimi_0523: tuple[dict[str, Any], dict[str, Any]],
+    endpoint: str,
+    ours: int,
 ) -> None:
+    """`/server_info` and the `/generate` reply, each the shape SGLang's own has."""
     info, reply = kimi_0523
-    theirs = probe(sglang_python, payload_from(info, reply["meta_info"]))["server_info"]
-    assert compare(shape(info), shape(theirs)) == []
-
-
-def test_generate_reply_has_sglangs_shape(
-    sglang_python: Path, kimi_0523: tuple[dict[str, Any], dict[str, Any]]
-) -> None:
-    info, reply = kimi_0523
-    theirs = probe(sglang_python, payload_from(info, reply["meta_info"]))["generate"]
-    assert compare(shape(reply), shape(theirs)) == []
+    theirs = probe(sglang_python, payload_from(info, reply["meta_info"]))[endpoint]
+    assert compare(shape(kimi_0523[ours]), shape(theirs)) == []
