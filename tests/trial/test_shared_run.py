@@ -26,10 +26,27 @@ def _load(peak: float) -> Load:
 
 
 @dataclass
-class SharingRun:
-    """A served fake: each workload's outcome by its only phase's name (`died` kills it)."""
+class OneShotRun:
+    """A server of a launcher that cannot share: no `rest`, no `drive_workload`."""
 
     log: list[str]
+
+    def wait_ready(self) -> Startup:
+        return READY
+
+    def drive(self, ledger: Mapping[str, object]) -> Load:
+        self.log.append("soak")
+        return _load(1.0)
+
+    def stop(self) -> Stop:
+        self.log.append("stop")
+        return Stop(clean=True)
+
+
+@dataclass
+class SharingRun(OneShotRun):
+    """A served fake: each workload's outcome by its only phase's name (`died` kills it)."""
+
     rest_fails_after: str = ""
     died: str = ""
     harness: str = ""
@@ -38,10 +55,6 @@ class SharingRun:
     def wait_ready(self) -> Startup:
         self.log.append("ready")
         return READY
-
-    def drive(self, ledger: Mapping[str, object]) -> Load:
-        self.log.append("soak")
-        return _load(1.0)
 
     def rest(self) -> str:
         self.log.append("rest")
@@ -82,24 +95,6 @@ class SharingLauncher:
 
     def stop_orphans(self) -> list[str]:
         return []
-
-
-@dataclass
-class OneShotRun:
-    """A server of a launcher that cannot share: no `rest`, no `drive_workload`."""
-
-    log: list[str]
-
-    def wait_ready(self) -> Startup:
-        return READY
-
-    def drive(self, ledger: Mapping[str, object]) -> Load:
-        self.log.append("soak")
-        return _load(1.0)
-
-    def stop(self) -> Stop:
-        self.log.append("stop")
-        return Stop(clean=True)
 
 
 def _plan(folder: Path) -> TrialPlan:
