@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from autotune.loadgen import ServerFacts, Target, run_workload, workload_from_dict
+from autotune.loadgen.driver import WorkloadResult
 from autotune.loadgen.metrics import ENDED_EARLY
 from autotune.testing.fakeserver import Running
 
@@ -47,14 +48,24 @@ def _steady_free() -> Iterator[float]:
 STEADY = [{"kind": "steady", "concurrency": 4, "duration_s": 30}]
 
 
+def _run(
+    start: Start,
+    token_ms: str,
+    phases: list[dict[str, object]],
+    frees: Iterator[float] | None = None,
+    end_early: object = RULE,
+) -> WorkloadResult:
+    """`phases` against a fake server of `token_ms` per token, reading free memory off `frees`."""
+    srv = start("--ttft-ms", token_ms, "--itl-ms", token_ms)
+    ws = workload_from_dict(_spec(phases, end_early))
+    headroom = None if frees is None else _frees(frees)
+    return run_workload(ws, Target(srv.url), FACTS, is_dead=srv.is_dead, headroom=headroom)
+
+
 def test_a_settled_steady_phase_ends_early_and_cancels_what_is_in_flight(
     fake_server: Start,
 ) -> None:
-    srv = fake_server("--ttft-ms", "5", "--itl-ms", "5")
-    ws = workload_from_dict(_spec(STEADY))
-    res = run_workload(
-        ws, Target(srv.url), FACTS, is_dead=srv.is_dead, headroom=_frees(_steady_free())
-    )
+    res = _run(fake_server, "5", STEADY, _steady_free())
     steady = res.phases[0]
     assert steady.ended_by == "ended_early"
     assert steady.duration_s < 15
@@ -73,29 +84,21 @@ def test_a_settled_steady_phase_ends_early_and_cancels_what_is_in_flight(
 
 
 def test_headroom_still_falling_keeps_the_phase_running(fake_server: Start) -> None:
-    srv = fake_server("--ttft-ms", "5", "--itl-ms", "5")
     phases = [{"kind": "steady", "concurrency": 4, "duration_s": 3}]
-    ws = workload_from_dict(_spec(phases))
-    res = run_workload(ws, Target(srv.url), FACTS, is_dead=srv.is_dead, headroom=_frees(_falling()))
+    res = _run(fake_server, "5", phases, _falling())
     assert res.phases[0].ended_by == "completed"
     assert res.phases[0].early_end is None and res.phases[0].duration_s >= 3
 
 
 def test_off_runs_the_whole_duration(fake_server: Start) -> None:
-    srv = fake_server("--ttft-ms", "5", "--itl-ms", "5")
     phases = [{"kind": "steady", "concurrency": 4, "duration_s": 3}]
-    ws = workload_from_dict(_spec(phases, end_early=False))
-    res = run_workload(ws, Target(srv.url), FACTS, is_dead=srv.is_dead)
+    res = _run(fake_server, "5", phases, end_early=False)
     assert res.phases[0].ended_by == "completed" and res.phases[0].duration_s >= 3
 
 
 def test_a_stress_peak_seen_twice_skips_the_remaining_rounds(fake_server: Start) -> None:
-    srv = fake_server("--ttft-ms", "1", "--itl-ms", "1")
     phases = [{"kind": "stress", "rounds": 4, "output_len": 3}]
-    ws = workload_from_dict(_spec(phases))
-    res = run_workload(
-        ws, Target(srv.url), FACTS, is_dead=srv.is_dead, headroom=_frees(_steady_free())
-    )
+    res = _run(fake_server, "1", phases, _steady_free())
     stress = res.phases[0]
     assert stress.ended_by == "ended_early"
     assert stress.summary.completed == 2 * 6  # two rounds of the server's 6 slots
@@ -104,9 +107,7 @@ def test_a_stress_peak_seen_twice_skips_the_remaining_rounds(fake_server: Start)
 
 
 def test_a_stress_peak_that_deepens_runs_every_round(fake_server: Start) -> None:
-    srv = fake_server("--ttft-ms", "1", "--itl-ms", "1")
     phases = [{"kind": "stress", "rounds": 3, "output_len": 3}]
-    ws = workload_from_dict(_spec(phases))
-    res = run_workload(ws, Target(srv.url), FACTS, is_dead=srv.is_dead, headroom=_frees(_falling()))
+    res = _run(fake_server, "1", phases, _falling())
     assert res.phases[0].ended_by == "completed"
     assert res.phases[0].summary.completed == 3 * 6
