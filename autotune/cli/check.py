@@ -14,16 +14,15 @@ import sys
 from autotune.cli.common import (
     add_backend_arg,
     add_study_args,
+    make_worker_folder,
+    probed_storage_url,
     resolve_config,
     stop_signals,
-    storage_url,
     study_dir,
 )
-from autotune.errors import UsageError
 from autotune.review.checktable import check_text, verdict
 from autotune.study.check import preflight, run_check
 from autotune.study.runner import study_lock
-from autotune.study.storage import default_storage_url, probe_storage
 from autotune.study.workers import gpu_claim, gpu_group, worker_folder, worker_gpus
 from autotune.trial.live import LiveLauncher, live_launcher
 
@@ -45,20 +44,13 @@ def handle(args: argparse.Namespace) -> int:
     """Run the check under the study's lock and GPU claim, print its table, exit 0 (go) or 1."""
     cfg = resolve_config(args)
     study_folder = study_dir(cfg, args.results_dir)
-    url = storage_url(args, cfg, study_folder)
-    if url != default_storage_url(study_folder):
-        probe_storage(url)
+    url = probed_storage_url(args, cfg, study_folder)
     checked = preflight(cfg)
     if not checked.go:  # nothing written: the night's folder stays as it was
         sys.stdout.write(check_text(cfg, checked))
         return verdict(checked)
     folder = worker_folder(study_folder, gpu_group(cfg.server.env))
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(
-            f"--results-dir {args.results_dir}: cannot create {folder}: {exc}"
-        ) from exc
+    make_worker_folder(args, folder)
     claim = gpu_claim(study_folder, worker_gpus(cfg), cfg.name)
     with study_lock(folder), claim, stop_signals():
         report = run_check(

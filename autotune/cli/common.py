@@ -24,7 +24,7 @@ from autotune.config.studyfile import (
 from autotune.errors import UsageError
 from autotune.review.source import Review, Source, open_source, review_of
 from autotune.review.winner import DEFAULT_TOLERANCE, Margin, parse_margin, parse_tolerance
-from autotune.study.storage import default_storage_url
+from autotune.study.storage import default_storage_url, probe_storage
 from autotune.trial.signals import STOP_SIGNALS, first_received, forget, received
 
 PACKAGE_CONFIGS = SHIPPED_STUDIES
@@ -107,6 +107,26 @@ def storage_url(args: argparse.Namespace, cfg: StudyConfig, folder: Path) -> str
     """The storage to open: `--storage`, else the study file's `storage`, else the SQLite file in
     the study's folder."""
     return str(args.storage or cfg.storage or default_storage_url(folder))
+
+
+def probed_storage_url(args: argparse.Namespace, cfg: StudyConfig, folder: Path) -> str:
+    """`storage_url`, probed first when it is not the study folder's own SQLite file: a bad
+    `--storage` fails before anything is written."""
+    url = storage_url(args, cfg, folder)
+    if url != default_storage_url(folder):
+        probe_storage(url)
+    return url
+
+
+def make_worker_folder(args: argparse.Namespace, folder: Path) -> None:
+    """Create the worker's `folder` with its parents; one that cannot be made is a `UsageError`
+    naming `--results-dir`."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"--results-dir {args.results_dir}: cannot create {folder}: {exc}"
+        ) from exc
 
 
 INTERRUPTED = 130

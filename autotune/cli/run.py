@@ -16,16 +16,16 @@ from pathlib import Path
 from autotune.cli.common import (
     add_backend_arg,
     add_study_args,
+    make_worker_folder,
+    probed_storage_url,
     resolve_config,
     stop_signals,
-    storage_url,
     study_dir,
 )
 from autotune.config.studyfile import SAMPLERS
 from autotune.errors import UsageError
 from autotune.server.hostcheck import check_host
 from autotune.study.runner import run, study_lock
-from autotune.study.storage import default_storage_url, probe_storage
 from autotune.study.workers import (
     gpu_claim,
     gpu_group,
@@ -86,18 +86,11 @@ def handle(args: argparse.Namespace) -> int:
     for note in check_host(cfg):
         sys.stdout.write(f"note: {note}\n")
     study_folder = study_dir(cfg, args.results_dir)
-    url = storage_url(args, cfg, study_folder)
-    if url != default_storage_url(study_folder):
-        probe_storage(url)  # a bad --storage must fail before anything is written
+    url = probed_storage_url(args, cfg, study_folder)
     folder = worker_folder(study_folder, gpu_group(cfg.server.env))
     launcher = live_launcher(cfg, folder)  # refuses what it cannot launch before anything is made
     made = [p for p in (folder, *folder.parents) if not p.exists()]
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(
-            f"--results-dir {args.results_dir}: cannot create {folder}: {exc}"
-        ) from exc
+    make_worker_folder(args, folder)
     try:
         with (
             study_lock(folder),
