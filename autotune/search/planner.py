@@ -92,6 +92,12 @@ MAX_CANDIDATES = 4000
 NEIGHBOURS = 2
 """Past MAX_CANDIDATES settings, axes other than the fraction keep this many values each side of
 the reference launch's."""
+FRONT_PROBE_P = 0.5
+"""More max_running_requests at the best capacity is probed for throughput from this p(stable)
+on, not only from `safe_p`: where the launches contradict the model its margins widen, and the
+point of the front that holds the most capacity at the most requests would otherwise never be
+measured. A probe that fails is the crash that tells the search its peak; the export takes only
+what held."""
 RECHECKS = 3
 """A best setting with a thin margin is run until it held this many times (or failed once)."""
 HALFWAY_STEPS = 3.5
@@ -1022,7 +1028,10 @@ class _Planner:
                 continue
             options = []
             for params, fc, p in scored:
-                if p < self.goal.safe_p or _fc_tokens(fc) < EXPLORE_FLOOR * self.cap:
+                if _fc_tokens(fc) < EXPLORE_FLOOR * self.cap:
+                    continue
+                at_best = name == REQUESTS and _fc_tokens(fc) >= (1 - SAME_TOKENS) * self.cap
+                if p < (FRONT_PROBE_P if at_best else self.goal.safe_p):
                     continue
                 # a combination that held is tried again only for more requests, at a fraction
                 # its own measured peak now calls safe, for more capacity than it held (a point
