@@ -102,6 +102,12 @@ class Done:
     err: str
 
 
+def hangup_default() -> None:
+    """In a child about to run autotune: SIGHUP at its default action, as in a terminal's shell,
+    even where the tests themselves run under `nohup` (which autotune honours by ignoring it)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 @dataclass
 class World:
     folder: Path
@@ -145,6 +151,7 @@ class World:
             text=True,
             cwd=self.folder,
             start_new_session=True,
+            preexec_fn=hangup_default,
             env={**os.environ, **(env or {})},
         )
         self.sessions.add(proc.pid)

@@ -23,7 +23,7 @@ import pytest
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.cli.streams import Tolerant, tolerant_streams
-from tests.reliability.helpers import World, wait_for_log
+from tests.reliability.helpers import World, hangup_default, wait_for_log
 
 pytestmark = pytest.mark.e2e
 
@@ -212,6 +212,7 @@ def test_a_terminal_that_hangs_up_mid_trial_stops_the_server(world: World) -> No
     master, slave = os.openpty()
 
     def controlling_terminal() -> None:
+        hangup_default()
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
     proc = subprocess.Popen(
