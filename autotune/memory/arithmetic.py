@@ -336,6 +336,11 @@ class Arithmetic:
     kv_cell_bytes: float | None = None
     """The target pool's own bytes per token (its KV line); None falls back to `cell_bytes`."""
     semantics: str = "0.5.9"
+    tokens_cap: int | None = None
+    """`--max-total-tokens`: SGLang holds the pool to it whatever the budget
+    (0.5.23 `mem_cache/kv_cache_configurator.py` `_apply_token_constraints`: `min(capacity,
+    max_total_tokens)`), so above the fraction that reaches it the pool stops growing and what
+    the budget holds beyond it stays free."""
 
     @property
     def reserve_gib(self) -> float:
@@ -397,6 +402,8 @@ class Arithmetic:
         """What `fraction` would give, all else equal. `kv_gib` is the target pool as its KV line
         would print it."""
         tokens = pool_tokens(self.p_gib, self.avail_after_weights_gib, fraction, self.cell_bytes)
+        if self.tokens_cap is not None:
+            tokens = min(tokens, self.tokens_cap)
         pool_cell = self.kv_cell_bytes or self.cell_bytes
         kv = kv_gib(tokens, pool_cell)
         static_free = None
@@ -472,6 +479,7 @@ def arithmetic(
         stress_peak_gib=stress_peak_gib,
         kv_cell_bytes=pool_cell,
         semantics=sem.name,
+        tokens_cap=ledger.max_total_tokens_cap,
     )
 
 
@@ -599,6 +607,9 @@ class Ceiling:
     cell_bytes: float
     draft_ratio: float
     needs: ReserveNeeds
+    capped_at: int | None = None
+    """`--max-total-tokens` where it held the launch's pool: the ceiling is what the box would
+    hold without it."""
 
     @property
     def budget_gib(self) -> float:
@@ -663,4 +674,7 @@ def ceiling(a: Arithmetic, margin_gib: float) -> Ceiling | None:
         cell_bytes=a.cell_bytes,
         draft_ratio=a.draft_ratio,
         needs=needs,
+        capped_at=a.tokens_cap
+        if a.tokens_cap is not None and a.tokens is not None and a.tokens >= a.tokens_cap
+        else None,
     )

@@ -101,7 +101,13 @@ class Share:
             tail = f"{fig.gib(unused)} GiB/GPU of {reserve} held nothing the trials measured"
         else:
             tail = f"{reserve} is {fig.gib(-unused)} GiB/GPU short of what the trials measured"
-        return f"{head}; {tail} (it needs {_needs(needs)})"
+        capped = (
+            f"; the pool is held to --max-total-tokens {fig.tokens(c.capped_at)}, which the "
+            "ceiling leaves out"
+            if c.capped_at is not None
+            else ""
+        )
+        return f"{head}; {tail} (it needs {_needs(needs)}){capped}"
 
     def to_dict(self) -> dict[str, object]:
         """The share as JSON values (the `ceiling` field of `export --format json`)."""

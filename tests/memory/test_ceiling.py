@@ -127,3 +127,21 @@ def test_no_ceiling_without_a_stress_peak_or_free_memory() -> None:
 def test_needs_that_leave_no_pool_have_no_share() -> None:
     c = ceiling(_arith(_no_draft()), 20.0)
     assert c is not None and c.tokens == 0 and c.share(100) is None
+
+
+def test_a_pool_held_to_max_total_tokens_stops_growing_with_the_fraction() -> None:
+    """`--max-total-tokens 100000` below the 159,276 the budget holds at 0.88: SGLang takes
+    `min(capacity, max_total_tokens)`, so another fraction gives the same pool and the same free
+    memory, and the ceiling (what the box holds without the cap) says the cap is set."""
+    d = _no_draft()
+    d["max_total_num_tokens"] = 100_000
+    d["max_total_tokens_cap"] = 100_000
+    a = _arith(d)
+    assert a.tokens_cap == 100_000
+    lower, higher = a.at(0.86), a.at(0.92)
+    assert lower.tokens == higher.tokens == 100_000
+    assert lower.static_free_gib == higher.static_free_gib == pytest.approx(6.35)
+    c = ceiling(a, 0.5)
+    assert c is not None and c.capped_at == 100_000 and c.tokens > 100_000
+    uncapped = ceiling(_arith(_no_draft()), 0.5)
+    assert uncapped is not None and uncapped.capped_at is None

@@ -134,7 +134,9 @@ def test_a_slow_leak_that_passes_a_trial_is_measured_and_reported_with_what_it_l
 
 def test_the_exports_default_margin_covers_a_soak_as_long_as_the_growth_asks_for() -> None:
     bench = bench_for(load_profile("qwen3-32b-h200"), min_headroom_gib=0.5, mismatch=MISMATCH)
-    study, _ = study_with(bench, make_sampler(SamplerConfig(name="capacity", seed=0)), 6)
+    # four launches: the best, 0.96 at 48 requests, held twice with 0.93 GiB to spare, which the
+    # growth the trials measured eats in about five workloads
+    study, _ = study_with(bench, make_sampler(SamplerConfig(name="capacity", seed=0)), 4)
     seen = views(study.trials)
     w = choose(seen, fraction_step=0.01, min_headroom_gib=0.5)
     assert w is not None and w.soak is not None
