@@ -44,6 +44,7 @@ from autotune.memory.arithmetic import (
     free_after_capture_gib,
     gpu_cell,
     kv_gib,
+    pool_tokens,
     sizing_cell,
     stress_peak_gib,
 )
@@ -327,6 +328,9 @@ class MemoryModel:
     """Tokens per unit of mem_fraction_static (P·2^30/cell)."""
     tokens_offset: float | None = None
     tokens_sd: float = 0.0
+    tokens_cap: int | None = None
+    """`--max-total-tokens` where the launches set it: SGLang holds the pool to it whatever the
+    fraction (`min(capacity, max_total_tokens)`), so the predicted pool stops there."""
     draft_ratio: float = 0.0
     """Draft KV bytes per target KV byte (same token count), as the KV lines show it."""
     kv_cell_bytes: float | None = None
@@ -364,6 +368,8 @@ class MemoryModel:
         if self.tokens_slope is None or self.tokens_offset is None:
             return None
         n = math.floor(self.tokens_slope * fraction - self.tokens_offset)
+        if self.tokens_cap is not None and n >= self.tokens_cap:
+            return Estimate(float(self.tokens_cap), 0.0)
         return Estimate(float(n), self.tokens_sd)
 
     def overhead(self, slots: int | None) -> Estimate | None:
@@ -582,6 +588,7 @@ def fit(observations: Iterable[Observation]) -> MemoryModel:
     per_token = _gpu_cell(with_tokens)
     consumed = per_token / cell if per_token and cell else None
     slope, offset, tokens_sd = _tokens_line(with_tokens, p, cell)
+    caps = [o.ledger.max_total_tokens_cap for o in obs if o.ledger.max_total_tokens_cap]
     if (
         slope is not None
         and p is not None
@@ -602,6 +609,7 @@ def fit(observations: Iterable[Observation]) -> MemoryModel:
         tokens_slope=slope,
         tokens_offset=offset,
         tokens_sd=tokens_sd,
+        tokens_cap=min(caps) if caps else None,
         draft_ratio=_draft_ratio(with_tokens),
         kv_cell_bytes=per_token,
         semantics=sem.name,
@@ -696,7 +704,7 @@ def _tokens_line(
     if not obs:
         return None, None, 0.0
     fs = [o.setting.mem_fraction for o in obs]
-    ns = [float(o.tokens or 0) for o in obs]
+    ns = [_sized_tokens(o, cell) for o in obs]
     if len(set(fs)) >= 2:
         a = np.vstack([np.asarray(fs), -np.ones(len(fs))]).T
         coef, *_ = np.linalg.lstsq(a, np.asarray(ns), rcond=None)
@@ -710,6 +718,20 @@ def _tokens_line(
     # the cell read from a two-decimal KV line is good to ~0.005 GiB over the whole pool
     rel = LOG_ROUNDING_GIB / max(o.ledger.kv_gib or 1.0 for o in obs)
     return slope, offset, max(rel * slope * 0.05, 1.0)
+
+
+def _sized_tokens(o: Observation, cell: float | None) -> float:
+    """The pool SGLang's linear sizing gave the launch: its logged tokens, or, where
+    `--max-total-tokens` held the pool below it, the budget at the sizing cell (the line the
+    uncapped launches follow, which the cap then cuts)."""
+    n = float(o.tokens or 0)
+    led = o.ledger
+    cap = led.max_total_tokens_cap
+    if cap is None or n < cap or not cell:
+        return n
+    if led.p_gib is None or led.avail_after_weights_gib is None:
+        return n
+    return float(pool_tokens(led.p_gib, led.avail_after_weights_gib, o.setting.mem_fraction, cell))
 
 
 def _draft_ratio(obs: Sequence[Observation]) -> float:

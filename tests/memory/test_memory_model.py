@@ -141,3 +141,31 @@ def test_headroom_is_predicted_on_the_probe_scale() -> None:
     fc = model.forecast(Setting(0.88, 48, None, 0.0), default_slots=48, default_chunk=None)
     assert fc.headroom is not None and a.static_free_gib is not None
     assert fc.headroom.mean == pytest.approx(a.static_free_gib - 2.6, abs=0.03)
+
+
+def test_a_pool_held_to_max_total_tokens_keeps_the_line_and_stops_at_the_cap() -> None:
+    """Two launches at 0.85 and 0.88 whose pools `--max-total-tokens 100000` held (before, the
+    line through them was flat and the cell P/0 ran to 10^16 bytes): the model keeps SGLang's
+    sizing line, which the cap cuts, so no fraction is predicted more than the cap."""
+    capped = []
+    for i, f in enumerate((0.85, 0.88)):
+        _, o = launch(KIMI, f, seed=i)
+        led, n = o.ledger, o.ledger.max_total_num_tokens
+        assert n is not None and n > 100_000 and led.kv_gib is not None
+        share = 100_000 / n  # the pools the cap leaves, as their KV lines would print them
+        held = dataclasses.replace(
+            led,
+            max_total_num_tokens=100_000,
+            max_total_tokens_cap=100_000,
+            kv_gib=round(led.kv_gib * share, 2),
+            draft_kv_gib=round(led.draft_kv_gib * share, 2) if led.draft_kv_gib else None,
+        )
+        capped.append(dataclasses.replace(o, ledger=held))
+    model = fit(capped)
+    assert model.cell_bytes == pytest.approx(70272, rel=0.002)
+    assert model.tokens_cap == 100_000
+    for f in (0.85, 0.90, 0.95):
+        n = model.tokens(f)
+        assert n is not None and n.mean == 100_000
+    uncapped = fit([launch(KIMI, f, seed=i)[1] for i, f in enumerate((0.85, 0.88))])
+    assert uncapped.tokens_cap is None
