@@ -182,6 +182,13 @@ def folds_draft(ledger: Ledger, semantics: Semantics) -> bool:
     return ledger.draft_kv_gib is not None or ledger.draft_weights_gib is not None
 
 
+def held_by_cap(tokens: float | None, cap: int | None) -> bool:
+    """Whether `--max-total-tokens` (`cap`) held a launch's pool of `tokens`: SGLang takes
+    `min(capacity, max_total_tokens)`, so a pool at the cap says nothing of the budget's own
+    size."""
+    return cap is not None and tokens is not None and tokens >= cap
+
+
 def implied_cell(ledger: Ledger, fraction: float) -> float | None:
     """`(A − P·(1 − f))·2^30 ÷ N`: the bytes per token the pool was sized with, as the log's own
     figures imply; None where N did not come from that budget (a `--max-total-tokens` cap,
@@ -189,7 +196,7 @@ def implied_cell(ledger: Ledger, fraction: float) -> float | None:
     p, a, n = ledger.p_gib, ledger.avail_after_weights_gib, ledger.max_total_num_tokens
     if p is None or a is None or not n or ledger.kv_va_gib is not None:
         return None
-    if ledger.max_total_tokens_cap is not None and n >= ledger.max_total_tokens_cap:
+    if held_by_cap(n, ledger.max_total_tokens_cap):
         return None
     rest = kv_budget_gib(p, a, fraction)
     return rest * GIB / n if rest > 0 else None
@@ -674,7 +681,5 @@ def ceiling(a: Arithmetic, margin_gib: float) -> Ceiling | None:
         cell_bytes=a.cell_bytes,
         draft_ratio=a.draft_ratio,
         needs=needs,
-        capped_at=a.tokens_cap
-        if a.tokens_cap is not None and a.tokens is not None and a.tokens >= a.tokens_cap
-        else None,
+        capped_at=a.tokens_cap if held_by_cap(a.tokens, a.tokens_cap) else None,
     )

@@ -43,6 +43,7 @@ from autotune.memory.arithmetic import (
     GIB,
     free_after_capture_gib,
     gpu_cell,
+    held_by_cap,
     kv_gib,
     pool_tokens,
     sizing_cell,
@@ -726,8 +727,7 @@ def _sized_tokens(o: Observation, cell: float | None) -> float:
     uncapped launches follow, which the cap then cuts)."""
     n = float(o.tokens or 0)
     led = o.ledger
-    cap = led.max_total_tokens_cap
-    if cap is None or n < cap or not cell:
+    if not held_by_cap(n, led.max_total_tokens_cap) or not cell:
         return n
     if led.p_gib is None or led.avail_after_weights_gib is None:
         return n

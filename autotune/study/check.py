@@ -343,9 +343,10 @@ def preflight(
     return report
 
 
-def _preflight(cfg: StudyConfig, rows: list[Row], host: HostProbe | None) -> bool:
+def _preflight(cfg: StudyConfig, rows: list[Row], host: HostProbe | None) -> None:
     """`run`'s preflight (`check_host`) and the host cache against the host memory bound
-    (`server.hostcheck.host_bound`: host RAM within the container's cgroup); False on a no-go."""
+    (`server.hostcheck.host_bound`: host RAM within the container's cgroup), as rows; a no-go
+    row ends them."""
     bound = host() if host is not None else host_bound(cfg)
     try:
         notes = check_host(cfg, host=lambda: bound)
@@ -358,7 +359,7 @@ def _preflight(cfg: StudyConfig, rows: list[Row], host: HostProbe | None) -> boo
         else:
             fix = "lower " + fix
         rows.append(Row(what, reason or text, False, fix if reason else ""))
-        return False
+        return
     ram_notes = [n for n in notes if "host memory bound" in n]
     other = [n for n in notes if n not in ram_notes]
     rows.append(
@@ -377,7 +378,7 @@ def _preflight(cfg: StudyConfig, rows: list[Row], host: HostProbe | None) -> boo
         refusal = bound.refusal(float(baseline), HICACHE)
         reason, _, fix = refusal.rpartition(". Lower ")
         rows.append(Row("host RAM for the host cache", reason, False, "lower " + fix))
-        return False
+        return
     else:
         value = (
             f"up to {max(sizes):g} GB per rank asked, within the bound of "
@@ -387,7 +388,6 @@ def _preflight(cfg: StudyConfig, rows: list[Row], host: HostProbe | None) -> boo
         if ram_notes:
             value += "; " + "; ".join(ram_notes)
         rows.append(Row("host RAM for the host cache", value))
-    return True
 
 
 def _devices(cfg: StudyConfig) -> tuple[int, ...] | None:
