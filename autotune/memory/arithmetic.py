@@ -88,6 +88,24 @@ def lowest_fraction(p_gib: float, avail_after_weights_gib: float) -> float:
     return 1.0 - avail_after_weights_gib / p_gib
 
 
+def pool_zero_fraction(pools: Sequence[tuple[float, int]]) -> float | None:
+    """Where the pools launches sized at their fractions (`(fraction, tokens)`) fall to zero on
+    the straight line through them: SGLang sizes the pool from the least rank's memory, so the
+    line knows a short rank that the figures one rank printed do not. None below two distinct
+    fractions or where the pool does not grow with the fraction. Leave out pools that
+    `--max-total-tokens` held (`held_by_cap`)."""
+    xs = [f for f, _ in pools]
+    if len(set(xs)) < 2:
+        return None
+    mx = sum(xs) / len(xs)
+    my = sum(t for _, t in pools) / len(pools)
+    sxx = sum((f - mx) ** 2 for f in xs)
+    slope = sum((f - mx) * (t - my) for f, t in pools) / sxx
+    if slope <= 0:
+        return None
+    return mx - my / slope
+
+
 def free_after_capture_gib(ledger: Ledger) -> float | None:
     """Free GPU memory once startup allocated everything, CUDA graphs included: the summary
     line's figure, else the one after graph capture (the last figure the log shows)."""

@@ -73,6 +73,12 @@ PEAK_NOISE = 0.05
 one setting's demand did not measure it three times."""
 MAX_TAIL = 2.0
 """The most a model's misses widen the peak's tail for the soak's margin."""
+MAX_RISE = 1.0
+"""The most a soak's worst peak is taken to rise, as a share of the trials' median peak: a
+forward's transient memory is the activations of the batch it runs, bounded by the largest
+chunk and batch the setting allows, so its worst over a soak is taken at most twice its
+median; a heavy tail widened by the model's misses must not size a margin past what the
+activations can take (that margin backs the fraction off to a pool that holds nothing)."""
 SOAK_RISK = 0.001
 """The chance a soak may meet a peak above the margin: the margin covers the worst stress peak
 of a soak with this risk (the 99.9th percentile of `factor` trials' worst peaks)."""
@@ -92,15 +98,16 @@ def soak_peak_rise_gib(
     least; a heavy tail (`heavy_tail_z`) puts the worst of `factor` draws `z` spreads up
     (`SOAK_RISK`), one more for the judged trial having been a lucky one, and where the memory
     model missed its forecasts (`kappa` > 1, the search's calibration) the world differs from
-    it, so the tail is taken wider by kappa squared (kappa at most `MAX_TAIL`). Never less than
-    the worst rise the trials at this setting's demand (`peaks`) saw."""
+    it, so the tail is taken kappa times wider (at most `MAX_TAIL`), up to `MAX_RISE` times
+    the peak. Never less than the worst rise the trials at this setting's
+    demand (`peaks`) saw."""
     rows = sorted(peaks)
     share = _pooled_share([*groups, rows])
     sd = max(share, PEAK_NOISE) * peak_gib
     z = heavy_tail_z(1.0 - SOAK_RISK / max(factor, 1.0)) + 1.0
-    tail = min(max(kappa, 1.0), MAX_TAIL) ** 2
+    tail = min(max(kappa, 1.0), MAX_TAIL)
     worst = rows[-1] - statistics.median(rows) if len(rows) >= 2 else 0.0
-    return max(worst, z * sd * tail)
+    return max(worst, min(z * sd * tail, MAX_RISE * peak_gib))
 
 
 def heavy_tail_z(q: float) -> float:

@@ -29,6 +29,7 @@ from autotune.config import space as search_space
 from autotune.config.space import Space, point_key, snap
 from autotune.config.studyfile import CHUNK, FRACTION, Scalar
 from autotune.errors import UsageError
+from autotune.memory.arithmetic import held_by_cap, pool_zero_fraction
 from autotune.memory.model import peak_fall_gib
 from autotune.record.direction import Push, direction, floor_fraction
 from autotune.record.view import TrialView
@@ -412,22 +413,27 @@ def _chunk_for_soak(t: TrialView, plan: SoakPlan, short: float) -> SmallerChunk 
 def lowest_startable(trials: Sequence[TrialView], step: float) -> float | None:
     """The lowest mem_fraction_static the trials say can start: above every fraction that
     failed for want of room for the KV pool, and a step above the `1 − A/P` of every ledger
-    (where the pool's budget turns positive; a step more for ranks the log does not show), on
-    the grid of `step`; never above a fraction a trial started at. None when nothing says."""
+    (where the pool's budget turns positive; a step more for ranks the log does not show) and
+    above where the pools the launches sized fall to zero (`memory.arithmetic.
+    pool_zero_fraction`: that line knows a short rank the printed figures miss), on the grid of
+    `step`; never above a fraction a trial started at. None when nothing says."""
     bounds: list[float] = []
     started: list[float] = []
+    pools: list[tuple[float, int]] = []
     for t in trials:
         if t.fraction is not None and direction(t) == Push.RAISE:
             bounds.append(t.fraction + step)
         floor = floor_fraction(t.ledger)
         if floor is not None:
             bounds.append(math.floor(floor / step + 1e-9) * step + 2 * step)
-        if (
-            t.fraction is not None
-            and t.ledger.max_total_num_tokens
-            and not t.ending.fails_at_startup
-        ):
+        tokens = t.ledger.max_total_num_tokens
+        if t.fraction is not None and tokens and not t.ending.fails_at_startup:
             started.append(t.fraction)
+            if not held_by_cap(tokens, t.ledger.max_total_tokens_cap):
+                pools.append((t.fraction, tokens))
+    zero = pool_zero_fraction(pools)
+    if zero is not None:
+        bounds.append(math.floor(zero / step + 1e-9) * step + 2 * step)
     if not bounds:
         return None
     return min(max(bounds), *started) if started else max(bounds)

@@ -15,6 +15,7 @@ from autotune.record.view import TrialView, view, views
 from autotune.review.soak import (
     DEFAULT_SOAK_FACTOR,
     LEAK_FACTOR,
+    MAX_RISE,
     MAX_SOAK_FACTOR,
     SoakPlan,
     growth_per_trial,
@@ -95,8 +96,8 @@ def test_a_longer_soak_meets_a_higher_peak_and_a_model_that_missed_a_heavier_tai
     one = soak_peak_rise_gib([4.0], 4.0, 3.0)
     assert one > 0.05 * 4.0 * 3  # at least PEAK_NOISE's spread, several of them up
     assert soak_peak_rise_gib([4.0], 4.0, 12.0) > one  # a longer soak: a higher worst peak
-    assert soak_peak_rise_gib([4.0], 4.0, 3.0, kappa=2.0) == pytest.approx(4 * one)
-    assert soak_peak_rise_gib([4.0], 4.0, 3.0, kappa=9.0) == pytest.approx(4 * one)  # capped
+    assert soak_peak_rise_gib([4.0], 4.0, 3.0, kappa=2.0) == pytest.approx(2 * one)
+    assert soak_peak_rise_gib([4.0], 4.0, 3.0, kappa=9.0) == pytest.approx(2 * one)  # capped
     # the spread pooled over the demands the trials ran, as a share of each one's median
     noisy = soak_peak_rise_gib([4.0], 4.0, 3.0, groups=[[2.0, 2.4, 1.6], [1.0, 1.1, 0.9]])
     assert noisy > one
@@ -151,3 +152,12 @@ def test_the_exports_default_margin_covers_a_soak_as_long_as_the_growth_asks_for
     assert parse_margin("soak") == w.margin
     one = choose(seen, fraction_step=0.01, margin=parse_margin("1step"))
     assert one is not None and one.soak is None and one.steps_back == 1
+
+
+def test_the_soaks_worst_peak_is_taken_at_most_twice_the_peak() -> None:
+    """A heavy tail widened by a model that missed must not size a margin past what the
+    activations can take: the rise stops at MAX_RISE times the peak (a measured worse rise
+    still counts)."""
+    wide = soak_peak_rise_gib([5.0], 5.0, 8.0, kappa=2.0, groups=[[4.0, 5.0, 6.0]])
+    assert wide == pytest.approx(MAX_RISE * 5.0)
+    assert soak_peak_rise_gib([5.0, 5.0, 11.0], 5.0, 8.0, kappa=2.0) == pytest.approx(6.0)

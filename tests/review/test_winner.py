@@ -9,6 +9,7 @@ import pytest
 
 from autotune.config.space import stored_space
 from autotune.errors import UsageError
+from autotune.memory.arithmetic import pool_zero_fraction
 from autotune.memory.model import CHUNK_SLOPE_REL_SD
 from autotune.record.view import views
 from autotune.review.winner import (
@@ -18,7 +19,7 @@ from autotune.review.winner import (
     parse_margin,
     parse_tolerance,
 )
-from tests.review.fakes import P, ledger, trial, walk
+from tests.review.fakes import CELL, GIB, A, P, ledger, trial, walk
 
 NO_ROOM = "startup_oom (no_kv_room): Not enough memory. Please increase --mem-fraction-static"
 
@@ -171,3 +172,24 @@ def test_a_fraction_a_trial_started_at_can_start_whatever_the_ledger_says() -> N
             for v in views([trial(0, 0.82), trial(1, 0.85)])]  # fmt: skip
     assert lowest_startable(seen, 0.01) == pytest.approx(0.82)
     assert lowest_startable(seen[1:], 0.01) == pytest.approx(0.83)
+
+
+def test_a_short_rank_the_ledger_misses_shows_in_the_pools_the_launches_sized() -> None:
+    """SGLang sizes the pool from the least rank: when the pools the launches sized fall to zero
+    above the ledger's `1 − A/P` (a rank short that the printed figures do not show), the lowest
+    fraction that can start is a step above where they do."""
+    short = 1.5  # GiB the pools were sized without
+    seen = []
+    for v in views([trial(0, 0.85), trial(1, 0.88)]):
+        f = v.fraction
+        assert f is not None
+        n = int((A - short - P * (1 - f)) * GIB) // CELL
+        seen.append(replace(v, ledger=replace(v.ledger, max_total_num_tokens=n)))
+    zero = 1 - (A - short) / P  # 0.7851: the ledger alone says 1 − A/P = 0.7692
+    assert pool_zero_fraction([(v.fraction or 0.0, v.ledger.max_total_num_tokens or 0)
+                               for v in seen]) == pytest.approx(zero, abs=1e-4)  # fmt: skip
+    assert lowest_startable(seen, 0.01) == pytest.approx(0.80)
+    assert lowest_startable(views([trial(0, 0.85), trial(1, 0.88)]), 0.01) == pytest.approx(0.78)
+    # a wide margin backs off no lower than that
+    w = choose(seen, fraction_step=0.01, margin=Margin(steps=20, soak=False))
+    assert w is not None and w.params["mem_fraction_static"] == pytest.approx(0.80)
