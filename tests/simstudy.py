@@ -53,17 +53,23 @@ def workload(
     input_len: int | str = '{ dist = "uniform", min = 200, max = 600 }',
     output_len: int = 16,
     concurrency: int = 8,
-    drain_s: int = 5,
+    request_timeout_s: int | None = 30,
+    drain_s: int | None = 5,
+    api_key_env: str | None = None,
 ) -> str:
-    """The `[workload]` table of `sim_study`, a blank line after it: a steady phase of
-    `duration` seconds at `concurrency` requests in flight, then (with `stress`) one stress round
-    of two 8K-token prompts."""
-    text = f"""[workload]
-input_len = {input_len}
-output_len = {output_len}
-request_timeout_s = 30
-drain_timeout_s = {drain_s}
-
+    """The `[workload]` table of `sim_study` and the other test studies, a blank line after it: a
+    steady phase of `duration` seconds at `concurrency` requests in flight, then (with `stress`)
+    one stress round of two 8K-token prompts; a timeout given as None is left to its default, and
+    `api_key_env` names the variable that holds the server's API key."""
+    text = "[workload]\n"
+    if api_key_env is not None:
+        text += f'api_key_env = "{api_key_env}"\n'
+    text += f"input_len = {input_len}\noutput_len = {output_len}\n"
+    if request_timeout_s is not None:
+        text += f"request_timeout_s = {request_timeout_s}\n"
+    if drain_s is not None:
+        text += f"drain_timeout_s = {drain_s}\n"
+    text += f"""
 [[workload.phases]]
 kind = "steady"
 concurrency = {concurrency}
@@ -80,6 +86,29 @@ output_len = 4
 
 """
     return text
+
+
+def small_steady(
+    duration: float = 1.0,
+    *,
+    input_len: int = 512,
+    output_len: int = 64,
+    concurrency: int = 4,
+    api_key_env: str | None = None,
+) -> str:
+    """The `[workload]` table of the small test studies that launch nothing long (`workload`): one
+    steady phase, by default a second at four requests in flight of 512-token prompts and 64-token
+    answers, no stress round, the timeouts left to their defaults."""
+    return workload(
+        duration,
+        stress=False,
+        input_len=input_len,
+        output_len=output_len,
+        concurrency=concurrency,
+        request_timeout_s=None,
+        drain_s=None,
+        api_key_env=api_key_env,
+    )
 
 
 def sim_study(

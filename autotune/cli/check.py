@@ -12,51 +12,44 @@ import argparse
 import sys
 
 from autotune.cli.common import (
-    add_backend_arg,
-    add_study_args,
+    add_study_command,
     make_worker_folder,
-    probed_storage_url,
     resolve_config,
-    stop_signals,
-    study_dir,
+    worker_held,
+    worker_place,
 )
 from autotune.review.checktable import check_text, verdict
 from autotune.study.check import preflight, run_check
-from autotune.study.runner import study_lock
-from autotune.study.workers import gpu_claim, gpu_group, worker_folder, worker_gpus
 from autotune.trial.live import LiveLauncher, live_launcher
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `autotune check` and its arguments (those of `run` that name the study)."""
-    p = sub.add_parser(
+    p = add_study_command(
+        sub,
         "check",
-        help="before the night: launch the baseline once with a short load and say go or no-go",
-        description="Preflight, one launch of the baseline with a short load, teardown; a table "
+        "before the night: launch the baseline once with a short load and say go or no-go",
+        "Preflight, one launch of the baseline with a short load, teardown; a table "
         "of every reading the night depends on. Exit 0: go; 1: no-go; 2: bad input.",
+        backend=True,
     )
-    add_study_args(p)
-    add_backend_arg(p)
     p.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
     """Run the check under the study's lock and GPU claim, print its table, exit 0 (go) or 1."""
     cfg = resolve_config(args)
-    study_folder = study_dir(cfg, args.results_dir)
-    url = probed_storage_url(args, cfg, study_folder)
+    place = worker_place(args, cfg)
     checked = preflight(cfg)
     if not checked.go:  # nothing written: the night's folder stays as it was
         sys.stdout.write(check_text(cfg, checked))
         return verdict(checked)
-    folder = worker_folder(study_folder, gpu_group(cfg.server.env))
-    make_worker_folder(args, folder)
-    claim = gpu_claim(study_folder, worker_gpus(cfg), cfg.name)
-    with study_lock(folder), claim, stop_signals():
+    make_worker_folder(args, place.folder)
+    with worker_held(cfg, place):
         report = run_check(
             cfg,
-            folder,
-            url,
+            place.folder,
+            place.url,
             live_launcher,
             lambda launcher: launcher.probe if isinstance(launcher, LiveLauncher) else None,
             preflighted=checked,

@@ -1,4 +1,5 @@
-"""What the subcommands share: the study arguments, locating a study, and stop signals.
+"""What the subcommands share: the study arguments, locating a study, where a worker works and
+what it holds while it does (`worker_place`, `worker_held`), and stop signals.
 
 Only argparse lives here: every subcommand turns its arguments into values once, with
 these helpers, and hands the values to the subsystem that does the work.
@@ -24,7 +25,9 @@ from autotune.config.studyfile import (
 from autotune.errors import UsageError
 from autotune.review.source import Review, Source, open_source, review_of
 from autotune.review.winner import DEFAULT_TOLERANCE, Margin, parse_margin, parse_tolerance
+from autotune.study.runner import study_lock
 from autotune.study.storage import default_storage_url, probe_storage
+from autotune.study.workers import gpu_claim, gpu_group, worker_folder, worker_gpus
 from autotune.trial.signals import STOP_SIGNALS, first_received, forget, received
 
 PACKAGE_CONFIGS = SHIPPED_STUDIES
@@ -46,6 +49,32 @@ def add_study_args(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         default=Path("results"),
         help="where the study's folder NAME/ goes (default results)",
+    )
+
+
+def add_study_command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    help: str,
+    description: str | None,
+    *,
+    backend: bool = False,
+) -> argparse.ArgumentParser:
+    """The subcommand `name` of those that open a study by its arguments (`add_study_args`; with
+    `backend`, `--backend` too): the parser, for the subcommand to add its own arguments."""
+    p = sub.add_parser(name, help=help, description=description)
+    add_study_args(p)
+    if backend:
+        add_backend_arg(p)
+    return p
+
+
+def add_documented_command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help: str, doc: str | None
+) -> argparse.ArgumentParser:
+    """The subcommand `name` whose `--help` is its module's whole `doc`, laid out as written."""
+    return sub.add_parser(
+        name, help=help, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
 
 
@@ -118,6 +147,24 @@ def probed_storage_url(args: argparse.Namespace, cfg: StudyConfig, folder: Path)
     return url
 
 
+@dataclasses.dataclass(frozen=True)
+class WorkerPlace:
+    """Where a worker of a study (`run`, `check`) works: the study's folder, its storage and this
+    worker's own folder in it (`study.workers.worker_folder`, by its GPU group)."""
+
+    study_folder: Path
+    url: str
+    folder: Path
+
+
+def worker_place(args: argparse.Namespace, cfg: StudyConfig) -> WorkerPlace:
+    """The study's folder under `--results-dir`, its storage probed (`probed_storage_url`: a bad
+    `--storage` fails before anything is written) and the worker's folder; nothing is made."""
+    study_folder = study_dir(cfg, args.results_dir)
+    url = probed_storage_url(args, cfg, study_folder)
+    return WorkerPlace(study_folder, url, worker_folder(study_folder, gpu_group(cfg.server.env)))
+
+
 def make_worker_folder(args: argparse.Namespace, folder: Path) -> None:
     """Create the worker's `folder` with its parents; one that cannot be made is a `UsageError`
     naming `--results-dir`."""
@@ -180,14 +227,26 @@ def stop_signals() -> Iterator[Stopped]:
             signal.signal(signum, handler)
 
 
+@contextmanager
+def worker_held(cfg: StudyConfig, place: WorkerPlace) -> Iterator[Stopped]:
+    """What a worker that launches servers holds while it works: the lock on its folder
+    (`study.runner.study_lock`), the claim on its GPUs (`study.workers.gpu_claim`) and the stop
+    signals (`stop_signals`, which it yields)."""
+    with (
+        study_lock(place.folder),
+        gpu_claim(place.study_folder, worker_gpus(cfg), cfg.name),
+        stop_signals() as stopped,
+    ):
+        yield stopped
+
+
 def add_review_command(
     sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help: str, doc: str | None
 ) -> argparse.ArgumentParser:
     """The subcommand `name` of those that read a finished study (report, explain, export,
     confirm): described by the first line of its module's `doc`, with the study arguments plus
     the winner's `--tolerance` and `--margin`."""
-    p = sub.add_parser(name, help=help, description=doc.splitlines()[0] if doc else None)
-    add_study_args(p)
+    p = add_study_command(sub, name, help, doc.splitlines()[0] if doc else None)
     p.add_argument(
         "--tolerance",
         default=str(DEFAULT_TOLERANCE),

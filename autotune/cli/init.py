@@ -17,17 +17,18 @@ import sys
 from pathlib import Path
 
 from autotune.bootstrap.study import STEADY_S, Sources, compose, default_out, write_study
+from autotune.cli.common import add_documented_command
 from autotune.config.studyfile import check_study_name
 from autotune.errors import UsageError
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `autotune init` and its arguments to the subcommands."""
-    p = sub.add_parser(
+    p = add_documented_command(
+        sub,
         "init",
-        help="write a study file from a launch command, a systemd unit or a server log",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "write a study file from a launch command, a systemd unit or a server log",
+        __doc__,
     )
     p.add_argument("name", metavar="NAME", help="the study: configs/NAME.toml")
     src = p.add_argument_group("what to start from (a log may come with a command or a unit)")

@@ -26,11 +26,8 @@ from autotune.review.whatif import what_if
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `autotune ledger` and its arguments to the subcommands."""
-    p = sub.add_parser(
-        "ledger",
-        help="print the memory ledger and outcome of an SGLang log",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = common.add_documented_command(
+        sub, "ledger", "print the memory ledger and outcome of an SGLang log", __doc__
     )
     p.add_argument("logfile", type=Path, help="an SGLang server log")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -5,19 +5,19 @@ from __future__ import annotations
 import argparse
 import sys
 
-from autotune.cli.common import add_study_args, resolve_config, storage_url, study_dir
+from autotune.cli.common import add_study_command, resolve_config, storage_url, study_dir
 from autotune.study.rebuild import rebuild
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `autotune rebuild` and its arguments to the subcommands."""
-    p = sub.add_parser(
+    p = add_study_command(
+        sub,
         "rebuild",
-        help="rebuild a lost study storage from the trial folders (trials/NNNN/trial.json)",
-        description="Create the study again in an empty storage (default results/NAME/study.db) "
+        "rebuild a lost study storage from the trial folders (trials/NNNN/trial.json)",
+        "Create the study again in an empty storage (default results/NAME/study.db) "
         "from its trial folders, each trial under its own number; the folders are only read.",
     )
-    add_study_args(p)
     p.set_defaults(handler=handle)
 
 

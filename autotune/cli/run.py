@@ -14,38 +14,30 @@ import sys
 from pathlib import Path
 
 from autotune.cli.common import (
-    add_backend_arg,
-    add_study_args,
+    add_study_command,
     make_worker_folder,
-    probed_storage_url,
     resolve_config,
-    stop_signals,
-    study_dir,
+    worker_held,
+    worker_place,
 )
 from autotune.config.studyfile import SAMPLERS
 from autotune.errors import UsageError
 from autotune.server.hostcheck import check_host
-from autotune.study.runner import run, study_lock
-from autotune.study.workers import (
-    gpu_claim,
-    gpu_group,
-    with_worker_args,
-    worker_folder,
-    worker_gpus,
-)
+from autotune.study.runner import run
+from autotune.study.workers import with_worker_args
 from autotune.trial.live import live_launcher
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `autotune run` and its arguments, the per-worker overrides among them, to the
     subcommands."""
-    p = sub.add_parser(
+    p = add_study_command(
+        sub,
         "run",
-        help="run (or resume) a study: launch, load and record servers until the budget is spent",
-        description="Run a study; re-running the same command resumes it.",
+        "run (or resume) a study: launch, load and record servers until the budget is spent",
+        "Run a study; re-running the same command resumes it.",
+        backend=True,
     )
-    add_study_args(p)
-    add_backend_arg(p)
     p.add_argument("--n-trials", type=int, metavar="N", help="trials to finish (budget.n_trials)")
     p.add_argument("--timeout", type=float, metavar="SECONDS", help="no new trial after this long")
     p.add_argument(
@@ -85,19 +77,14 @@ def handle(args: argparse.Namespace) -> int:
 
     for note in check_host(cfg):
         sys.stdout.write(f"note: {note}\n")
-    study_folder = study_dir(cfg, args.results_dir)
-    url = probed_storage_url(args, cfg, study_folder)
-    folder = worker_folder(study_folder, gpu_group(cfg.server.env))
+    place = worker_place(args, cfg)
+    folder = place.folder
     launcher = live_launcher(cfg, folder)  # refuses what it cannot launch before anything is made
     made = [p for p in (folder, *folder.parents) if not p.exists()]
     make_worker_folder(args, folder)
     try:
-        with (
-            study_lock(folder),
-            gpu_claim(study_folder, worker_gpus(cfg), cfg.name),
-            stop_signals() as stopped,
-        ):
-            return stopped.exit_code(run(cfg, folder, url, launcher, sys.stdout))
+        with worker_held(cfg, place) as stopped:
+            return stopped.exit_code(run(cfg, folder, place.url, launcher, sys.stdout))
     except UsageError:
         _undo(folder, made)
         raise

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import optuna
 
-from autotune.cli.common import add_study_args, resolve_config, storage_url, study_dir
+from autotune.cli.common import add_study_command, resolve_config, storage_url, study_dir
 from autotune.config.studyfile import StudyConfig
 from autotune.errors import UsageError
 from autotune.masking import redact
@@ -26,12 +26,12 @@ from autotune.study.storage import (
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `autotune status` and its arguments to the subcommands."""
-    p = sub.add_parser(
+    p = add_study_command(
+        sub,
         "status",
-        help="print a study's trials",
-        description="Print a study's trial table, read from its storage (also while it runs).",
+        "print a study's trials",
+        "Print a study's trial table, read from its storage (also while it runs).",
     )
-    add_study_args(p)
     p.set_defaults(handler=handle)
 
 

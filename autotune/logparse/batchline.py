@@ -74,6 +74,24 @@ _PREFILL_PENDING = re.compile(  # 0.5.18+: `#pending-token`, then the graph flag
 )
 
 
+def _common(
+    phase: str,
+    line_no: int,
+    stamp: str,
+    rank: str | None,
+    run: str,
+    queue: str,
+    use: str,
+    rest: tuple[Any, ...],
+) -> Batch:
+    """A `Batch` built straight from a whole-line match: the fields every phase has (the prefix's
+    time and rank, running and queued requests, token usage), then `rest` in `Batch`'s order."""
+    return tuple.__new__(
+        Batch,
+        (phase, line_no, header_time(stamp), rank or "", int(run), int(queue), float(use), *rest),
+    )
+
+
 def read_common_batch(line: str, line_no: int) -> Batch | None:
     """A whole line (prefix included) of one of the common batch shapes, read by one regex; None
     for any other shape (then `read_batch` reads the message)."""
@@ -82,29 +100,20 @@ def read_common_batch(line: str, line_no: int) -> Batch | None:
         if m is None:
             return None
         stamp, rank, run, tok, use, acc, rate, graph, gen, queue = m.groups()
-        return tuple.__new__(
-            Batch,
-            (
-                "decode",
-                line_no,
-                header_time(stamp),
-                rank or "",
-                int(run),
-                int(queue),
-                float(use),
-                int(tok),
-                None,
-                None,
-                None,
-                float(gen),
-                None,
-                graph == "True",
-                float(acc) if acc else None,
-                None,
-                None,
-                float(rate) if rate else None,
-            ),
+        decoded = (
+            int(tok),
+            None,
+            None,
+            None,
+            float(gen),
+            None,
+            graph == "True",
+            float(acc) if acc else None,
+            None,
+            None,
+            float(rate) if rate else None,
         )
+        return _common("decode", line_no, stamp, rank, run, queue, use, decoded)
     pending: str | None = None
     if "#pending-token" in line:
         m = _PREFILL_PENDING.search(line)
@@ -116,29 +125,20 @@ def read_common_batch(line: str, line_no: int) -> Batch | None:
         if m is None:
             return None
         stamp, rank, seq, new, cached, use, run, queue, thr, graph = m.groups()
-    return tuple.__new__(
-        Batch,
-        (
-            "prefill",
-            line_no,
-            header_time(stamp),
-            rank or "",
-            int(run),
-            int(queue),
-            float(use),
-            None,
-            int(seq),
-            int(new),
-            int(cached),
-            None,
-            float(thr) if thr else None,
-            graph == "True" if graph else None,
-            None,
-            None,
-            int(pending) if pending is not None else None,
-            None,
-        ),
+    prefilled = (
+        None,
+        int(seq),
+        int(new),
+        int(cached),
+        None,
+        float(thr) if thr else None,
+        graph == "True" if graph else None,
+        None,
+        None,
+        int(pending) if pending is not None else None,
+        None,
     )
+    return _common("prefill", line_no, stamp, rank, run, queue, use, prefilled)
 
 
 def read_batch(

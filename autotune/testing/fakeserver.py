@@ -510,8 +510,11 @@ def main_log(message: str) -> None:
     log(message, rank="")
 
 
-def crash(lines: list[str]) -> None:
-    """A scheduler's traceback, the SIGQUIT line, then SIGKILL, as SGLang dies."""
+def crash(lines: list[str], *, after_s: float = 0.0) -> None:
+    """A scheduler's traceback, the SIGQUIT line, then SIGKILL, as SGLang dies (`after_s`
+    seconds from now)."""
+    if after_s:
+        time.sleep(after_s)
     log("Scheduler hit an exception: Traceback (most recent call last):")
     for line in lines:
         print(line, flush=True)
@@ -601,8 +604,7 @@ def _startup(opt: Options) -> None:
     log("Init torch distributed ends. elapsed=0.01 s, mem usage=1.55 GB")
     log("Load weight begin. avail mem=94.04 GB")
     if "die-in-load" in modes:
-        time.sleep(2.0)
-        crash(["RuntimeError: CUDA error: an illegal memory access was encountered"])
+        crash(["RuntimeError: CUDA error: an illegal memory access was encountered"], after_s=2.0)
     if "hang-load" in modes:
         time.sleep(3600)
     if "crawl-load" in modes:
@@ -646,8 +648,8 @@ def run_with_log(opt: Options, host: str, port: int, lines: Path | None) -> None
     server.ready_at = time.monotonic()
     main_log("The server is fired up and ready to roll!")
     if "runtime-oom" in modes:
-        time.sleep(0.3)
-        crash(["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0"])
+        oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0"
+        crash([oom], after_s=0.3)
     if "exit-after-ready" in modes:
         time.sleep(0.3)
         os._exit(0)

@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from autotune.config.studyfile import StudyConfig, parse_study
+from tests.simstudy import small_steady
 
-STUDY = """
+STUDY = (
+    """
 [server]
 backend = "sglang"
 command = ["python3", "-m", "sglang.launch_server"]
@@ -27,19 +29,12 @@ tool-call-parser = "kimi_k2"
 mem_fraction_static = { low = 0.86, high = 0.94, step = 0.01 }
 max_running_requests = { choices = [32, 48, 64] }
 
-[workload]
-api_key_env = "AUTOTUNE_TEST_KEY"
-input_len = 512
-output_len = 64
-
-[[workload.phases]]
-kind = "steady"
-concurrency = 4
-duration_s = 1.0
-
-[constraints]
+"""
+    + small_steady(api_key_env="AUTOTUNE_TEST_KEY")
+    + """[constraints]
 min_headroom_gib = 0.5
 """
+)
 
 
 @pytest.fixture

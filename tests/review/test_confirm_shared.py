@@ -97,6 +97,14 @@ def _confirm(cfg: StudyConfig, folder: Path, box: Box) -> Confirmed:
                        clock=time.monotonic)  # fmt: skip
 
 
+def _confirm_ending(
+    cfg: StudyConfig, folder: Path, case: str, outcome: str
+) -> tuple[Box, Confirmed]:
+    """`_confirm` where the workload `case` (a case's name, or `soak`) ends with `outcome`."""
+    box = Box(ends={case: outcome})
+    return box, _confirm(cfg, folder, box)
+
+
 def _order(cfg: StudyConfig) -> list[str]:
     return [c.name for c in run_order(case_plan(cfg, Ledger.from_dict(LEDGER)))]
 
@@ -127,8 +135,7 @@ def test_a_case_that_kills_the_server_leaves_the_cases_after_it_to_one_fresh_lau
     cfg: StudyConfig, tmp_path: Path
 ) -> None:
     order = _order(cfg)
-    box = Box(ends={order[2]: "runtime_oom"})
-    done = _confirm(cfg, tmp_path, box)
+    box, done = _confirm_ending(cfg, tmp_path, order[2], "runtime_oom")
     soak, fresh = (str(tmp_path / "confirm" / n) for n in ("0000", "0001"))
     assert done.launches == 2 and len(box.launches) == 2
     assert box.ran == [(0, "soak"), (0, order[0]), (0, order[1]), (0, order[2]),
@@ -152,8 +159,7 @@ def test_a_case_ended_from_outside_is_recorded_as_it_ended_and_the_rest_run_fres
     cfg: StudyConfig, tmp_path: Path
 ) -> None:
     order = _order(cfg)
-    box = Box(ends={order[0]: "killed"})
-    done = _confirm(cfg, tmp_path, box)
+    _, done = _confirm_ending(cfg, tmp_path, order[0], "killed")
     killed = done.cases[0]
     # not the parameters' result: a failed trial (the review counts it as not served)
     assert killed.outcome == "killed" and not killed.passed
@@ -165,8 +171,7 @@ def test_a_case_ended_from_outside_is_recorded_as_it_ended_and_the_rest_run_fres
 def test_a_soak_that_ended_its_server_leaves_every_case_to_a_fresh_launch(
     cfg: StudyConfig, tmp_path: Path
 ) -> None:
-    box = Box(ends={"soak": "runtime_oom"})
-    done = _confirm(cfg, tmp_path, box)
+    _, done = _confirm_ending(cfg, tmp_path, "soak", "runtime_oom")
     assert not done.verdict.passed and done.verdict.outcome == "runtime_oom"
     fresh = str(tmp_path / "confirm" / "0001")
     assert done.launches == 2 and all(c.launch == fresh and c.passed for c in done.cases)

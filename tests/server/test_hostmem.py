@@ -25,6 +25,7 @@ from autotune.server.hostmem import (
     reads_cgroup,
 )
 from tests.oracle import run_in_sglang
+from tests.simstudy import small_steady
 
 V2_MOUNT = "41 31 0:38 {root} {point} rw,relatime - cgroup2 cgroup2 rw\n"
 V1_MOUNT = "35 31 0:32 {root} {point} rw,relatime - cgroup cgroup rw,memory\n"
@@ -225,15 +226,7 @@ tp-size = 4
 mem_fraction_static = { low = 0.85, high = 0.9, step = 0.01 }
 hicache_size = { choices = [0, 8, 16] }
 
-[workload]
-input_len = 200
-output_len = 4
-
-[[workload.phases]]
-kind = "steady"
-concurrency = 2
-duration_s = 1
-"""
+""" + small_steady(1, input_len=200, output_len=4, concurrency=2)
 
 
 def test_the_real_backend_reads_this_machines_meminfo_and_cgroup(tmp_path: Path) -> None:

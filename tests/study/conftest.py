@@ -3,7 +3,10 @@ of such files is the `study_file` fixture (tests/conftest.py)."""
 
 from __future__ import annotations
 
-VALID = """
+from tests.simstudy import small_steady
+
+VALID = (
+    """
 description = "test study"
 
 [server]
@@ -26,16 +29,9 @@ mem_fraction_static = 0.88
 max_running_requests = 48
 hicache_size = 48
 
-[workload]
-input_len = 512
-output_len = 64
-
-[[workload.phases]]
-kind = "steady"
-concurrency = 4
-duration_s = 1.0
-
-[constraints]
+"""
+    + small_steady()
+    + """[constraints]
 max_error_rate = 0.05
 min_headroom_gib = 1.0
 
@@ -46,3 +42,4 @@ n_trials = 5
 name = "tpe"
 seed = 3
 """
+)

@@ -6,6 +6,7 @@ whose every host cache candidate is over the bound stops before anything is writ
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import optuna
@@ -45,12 +46,18 @@ def _study(folder: Path, choices: str) -> Path:
     return path
 
 
+def _run(folder: Path, choices: str, code: int) -> subprocess.CompletedProcess[str]:
+    """`autotune run` of `_study(folder, choices)`, which must exit with `code`."""
+    done = simstudy.run(_study(folder, choices), "run")
+    assert done.returncode == code, done.stdout + done.stderr
+    return done
+
+
 def test_a_host_cache_over_the_cgroup_is_refused_before_launch_and_the_rest_run(
     no_leftovers: Path,
 ) -> None:
     folder = no_leftovers
-    done = simstudy.run(_study(folder, "0, 40, 70"), "run")
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = _run(folder, "0, 40, 70", 0)
     assert "search.hicache_size: 70 GB per rank is over the host memory bound" in done.stdout
     assert f"startup_oom [not launched] — {REFUSAL}\n" in done.stdout, done.stdout
     url = f"sqlite:///{folder / 'results' / 'e2e' / 'study.db'}"
@@ -75,8 +82,7 @@ def test_a_study_whose_every_host_cache_is_over_the_bound_stops_before_launch(
     no_leftovers: Path,
 ) -> None:
     folder = no_leftovers
-    done = simstudy.run(_study(folder, "0, 60, 70"), "run")
-    assert done.returncode == 2, done.stdout + done.stderr
+    done = _run(folder, "0, 60, 70", 2)
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("autotune: error: search.hicache_size: 70 GB per rank × 1 rank")

@@ -19,11 +19,13 @@ from autotune.study.loop import prepare, run_loop
 from autotune.study.storage import Worker, open_study
 from autotune.study.workers import SKIPPED_SURPLUS, Coordinator, same_point
 from autotune.trial.record import Measured, Result
+from tests.simstudy import small_steady
 
 pytestmark = pytest.mark.postgres
 
 HB = Heartbeat(interval_s=1, grace_s=2)
-STUDY = """
+STUDY = (
+    """
 [server]
 backend = "sim"
 sim_profile = "llama-3.1-70b-tp8-h100"
@@ -39,18 +41,12 @@ max_running_requests = { choices = [8, 16, 32] }
 mem_fraction_static = 0.88
 max_running_requests = 16
 
-[workload]
-input_len = 64
-output_len = 8
-
-[[workload.phases]]
-kind = "steady"
-concurrency = 2
-duration_s = 1.0
-
-[budget]
+"""
+    + small_steady(input_len=64, output_len=8, concurrency=2)
+    + """[budget]
 n_trials = 4
 """
+)
 
 
 @pytest.fixture
