@@ -22,7 +22,10 @@ how many launches the study took before the sampler said nothing was left worth 
 `autotune run` stops then) or the budget ran out. "front" is the share of the true
 capacity/throughput Pareto front (stable settings no other stable setting beats on both, found
 exhaustively) that the study's stable launches reached (99% of the capacity, 98% of the
-throughput): throughput is the second objective.
+throughput): throughput is the second objective. "export" is what the exported setting kept of
+the capacity its confirm soak allows (`export_share`: over the most any fraction holds through a
+soak as long at the export's other parameters), median and 10th percentile over the studies
+whose export passed its soak: a margin wider than the soak needs shows there.
 
     .venv/bin/python scripts/bench_search.py --mismatch      # a world that differs from the model
     .venv/bin/python scripts/bench_search.py --mismatch peak_tail_dof,spike_probability
@@ -51,8 +54,15 @@ from pathlib import Path
 
 import optuna
 
-from autotune.config.space import settings_for
-from autotune.config.studyfile import Choices, SamplerConfig, Scalar, StudyConfig, read_study
+from autotune.config.space import grid, settings_for
+from autotune.config.studyfile import (
+    FRACTION,
+    Choices,
+    SamplerConfig,
+    Scalar,
+    StudyConfig,
+    read_study,
+)
 from autotune.config.workload import EarlyEnd
 from autotune.errors import UsageError
 from autotune.record import internals
@@ -65,6 +75,7 @@ from autotune.study.samplers import SAMPLER_FACTORIES, make_sampler
 from autotune.testing.night import BENCH_WORKLOAD, Hours, launch_hours, soak_hours
 from autotune.testing.oracle import (
     MISMATCH,
+    STABLE_P,
     Bench,
     Launch,
     bench_for,
@@ -73,6 +84,7 @@ from autotune.testing.oracle import (
     front,
     launch,
     over,
+    p_stable,
     plan_for,
     run_trial,
 )
@@ -191,6 +203,8 @@ class Run:
     to_target_off: Hours | None = None
     best: int = 0  # the best stable capacity of the study's world (0: nothing in it is stable)
     soak_factor: float | None = None  # the confirm soak's length in trials (None: no export)
+    # the exported capacity over the most a setting of its demand holds through that soak
+    export_share: float | None = None
 
 
 def study_run(
@@ -274,7 +288,24 @@ def study_run(
         to_target_off=at_target_off,
         best=best,
         soak_factor=soaked[1] if soaked is not None else None,
+        export_share=export_share(bench, soaked[2], soaked[1]) if soaked is not None else None,
     )
+
+
+def export_share(bench: Bench, params: dict[str, Scalar], factor: float) -> float | None:
+    """How much of the capacity a soak `factor` trials long allows the export kept: its
+    capacity over the most any fraction of the space holds through that soak at the export's
+    other parameters (exhaustive, `p_stable` ≥ `STABLE_P`); None where no fraction does. A
+    margin wider than the soak needs shows here, one too narrow in the soak's verdict."""
+    values = {pt[FRACTION] for pt in grid(bench.search) or [] if FRACTION in pt}
+    best = 0
+    for f in sorted(values | {params[FRACTION]}, key=float):
+        p, tokens = p_stable(bench, {**params, FRACTION: f}, soak=factor)
+        if p >= STABLE_P:
+            best = max(best, tokens)
+    if best == 0:
+        return None
+    return p_stable(bench, params, soak=factor)[1] / best
 
 
 def exported_passes_soak(bench: Bench, study: optuna.Study, seed: int) -> bool | None:
@@ -386,7 +417,8 @@ def outcomes(runs: list[Run], budget: int) -> list[str]:
             by.setdefault(r.sampler, []).append(r)
     head = (
         f"{'sampler':<10} {'studies':>7} {'soak ok':>7} {'reached':>7} {'final min':>9} "
-        f"{'launches med':>12} {'worst':>6} {'crashes med':>11} {'vs tpe':>7} {'front med':>9}"
+        f"{'launches med':>12} {'worst':>6} {'crashes med':>11} {'vs tpe':>7} {'front med':>9} "
+        f"{'export med':>10} {'p10':>5}"
     )
     lines = [head]
     tpe = by.get("tpe")
@@ -404,7 +436,7 @@ def outcomes(runs: list[Run], budget: int) -> list[str]:
             f"{min(r.final for r in rs):>9.1%} {_launches(med, budget):>12} "
             f"{_launches(max(steps), budget):>6} "
             f"{statistics.median(r.crashes for r in rs):>11g} {ratio:>7} "
-            f"{statistics.median(r.front for r in rs):>9.0%}"
+            f"{statistics.median(r.front for r in rs):>9.0%} {_export(rs)}"
         )
     none = [r for r in runs if r.best == 0]
     if none:
@@ -417,6 +449,15 @@ def outcomes(runs: list[Run], budget: int) -> list[str]:
             f"{sum(r.soak_ok is True for r in none)} passed its soak)"
         )
     return lines
+
+
+def _export(rs: list[Run]) -> str:
+    """The export's share of what its soak allows (`export_share`), median and 10th
+    percentile over the studies whose export passed its soak."""
+    shares = sorted(r.export_share for r in rs if r.soak_ok and r.export_share is not None)
+    if not shares:
+        return f"{'-':>10} {'-':>5}"
+    return f"{statistics.median(shares):>10.0%} {shares[len(shares) // 10]:>5.0%}"
 
 
 def worst_studies(runs: list[Run], budget: int) -> list[str]:

@@ -180,3 +180,25 @@ def test_a_plain_run_draws_no_world(
     out = _run(bench_search, capsys)
     assert "world: seed" not in out and "departure" not in out
     assert "night in hours" in out
+
+
+def test_the_export_share_is_the_capacity_kept_of_what_its_soak_allows(
+    bench_search: ModuleType,
+) -> None:
+    """`export_share`: 1 at the highest fraction that passes the soak, the ratio of the pools
+    below it, None where no fraction of that demand passes."""
+    bench = bench_for(load_profile("qwen3-32b-h200"), min_headroom_gib=0.5)
+    base = {"max_running_requests": 32, "hicache_size": 0}
+    passing = [
+        f
+        for f in (round(0.80 + 0.01 * i, 2) for i in range(19))
+        if bench_search.p_stable(bench, {**base, "mem_fraction_static": f}, soak=3.0)[0]
+        >= bench_search.STABLE_P
+    ]
+    top = max(passing)
+    at_top = {**base, "mem_fraction_static": top}
+    assert bench_search.export_share(bench, at_top, 3.0) == pytest.approx(1.0)
+    lower = {**base, "mem_fraction_static": round(top - 0.05, 2)}
+    tokens = [bench_search.p_stable(bench, p, soak=3.0)[1] for p in (lower, at_top)]
+    assert bench_search.export_share(bench, lower, 3.0) == pytest.approx(tokens[0] / tokens[1])
+    assert tokens[0] < tokens[1]
