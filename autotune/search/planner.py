@@ -19,7 +19,10 @@ memory model and returns the next setting with the rule that chose it and why:
   and the prefill chunk one at a time at that capacity, for throughput: only a launch that can
   add a point to the capacity/throughput front (`search.front`: more requests where the fitted
   throughput law puts them above the noise of what held, one probe of another host cache or
-  chunk, the axis left where it moved nothing).
+  chunk, the axis left where it moved nothing). A probe of more requests that held once with
+  a thin margin (below accept_p) is answered by the highest fraction below it the model expects
+  to hold at its demand, the point of the front that demand really holds; until then the thin
+  hold does not stand for that point.
 * `secure` / `recheck`: the best setting held with a thin margin; first the highest fraction
   the model calls safe for its demand (unless more demand held there), then the best again
   until it held RECHECKS times. Where the launches contradict the model, `secure` also holds
@@ -421,7 +424,9 @@ class _Planner:
             stable = [p for p in held if self._runs(p) >= REPEATS]
         self.best = _best_of(stable)
         self.cap = tokens_of(self.best) if self.best else 0
-        unproven = [p for p in held if p not in stable and tokens_of(p) > self.cap]
+        unproven = [
+            p for p in held if p not in stable and tokens_of(p) > (1 + SAME_CAPACITY) * self.cap
+        ]
         self.thin = _best_of(unproven)
         """The most capacity that held but that the model does not call stable yet."""
         self.ref = self.best or self.thin or last
@@ -752,12 +757,28 @@ class _Planner:
         for target in (self.thin, self.best):
             if target is None or target.observation is None:
                 continue
-            if target is self.best and self._p_of(target) >= self.goal.safe_p:
+            if target is self.best and (
+                self._p_of(target) >= self.goal.safe_p or self._held_with_less(target)
+            ):
                 continue
             proposal = self._less_demand(target, scored)
             if proposal is not None:
                 return proposal
         return None
+
+    def _held_with_less(self, target: Point) -> bool:
+        """Whether a launch of `target`'s fraction and less demand held: its capacity is kept
+        with more margin already, and less demand again buys nothing."""
+        assert target.observation is not None
+        s = target.observation.setting
+        return any(
+            q.feasible
+            and q.observation is not None
+            and abs(q.observation.setting.mem_fraction - s.mem_fraction) < 1e-9
+            and _less_demand(q.observation.setting, s)
+            and self._besides_demand(q.params) == self._besides_demand(target.params)
+            for q in self.known
+        )
 
     def _less_demand(
         self,
@@ -1006,13 +1027,20 @@ class _Planner:
         # the best capacity, unless a launch near it was clearly faster (not just noise)
         faster = max(near, key=lambda p: (p.throughput, tokens_of(p)))
         fastest = faster if faster.throughput > 1.02 * self.best.throughput else self.best
-        held: dict[PointKey, int] = {}
-        for q in self.known:
-            if q.feasible:
-                held[self._combo(q.params)] = max(held.get(self._combo(q.params), 0), tokens_of(q))
-        measured = [
-            (tokens_of(p), p.throughput) for p in self.known if p.feasible and p.throughput > 0
+        thin = self._thin_front()
+        below = self._front_below(thin, scored)
+        if below is not None:
+            return below
+        # a thin hold that the step below its demand has answered is not a point of the front
+        kept = [
+            q
+            for q in self.known
+            if q.feasible and not (q in thin and self._lower_of_combo(q) is not None)
         ]
+        held: dict[PointKey, int] = {}
+        for q in kept:
+            held[self._combo(q.params)] = max(held.get(self._combo(q.params), 0), tokens_of(q))
+        measured = [(tokens_of(p), p.throughput) for p in kept if p.throughput > 0]
         law = fit_throughput(
             [
                 (p.observation.slots, p.throughput)
@@ -1082,6 +1110,65 @@ class _Planner:
                     f"capacity edge known; trying {name}={params.get(name)} for throughput "
                     f"(fastest so far trial {fastest.number}, {fastest.throughput:,.0f} tok/s)"
                     f"{note}",
+                )
+        return None
+
+    def _thin_front(self) -> list[Point]:
+        """Launches of another demand than the best's that held once but that the model does
+        not expect to hold again (below accept_p, fewer than `REPEATS` holds): probes for the
+        front, judged from far, that landed on its edge."""
+        assert self.best is not None
+        return [
+            q
+            for q in self.known
+            if q.feasible
+            and q.observation is not None
+            and self._combo(q.params) != self._combo(self.best.params)
+            and not self._proven(q)
+            and self._runs(q) < REPEATS
+        ]
+
+    def _lower_of_combo(self, q: Point) -> Point | None:
+        """A launch of `q`'s demand (its parameters besides the fraction) at a lower fraction."""
+        assert q.observation is not None
+        f = q.observation.setting.mem_fraction
+        return next(
+            (
+                o
+                for o in self.known
+                if o.observation is not None
+                and self._combo(o.params) == self._combo(q.params)
+                and o.observation.setting.mem_fraction < f - 1e-9
+            ),
+            None,
+        )
+
+    def _front_below(
+        self, thin: list[Point], scored: list[tuple[dict[str, Scalar], Forecast, float]]
+    ) -> Proposal | None:
+        """The highest fraction the model calls stable (accept_p) below a thin front probe, at
+        its demand: the point of the front that demand holds, where the probe above it may not
+        hold again."""
+        for q in sorted(thin, key=lambda x: -tokens_of(x)):
+            if self._lower_of_combo(q) is not None:
+                continue
+            options = [
+                x
+                for x in scored
+                if self._combo(x[0]) == self._combo(q.params)
+                and _fc_tokens(x[1]) < (1 - SAME_TOKENS) * tokens_of(q)
+                and _fc_tokens(x[1]) >= EXPLORE_FLOOR * self.cap
+                and x[2] >= self.goal.accept_p
+            ]
+            if options:
+                params, fc, p = max(options, key=lambda x: _fc_tokens(x[1]))
+                return self._proposal(
+                    params,
+                    fc,
+                    "explore",
+                    f"trial {q.number} held at its demand with a thin margin (p(stable) "
+                    f"{self._p_of(q):.2f}); the highest {FRACTION} below it the model expects to "
+                    f"hold, p(stable) {p:.2f}, for that point of the front",
                 )
         return None
 
