@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from autotune.logparse.ledger import Ledger
-from autotune.memory.arithmetic import arithmetic, cell_from_fit
-from tests.review.fakes import CELL, P, ledger, tokens
+from autotune.memory.arithmetic import arithmetic, cell_from_fit, pool_zero_fraction
+from tests.review.fakes import CELL, GIB, A, P, ledger, tokens
 
 
 def test_operators_088() -> None:
@@ -57,3 +57,15 @@ def test_cell_from_the_kv_line_when_not_fitted() -> None:
     a = arithmetic(Ledger.from_dict(ledger(0.88)), 0.88)
     assert a is not None and not a.cell_exact
     assert a.cell_bytes == pytest.approx(CELL, rel=1e-3)
+
+
+def test_the_pools_launches_sized_fall_to_zero_where_the_least_rank_has_no_room() -> None:
+    """SGLang sizes the pool from the least rank: a rank 1.5 GiB short moves the line the pools
+    fall along, and its zero, above the `1 − A/P` the printed figures give."""
+    short = 1.5
+    pools = [(f, int((A - short - P * (1 - f)) * GIB) // CELL) for f in (0.85, 0.88, 0.9)]
+    zero = 1 - (A - short) / P
+    assert pool_zero_fraction(pools) == pytest.approx(zero, abs=1e-4)
+    assert zero > 1 - A / P + 0.015
+    assert pool_zero_fraction(pools[:1]) is None  # one fraction: no line
+    assert pool_zero_fraction([(0.85, 1000), (0.88, 1000)]) is None  # the cap held both
