@@ -298,14 +298,14 @@ def export_share(bench: Bench, params: dict[str, Scalar], factor: float) -> floa
     other parameters (exhaustive, `p_stable` ≥ `STABLE_P`); None where no fraction does. A
     margin wider than the soak needs shows here, one too narrow in the soak's verdict."""
     values = {pt[FRACTION] for pt in grid(bench.search) or [] if FRACTION in pt}
-    best = 0
-    for f in sorted(values | {params[FRACTION]}, key=float):
+    best = exported = 0
+    for f in values | {params[FRACTION]}:
         p, tokens = p_stable(bench, {**params, FRACTION: f}, soak=factor)
+        if f == params[FRACTION]:
+            exported = tokens
         if p >= STABLE_P:
             best = max(best, tokens)
-    if best == 0:
-        return None
-    return p_stable(bench, params, soak=factor)[1] / best
+    return exported / best if best else None
 
 
 def exported_passes_soak(bench: Bench, study: optuna.Study, seed: int) -> bool | None:

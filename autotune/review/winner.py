@@ -417,6 +417,11 @@ def lowest_startable(trials: Sequence[TrialView], step: float) -> float | None:
     above where the pools the launches sized fall to zero (`memory.arithmetic.
     pool_zero_fraction`: that line knows a short rank the printed figures miss), on the grid of
     `step`; never above a fraction a trial started at. None when nothing says."""
+
+    def above(floor: float) -> float:
+        """The grid's fraction a step above the one at or below `floor`."""
+        return math.floor(floor / step + 1e-9) * step + 2 * step
+
     bounds: list[float] = []
     started: list[float] = []
     pools: list[tuple[float, int]] = []
@@ -425,7 +430,7 @@ def lowest_startable(trials: Sequence[TrialView], step: float) -> float | None:
             bounds.append(t.fraction + step)
         floor = floor_fraction(t.ledger)
         if floor is not None:
-            bounds.append(math.floor(floor / step + 1e-9) * step + 2 * step)
+            bounds.append(above(floor))
         tokens = t.ledger.max_total_num_tokens
         if t.fraction is not None and tokens and not t.ending.fails_at_startup:
             started.append(t.fraction)
@@ -433,7 +438,7 @@ def lowest_startable(trials: Sequence[TrialView], step: float) -> float | None:
                 pools.append((t.fraction, tokens))
     zero = pool_zero_fraction(pools)
     if zero is not None:
-        bounds.append(math.floor(zero / step + 1e-9) * step + 2 * step)
+        bounds.append(above(zero))
     if not bounds:
         return None
     return min(max(bounds), *started) if started else max(bounds)
