@@ -21,8 +21,8 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from autotune.config.space import Space, point_key
-from autotune.config.studyfile import Scalar
+from autotune.config.space import Space, point_key, snap
+from autotune.config.studyfile import FRACTION, Scalar
 from autotune.memory.arithmetic import peak_rise_gib
 from autotune.record.view import TrialView
 
@@ -184,6 +184,9 @@ class SoakPlan:
     """What one step of the fraction hands back from the KV pool (P × step × (1 + draft))."""
     worst: WorstFound | None = None
     """What a confirmation's worst cases at the exported point found, when one ran them."""
+    measured: tuple[int, float] | None = None
+    """The trial that ran the backed-off point and kept less than the need, and its headroom:
+    the steps were counted from that trial's measurement, not from the arithmetic's."""
 
     @property
     def leak_lasts(self) -> float | None:
@@ -217,6 +220,12 @@ class SoakPlan:
         elif w is not None and w.measured and not w.uncovered:
             rise += f", set by the soak: the worst case {w.case} rose {w.case_rise_gib:.2f} GiB"
         parts.append(rise)
+        if self.measured is not None:
+            number, kept = self.measured
+            parts.append(
+                f"trial {number} ran a point fewer steps back and kept {kept:.2f} GiB of the "
+                f"{self.need_gib:.2f} GiB needed, so the steps count on from its measurement"
+            )
         if w is not None and w.uncovered:
             parts.append(
                 f"not covered: worst case {', '.join(w.uncovered)} failed at the confirmed "
@@ -324,7 +333,41 @@ def soak_plan(
     if worst is not None and worst.failed:
         steps = max(steps, worst.confirmed_steps + 1)
     need = soak_need_gib(required_gib, growth, factor, rise)
-    return SoakPlan(factor, steps, growth, rise, head, required_gib, need, per_step, found)
+    steps, measured = _measured_steps(held, params, steps, need, per_step, step, space)
+    return SoakPlan(
+        factor, steps, growth, rise, head, required_gib, need, per_step, found, measured
+    )
+
+
+def _measured_steps(
+    held: Sequence[TrialView],
+    params: Mapping[str, Scalar],
+    steps: int,
+    need: float,
+    per_step: float,
+    step: float,
+    space: Space | None,
+) -> tuple[int, tuple[int, float] | None]:
+    """The steps back, where a trial that held ran the backed-off point: its own worst headroom
+    must cover the soak's need too, since the arithmetic's step (`per_step`) is a forecast and a
+    trial there is a measurement. A step count whose point kept less than the need grows by the
+    steps that shortfall takes; the last trial that was short, with its headroom, comes back."""
+    f0 = params.get(FRACTION)
+    if not isinstance(f0, float) or per_step <= 0:
+        return steps, None
+    measured = None
+    for _ in range(64):
+        at = dict(params)
+        at[FRACTION] = snap(f0 - steps * step, step)
+        key = point_key(at, space)
+        heads = [h for t in held if point_key(t.params, space) == key
+                 if (h := _headroom(t)) is not None]  # fmt: skip
+        if not heads or min(heads) >= need - 1e-9:
+            break
+        number = max(t.number for t in held if point_key(t.params, space) == key)
+        measured = (number, min(heads))
+        steps += max(1, math.ceil((need - min(heads)) / per_step - 1e-9))
+    return steps, measured
 
 
 def _headroom(t: TrialView) -> float | None:

@@ -190,3 +190,24 @@ def test_a_short_rank_the_ledger_misses_shows_in_the_pools_the_launches_sized() 
     # a wide margin backs off no lower than that
     w = choose(seen, fraction_step=0.01, margin=Margin(steps=20, soak=False))
     assert w is not None and w.params["mem_fraction_static"] == pytest.approx(0.80)
+
+
+def test_a_trial_at_the_backed_off_point_that_kept_less_than_the_soak_needs_backs_off_more() -> None:
+    """The arithmetic's step is a forecast: where a trial ran the point the soak's margin backs
+    off to and kept less than the soak needs, the steps count on from that measurement."""
+    # 0.91 kept 0.7 GiB; the peaks at its demand spread from 2.0 to 3.2 GiB
+    ran = [trial(0, 0.91, least_free=0.7), trial(2, 0.86, peak=2.0), trial(3, 0.86, peak=3.2)]
+    alone = choose(views(ran), fraction_step=0.01)
+    assert alone is not None and alone.soak is not None and alone.soak.measured is None
+    k, per_step = alone.steps_back, alone.soak.step_gib
+    back = round(0.91 - 0.01 * k, 2)
+    # as the arithmetic forecast: the same peak, each step's GiB free; the export is that trial
+    w = choose(views([*ran, trial(1, back, least_free=0.7 + k * per_step)]), fraction_step=0.01)
+    assert w is not None and w.soak is not None and w.soak.measured is None
+    assert w.steps_back == k and w.trial == 1
+    # the trial there kept less than the soak needs: one more step, from its measurement
+    kept = alone.soak.need_gib - 0.1
+    w = choose(views([*ran, trial(1, back, least_free=kept)]), fraction_step=0.01)
+    assert w is not None and w.soak is not None and w.soak.measured == (1, pytest.approx(kept))
+    assert w.soak.need_gib > kept and w.steps_back == k + 1 and w.predicted
+    assert f"trial 1 ran a point fewer steps back and kept {kept:.2f} GiB" in w.describe()
