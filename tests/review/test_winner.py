@@ -192,7 +192,7 @@ def test_a_short_rank_the_ledger_misses_shows_in_the_pools_the_launches_sized() 
     assert w is not None and w.params["mem_fraction_static"] == pytest.approx(0.80)
 
 
-def test_a_trial_at_the_backed_off_point_that_kept_less_than_the_soak_needs_backs_off_more() -> None:
+def test_a_trial_at_the_backed_off_point_that_kept_less_than_the_soak_needs_backs_off() -> None:
     """The arithmetic's step is a forecast: where a trial ran the point the soak's margin backs
     off to and kept less than the soak needs, the steps count on from that measurement."""
     # 0.91 kept 0.7 GiB; the peaks at its demand spread from 2.0 to 3.2 GiB
