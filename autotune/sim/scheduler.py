@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from autotune.sim import tokens
-from autotune.sim.loglines import Lines, fmt_retract
+from autotune.sim.loglines import DecodeBatch, Lines, PrefillBatch, fmt_retract
 from autotune.sim.logwriter import LogWriter
 from autotune.sim.memplan import StartupPlan
 from autotune.sim.prefixcache import Match, PrefixCache
@@ -460,15 +460,17 @@ class Scheduler:
         self.log.rank(
             0,
             self.lines.prefill(
-                n,
-                new_tokens,
-                cached,
-                usage,
-                running_before,
-                len(self.waiting),
-                tput,
-                graph,
-                pending,
+                PrefillBatch(
+                    n,
+                    new_tokens,
+                    cached,
+                    usage,
+                    running_before,
+                    len(self.waiting),
+                    tput,
+                    graph,
+                    pending,
+                )
             ),
         )
         self._gauges(usage)
@@ -593,7 +595,9 @@ class Scheduler:
         usage = self.used_tokens / self.pool
         self.log.rank(
             0,
-            self.lines.decode(bs, self.used_tokens, usage, graph, tput, len(self.waiting), accept),
+            self.lines.decode(
+                DecodeBatch(bs, self.used_tokens, usage, graph, tput, len(self.waiting), accept)
+            ),
         )
         self._gauges(usage)
         self.stats.gen_throughput = tput
