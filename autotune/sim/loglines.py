@@ -66,11 +66,29 @@ def fmt_load_end(elapsed: float, arch: str, dtype: str, avail: float, usage: flo
     )
 
 
-def fmt_kv_allocated(tokens: int, kv: float | None, k: float | None, v: float | None) -> str:
-    """`KV Cache is allocated.` with the pool's tokens and GiB, K and V apart for an MHA pool."""
-    if k is not None and v is not None:
-        return f"KV Cache is allocated. #tokens: {tokens}, K size: {gb(k)} GB, V size: {gb(v)} GB"
-    return f"KV Cache is allocated. #tokens: {tokens}, KV size: {gb(kv or 0.0)} GB"
+@dataclass(frozen=True)
+class KvAllocation:
+    """What a KV pool's allocation line reports: its tokens and GiB (K and V apart for an MHA
+    pool, else one KV figure), its dtype, and whether it is a virtual-address upper bound (the
+    last two printed by 0.5.23 only)."""
+
+    tokens: int
+    kv: float | None
+    k: float | None = None
+    v: float | None = None
+    dtype: str = ""
+    va: bool = False
+
+
+def fmt_kv_allocated(pool: KvAllocation) -> str:
+    """0.5.9's `KV Cache is allocated.` with the pool's tokens and GiB, K and V apart for an MHA
+    pool."""
+    if pool.k is not None and pool.v is not None:
+        return (
+            f"KV Cache is allocated. #tokens: {pool.tokens}, K size: {gb(pool.k)} GB, "
+            f"V size: {gb(pool.v)} GB"
+        )
+    return f"KV Cache is allocated. #tokens: {pool.tokens}, KV size: {gb(pool.kv or 0.0)} GB"
 
 
 def fmt_pool_end(avail: float) -> str:
@@ -134,41 +152,56 @@ def fmt_hicache(gb_requested: float) -> str:
     return f"Allocating {gb_requested:.2f} GB host memory for hierarchical KV cache."
 
 
-def fmt_prefill(
-    new_seq: int,
-    new_token: int,
-    cached: int,
-    usage: float,
-    running: int,
-    queued: int,
-    input_tput: float,
-    cuda_graph: bool = False,
-) -> str:
-    """0.5.9's `Prefill batch` line: new sequences and tokens, cached tokens, token usage, running
-    and queued requests, input throughput."""
+@dataclass(frozen=True)
+class PrefillBatch:
+    """What one `Prefill batch` line reports: new sequences and tokens, cached tokens, token
+    usage, running and queued requests, input throughput, whether a CUDA graph ran it and the
+    tokens still pending (the last two printed by 0.5.23 only)."""
+
+    new_seq: int
+    new_token: int
+    cached: int
+    usage: float
+    running: int
+    queued: int
+    input_tput: float
+    cuda_graph: bool = False
+    pending: int = 0
+
+
+@dataclass(frozen=True)
+class DecodeBatch:
+    """What one `Decode batch` line reports: running requests, their tokens, token usage, CUDA
+    graph on or off, throughput, queued requests, and the accept length and rate with
+    speculative decoding."""
+
+    running: int
+    tokens: int
+    usage: float
+    cuda_graph: bool
+    gen_tput: float
+    queued: int
+    accept: tuple[float, float] | None = None
+
+
+def fmt_prefill(b: PrefillBatch) -> str:
+    """0.5.9's `Prefill batch` line: no pending tokens, and `cuda graph: False` whatever ran the
+    batch (that release captures no prefill graphs)."""
     return (
-        f"Prefill batch, #new-seq: {new_seq}, #new-token: {new_token}, #cached-token: {cached}, "
-        f"token usage: {usage:.2f}, #running-req: {running}, #queue-req: {queued}, "
-        f"input throughput (token/s): {input_tput:.2f}, cuda graph: {cuda_graph}"
+        f"Prefill batch, #new-seq: {b.new_seq}, #new-token: {b.new_token}, "
+        f"#cached-token: {b.cached}, token usage: {b.usage:.2f}, #running-req: {b.running}, "
+        f"#queue-req: {b.queued}, input throughput (token/s): {b.input_tput:.2f}, "
+        "cuda graph: False"
     )
 
 
-def fmt_decode(
-    running: int,
-    tokens: int,
-    usage: float,
-    cuda_graph: bool,
-    gen_tput: float,
-    queued: int,
-    accept: tuple[float, float] | None = None,
-) -> str:
-    """0.5.9's `Decode batch` line: running requests, their tokens, token usage, accept length and
-    rate with speculative decoding, CUDA graph on or off, throughput, queued requests."""
-    spec = f"accept len: {accept[0]:.2f}, accept rate: {accept[1]:.2f}, " if accept else ""
+def fmt_decode(b: DecodeBatch) -> str:
+    """0.5.9's `Decode batch` line (0.5.23 prints the same)."""
+    spec = f"accept len: {b.accept[0]:.2f}, accept rate: {b.accept[1]:.2f}, " if b.accept else ""
     return (
-        f"Decode batch, #running-req: {running}, #token: {tokens}, token usage: {usage:.2f}, "
-        f"{spec}cuda graph: {cuda_graph}, gen throughput (token/s): {gen_tput:.2f}, "
-        f"#queue-req: {queued}"
+        f"Decode batch, #running-req: {b.running}, #token: {b.tokens}, token usage: "
+        f"{b.usage:.2f}, {spec}cuda graph: {b.cuda_graph}, gen throughput (token/s): "
+        f"{b.gen_tput:.2f}, #queue-req: {b.queued}"
     )
 
 
@@ -266,18 +299,10 @@ class Lines:
         """0.5.9's `Using KV cache dtype:` line; None where a release prints none."""
         return f"Using KV cache dtype: {dtype}"
 
-    def kv_allocated(
-        self,
-        tokens: int,
-        kv: float | None,
-        k: float | None,
-        v: float | None,
-        dtype: str,
-        va: bool = False,
-    ) -> str:
+    def kv_allocated(self, pool: KvAllocation) -> str:
         """The KV pool's allocation line (0.5.9 names neither the dtype nor a virtual-address
         pool)."""
-        return fmt_kv_allocated(tokens, kv, k, v)
+        return fmt_kv_allocated(pool)
 
     def pool_end(self, avail: float) -> str:
         """The free memory once the pool is allocated."""
@@ -312,34 +337,14 @@ class Lines:
         """The host cache's allocation line (0.5.9 states only its size)."""
         return fmt_hicache(size_gb)
 
-    def prefill(
-        self,
-        new_seq: int,
-        new_token: int,
-        cached: int,
-        usage: float,
-        running: int,
-        queued: int,
-        input_tput: float,
-        cuda_graph: bool,
-        pending: int,
-    ) -> str:
-        """One `Prefill batch` line (0.5.9 prints neither the CUDA-graph state nor the pending
-        tokens)."""
-        return fmt_prefill(new_seq, new_token, cached, usage, running, queued, input_tput)
+    def prefill(self, batch: PrefillBatch) -> str:
+        """One `Prefill batch` line (0.5.9 prints neither the pending tokens nor whether a CUDA
+        graph ran the batch)."""
+        return fmt_prefill(batch)
 
-    def decode(
-        self,
-        running: int,
-        tokens: int,
-        usage: float,
-        cuda_graph: bool,
-        gen_tput: float,
-        queued: int,
-        accept: tuple[float, float] | None = None,
-    ) -> str:
+    def decode(self, batch: DecodeBatch) -> str:
         """One `Decode batch` line."""
-        return fmt_decode(running, tokens, usage, cuda_graph, gen_tput, queued, accept)
+        return fmt_decode(batch)
 
     def startup_timings(self, timings: dict[str, float], graphs: dict[str, float]) -> str | None:
         """0.5.23's `Engine startup timings` line (0.5.9 has none)."""
@@ -390,23 +395,14 @@ class Lines0523(Lines):
         line)."""
         return None
 
-    def kv_allocated(
-        self,
-        tokens: int,
-        kv: float | None,
-        k: float | None,
-        v: float | None,
-        dtype: str,
-        va: bool = False,
-    ) -> str:
+    def kv_allocated(self, pool: KvAllocation) -> str:
         """mem_cache/memory_pool.py:2087 and :2096 (`_finalize_allocation_log`)."""
-        state = "VA upper bound" if va else "is allocated"
-        if k is not None and v is not None:
+        head = f"KV Cache {'VA upper bound' if pool.va else 'is allocated'}. dtype: {pool.dtype}"
+        if pool.k is not None and pool.v is not None:
             return (
-                f"KV Cache {state}. dtype: {dtype}, #tokens: {tokens}, K size: {gb(k)} GB, "
-                f"V size: {gb(v)} GB"
+                f"{head}, #tokens: {pool.tokens}, K size: {gb(pool.k)} GB, V size: {gb(pool.v)} GB"
             )
-        return f"KV Cache {state}. dtype: {dtype}, #tokens: {tokens}, KV size: {gb(kv or 0.0)} GB"
+        return f"{head}, #tokens: {pool.tokens}, KV size: {gb(pool.kv or 0.0)} GB"
 
     def capture_begin(self, avail: float, role: str, phase: str, shape: CaptureShape) -> str:
         """model_executor/model_runner_components/cuda_graph_setup.py:683 (prefill) and :771
@@ -457,24 +453,14 @@ class Lines0523(Lines):
             f"{size_gb:.2f} GB host memory."
         )
 
-    def prefill(
-        self,
-        new_seq: int,
-        new_token: int,
-        cached: int,
-        usage: float,
-        running: int,
-        queued: int,
-        input_tput: float,
-        cuda_graph: bool,
-        pending: int,
-    ) -> str:
+    def prefill(self, batch: PrefillBatch) -> str:
         """managers/scheduler_components/metrics_reporter.py:753-778."""
         return (
-            f"Prefill batch, #new-seq: {new_seq}, #new-token: {new_token}, "
-            f"#cached-token: {cached}, token usage: {usage:.2f}, #running-req: {running}, "
-            f"#queue-req: {queued}, #pending-token: {pending}, cuda graph: {cuda_graph}, "
-            f"input throughput (token/s): {input_tput:.2f}"
+            f"Prefill batch, #new-seq: {batch.new_seq}, #new-token: {batch.new_token}, "
+            f"#cached-token: {batch.cached}, token usage: {batch.usage:.2f}, "
+            f"#running-req: {batch.running}, #queue-req: {batch.queued}, "
+            f"#pending-token: {batch.pending}, cuda graph: {batch.cuda_graph}, "
+            f"input throughput (token/s): {batch.input_tput:.2f}"
         )
 
     def startup_timings(self, timings: dict[str, float], graphs: dict[str, float]) -> str | None:

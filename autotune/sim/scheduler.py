@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from autotune.sim import tokens
-from autotune.sim.loglines import Lines, fmt_retract
+from autotune.sim.loglines import DecodeBatch, Lines, PrefillBatch, fmt_retract
 from autotune.sim.logwriter import LogWriter
 from autotune.sim.memplan import StartupPlan
 from autotune.sim.prefixcache import Match, PrefixCache
@@ -108,6 +108,25 @@ class Histogram:
         for i, edge in enumerate(self.buckets):
             if value <= edge:
                 self.counts[i] += 1
+
+
+@dataclass
+class _PrefillBudget:
+    """What one prefill batch may still take (PrefillAdder's remaining budgets): pool tokens
+    (free + evictable − reserved for the running requests), input tokens (max prefill tokens)
+    and, with chunked prefill, the chunk's tokens."""
+
+    total: float
+    input: int
+    chunk: int | None
+
+    def spend(self, extend: int, total: int) -> None:
+        """Admit `extend` new input tokens that hold `total` pool tokens (the extension, plus
+        the new tokens reserved for a request that joins the batch)."""
+        self.total -= total
+        self.input -= extend
+        if self.chunk is not None:
+            self.chunk -= extend
 
 
 @dataclass
@@ -315,9 +334,11 @@ class Scheduler:
     def _form_prefill(self) -> list[tuple[Request, int]]:
         if self.chunked is None and not self.waiting:
             return []
-        rem_total = self.free_tokens + self.cache.evictable_tokens - self._reserved()
-        rem_input = self.max_prefill
-        rem_chunk = self.chunk if self.chunk else None
+        budget = _PrefillBudget(
+            total=self.free_tokens + self.cache.evictable_tokens - self._reserved(),
+            input=self.max_prefill,
+            chunk=self.chunk if self.chunk else None,
+        )
         batch: list[tuple[Request, int]] = []
         now = time.perf_counter()
         if self.chunked is not None and self.chunked.finished:
@@ -326,32 +347,29 @@ class Scheduler:
         if self.chunked is not None:
             req = self.chunked
             left = req.fill_target - req.filled
-            take = min(left, rem_chunk) if rem_chunk else left
+            take = min(left, budget.chunk) if budget.chunk else left
             if not self._ensure_free(take):
                 return []
             batch.append((req, take))
-            rem_input -= take
-            rem_total -= take
-            if rem_chunk is not None:
-                rem_chunk -= take
+            budget.spend(take, take)
             if take < left:
                 return batch
             self.chunked = None
         while self.waiting:
             if len(self.running) + len(batch) >= self.max_running:
                 break
-            if rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0):
+            if budget.input <= 0 or (budget.chunk is not None and budget.chunk <= 0):
                 break
             req = self.waiting[0]
             ids = req.input_ids + req.output_ids
             match = self.cache.match(ids, len(ids) - 1, now)
             extend = len(ids) - match.tokens
             need = extend + min(req.remaining, CLIP_MAX_NEW_TOKENS)
-            if need > rem_total and (self.running or batch):
+            if need > budget.total and (self.running or batch):
                 break
-            limit = min(rem_input, rem_chunk) if rem_chunk is not None else rem_input
-            take = min(extend, limit) if (rem_chunk is not None or not batch) else extend
-            if take < extend and rem_chunk is None and batch:
+            limit = min(budget.input, budget.chunk) if budget.chunk is not None else budget.input
+            take = min(extend, limit) if (budget.chunk is not None or not batch) else extend
+            if take < extend and budget.chunk is None and batch:
                 break
             if not self._ensure_free(take + match.host_tokens):
                 break
@@ -363,10 +381,7 @@ class Scheduler:
             req.filled = match.tokens
             req.admitted_at = req.admitted_at or now
             batch.append((req, take))
-            rem_total -= need
-            rem_input -= take
-            if rem_chunk is not None:
-                rem_chunk -= take
+            budget.spend(take, need)
             if take < extend:
                 self.chunked = req
                 break
@@ -445,15 +460,17 @@ class Scheduler:
         self.log.rank(
             0,
             self.lines.prefill(
-                n,
-                new_tokens,
-                cached,
-                usage,
-                running_before,
-                len(self.waiting),
-                tput,
-                graph,
-                pending,
+                PrefillBatch(
+                    n,
+                    new_tokens,
+                    cached,
+                    usage,
+                    running_before,
+                    len(self.waiting),
+                    tput,
+                    graph,
+                    pending,
+                )
             ),
         )
         self._gauges(usage)
@@ -578,7 +595,9 @@ class Scheduler:
         usage = self.used_tokens / self.pool
         self.log.rank(
             0,
-            self.lines.decode(bs, self.used_tokens, usage, graph, tput, len(self.waiting), accept),
+            self.lines.decode(
+                DecodeBatch(bs, self.used_tokens, usage, graph, tput, len(self.waiting), accept)
+            ),
         )
         self._gauges(usage)
         self.stats.gen_throughput = tput

@@ -33,6 +33,7 @@ from autotune.sim.faults import FaultSet
 from autotune.sim.flags import CommandLine, ServerSettings
 from autotune.sim.loglines import (
     CaptureShape,
+    KvAllocation,
     Lines,
     fmt_died_during_init,
     fmt_hicache,
@@ -409,7 +410,14 @@ class StartupSequence:
         tokens = plan.profiled_tokens if plan.post_capture else plan.max_total_num_tokens
         log.every_rank(
             self.lines.kv_allocated(
-                tokens or 0, plan.kv_gib, plan.k_gib, plan.v_gib, plan.kv_dtype, plan.post_capture
+                KvAllocation(
+                    tokens or 0,
+                    plan.kv_gib,
+                    plan.k_gib,
+                    plan.v_gib,
+                    plan.kv_dtype,
+                    plan.post_capture,
+                )
             )
         )
         log.every_rank(self.lines.pool_end(plan.avail_after_pool_gib))
@@ -437,7 +445,13 @@ class StartupSequence:
         tokens = plan.profiled_tokens if plan.post_capture else plan.max_total_num_tokens
         self.log.every_rank(
             self.lines.kv_allocated(
-                tokens or 0, plan.draft_kv_gib, plan.draft_k_gib, plan.draft_v_gib, plan.kv_dtype
+                KvAllocation(
+                    tokens or 0,
+                    plan.draft_kv_gib,
+                    plan.draft_k_gib,
+                    plan.draft_v_gib,
+                    plan.kv_dtype,
+                )
             )
         )
         self.log.every_rank(self.lines.pool_end(plan.avail_after_draft_pool_gib))
@@ -646,7 +660,9 @@ class StartupSequence:
         assert plan.max_total_num_tokens is not None and plan.avail_after_draft_pool_gib is not None
         log.every_rank(
             fmt_kv_allocated(
-                plan.max_total_num_tokens, plan.draft_kv_gib, plan.draft_k_gib, plan.draft_v_gib
+                KvAllocation(
+                    plan.max_total_num_tokens, plan.draft_kv_gib, plan.draft_k_gib, plan.draft_v_gib
+                )
             )
         )
         log.every_rank(fmt_pool_end(plan.avail_after_draft_pool_gib))

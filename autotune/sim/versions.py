@@ -32,7 +32,8 @@ def _frozen(mapping: Mapping[str, object]) -> Mapping[str, object]:
 
 @dataclass(frozen=True)
 class SglangVersion:
-    """One SGLang release and the rules the simulator applies for it."""
+    """One SGLang release and the rules the simulator applies for it. Each rule defaults to
+    0.5.9's behaviour, so a release's entry names only the rules where it departs from it."""
 
     name: str
     table_module: str
@@ -40,38 +41,38 @@ class SglangVersion:
     top_class: tuple[int, int]
     spec_reserve_mib: Mapping[str, object]
     """Extra MiB the automatic fraction reserves per speculative algorithm (0.5.9)."""
-    prefill_graph_reserve: bool
+    prefill_graph_reserve: bool = False
     """The automatic fraction also reserves the prefill graph (0.5.23 `reserve_for_graph_mb`)."""
-    cap_graph_bs_by_running: bool
+    cap_graph_bs_by_running: bool = False
     """Decode max_bs defaults to --max-running-requests when that is smaller (0.5.23)."""
-    draft_before_profile: bool
+    draft_before_profile: bool = False
     """Draft weights load before the KV profile (counted in A), not out of the headroom."""
-    fold_draft_cell: bool
+    fold_draft_cell: bool = False
     """EAGLE/STANDALONE: int(cell · L_draft / L_target) is added to the target's per-token cell."""
-    req_pool_padding: int
+    req_pool_padding: int = 0
     """Rows the request table holds beyond max_running_requests (0.5.23: one padding row)."""
-    prefill_graphs: bool
+    prefill_graphs: bool = False
     """Prefill CUDA graphs (breakable backend) are captured before decode by default."""
-    post_capture_kv_sizing: bool
+    post_capture_kv_sizing: bool = False
     """SGLANG_ENABLE_POST_CAPTURE_KV_SIZING exists (MHA models; off by default)."""
-    host_budget_per_rank: bool
+    host_budget_per_rank: bool = False
     """HiCache checks each pool against (available − 10 GiB) ÷ local ranks, not the whole box."""
-    host_reads_cgroup: bool
+    host_reads_cgroup: bool = False
     """Available host RAM is bounded by the memory cgroup's headroom, logged as `HiCache memory
     headroom: host … GiB, cgroup … GiB` (0.5.23 `mem_cache/host_memory.py`); before, a pool the
     container cannot hold is pinned until its OOM killer ends a rank."""
-    host_pool_must_exceed_device: bool
+    host_pool_must_exceed_device: bool = True
     """A host pool not larger than the device pool is refused (0.5.9) rather than warned about."""
-    draft_host_pool: bool
+    draft_host_pool: bool = False
     """A speculative draft gets its own HiCache host pool (`Allocating draft ...`)."""
-    hicache_auto_size: bool
+    hicache_auto_size: bool = False
     """Without --hicache-ratio/--hicache-size the ratio shrinks to fit host RAM (0.5.23)."""
-    imbalance_raises: bool
+    imbalance_raises: bool = False
     """Unbalanced free memory across TP ranks is a RuntimeError (SGLANG_ENABLE_TP_MEMORY_
     INBALANCE_CHECK, default on) rather than the warning the simulator printed for 0.5.9."""
-    subprocess_watchdog: bool
+    subprocess_watchdog: bool = False
     """A scheduler killed after startup is noticed (SubprocessWatchdog) and the tree killed."""
-    graceful_exit_code: int | None
+    graceful_exit_code: int | None = None
     """Exit code after a drained SIGTERM; None means the process SIGKILLs itself (rc −9)."""
     setting_dests: Mapping[str, object] = field(default_factory=dict)
     """This release's dest → the ServerSettings field it fills (its spellings of our knobs)."""
@@ -136,21 +137,6 @@ V0_5_9 = SglangVersion(
     ),
     top_class=(16384, 512),
     spec_reserve_mib=_frozen({"EAGLE": 2048, "EAGLE3": 2048, "NEXTN": 2048, "STANDALONE": 6144}),
-    prefill_graph_reserve=False,
-    cap_graph_bs_by_running=False,
-    draft_before_profile=False,
-    fold_draft_cell=False,
-    req_pool_padding=0,
-    prefill_graphs=False,
-    post_capture_kv_sizing=False,
-    host_budget_per_rank=False,
-    host_reads_cgroup=False,
-    host_pool_must_exceed_device=True,
-    draft_host_pool=False,
-    hicache_auto_size=False,
-    imbalance_raises=False,
-    subprocess_watchdog=False,
-    graceful_exit_code=None,
 )
 
 V0_5_23 = SglangVersion(

@@ -7,6 +7,9 @@ import io
 import re
 
 from autotune.sim.loglines import (
+    DecodeBatch,
+    KvAllocation,
+    PrefillBatch,
     fmt_capture_end,
     fmt_decode,
     fmt_kv_allocated,
@@ -43,10 +46,12 @@ def test_startup_strings() -> None:
         "Load weight end. elapsed=420.00 s, type=DeepseekV3ForCausalLM, dtype=torch.bfloat16, "
         "avail mem=21.71 GB, mem usage=72.33 GB."
     )
-    assert fmt_kv_allocated(159277, 10.424, None, None) == (
+    assert fmt_kv_allocated(KvAllocation(159277, 10.424)) == (
         "KV Cache is allocated. #tokens: 159277, KV size: 10.42 GB"
     )
-    assert fmt_kv_allocated(10, None, 0.04, 0.04).endswith("K size: 0.04 GB, V size: 0.04 GB")
+    assert fmt_kv_allocated(KvAllocation(10, None, 0.04, 0.04)).endswith(
+        "K size: 0.04 GB, V size: 0.04 GB"
+    )
     assert fmt_capture_end(95, 3.75, 5.47) == (
         "Capture cuda graph end. Time elapsed: 95.00 s. mem usage=3.75 GB. avail mem=5.47 GB."
     )
@@ -59,18 +64,18 @@ def test_startup_strings() -> None:
 
 
 def test_serving_strings() -> None:
-    prefill = fmt_prefill(2, 8192, 64, 0.5, 46, 100, 1234.5)
+    prefill = fmt_prefill(PrefillBatch(2, 8192, 64, 0.5, 46, 100, 1234.5))
     assert re.fullmatch(
         r"Prefill batch, #new-seq: \d+, #new-token: \d+, #cached-token: \d+, token usage: "
         r"[\d.]+, #running-req: \d+, #queue-req: \d+, input throughput \(token/s\): [\d.]+, "
         r"cuda graph: (True|False)",
         prefill,
     )
-    decode = fmt_decode(48, 90000, 0.57, True, 981.23, 102, accept=(2.5, 0.5))
+    decode = fmt_decode(DecodeBatch(48, 90000, 0.57, True, 981.23, 102, accept=(2.5, 0.5)))
     assert decode == (
         "Decode batch, #running-req: 48, #token: 90000, token usage: 0.57, accept len: 2.50, "
         "accept rate: 0.50, cuda graph: True, gen throughput (token/s): 981.23, #queue-req: 102"
     )
-    assert "accept len" not in fmt_decode(1, 1, 0.0, False, 1.0, 0)
+    assert "accept len" not in fmt_decode(DecodeBatch(1, 1, 0.0, False, 1.0, 0))
     oom = fmt_oom_error(2.0, 95.59, 0.5, 95.0, 3.7)
     assert oom.startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.")

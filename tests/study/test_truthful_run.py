@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 
 from autotune.config.studyfile import SHIPPED_STUDIES, StudyConfig, load_study, parse_study
 from autotune.record.remedy import remedy
-from autotune.record.view import view, views
+from autotune.record.view import TrialView, view, views
 from autotune.review.status import rows
 from autotune.sim.profiles import load_profile
 from autotune.study.loop import baseline_first, prepare, tell
@@ -40,6 +40,11 @@ GRID = (
 
 def _cfg(text: str, tmp_path: Path) -> StudyConfig:
     return parse_study(tomllib.loads(text), name="t", path=tmp_path / "t.toml")
+
+
+def _failed_baseline(outcome: str, reason: str) -> TrialView:
+    """The baseline (trial 0, at the study's 0.88) as the record reads it after it failed."""
+    return view(trial(0, 0.88, outcome=outcome, reason=reason))
 
 
 def _plan(tmp_path: Path) -> TrialPlan:
@@ -131,8 +136,10 @@ def test_a_baseline_that_failed_with_a_small_host_cache_points_at_the_host_cache
     tmp_path: Path,
 ) -> None:
     cfg = _cfg(GRID, tmp_path)
-    why = "startup_error (hicache_too_small): AssertionError: The host memory should be larger"
-    base = view(trial(0, 0.88, outcome="startup_error", reason=why))
+    base = _failed_baseline(
+        "startup_error",
+        "startup_error (hicache_too_small): AssertionError: The host memory should be larger",
+    )
     assert base.cause == "hicache_too_small" and "hicache_size" in remedy(base)
     text = closing_reason(cfg, [base])
     assert text.startswith(" What ended it: the baseline (trial 0) failed with startup_error")
@@ -203,8 +210,9 @@ def test_a_failed_baseline_the_search_got_past_is_said_but_did_not_end_the_study
     tmp_path: Path,
 ) -> None:
     cfg = _cfg(GRID, tmp_path)
-    why = "runtime_oom (torch_oom): torch.OutOfMemoryError: CUDA out of memory."
-    base = view(trial(0, 0.88, outcome="runtime_oom", reason=why))
+    base = _failed_baseline(
+        "runtime_oom", "runtime_oom (torch_oom): torch.OutOfMemoryError: CUDA out of memory."
+    )
     ok = view(trial(1, 0.86))
     assert ok.feasible and not base.feasible
     text = closing_reason(cfg, [base, ok])
