@@ -25,7 +25,12 @@ exhaustively) that the study's stable launches reached (99% of the capacity, 98%
 throughput): throughput is the second objective. "export" is what the exported setting kept of
 the capacity its confirm soak allows (`export_share`: over the most any fraction holds through a
 soak as long at the export's other parameters), median and 10th percentile over the studies
-whose export passed its soak: a margin wider than the soak needs shows there.
+whose export passed its soak: a margin wider than the soak needs shows there. "final min" is the
+least any study held in a launch that is stable in its world; "kept" what the exported setting
+keeps of the best stable capacity where that setting is stable, 0 where it is not (`kept`, median
+and least): the held launches count only settings a launch ran, the export is what the operator
+takes away, backed off by the margin a confirm soak needs (longer than a trial: the growth and
+the worst peak of several workloads).
 
     .venv/bin/python scripts/bench_search.py --mismatch      # a world that differs from the model
     .venv/bin/python scripts/bench_search.py --mismatch peak_tail_dof,spike_probability
@@ -205,6 +210,8 @@ class Run:
     soak_factor: float | None = None  # the confirm soak's length in trials (None: no export)
     # the exported capacity over the most a setting of its demand holds through that soak
     export_share: float | None = None
+    # the exported capacity over the best stable one where the export is stable, else 0
+    kept: float = 0.0
 
 
 def study_run(
@@ -289,7 +296,17 @@ def study_run(
         best=best,
         soak_factor=soaked[1] if soaked is not None else None,
         export_share=export_share(bench, soaked[2], soaked[1]) if soaked is not None else None,
+        kept=kept(bench, soaked[2], best) if soaked is not None else 0.0,
     )
+
+
+def kept(bench: Bench, params: dict[str, Scalar], best: int) -> float:
+    """What the study ends with: the exported setting's capacity over the best stable
+    capacity of the world where the export is itself stable (`p_stable` ≥ `STABLE_P`), 0 where
+    it is not; the held launches (`Run.final`) count only settings a launch ran, the export is
+    what the operator takes away."""
+    p, tokens = p_stable(bench, params)
+    return tokens / best if best and p >= STABLE_P else 0.0
 
 
 def export_share(bench: Bench, params: dict[str, Scalar], factor: float) -> float | None:
@@ -408,7 +425,8 @@ def _pct(part: int, whole: int) -> str:
 
 def outcomes(runs: list[Run], budget: int) -> list[str]:
     """Per sampler: the share of studies whose export passes its soak and the share that held
-    99% of the best stable capacity, the lowest share of the best any study ended with, median
+    99% of the best stable capacity, the lowest share of the best any study held in a launch and
+    the median and lowest its export keeps (0 where the export is not stable, `kept`), median
     and worst launches to the target, median crashes on the way, TPE's median launches over
     this sampler's (on the same studies), the share of the front held at the median."""
     by: dict[str, list[Run]] = {}
@@ -417,8 +435,8 @@ def outcomes(runs: list[Run], budget: int) -> list[str]:
             by.setdefault(r.sampler, []).append(r)
     head = (
         f"{'sampler':<10} {'studies':>7} {'soak ok':>7} {'reached':>7} {'final min':>9} "
-        f"{'launches med':>12} {'worst':>6} {'crashes med':>11} {'vs tpe':>7} {'front med':>9} "
-        f"{'export med':>10} {'p10':>5}"
+        f"{'kept med/min':>12} {'launches med':>12} {'worst':>6} {'crashes med':>11} {'vs tpe':>7} "
+        f"{'front med':>9} {'export med':>10} {'p10':>5}"
     )
     lines = [head]
     tpe = by.get("tpe")
@@ -433,7 +451,8 @@ def outcomes(runs: list[Run], budget: int) -> list[str]:
         lines.append(
             f"{name:<10} {len(rs):>7} {_pct(soaked, len(rs)):>7} "
             f"{_pct(sum(r.launches is not None for r in rs), len(rs)):>7} "
-            f"{min(r.final for r in rs):>9.1%} {_launches(med, budget):>12} "
+            f"{min(r.final for r in rs):>9.1%} {_kept(rs):>12} "
+            f"{_launches(med, budget):>12} "
             f"{_launches(max(steps), budget):>6} "
             f"{statistics.median(r.crashes for r in rs):>11g} {ratio:>7} "
             f"{statistics.median(r.front for r in rs):>9.0%} {_export(rs)}"
@@ -449,6 +468,12 @@ def outcomes(runs: list[Run], budget: int) -> list[str]:
             f"{sum(r.soak_ok is True for r in none)} passed its soak)"
         )
     return lines
+
+
+def _kept(rs: list[Run]) -> str:
+    """`kept` over the studies, median/least."""
+    values = [r.kept for r in rs]
+    return f"{statistics.median(values):.0%}/{min(values):.0%}"
 
 
 def _export(rs: list[Run]) -> str:

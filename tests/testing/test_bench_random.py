@@ -202,3 +202,26 @@ def test_the_export_share_is_the_capacity_kept_of_what_its_soak_allows(
     tokens = [bench_search.p_stable(bench, p, soak=3.0)[1] for p in (lower, at_top)]
     assert bench_search.export_share(bench, lower, 3.0) == pytest.approx(tokens[0] / tokens[1])
     assert tokens[0] < tokens[1]
+
+
+def test_kept_is_the_exports_share_of_the_best_stable_where_the_export_is_stable(
+    bench_search: ModuleType,
+) -> None:
+    """`kept`: the exported capacity over the best stable one where the export is stable in its
+    world, 0 where it is not (a setting above the stable edge that held by luck keeps nothing)."""
+    bench = bench_for(load_profile("qwen3-32b-h200"), min_headroom_gib=0.5)
+    base = {"max_running_requests": 32, "hicache_size": 0}
+    rows = [
+        (f, *bench_search.p_stable(bench, {**base, "mem_fraction_static": f}))
+        for f in (round(0.80 + 0.01 * i, 2) for i in range(19))
+    ]
+    stable = [(f, tokens) for f, p, tokens in rows if p >= bench_search.STABLE_P]
+    unstable = [f for f, p, _ in rows if p < bench_search.STABLE_P]
+    assert stable and unstable
+    top, best = max(stable)
+    lower, fewer = min(stable)
+    assert bench_search.kept(bench, {**base, "mem_fraction_static": top}, best) == 1.0
+    assert bench_search.kept(bench, {**base, "mem_fraction_static": lower}, best) == pytest.approx(
+        fewer / best
+    )
+    assert bench_search.kept(bench, {**base, "mem_fraction_static": unstable[-1]}, best) == 0.0
