@@ -127,12 +127,12 @@ def test_the_confirm_records_every_case_and_the_export_covers_the_worst(
 def test_a_case_that_runs_out_of_memory_at_the_winner_is_named_by_the_export(
     no_leftovers: Path,
 ) -> None:
-    config = _study(no_leftovers, "context_mib_per_1k_tokens = 120")
+    config = _study(no_leftovers, "context_mib_per_1k_tokens = 90")
     _run(config, "run")
     before = _export(config)
     confirmed = before["params"]["mem_fraction_static"]
     out = _run(config, "confirm", rc=1)
-    assert "confirmation FAILED" in out and "worst case longest-context (runtime_oom)" in out
+    assert "confirmation FAILED" in out and "worst case longest-context (runtime_oom)" in out, out
     verdict = _verdict(config)
     cases = {c["name"]: c for c in verdict["cases"]}
     assert cases["longest-context"]["outcome"] == "runtime_oom"
