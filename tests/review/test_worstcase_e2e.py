@@ -28,7 +28,7 @@ hicache_size = 48
 mem_fraction_static = 0.88"""
 
 
-def _study(folder: Path, mismatch: str = "") -> Path:
+def _study(folder: Path, mismatch: str = "", search: str = SEARCH) -> Path:
     text = (PROFILE_DIR / "kimi-k2.5-tp8-96g.toml").read_text()
     # prefill ten times faster than the box, so a 20K-token case takes a fraction of a second
     text = text.replace("prefill_ms_per_token = 0.15", "prefill_ms_per_token = 0.01")
@@ -38,7 +38,7 @@ def _study(folder: Path, mismatch: str = "") -> Path:
         time_scale=30000,
         duration=0.5,
         flags=simstudy.KIMI_FLAGS + "\nchunked-prefill-size = 2048",
-        search=SEARCH,
+        search=search,
         profile=str(profile),
     )
     study = study.replace(
@@ -127,7 +127,11 @@ def test_the_confirm_records_every_case_and_the_export_covers_the_worst(
 def test_a_case_that_runs_out_of_memory_at_the_winner_is_named_by_the_export(
     no_leftovers: Path,
 ) -> None:
-    config = _study(no_leftovers, "context_mib_per_1k_tokens = 90")
+    # 0.94 holds or not as the trial's long prompts happen to overlap: without it the search ends
+    # at 0.91 whatever the timing, and the export backs off to 0.88, where two long prompts at
+    # once fit and four do not
+    search = SEARCH.replace("high = 0.94", "high = 0.91")
+    config = _study(no_leftovers, "context_mib_per_1k_tokens = 120", search)
     _run(config, "run")
     before = _export(config)
     confirmed = before["params"]["mem_fraction_static"]
