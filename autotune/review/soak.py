@@ -301,8 +301,7 @@ def soak_plan(
     step beyond the confirmed one (its peak was cut short by the failure: no measurement covers
     it)."""
     held = [t for t in trials if t.feasible]
-    key = point_key(params, space)
-    same = [t for t in held if point_key(t.params, space) == key]
+    same = _held_at(held, params, space)
     heads = [h for t in same if (h := _headroom(t)) is not None]
     if not heads:
         return None
@@ -356,18 +355,23 @@ def _measured_steps(
     if not isinstance(f0, float) or per_step <= 0:
         return steps, None
     measured = None
-    for _ in range(64):
-        at = dict(params)
-        at[FRACTION] = snap(f0 - steps * step, step)
-        key = point_key(at, space)
-        heads = [h for t in held if point_key(t.params, space) == key
-                 if (h := _headroom(t)) is not None]  # fmt: skip
+    while True:  # each pass needs a held trial a step lower still: the trials end it
+        there = _held_at(held, {**params, FRACTION: snap(f0 - steps * step, step)}, space)
+        heads = [h for t in there if (h := _headroom(t)) is not None]
         if not heads or min(heads) >= need - 1e-9:
             break
-        number = max(t.number for t in held if point_key(t.params, space) == key)
-        measured = (number, min(heads))
-        steps += max(1, math.ceil((need - min(heads)) / per_step - 1e-9))
+        kept = min(heads)
+        measured = (max(t.number for t in there), kept)
+        steps += max(1, math.ceil((need - kept) / per_step - 1e-9))
     return steps, measured
+
+
+def _held_at(
+    held: Sequence[TrialView], params: Mapping[str, Scalar], space: Space | None
+) -> list[TrialView]:
+    """The trials of `held` that ran the point `params` of `space`."""
+    key = point_key(params, space)
+    return [t for t in held if point_key(t.params, space) == key]
 
 
 def _headroom(t: TrialView) -> float | None:
