@@ -40,6 +40,7 @@ from autotune.config.studyfile import (
     StudyConfig,
     check_study_name,
     load_study,
+    nodes_refusal,
     param_name,
     read_study,
 )
@@ -621,6 +622,9 @@ def compose(
     _check_sources(src)
     facts = log_facts(src.from_log) if src.from_log is not None else None
     launch, flag_notes, warnings, split = _launch_of(src, facts, inspect, table_for)
+    refusal = nodes_refusal(launch.flags)
+    if refusal is not None:
+        raise UsageError(f"{launch.origin}: --nnodes {refusal}")
     current, flags, setting_notes = take_settings(launch, facts)
     notes_all = [*launch.notes, *setting_notes]
     warnings += [n for n in notes_all if "by hand" in n or "not copied" in n]

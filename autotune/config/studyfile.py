@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -389,6 +389,9 @@ def _server(t: Table) -> ServerConfig:
                 "is set by autotune; use "
                 + ("workload.api_key_env" if reserved == "api_key" else f"server.{reserved}"),
             )
+    refusal = nodes_refusal(flags)
+    if refusal is not None:
+        raise ConfigError(t.key("flags.nnodes"), refusal)
     lt = t.table("limits")
     lt.only(
         "startup_s", "stall_s", "workload_s", "stop_grace_s", "release_s", "foreign_wait_s",
@@ -416,6 +419,25 @@ def _server(t: Table) -> ServerConfig:
         sim_seed=t.integer("sim_seed", default=0, low=0),
         sim_version=_sim_version(t),
         limits=limits,
+    )
+
+
+def nodes_refusal(flags: Iterable[tuple[str, FlagValue]]) -> str | None:
+    """Why a server of these flags cannot be a study, where it spans several nodes (`--nnodes`),
+    else None: such a server needs a launch on every node for each trial, and autotune launches
+    one process on the box it runs on; the first node would wait for the others until the startup
+    stall limit, which a trial would store as the parameters' hang."""
+    nodes = {param_name(name): value for name, value in flags}.get("nnodes")
+    try:
+        count = int(str(nodes)) if nodes is not None and nodes is not True else 1
+    except ValueError:
+        return None
+    if count <= 1:
+        return None
+    return (
+        f"{count}: autotune launches one server process on this box, and a server across "
+        f"{count} nodes needs a launch on every node for each trial; tune a one-node server "
+        "(without nnodes, node_rank and dist_init_addr)"
     )
 
 

@@ -188,6 +188,10 @@ def test_an_existing_file_is_refused_without_force(
         (["--from-cmd", "x", "--from-unit", "u"], "not both"),
         (["--from-cmd", "python -m sglang.launch_server --mem-fraction-static high"], "number"),
         (["--from-log", "junk.log"], "no server_args, memory or batch line"),
+        (
+            ["--from-cmd", "python -m sglang.launch_server --model-path m --tp 16 --nnodes 2"],
+            "--nnodes 2: autotune launches one server process",
+        ),
     ],
 )
 def test_bad_input_is_one_line_with_exit_2(

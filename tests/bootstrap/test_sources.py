@@ -133,3 +133,47 @@ def test_a_unit_without_exec_start_is_a_usage_error(tmp_path: Path) -> None:
         launch_from_unit(unit)
     with pytest.raises(UsageError, match="cannot read"):
         launch_from_unit(tmp_path / "missing.service")
+
+
+@pytest.mark.parametrize(
+    ("command", "program", "flags"),
+    [
+        (
+            "numactl --interleave=all python -m sglang.launch_server --model-path m --tp 2",
+            ("numactl", "--interleave=all", "python", "-m", "sglang.launch_server"),
+            [("model-path", "m"), ("tp", 2)],
+        ),
+        (
+            "srun --gres=gpu:8 --ntasks=1 sglang serve --model-path m --tp 8",
+            ("srun", "--gres=gpu:8", "--ntasks=1", "sglang", "serve"),
+            [("model-path", "m"), ("tp", 8)],
+        ),
+        (
+            "docker run --gpus all --network host img python3 -m sglang.launch_server --tp 8",
+            ("docker", "run", "--gpus", "all", "--network", "host", "img", "python3", "-m",
+             "sglang.launch_server"),
+            [("tp", 8)],
+        ),
+        (
+            "python /opt/sglang/python/sglang/launch_server.py --model-path m",
+            ("python", "/opt/sglang/python/sglang/launch_server.py"),
+            [("model-path", "m")],
+        ),
+        ("/srv/bin/serve-llm --model-path m", ("/srv/bin/serve-llm",), [("model-path", "m")]),
+    ],
+)  # fmt: skip
+def test_a_wrappers_own_flags_stay_with_the_program(
+    command: str, program: tuple[str, ...], flags: list[tuple[str, object]]
+) -> None:
+    launch = launch_from_command(command)
+    assert launch.command == program and list(launch.flags) == flags
+    assert not any("container" in n for n in launch.notes)
+
+
+@pytest.mark.parametrize("runner", ["docker", "podman"])
+def test_a_container_with_a_network_of_its_own_is_named(runner: str) -> None:
+    launch = launch_from_command(
+        f"{runner} run --gpus all -p 30000:30000 img python3 -m sglang.launch_server --tp 8"
+    )
+    assert launch.command[-1] == "sglang.launch_server" and launch.flags == (("tp", 8),)
+    assert any(f"({runner} run)" in n and "--network host" in n for n in launch.notes)

@@ -108,6 +108,11 @@ BAD: list[tuple[str, str, str]] = [
     (_replace("tp-size = 8\n", "tp-size = 8\nport = 1234\n"), "server.flags.port", "server.port"),
     (_replace("tp-size = 8\n", "tp-size = 8\nTP_SIZE = 8\n"), "server.flags.TP_SIZE", "flag name"),
     (
+        _replace("tp-size = 8\n", "tp-size = 8\nnnodes = 2\nnode-rank = 0\n"),
+        "server.flags.nnodes",
+        "a launch on every node",
+    ),
+    (
         _replace("tp-size = 8\n", "tp-size = 8\ntp_size = 8\n"),
         "server.flags.tp_size",
         "same flag",
