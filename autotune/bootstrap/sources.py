@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autotune.config.command import own_network, program_end
 from autotune.config.space import render
 from autotune.config.studyfile import FlagValue, Scalar
 from autotune.errors import UsageError
@@ -35,8 +36,6 @@ _ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|CREDENTIAL|PRIVATE", re.IGNORECASE)
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 _SHELLS = ("sh", "bash", "dash", "zsh")
-_CONTAINER_RUNNERS = ("docker", "podman", "nerdctl")
-_SGLANG_ENTRY = re.compile(r"(^|/)sglang[./]launch_server(\.py)?$")
 
 
 @dataclass(frozen=True)
@@ -141,37 +140,6 @@ def _unwrap(words: list[str], env: dict[str, str], what: str) -> list[str]:
     return words
 
 
-def _program_end(words: Sequence[str]) -> int:
-    """Where the server's own flags begin: after SGLang's entry point where the words name one
-    (`-m sglang.launch_server`, `…/sglang/launch_server.py`, `sglang serve`), so that a wrapper's
-    own flags before it (`numactl --interleave=all`, `docker run --gpus all … image`, `srun
-    --gres=gpu:8`) stay with the program; else at the first flag."""
-    for i, word in enumerate(words):
-        if word.startswith("--"):
-            continue
-        if _SGLANG_ENTRY.search(word):
-            return i + 1
-        if os.path.basename(word) == "sglang" and i + 1 < len(words) and words[i + 1] == "serve":
-            return i + 2
-    return next((i for i, w in enumerate(words) if w.startswith("--")), len(words))
-
-
-def _own_network(program: Sequence[str]) -> bool:
-    """Whether the program runs the server in a container (`docker run`, `podman run`, `nerdctl
-    run`) with a network of its own, where only the ports it publishes reach the host."""
-    if len(program) < 2 or os.path.basename(program[0]) not in _CONTAINER_RUNNERS:
-        return False
-    if program[1] != "run":
-        return False
-    words = list(program[2:])
-    for i, word in enumerate(words):
-        if word in ("--network=host", "--net=host"):
-            return False
-        if word in ("--network", "--net") and i + 1 < len(words) and words[i + 1] == "host":
-            return False
-    return True
-
-
 def launch_from_words(
     words: Sequence[str],
     *,
@@ -182,7 +150,7 @@ def launch_from_words(
     """A `Launch` from a command already split into words."""
     environment = dict(env or {})
     rest = _unwrap(list(words), environment, origin)
-    start = _program_end(rest)
+    start = program_end(rest)
     program = tuple(rest[:start])
     if not program:
         raise UsageError(f"{origin}: no program before the flags; give the whole command")
@@ -197,7 +165,7 @@ def launch_from_words(
         out_notes.append(
             f"the program ({' '.join(program)}) does not name sglang; autotune runs it as given"
         )
-    if _own_network(program):
+    if own_network(program):
         out_notes.append(
             f"the server runs in a container ({' '.join(program[:2])}) with a network of its own: "
             "autotune binds each trial's server to server.host and a free port, which the "

@@ -122,7 +122,12 @@ def canonical(launch: Launch, inspect: Inspect) -> tuple[Launch, list[str], list
     notes: list[str] = []
     if not report.checked_by:
         python = flagcheck.study_python(argv)
-        notes.append(f"SGLang does not import in {python}: flags kept as spelled")
+        notes.append(
+            f"SGLang does not import in {python}: flags kept as spelled"
+            if python is not None
+            else "SGLang runs in the container, whose parser autotune cannot ask here: flags "
+            "kept as spelled"
+        )
         return launch, notes, []
     renamed = {given[2:]: name[2:] for given, name in report.canonical.items()}
     flags = tuple((renamed.get(n, n), v) for n, v in launch.flags)

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from autotune.config.command import in_container, interpreter, program_end
 from autotune.server import flagprobe
 from autotune.sim.flags import build_parser
 from autotune.sim.profiles import ProfileError, load_profile
@@ -65,18 +66,20 @@ def _sim_release(argv: list[str]) -> str | None:
         return None
 
 
-def study_python(argv: Sequence[str]) -> str:
-    """The Python that runs SGLang for this command: `PY -m sglang.launch_server …` names it;
-    anything else is checked with this Python."""
-    if len(argv) >= 3 and argv[1] == "-m" and argv[2].startswith("sglang"):
-        return argv[0]
-    return sys.executable
+def study_python(argv: Sequence[str]) -> str | None:
+    """The Python that runs SGLang for this command: `PY -m sglang.launch_server …` names it
+    (behind any wrapper); None where the server runs in a container, whose Python this host
+    cannot ask; anything else is checked with this Python."""
+    program = argv[: program_end(argv)]
+    if in_container(program):
+        return None
+    return interpreter(program) or sys.executable
 
 
 def flags_of(argv: Sequence[str]) -> list[str]:
-    """Everything from the first `--` token on (the program before it is not a flag)."""
-    start = next((i for i, a in enumerate(argv) if a.startswith("--")), len(argv))
-    return list(argv[start:])
+    """The server's flags: what follows the program (`autotune.config.command.program_end`), so
+    a wrapper's own flags are not taken for SGLang's."""
+    return list(argv[program_end(argv) :])
 
 
 def inspect_argvs(
@@ -96,6 +99,8 @@ def inspect_argvs(
     if backend == "sim":
         return [_sim_report(a) for a in argvs]
     python = study_python(argvs[0])
+    if python is None:
+        return [FlagReport() for _ in argvs]
     raw = _probe(python, [flags_of(a) for a in argvs])
     if raw is None or "reports" not in raw:
         return [FlagReport() for _ in argvs]
@@ -127,9 +132,11 @@ def check_argv(
 
 
 def canonical_argv(argv: Sequence[str], canonical: Mapping[str, str]) -> tuple[str, ...]:
-    """`argv` with each flag spelled the way the parser names it."""
-    out = []
-    for token in argv:
+    """`argv` with each of the server's flags spelled the way the parser names it (the program
+    and its wrapper's flags as they are)."""
+    start = program_end(argv)
+    out = list(argv[:start])
+    for token in argv[start:]:
         name, eq, value = token.partition("=")
         if token.startswith("--") and name in canonical:
             token = canonical[name] + eq + value

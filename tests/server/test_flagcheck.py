@@ -101,6 +101,32 @@ def test_the_study_pythons_sglang_is_asked(tmp_path: Path, monkeypatch: pytest.M
     assert report.checked_by.startswith("SGLang ") and sys.executable in report.checked_by
 
 
+def test_a_wrappers_flags_are_not_the_servers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pkg = tmp_path / "sglang" / "srt"
+    pkg.mkdir(parents=True)
+    (tmp_path / "sglang" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "server_args.py").write_text(textwrap.dedent(_FAKE_SGLANG))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    argv = ["numactl", "--interleave=all", sys.executable, "-m", "sglang.launch_server",
+            "--model-path", "m", "--tp", "2"]  # fmt: skip
+    report = inspect_argv(argv, backend="sglang")
+    assert report.problems == () and sys.executable in report.checked_by
+    assert canonical_argv(argv, report.canonical) == (
+        "numactl", "--interleave=all", sys.executable, "-m", "sglang.launch_server",
+        "--model-path", "m", "--tp-size", "2",
+    )  # fmt: skip
+
+
+def test_a_server_in_a_container_is_not_checked_with_this_hosts_python() -> None:
+    argv = ["docker", "run", "--gpus", "all", "img", sys.executable, "-m",
+            "sglang.launch_server", "--nope"]  # fmt: skip
+    report = inspect_argv(argv, backend="sglang")
+    assert report.problems == () and report.checked_by == ""
+
+
 def test_nothing_to_check_without_sglang() -> None:
     if importlib.util.find_spec("sglang") is not None:
         pytest.skip("SGLang is installed for this Python")
