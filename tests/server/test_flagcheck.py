@@ -86,13 +86,19 @@ _FAKE_SGLANG = """
 """
 
 
-def test_the_study_pythons_sglang_is_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def fake_sglang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stand-in SGLang package on PYTHONPATH, importable by any Python this test starts."""
     pkg = tmp_path / "sglang" / "srt"
     pkg.mkdir(parents=True)
     (tmp_path / "sglang" / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
     (pkg / "server_args.py").write_text(textwrap.dedent(_FAKE_SGLANG))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+
+
+@pytest.mark.usefixtures("fake_sglang")
+def test_the_study_pythons_sglang_is_asked() -> None:
     argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", "m", "--tp", "2",
             "--nope"]  # fmt: skip
     report = inspect_argv(argv, backend="sglang")
@@ -101,15 +107,8 @@ def test_the_study_pythons_sglang_is_asked(tmp_path: Path, monkeypatch: pytest.M
     assert report.checked_by.startswith("SGLang ") and sys.executable in report.checked_by
 
 
-def test_a_wrappers_flags_are_not_the_servers(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    pkg = tmp_path / "sglang" / "srt"
-    pkg.mkdir(parents=True)
-    (tmp_path / "sglang" / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text("")
-    (pkg / "server_args.py").write_text(textwrap.dedent(_FAKE_SGLANG))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+@pytest.mark.usefixtures("fake_sglang")
+def test_a_wrappers_flags_are_not_the_servers() -> None:
     argv = ["numactl", "--interleave=all", sys.executable, "-m", "sglang.launch_server",
             "--model-path", "m", "--tp", "2"]  # fmt: skip
     report = inspect_argv(argv, backend="sglang")
