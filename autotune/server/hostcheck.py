@@ -20,6 +20,7 @@ import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from autotune.config.command import in_container, interpreter
 from autotune.config.space import gpus_needed, server_argv, settings_of
 from autotune.config.studyfile import (
     HICACHE,
@@ -75,10 +76,10 @@ def check_host(
 def _check_sglang(command: tuple[str, ...], present: Callable[[tuple[str, ...]], bool]) -> None:
     if shutil.which(command[0]) is None:
         raise ConfigError("server.command", f"{command[0]!r} is not found on PATH; fix the path")
-    runs_sglang = len(command) >= 3 and command[1] == "-m" and command[2].startswith("sglang")
-    if runs_sglang and not present(command):
+    python = interpreter(command)
+    if python is not None and not present((python,)):
         raise UsageError(
-            f"SGLang is not installed for {command[0]} (server.command runs "
+            f"SGLang is not installed for {python} (server.command runs "
             f"`{' '.join(command)}`); install it (pip install 'sglang[all]'), point "
             "server.command at the Python that has it, or rehearse with --backend sim"
         )
@@ -144,6 +145,8 @@ def _sglang_importable(command: tuple[str, ...]) -> bool:
 
 def _check_model_paths(cfg: StudyConfig) -> None:
     """A value that reads as a local path must exist; `org/name` may be a Hugging Face id."""
+    if in_container(cfg.server.command):
+        return  # the paths are the container's, not this machine's
     for name, value in cfg.server.flags:
         if name not in MODEL_FLAGS or not isinstance(value, str):
             continue
@@ -281,11 +284,12 @@ def host_bound(
 def sglang_version(command: tuple[str, ...]) -> str | None:
     """The SGLang release the study's Python has installed, None when the command does not run
     SGLang or its version cannot be read."""
-    if not (len(command) >= 3 and command[1] == "-m" and command[2].startswith("sglang")):
+    python = interpreter(command)
+    if python is None:
         return None
     try:
         done = subprocess.run(
-            [command[0], "-c", _SGLANG_VERSION],
+            [python, "-c", _SGLANG_VERSION],
             capture_output=True,
             text=True,
             timeout=60,

@@ -181,18 +181,21 @@ def test_missing_model_path_on_the_real_backend(
     assert "does not exist" in line
 
 
+@pytest.mark.parametrize("wrapper", [[], ["nice", "--adjustment=5"]], ids=["plain", "wrapped"])
 def test_sglang_not_installed_is_a_clear_message(
-    world: World, capsys: pytest.CaptureFixture[str]
+    wrapper: list[str], world: World, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import importlib.util
 
     assert importlib.util.find_spec("sglang") is None  # this environment has no SGLang
-    command = f'command = ["{sys.executable}", "-m", "sglang.launch_server"]'
+    words = [*wrapper, sys.executable, "-m", "sglang.launch_server"]
+    command = "command = [" + ", ".join(f'"{w}"' for w in words) + "]"
     text = world.study().read_text()
     line = _fails_before_launch(
         world, capsys, text.replace('backend = "sim"', f'backend = "sglang"\n{command}')
     )
-    assert "SGLang is not installed" in line and "--backend sim" in line, line
+    assert f"SGLang is not installed for {sys.executable}" in line, line
+    assert "--backend sim" in line, line
 
 
 def test_missing_server_program_is_named(world: World, capsys: pytest.CaptureFixture[str]) -> None:
