@@ -358,7 +358,9 @@ def _server_args(message: str, ctx: Ctx) -> Event:
 
 def _watchdog(message: str, ctx: Ctx) -> Event | None:
     """`{debug_name} watchdog timeout (…)`: Scheduler, DetokenizerManager, TokenizerManager,
-    DataParallelController."""
+    DataParallelController (`utils/watchdog.py`). Releases before that class (0.4.x into 0.5.x)
+    printed `Watchdog timeout (self.watchdog_timeout=300)` from the scheduler's own thread and
+    then sent its parent SIGQUIT (`Scheduler.watchdog_thread`): `_STARTS` reads that one."""
     return Event(Kind.WATCHDOG_TIMEOUT, *ctx) if " watchdog timeout (" in message else None
 
 
@@ -411,8 +413,10 @@ _STARTS: tuple[tuple[str, Builder], ...] = (
     ("MultiDetokenizerRouter hit an exception", _plain(Kind.SCHEDULER_EXCEPTION)),
     ("Scheduler or DataParallelController ", _terminated),
     ("Scheduler watchdog timeout", _plain(Kind.WATCHDOG_TIMEOUT)),
+    ("Watchdog timeout (", _plain(Kind.WATCHDOG_TIMEOUT)),
     ("SIGQUIT received", _plain(Kind.SIGQUIT)),
-    ("Received sigquit from a child process", _plain(Kind.SIGQUIT)),
+    # 0.4.x printed "child proces." (`engine.py` `sigquit_handler`), later "child process."
+    ("Received sigquit from a child proces", _plain(Kind.SIGQUIT)),
     ("SIGTERM received", _plain(Kind.SIGTERM_RECEIVED)),
     ("Signal SIGTERM received", _plain(Kind.SIGTERM_RECEIVED)),
     ("Gracefully exiting", _plain(Kind.GRACEFUL_EXIT)),

@@ -499,3 +499,37 @@ def test_a_crash_at_startup_is_a_startup_error_and_an_abort_is_not_a_crash() -> 
                          + _PEERS + _QUIT)  # fmt: skip
     verdict = classify(aborted.events, RunFacts(exited=True, exit_code=-9), aborted.batches)
     assert (verdict.outcome, verdict.cause) == (Outcome.HANG, "watchdog_timeout")
+
+
+_OLD_WATCHDOG = "".join(
+    f"[2025-03-09 00:57:15 TP{r}] Watchdog timeout (self.watchdog_timeout=300)\n" for r in (4, 6, 1)
+)
+
+
+def test_the_scheduler_s_own_watchdog_line_of_earlier_releases_is_a_hang() -> None:
+    """Before the watchdog class, the scheduler's thread printed `Watchdog timeout
+    (self.watchdog_timeout=300)` on each rank and sent its parent SIGQUIT; the main process
+    then said `Received sigquit from a child proces.` (0.4.x's spelling)."""
+    quit_line = (
+        "[2025-03-09 00:57:20] Received sigquit from a child proces. It usually means the "
+        "child failed.\n"
+    )
+    assert event(quit_line.rstrip("\n")).kind is Kind.SIGQUIT
+    parsed = parse_text(_OLD_WATCHDOG + quit_line + "Killed\n")
+    assert [e.kind for e in parsed.events] == [Kind.WATCHDOG_TIMEOUT] * 3 + [Kind.SIGQUIT]
+    verdict = classify(parsed.events, batches=parsed.batches)
+    assert (verdict.outcome, verdict.cause) == (Outcome.HANG, "watchdog_timeout")
+    assert verdict.evidence[0] == "[2025-03-09 00:57:15 TP4] Watchdog timeout " + (
+        "(self.watchdog_timeout=300)"
+    )
+
+
+def test_the_old_watchdog_line_after_access_lines_is_read_without_the_start() -> None:
+    """An excerpt of a serving server: uvicorn's access lines, then one rank's watchdog."""
+    parsed = parse_text(
+        '[2025-08-02 19:24:26] INFO:     172.16.19.148:37398 - "POST /v1/completions HTTP/1.1"'
+        " 200 OK\n"
+        "[2025-08-02 19:24:30 TP3] Watchdog timeout (self.watchdog_timeout=300)\n"
+    )
+    verdict = classify(parsed.events, batches=parsed.batches)
+    assert (verdict.outcome, verdict.cause) == (Outcome.HANG, "watchdog_timeout")
