@@ -54,7 +54,7 @@ _HEAD = r" batch(?:\. |, | \[\d+\], )"
 _DECODE = re.compile(
     _STAMP + "Decode" + _HEAD + r"#running-req: (\d+), #token: (\d+), token usage: ([\d.]+), "
     r"(?:accept len: ([\d.]+), accept rate: ([\d.]+), )?cuda graph: (True|False), "
-    r"gen throughput \(token/s\): ([\d.]+), #queue-req: (\d+)$"
+    r"gen throughput \(token/s\): ([\d.]+), #queue-req: (\d+),? ?$"
 )
 _PREFILL = re.compile(
     _STAMP
@@ -161,7 +161,9 @@ def read_batch(
         if field is None:
             continue
         try:
-            slots[field[0]] = field[1](raw)
+            # the last field of a line ends with its own ", " (`#queue-req: 5, `, 0.4.x–0.5.x),
+            # or with a bare "," where trailing blanks were trimmed
+            slots[field[0]] = field[1](raw.rstrip(", "))
         except ValueError:
             continue
         found = True

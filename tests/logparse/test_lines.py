@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from autotune.logparse.batchline import read_common_batch
 from autotune.logparse.events import Batch, Event, Kind
 from autotune.logparse.lines import parse_line
 from autotune.logparse.prefix import rank_order, split_prefix
@@ -497,3 +498,26 @@ def test_server_args_lines_of_both_shapes() -> None:
     got = read_server_args(old)
     assert got["mem_fraction_static"] == 0.88 and "lora_paths" not in got
     assert read_server_args(cut)["mem_fraction_static"] == 0.88
+
+
+_DECODE_05X = (
+    "[2025-12-12 08:43:59 TP0] Decode batch, #running-req: 6, #token: 1920, token usage: 0.94, "
+    "cuda graph: True, gen throughput (token/s): 446.45, #queue-req: 5"
+)
+_HYBRID_05X = (
+    "[2025-12-12 08:43:59 TP0] Decode batch, #running-req: 6, #full token: 1920, full token "
+    "usage: 0.92, #swa token: 64, swa token usage: 0.09, cuda graph: True, gen throughput "
+    "(token/s): 24.33, #queue-req: 5"
+)
+
+
+@pytest.mark.parametrize("line", [_DECODE_05X, _HYBRID_05X])
+@pytest.mark.parametrize("end", [", ", ",", ""], ids=["as-printed", "trimmed", "0.5.23"])
+def test_a_decode_line_s_trailing_separator_keeps_its_last_field(line: str, end: str) -> None:
+    """0.4.x to 0.5.x end the decode line with `#queue-req: {n}, `; a copy with its trailing
+    blanks trimmed ends in `5,`. Either way the queue is read, as from 0.5.23's bare `5`."""
+    got = batch(line + end)
+    assert (got.running, got.queued, got.cuda_graph) == (6, 5, True)
+    assert got.gen_throughput in (446.45, 24.33)
+    if line is _DECODE_05X:  # the common shape stays on the one-regex path
+        assert read_common_batch(line + end, 0) == got
