@@ -18,6 +18,12 @@ pool end, CUDA graphs, then a TP0 summary line. `build_ledger` turns those event
   `semantics_from` what in the log chose it.
 * KV lines before a rank's first `Memory pool end` are the target's (`Full`/`SWA`/aux pools by
   their label); the draft's come after it (0.5.9: after its weights; 0.5.18+: its own pool end).
+  Releases before the labels print a hybrid sliding-window pool as two bare `KV Cache is
+  allocated` lines, the SWA half first (`SWAKVPool` builds `swa_kv_pool`, then `full_kv_pool`),
+  after `Use sliding window memory pool. full_layer_tokens=F, swa_layer_tokens=S`: the line with
+  S tokens is the SWA half, never the pool or a draft's, and the pool holds F tokens
+  (`pool_configurator.py`: `max_total_num_tokens=full_tokens`). Two bare lines with the same
+  count are read in the order they come, full pool first.
   `KV Cache VA upper bound` (post-capture sizing) is reserved address space, not memory; the
   `Post-capture KV sizing: KV cache allocated` line then gives the pool.
 * Graph captures are labelled with their role from 0.5.18 (`target prefill|decode|verify`,
@@ -41,7 +47,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from autotune.logparse.events import POOL_AUX, POOL_SWA, Event, Kind
+from autotune.logparse.events import POOL_AUX, POOL_MAIN, POOL_SWA, Event, Kind
 from autotune.logparse.prefix import rank_order
 from autotune.logparse.semantics import detect
 from autotune.logparse.serverargs import read_server_args
@@ -213,6 +219,8 @@ class _Rank:
     kv_va: float | None = None
     swa_kv: float | None = None
     swa_tokens: int | None = None
+    swa_split: tuple[int, int] | None = None
+    """`Use sliding window memory pool`'s (full_layer_tokens, swa_layer_tokens)."""
     aux_kv: float | None = None
     draft_kv: float | None = None
     req_to_token: float | None = None
@@ -237,6 +245,10 @@ class _Rank:
             self._weights(event)
         elif kind is Kind.KV_ALLOCATED:
             self._kv(event)
+        elif kind is Kind.SWA_POOL and not self.pool_ends:
+            full, swa = v.get("full_tokens"), v.get("swa_tokens")
+            if full is not None and swa is not None:
+                self.swa_split = (int(full), int(swa))
         elif kind is Kind.MEMORY_POOL_END:
             self.pool_ends += 1
             avail = v.get("avail_gib")
@@ -289,7 +301,7 @@ class _Rank:
         self.kv_since_load += gib or 0.0
         if self.pool_ends:  # the draft's pool (0.5.18+: its own; 0.5.9: after its weights)
             self.draft_kv = (self.draft_kv or 0.0) + (gib or 0.0)
-        elif pool == POOL_SWA:
+        elif pool == POOL_SWA or (pool == POOL_MAIN and self._swa_half(v.get("tokens"))):
             self.swa_kv = gib
             tokens = v.get("tokens")
             self.swa_tokens = int(tokens) if tokens is not None else None
@@ -303,6 +315,27 @@ class _Rank:
                 self.kv_tokens = int(tokens) if tokens is not None else None
             elif self.kv_main_lines == 2:
                 self.draft_kv = gib  # two unlabelled lines before the pool end
+
+    def _swa_half(self, tokens: float | None) -> bool:
+        """Whether a bare (or `Full`) KV line before the pool end is a sliding-window pool's SWA
+        half: its count is the split's SWA count and not its full one, or it is the second bare
+        line where both halves hold the same count."""
+        if self.swa_split is None or self.swa_kv is not None:
+            return False
+        full, swa = self.swa_split
+        if tokens is not None and int(tokens) == swa != full:
+            return True
+        return self.kv_main_lines == 1 and full == swa
+
+    @property
+    def split_full_tokens(self) -> int | None:
+        """The full-layer tokens the split names: the pool's size when no line of it shows."""
+        return self.swa_split[0] if self.swa_split else None
+
+    @property
+    def split_swa_tokens(self) -> int | None:
+        """The SWA-layer tokens the split names."""
+        return self.swa_split[1] if self.swa_split else None
 
     def _graph(self, event: Event) -> None:
         v = event.values
@@ -453,6 +486,8 @@ def build_ledger(events: Iterable[Event]) -> Ledger:
     mrr = summary.get("max_running_requests", mrr_reduced)
     post = _shared(ordered, "post_kv") is not None
     tokens = _shared(ordered, "post_tokens" if post else "kv_tokens")
+    if tokens is None:
+        tokens = _shared(ordered, "split_full_tokens")
     post_draft = _shared(ordered, "post_draft_kv")
     args = _from_server_args(first.get(Kind.SERVER_ARGS))
     led = Ledger(
@@ -486,7 +521,7 @@ def build_ledger(events: Iterable[Event]) -> Ledger:
         prefill_graph_max_tokens=_int(_prefill_max_tokens(events)),
         kv_va_gib=_shared(ordered, "kv_va"),
         swa_kv_gib=_shared(ordered, "swa_kv"),
-        swa_tokens=_shared(ordered, "swa_tokens"),
+        swa_tokens=_shared(ordered, "swa_tokens") or _shared(ordered, "split_swa_tokens"),
         aux_kv_gib=_shared(ordered, "aux_kv"),
         mamba_gib=_first_value(first, Kind.MAMBA_ALLOCATED, "gib"),
         canary_gib=_canary(events),
@@ -514,6 +549,8 @@ _SHARED = frozenset(
         "kv_va",
         "swa_kv",
         "swa_tokens",
+        "split_full_tokens",
+        "split_swa_tokens",
         "aux_kv",
         "draft_kv",
         "post_kv",
@@ -602,6 +639,7 @@ _PER_RANK = frozenset(
     {
         Kind.WEIGHT_LOAD_BEGIN,
         Kind.WEIGHT_LOAD_END,
+        Kind.SWA_POOL,
         Kind.KV_ALLOCATED,
         Kind.MEMORY_POOL_END,
         Kind.GRAPH_CAPTURE_END,

@@ -165,3 +165,55 @@ def test_the_ledger_names_its_rules_and_keeps_no_secret() -> None:
     assert led.semantics == "0.5.23" and led.semantics_from is not None
     assert led.mem_fraction_static == 0.9 and "sk-123" not in json.dumps(led.to_dict())
     assert Ledger.from_dict(json.loads(json.dumps(led.to_dict()))) == led
+
+
+_SPLIT = "Use sliding window memory pool. full_layer_tokens=375360, swa_layer_tokens=300288\n"
+
+
+def _swa_start(*kv: str) -> str:
+    """One rank's hybrid sliding-window pool as releases before the `Full`/`SWA` labels print
+    it: the split, the bare KV lines, the pool end."""
+    lines = [_SPLIT, *kv, "Memory pool end. avail mem=11.87 GB\n"]
+    return "".join("[2026-01-31 13:50:39 TP1] " + line for line in lines)
+
+
+def test_a_bare_sliding_window_half_is_not_the_pool_nor_a_draft() -> None:
+    """The SWA half comes first, with the split's SWA count; the full half is the pool."""
+    log = _swa_start(
+        "KV Cache is allocated. #tokens: 300288, K size: 8.38 GB, V size: 5.59 GB\n",
+        "KV Cache is allocated. #tokens: 375360, K size: 2.00 GB, V size: 2.00 GB\n",
+    )
+    led = build_ledger(parse_text(log).events)
+    assert (led.max_total_num_tokens, led.kv_gib) == (375360, 4.0)
+    assert (led.swa_tokens, led.swa_kv_gib, led.draft_kv_gib) == (300288, 13.97, None)
+
+
+def test_an_excerpt_with_only_the_swa_half_gives_the_pool_s_tokens_from_the_split() -> None:
+    """Every rank printed the split, one the SWA half; the full half's line is cut off."""
+    kv = "KV Cache is allocated. #tokens: 300288, K size: 8.38 GB, V size: 5.59 GB\n"
+    log = "".join(f"[2026-01-31 13:50:39 TP{r}] " + _SPLIT for r in (2, 1, 0, 3))
+    log += "[2026-01-31 13:50:39 TP1] " + kv
+    led = build_ledger(parse_text(log).events)
+    assert (led.max_total_num_tokens, led.kv_gib, led.ranks) == (375360, None, 4)
+    assert (led.swa_tokens, led.swa_kv_gib) == (300288, 13.97)
+
+
+def test_two_bare_halves_of_one_count_are_the_pool_then_its_swa_half() -> None:
+    log = _swa_start(
+        "KV Cache is allocated. #tokens: 300288, K size: 2.00 GB, V size: 2.00 GB\n",
+        "KV Cache is allocated. #tokens: 300288, K size: 1.00 GB, V size: 1.00 GB\n",
+    ).replace("full_layer_tokens=375360", "full_layer_tokens=300288")
+    led = build_ledger(parse_text(log).events)
+    assert (led.kv_gib, led.swa_kv_gib, led.draft_kv_gib) == (4.0, 2.0, None)
+
+
+def test_labelled_halves_keep_their_labels() -> None:
+    """0.5.23 names each half (`Full KV Cache …`, `SWA KV Cache …`), the full one first."""
+    log = _swa_start(
+        "Full KV Cache is allocated. dtype: torch.bfloat16, #tokens: 375360, K size: 2.00 GB, "
+        "V size: 2.00 GB\n",
+        "SWA KV Cache is allocated. dtype: torch.bfloat16, #tokens: 300288, K size: 8.38 GB, "
+        "V size: 5.59 GB\n",
+    )
+    led = build_ledger(parse_text(log).events)
+    assert (led.max_total_num_tokens, led.kv_gib, led.swa_kv_gib) == (375360, 4.0, 13.97)
