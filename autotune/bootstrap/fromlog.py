@@ -16,7 +16,7 @@ from typing import Any
 
 from autotune.bootstrap.sizing import implied_fraction
 from autotune.errors import UsageError
-from autotune.logparse.events import Batch, Kind, ParsedLog
+from autotune.logparse.events import STARTUP_KINDS, Batch, Kind, ParsedLog
 from autotune.logparse.ledger import Ledger, build_ledger
 from autotune.logparse.lines import parse_lines
 from autotune.logparse.outcome import Verdict, classify
@@ -77,13 +77,15 @@ def read_log(path: Path) -> ParsedLog:
 
 def log_facts(path: Path) -> LogFacts:
     """The facts of the log at `path`; a log with no `server_args`, memory or batch line is refused
-    (`UsageError`) rather than read as an empty study."""
+    (`UsageError`) rather than read as an empty study. A memory line is any of the start's
+    (`STARTUP_KINDS`): an excerpt from the KV pool on, without `Load weight begin`, still has
+    its pool, graphs and summary line."""
     log = read_log(path)
     starts = log.of(Kind.SERVER_ARGS)
     first_line = starts[-1].line_no if starts else 0
     events = tuple(e for e in log.events if e.line_no >= first_line)
     ledger = build_ledger(events)
-    if not starts and ledger.p_gib is None and not log.batches:
+    if not starts and not log.batches and not any(e.kind in STARTUP_KINDS for e in events):
         raise UsageError(
             f"--from-log {path}: no server_args, memory or batch line SGLang prints; "
             "give the log of a server start (journalctl -u UNIT > server.log)"

@@ -306,3 +306,27 @@ def test_a_fraction_the_log_does_not_print_is_read_from_its_pool() -> None:
     cfg, text = _draft("tp1_no_tag")  # server_args without mem_fraction_static
     assert cfg.search.baseline["mem_fraction_static"] == 0.834
     assert "what the log's pool implies" in text
+
+
+def test_a_log_from_the_pool_on_is_read_with_the_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An excerpt that starts after the weights (no `server_args=`, no `Load weight begin`) still
+    shows the start's memory lines: it is read, and the command gives the flags."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tail.log").write_text(
+        "[2025-11-30 11:18:01] Capture cuda graph end. Time elapsed: 5.92 s. mem usage=1.44 GB. "
+        "avail mem=37.06 GB.\n"
+        "[2025-11-30 11:18:05] max_total_num_tokens=2261377, chunked_prefill_size=16384, "
+        "max_prefill_tokens=16384, max_running_requests=4096, context_len=128000, "
+        "available_gpu_mem=37.06 GB\n"
+    )
+    assert log_facts(tmp_path / "tail.log").ledger.max_total_num_tokens == 2261377
+    rc, _, err = init(tmp_path, "k", "--from-log", "tail.log", capsys=capsys)
+    assert rc == 2 and "no server_args line to read the flags from" in err, err
+    cmd = f"{PROGRAM} --model-path m --mem-fraction-static 0.85"
+    rc, _, err = init(tmp_path, "k", "--from-log", "tail.log", "--from-cmd", cmd, capsys=capsys)
+    assert rc == 0, err
+    assert (
+        load_study(tmp_path / "configs" / "k.toml").search.baseline["mem_fraction_static"] == 0.85
+    )
