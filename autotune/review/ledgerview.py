@@ -147,8 +147,8 @@ def as_text(
     if clamped:
         lines.append("")
         lines += [f"asked vs ran: {c.text()} [SGLang {c.source}]" for c in clamped]
-    if serving.decode_lines or serving.prefill_lines:
-        lines.append("")
+    if serving.decode_lines or serving.prefill_lines or serving.retraction_events:
+        lines.append("")  # an excerpt of retractions alone still shows them
         lines.append(_serving(serving))
     return "\n".join(lines) + "\n"
 

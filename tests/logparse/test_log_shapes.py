@@ -25,7 +25,13 @@ from autotune.logparse.events import Batch, Event, Kind
 from autotune.logparse.ledger import build_ledger
 from autotune.logparse.lines import parse_line, parse_text
 from autotune.logparse.prefix import split_prefix
-from autotune.review.ledgerview import STARTUP_MISSING, read_log, startup_missing
+from autotune.review.ledgerview import (
+    STARTUP_MISSING,
+    as_text,
+    read_log,
+    startup_missing,
+    summarize_log,
+)
 
 LOGS = Path(__file__).parent.parent / "fixtures" / "logs"
 
@@ -308,3 +314,12 @@ def test_command_still_refuses_a_file_sglang_did_not_write(tmp_path: Path) -> No
     assert done.returncode == 2 and done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1
     assert "not an SGLang log" in done.stderr
+
+
+def test_the_text_shows_retractions_of_an_excerpt_without_batch_lines() -> None:
+    """0.3–0.4.x's INFO retraction, once per rank of the group: counted once per group."""
+    line = "Decode out of memory happened. #retracted_reqs: 1, #new_token_ratio: 0.1474 -> 0.1845"
+    log = parse_text("".join(f"[2025-03-07 21:49:33 TP{r}] {line}\n" for r in (13, 12, 10)))
+    text = as_text(*summarize_log(log), log)
+    assert "serving: 0 prefill and 0 decode lines; no figures on them; 1 request(s) " in text
+    assert "retracted in 1 retraction(s)" in text
