@@ -58,7 +58,7 @@ _POST_GB = re.compile(NUM + " GB")
 _POST_MAX_BS = re.compile(r"max_bs=(\d+) < max_running_requests=(\d+)")
 _SWA_TOKENS = re.compile(r"(full|swa)_layer_tokens=(\d+)")
 _BELOW_CONTEXT = re.compile(r"KV pool holds (\d+) tokens, fewer than --context-length (\d+)")
-_CAP_IGNORED = re.compile(r"max_total_tokens=(\d+) is larger than the profiled value (\d+)")
+_CAP_IGNORED = re.compile(r"max_total_tokens=(\d+) is larger than the profiled value (-?\d+)")
 _MAMBA = re.compile(r"(conv_state|ssm_state|intermediate_ssm_state_cache) size: " + NUM + " ?GB")
 _MAMBA_SIZE = re.compile(r"max_mamba_cache_size: (\d+)")
 _TIMING = re.compile(r"(\w+)=" + NUM)
@@ -344,6 +344,9 @@ def _pool_below_context(message: str, ctx: Ctx) -> Event:
 
 
 def _cap_ignored(message: str, ctx: Ctx) -> Event:
+    """`max_total_tokens=R is larger than the profiled value P. Use the profiled value
+    instead.`; P is negative when the weights left less than the reserve (0.4.x then raises
+    `Not enough memory`)."""
     m = _CAP_IGNORED.search(message)
     values = {"requested": float(m.group(1)), "profiled": float(m.group(2))} if m else {}
     return Event(Kind.KV_CAP_IGNORED, *ctx, values)

@@ -521,3 +521,12 @@ def test_a_decode_line_s_trailing_separator_keeps_its_last_field(line: str, end:
     assert got.gen_throughput in (446.45, 24.33)
     if line is _DECODE_05X:  # the common shape stays on the one-regex path
         assert read_common_batch(line + end, 0) == got
+
+
+def test_a_negative_profiled_value_keeps_its_sign() -> None:
+    got = event(
+        "[2025-07-02 07:41:59 DP0 TP0] max_total_tokens=131072 is larger than the profiled "
+        "value -561981. Use the profiled value instead."
+    )
+    assert got.kind is Kind.KV_CAP_IGNORED
+    assert dict(got.values) == {"requested": 131072.0, "profiled": -561981.0}
