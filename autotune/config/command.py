@@ -67,3 +67,12 @@ def interpreter(program: Sequence[str]) -> str | None:
         if _ENTRY.search(word) and word.endswith(".py") and i > 0:
             return program[i - 1]
     return None
+
+
+def console_script(program: Sequence[str]) -> str | None:
+    """The word naming SGLang's console script where the program runs one (`sglang serve`,
+    `/opt/venv/bin/sglang serve`), else None."""
+    for i, word in enumerate(program[:-1]):
+        if os.path.basename(word) == "sglang" and program[i + 1] == "serve":
+            return word
+    return None

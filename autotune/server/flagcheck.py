@@ -11,11 +11,14 @@ report names its canonical spelling, which exports use. Without a parser nothing
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from autotune.config.command import in_container, interpreter, program_end
+from autotune.config.command import console_script, in_container, interpreter, program_end
 from autotune.server import flagprobe
 from autotune.sim.flags import build_parser
 from autotune.sim.profiles import ProfileError, load_profile
@@ -66,14 +69,55 @@ def _sim_release(argv: list[str]) -> str | None:
         return None
 
 
-def study_python(argv: Sequence[str]) -> str | None:
-    """The Python that runs SGLang for this command: `PY -m sglang.launch_server …` names it
-    (behind any wrapper); None where the server runs in a container, whose Python this host
-    cannot ask; anything else is checked with this Python."""
+def sglang_python(argv: Sequence[str]) -> str | None:
+    """The Python that runs SGLang for this command: the one it names (`PY -m
+    sglang.launch_server`, behind any wrapper), or the one SGLang's console script starts
+    (`sglang serve`: its `#!` line); None where it names neither or runs in a container, whose
+    Python this host cannot ask."""
     program = argv[: program_end(argv)]
     if in_container(program):
         return None
-    return interpreter(program) or sys.executable
+    named = interpreter(program)
+    if named is not None:
+        return named
+    script = console_script(program)
+    return _script_python(script) if script is not None else None
+
+
+_PIP_SH_LAUNCHER = re.compile(r"""^'''exec' "?([^" ]+)"? """)
+"""pip's launcher for a script whose interpreter path is too long for `#!`: `#!/bin/sh`, then
+`'''exec' "/long/path/python" "$0" "$@"`."""
+
+
+def _script_python(script: str) -> str | None:
+    """The interpreter a console script's first line starts (`#!/opt/venv/bin/python`,
+    `#!/usr/bin/env python3`, or pip's `#!/bin/sh` launcher)."""
+    path = shutil.which(script)
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            head = [f.readline(1024), f.readline(1024)]
+    except OSError:
+        return None
+    words = head[0][2:].split() if head[0].startswith("#!") else []
+    if not words:
+        return None
+    if os.path.basename(words[0]) == "env":
+        rest = [w for w in words[1:] if not w.startswith("-")]
+        return rest[0] if rest else None
+    if os.path.basename(words[0]) == "sh":
+        m = _PIP_SH_LAUNCHER.match(head[1])
+        return m.group(1) if m else None
+    return words[0]
+
+
+def study_python(argv: Sequence[str]) -> str | None:
+    """The Python whose SGLang checks this command's flags (`sglang_python`, else this one);
+    None where the server runs in a container."""
+    if in_container(argv[: program_end(argv)]):
+        return None
+    return sglang_python(argv) or sys.executable
 
 
 def flags_of(argv: Sequence[str]) -> list[str]:

@@ -20,7 +20,7 @@ import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from autotune.config.command import in_container, interpreter
+from autotune.config.command import in_container
 from autotune.config.space import gpus_needed, server_argv, settings_of
 from autotune.config.studyfile import (
     HICACHE,
@@ -33,7 +33,7 @@ from autotune.config.studyfile import (
     param_name,
 )
 from autotune.errors import ConfigError, HarnessError, UsageError
-from autotune.server.flagcheck import inspect_argvs
+from autotune.server.flagcheck import inspect_argvs, sglang_python
 from autotune.server.gpu import GpuProbe, NvmlProbe, visible_devices
 from autotune.server.hostmem import (
     CgroupError,
@@ -76,7 +76,7 @@ def check_host(
 def _check_sglang(command: tuple[str, ...], present: Callable[[tuple[str, ...]], bool]) -> None:
     if shutil.which(command[0]) is None:
         raise ConfigError("server.command", f"{command[0]!r} is not found on PATH; fix the path")
-    python = interpreter(command)
+    python = sglang_python(command)
     if python is not None and not present((python,)):
         raise UsageError(
             f"SGLang is not installed for {python} (server.command runs "
@@ -284,7 +284,7 @@ def host_bound(
 def sglang_version(command: tuple[str, ...]) -> str | None:
     """The SGLang release the study's Python has installed, None when the command does not run
     SGLang or its version cannot be read."""
-    python = interpreter(command)
+    python = sglang_python(command)
     if python is None:
         return None
     try:

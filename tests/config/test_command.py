@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.config.command import in_container, interpreter, own_network, program_end
+from autotune.config.command import (
+    console_script,
+    in_container,
+    interpreter,
+    own_network,
+    program_end,
+)
 
 
 @pytest.mark.parametrize(
@@ -43,3 +49,10 @@ def test_a_container_and_its_network() -> None:
     assert not own_network(["docker", "run", "--network", "host", "img"])
     assert not own_network(["docker", "run", "--net=host", "img"])
     assert not own_network(["python", "-m", "sglang.launch_server"])
+
+
+def test_sglangs_console_script() -> None:
+    assert console_script(["sglang", "serve"]) == "sglang"
+    script = "/opt/venv/bin/sglang"
+    assert console_script(["srun", "-n1", script, "serve"]) == script
+    assert console_script(["python", "-m", "sglang.launch_server"]) is None

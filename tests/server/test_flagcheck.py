@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from autotune.server.flagcheck import canonical_argv, check_argv, inspect_argv
+from autotune.server.flagcheck import canonical_argv, check_argv, inspect_argv, sglang_python
 
 
 def _parser_0523() -> argparse.ArgumentParser:
@@ -131,3 +132,25 @@ def test_nothing_to_check_without_sglang() -> None:
         pytest.skip("SGLang is installed for this Python")
     report = inspect_argv(["python", "--anything"], backend="sglang")
     assert report.problems == () and report.checked_by == ""
+
+
+@pytest.mark.parametrize(
+    "head",
+    [f"#!{sys.executable}\n", f"#!/bin/sh\n'''exec' \"{sys.executable}\" \"$0\" \"$@\"\n' '''\n"],
+    ids=["shebang", "pip-sh-launcher"],
+)
+@pytest.mark.usefixtures("fake_sglang")
+def test_sglang_serve_is_checked_by_the_python_its_script_starts(
+    head: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "sglang"
+    script.write_text(head + "import sys\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    argv = ["sglang", "serve", "--model-path", "m", "--tp", "2", "--nope"]
+    assert sglang_python(argv) == sys.executable
+    report = inspect_argv(argv, backend="sglang")
+    assert report.canonical == {"--tp": "--tp-size"} and sys.executable in report.checked_by
+    assert report.problems == ("--nope is not a flag of this SGLang's launch_server",)
