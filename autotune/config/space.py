@@ -395,13 +395,17 @@ def _typed(p: Param, raw: str) -> Scalar:
 
 
 _TP = ("tp", "tp_size", "tensor_parallel_size")
-
-
 _PP = ("pp", "pp_size", "pipeline_parallel_size")
+_DP = ("dp", "dp_size", "data_parallel_size")
+_DP_ATTENTION = "enable_dp_attention"
 
 
 def gpus_needed(flags: Sequence[tuple[str, object]]) -> int:
-    """GPUs one server takes: tensor × pipeline parallel size from its fixed flags."""
+    """GPUs one server takes, from its fixed flags: tensor × pipeline parallel size for each
+    data-parallel replica (`--dp-size`). SGLang launches each replica on tp × pp GPUs of its own
+    (`DataParallelController.launch_dp_schedulers`); with the older `--enable-dp-attention`,
+    `--dp-size` counts attention groups inside the one TP group instead, and there is one
+    replica."""
     given = {name: value for name, value in flags}
 
     def size(names: tuple[str, ...]) -> int:
@@ -411,4 +415,5 @@ def gpus_needed(flags: Sequence[tuple[str, object]]) -> int:
                 return v
         return 1
 
-    return size(_TP) * size(_PP)
+    replicas = 1 if given.get(_DP_ATTENTION) is True else size(_DP)
+    return size(_TP) * size(_PP) * replicas

@@ -163,7 +163,7 @@ def _ranks(cfg: StudyConfig) -> int:
 
 
 def _ranks_per_host(cfg: StudyConfig) -> int:
-    """The ranks whose host pools share this host: tp × pp over `--nnodes` (0.5.23
+    """The ranks whose host pools share this host: every GPU of the server over `--nnodes` (0.5.23
     `ranks_per_host`: the launch world size ÷ nodes, at least 1)."""
     nnodes = dict(cfg.server.flags).get("nnodes")
     nodes = nnodes if isinstance(nnodes, int) and not isinstance(nnodes, bool) and nnodes > 0 else 1
@@ -216,8 +216,8 @@ def _check_gpus(cfg: StudyConfig, probe: GpuProbe) -> None:
     if usable < needed:
         raise ConfigError(
             "server.flags",
-            f"the server needs {needed} GPUs (tp × pp) and {usable} are usable here; lower "
-            "tp-size or run on a larger box",
+            f"the server needs {needed} GPUs (tp × pp × data-parallel replicas) and {usable} "
+            "are usable here; lower tp-size or run on a larger box",
         )
 
 

@@ -188,8 +188,8 @@ def with_worker_args(
         needed = gpus_needed(server.flags)
         if needed > len(group.split(",")):
             raise UsageError(
-                f"--gpus {group}: the server needs {needed} GPUs (tp × pp in server.flags); "
-                "give a group that large"
+                f"--gpus {group}: the server needs {needed} GPUs (tp × pp × data-parallel "
+                "replicas in server.flags); give a group that large"
             )
         server = dataclasses.replace(server, env={**server.env, "CUDA_VISIBLE_DEVICES": group})
     hb = cfg.heartbeat

@@ -310,6 +310,8 @@ def test_a_gpu_group_must_hold_the_server() -> None:
     assert gpus_needed(cfg.server.flags) == 2
     assert gpus_needed((("tensor_parallel_size", 4), ("pp_size", 2))) == 8
     assert gpus_needed(()) == 1
+    assert gpus_needed((("tp_size", 2), ("dp_size", 4))) == 8  # four replicas of TP2
+    assert gpus_needed((("tp", 8), ("dp", 8), ("enable_dp_attention", True))) == 8
     with pytest.raises(UsageError, match=r"--gpus 3: the server needs 2 GPUs"):
         with_worker_args(cfg, gpus="3", port=None, heartbeat_s=None, grace_s=None)
 
