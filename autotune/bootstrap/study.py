@@ -627,7 +627,7 @@ def compose(
     _check_sources(src)
     facts = log_facts(src.from_log) if src.from_log is not None else None
     launch, flag_notes, warnings, split = _launch_of(src, facts, inspect, table_for)
-    refusal = nodes_refusal(launch.flags)
+    refusal = nodes_refusal(launch.flags, launch.command)
     if refusal is not None:
         raise UsageError(f"{launch.origin}: --nnodes {refusal}")
     current, flags, setting_notes = take_settings(launch, facts)

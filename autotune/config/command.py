@@ -76,3 +76,15 @@ def console_script(program: Sequence[str]) -> str | None:
         if os.path.basename(word) == "sglang" and program[i + 1] == "serve":
             return word
     return None
+
+
+def starts_one_process(program: Sequence[str]) -> bool:
+    """Whether the program is SGLang's own entry point with nothing before it (`PY -m
+    sglang.launch_server`, `PY …/sglang/launch_server.py`, `sglang serve`): one server process
+    on this box, where a launcher (`srun`, a script) may start one on several."""
+    end = program_end(program)
+    if end != len(program):
+        return False
+    return end in (2, 3) and (
+        interpreter(program) == program[0] or console_script(program) == program[0]
+    )

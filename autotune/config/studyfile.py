@@ -20,6 +20,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Literal, TypeAlias
 
+from autotune.config.command import starts_one_process
 from autotune.config.table import Table
 from autotune.config.workload import WorkloadSpec, workload_from_dict
 from autotune.errors import ConfigError, UsageError
@@ -389,7 +390,7 @@ def _server(t: Table) -> ServerConfig:
                 "is set by autotune; use "
                 + ("workload.api_key_env" if reserved == "api_key" else f"server.{reserved}"),
             )
-    refusal = nodes_refusal(flags)
+    refusal = nodes_refusal(flags, command)
     if refusal is not None:
         raise ConfigError(t.key("flags.nnodes"), refusal)
     lt = t.table("limits")
@@ -422,22 +423,24 @@ def _server(t: Table) -> ServerConfig:
     )
 
 
-def nodes_refusal(flags: Iterable[tuple[str, FlagValue]]) -> str | None:
-    """Why a server of these flags cannot be a study, where it spans several nodes (`--nnodes`),
-    else None: such a server needs a launch on every node for each trial, and autotune launches
-    one process on the box it runs on; the first node would wait for the others until the startup
-    stall limit, which a trial would store as the parameters' hang."""
+def nodes_refusal(flags: Iterable[tuple[str, FlagValue]], command: Sequence[str]) -> str | None:
+    """Why a server of these flags and this program cannot be a study, else None: where it spans
+    several nodes (`--nnodes`) and the program is SGLang's own entry point, which starts one
+    process on this box. Each trial needs a launch on every node; the first would wait for the
+    others until the startup stall limit, which a trial would store as the parameters' hang. A
+    launcher that starts every node (`srun`, a script) is the operator's to give."""
     nodes = {param_name(name): value for name, value in flags}.get("nnodes")
     try:
         count = int(str(nodes)) if nodes is not None and nodes is not True else 1
     except ValueError:
         return None
-    if count <= 1:
+    if count <= 1 or not starts_one_process(command):
         return None
     return (
-        f"{count}: autotune launches one server process on this box, and a server across "
+        f"{count}: server.command starts one server process on this box, and a server across "
         f"{count} nodes needs a launch on every node for each trial; tune a one-node server "
-        "(without nnodes, node_rank and dist_init_addr)"
+        "(without nnodes, node_rank and dist_init_addr), or give a command that launches every "
+        "node (srun, a script)"
     )
 
 

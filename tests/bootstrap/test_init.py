@@ -190,7 +190,7 @@ def test_an_existing_file_is_refused_without_force(
         (["--from-log", "junk.log"], "no server_args, memory or batch line"),
         (
             ["--from-cmd", "python -m sglang.launch_server --model-path m --tp 16 --nnodes 2"],
-            "--nnodes 2: autotune launches one server process",
+            "--nnodes 2: server.command starts one server process",
         ),
     ],
 )

@@ -54,6 +54,17 @@ def test_integer_range_and_fixed_value(study_file: Callable[[str], Path]) -> Non
     assert Fixed("schedule_policy", "lpm") in cfg.search.params
 
 
+def test_several_nodes_need_a_command_that_launches_every_node(
+    study_file: Callable[[str], Path],
+) -> None:
+    text = VALID.replace("tp-size = 8\n", "tp-size = 8\nnnodes = 2\n")
+    with pytest.raises(ConfigError, match="starts one server process on this box"):
+        load_study(study_file(text))
+    launcher = 'command = ["srun", "--nodes=2", "python", "-m", "sglang.launch_server"]\n'
+    cfg = load_study(study_file(text.replace("[server]\n", "[server]\n" + launcher)))
+    assert ("nnodes", 2) in cfg.server.flags
+
+
 def test_shipped_studies_load() -> None:
     root = SHIPPED_STUDIES
     # the operator's current setting; the demo starts from their second try, which crashed

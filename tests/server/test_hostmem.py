@@ -247,7 +247,8 @@ def test_the_real_backend_reads_this_machines_meminfo_and_cgroup(tmp_path: Path)
     assert "this machine's 536.9 GB of host RAM available" in over
     assert hicache_refusal(cfg, {"hicache_size": 8}, bound) == ""
     assert hicache_refusal(cfg, {"hicache_size": 0}, bound) == ""
-    path.write_text(REAL_STUDY.replace("tp-size = 4", "tp-size = 4\nnnodes = 2"))
+    two = REAL_STUDY.replace("tp-size = 4", "tp-size = 4\nnnodes = 2")
+    path.write_text(two.replace('["python3"', '["srun", "--nodes=2", "python3"'))
     two_nodes = host_bound(load_study(path), proc=proc, root=tmp_path)
     assert two_nodes is not None and two_nodes.ranks == 2  # ranks on this host: 4 over 2 nodes
     (proc / "meminfo").unlink()
