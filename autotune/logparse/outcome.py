@@ -28,7 +28,9 @@ that speaks (`classify`):
 3. **The host's state** (`RunFacts.host`, e.g. `disk full: 0 B free on /x`): with no stronger
    evidence, a run that died, hung or timed out on a broken host is `machine_error`.
 4. **The harness's other facts**: timeout, stall, a lost process, failing health, our stop, an
-   exit without a word.
+   exit without a word. A ready server that exits 0 without a word, a signal or our stop is
+   `killed`, cause `clean_exit`: SGLang exits 0 only when told to stop (SIGTERM, which it logs;
+   uvicorn's SIGINT shutdown), so someone stopped it; a silent non-zero exit stays a crash.
 
 Only lines SGLang treats as deaths are failures: a retraction (`KV cache pool is full. Retract
 requests.`, older `Decode out of memory happened.`) or a handled out-of-memory fallback is a
@@ -77,7 +79,8 @@ class Outcome(StrEnum):
     SKIPPED = "skipped"
     KILLED = "killed"
     """Ended from outside: a signal autotune did not send and the host's OOM killer did not
-    send (someone's `kill`, a stray SIGTERM). Not the parameters' result."""
+    send (someone's `kill`, a stray SIGTERM), or a ready server's exit 0 that nothing in its log
+    explains (`clean_exit`). Not the parameters' result."""
     MACHINE_ERROR = "machine_error"
     """The host failed the server: its disk full, its port taken by another process, a driver
     or NCCL fault of the machine. Not the parameters' result."""
@@ -468,6 +471,17 @@ def _without_failure_lines(
         return Verdict(Outcome.HANG, "unhealthy", (facts.unhealthy, *ready_text, *facts.notes))
     if facts.stopped_by_us or facts.sender == "autotune":
         return Verdict(Outcome.STOPPED, "stopped", ready_text)
+    if facts.exited and facts.exit_code == 0 and ready is not None:
+        # SGLang exits 0 only when told to stop (a SIGTERM it logs, uvicorn's SIGINT shutdown):
+        # a ready server that exits 0 by itself, with no failure line, was stopped by someone.
+        evidence = (
+            "the server's main process exited 0 by itself after it was ready: no failure line, "
+            "no signal, not autotune's stop (SGLang exits 0 only when told to stop)",
+            *ready_text,
+            *facts.host,
+            *facts.notes,
+        )
+        return Verdict(Outcome.KILLED, "clean_exit", evidence[:_MAX_EVIDENCE])
     if facts.exited:
         cause = "exited_after_ready" if ready else "exited_during_startup"
         outcome = Outcome.CRASH if ready else Outcome.STARTUP_ERROR

@@ -29,10 +29,18 @@ recognise without the simulator:
     hang-load         stops printing during weight load and never finishes
     crawl-load        keeps printing progress during weight load and never finishes
     runtime-oom       becomes ready, then logs a torch OOM and SIGKILLs itself
-    exit-after-ready  becomes ready, then exits silently (an OOM-killed scheduler)
+    exit-after-ready  becomes ready, then exits 1 silently (an OOM-killed scheduler)
     health-fail       /health and /health_generate answer 503 once ready
     health-late       /health_generate answers 503 for half a second after ready
     generate          serves generation requests once ready
+    fail-after=N      answers the first N generation requests; every later one gets HTTP 500
+                      (`Exception in ASGI application` in the log)
+    cut-after=N       answers the first N generation requests; every later one gets its 200
+                      header, then the connection closes before the first token
+    stall-stream=N    every streamed answer stops after N tokens and never ends (the server
+                      lives; with `batches` its log keeps moving)
+    exit-after=N      once N generation requests have started, the next one makes the process
+                      exit 0 by itself (no line, no signal)
     stuck-after=N     answers the first N generation requests; every later one is accepted and
                       never answered, while the health routes keep answering (a wedged
                       scheduler behind a live HTTP front)
@@ -204,6 +212,23 @@ class _Conn(asyncio.Protocol):
         stuck = opt.mode_value("stuck-after")
         if stuck is not None and self.server.started > int(stuck):
             await asyncio.Event().wait()  # accepted, never answered
+        fail = opt.mode_value("fail-after")
+        if fail is not None and self.server.started > int(fail):
+            if opt.log:
+                main_log("ERROR:    Exception in ASGI application")
+            self._reply(500, b'{"object": "error", "message": "Internal Server Error"}')
+            return
+        cut = opt.mode_value("cut-after")
+        if cut is not None and self.server.started > int(cut) and self.transport is not None:
+            self._send(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n"
+            )
+            self.transport.close()  # the stream cut before its first token
+            return
+        exit_at = opt.mode_value("exit-after")
+        if exit_at is not None and self.server.started > int(exit_at):
+            os._exit(0)
         if opt.log:
             log(
                 "Prefill batch, #new-seq: 1, #new-token: 1, #cached-token: 0, token usage: 0.00, "
@@ -229,7 +254,11 @@ class _Conn(asyncio.Protocol):
         frames: list[bytes] = []  # the pieces of the frames to send in one write
         if req.api == "chat":
             frames += _frame(events.chat_role())
+        stall = opt.mode_value("stall-stream")
         for i in range(1, n + 1):
+            if stall is not None and i > int(stall):
+                self._send(b"".join(frames))
+                await asyncio.Event().wait()  # the stream stops mid-answer and never ends
             frames += _frame(*events.token(i))
             if i % opt.batch == 0 or i == n:
                 self._send(b"".join(frames))  # a big event's text is copied once, here
@@ -652,7 +681,7 @@ def run_with_log(opt: Options, host: str, port: int, lines: Path | None) -> None
         crash([oom], after_s=0.3)
     if "exit-after-ready" in modes:
         time.sleep(0.3)
-        os._exit(0)
+        os._exit(1)
     if lines is not None:
         for line in lines.read_text().splitlines():
             time.sleep(0.05)

@@ -533,3 +533,32 @@ def test_the_old_watchdog_line_after_access_lines_is_read_without_the_start() ->
     )
     verdict = classify(parsed.events, batches=parsed.batches)
     assert (verdict.outcome, verdict.cause) == (Outcome.HANG, "watchdog_timeout")
+
+
+@pytest.mark.parametrize(
+    ("facts", "outcome", "cause"),
+    [
+        (RunFacts(exited=True, exit_code=0), Outcome.KILLED, "clean_exit"),
+        (RunFacts(exited=True, exit_code=1), Outcome.CRASH, "exited_after_ready"),
+        (RunFacts(exited=True, exit_code=0, stopped_by_us=True), Outcome.STOPPED, "stopped"),
+    ],
+    ids=["exit-0-by-itself", "exit-1-silent", "exit-0-our-stop"],
+)
+def test_a_ready_server_that_exits_0_by_itself_was_stopped_from_outside(
+    facts: RunFacts, outcome: Outcome, cause: str
+) -> None:
+    """SGLang exits 0 only when told to stop: a ready server's exit 0 with no failure line, no
+    signal and no stop of ours is `killed` (its point runs again), not the parameters' crash; a
+    silent non-zero exit stays a crash."""
+    log = parse_text(READY + DECODE)
+    verdict = classify(log.events, facts, log.batches)
+    assert (verdict.outcome, verdict.cause) == (outcome, cause)
+    if outcome is Outcome.KILLED:
+        assert verdict.evidence[0].startswith("the server's main process exited 0 by itself")
+        assert verdict.outcome.requeued and not verdict.outcome.is_parameter_result
+
+
+def test_an_exit_0_during_startup_stays_a_startup_error() -> None:
+    log = parse_text(MAIN + "Load weight begin. avail mem=90.00 GB\n")
+    verdict = classify(log.events, RunFacts(exited=True, exit_code=0), log.batches)
+    assert (verdict.outcome, verdict.cause) == (Outcome.STARTUP_ERROR, "exited_during_startup")

@@ -21,6 +21,7 @@ from optuna.trial import TrialState
 
 from autotune.config.studyfile import Limits
 from autotune.loadgen import workload_from_dict
+from autotune.logparse.outcome import Outcome
 from autotune.server import pidfile
 from autotune.server.gpu import SimProbe
 from autotune.server.preflight import free_port
@@ -207,6 +208,34 @@ def test_health_answering_while_generate_hangs_is_a_hang(world: World) -> None:
     assert record.phases["workload"] < 1.5 + 3, record.phases  # not the 20 s phase, not 30 s
     assert took < 15, took
     assert pidfile.records(study_dir / "run") == []  # stopped and proved gone
+
+
+def test_a_server_that_exits_0_by_itself_mid_load_is_killed_not_a_crash(world: World) -> None:
+    """The server exits 0 on its own while it serves (no failure line, no signal, no stop of
+    ours; SGLang exits 0 only when told to stop): FAIL `killed (clean_exit)`, its point queued
+    again, never a parameter crash. The fake server (mode `exit-after=5`) runs through the real
+    trial runner and live launcher."""
+    world.foreign_sleep()
+    limits = Limits(startup_s=30, stall_s=1.5, workload_s=30, stop_grace_s=1.5, release_s=3)
+    workload = workload_from_dict(
+        {"input_len": 8, "output_len": 8, "stream": True, "request_timeout_s": 10,
+         "drain_timeout_s": 2, "phases": [{"kind": "steady", "concurrency": 2, "duration_s": 4}]}
+    )  # fmt: skip
+    study_dir = world.study_dir
+    launcher = LiveLauncher(
+        workload=workload, limits=limits, run_dir=study_dir / "run",
+        probe=SimProbe(study_dir / "sim-gpu"), extra=(), version="0.5.9", study="rel",
+    )  # fmt: skip
+    plan = TrialPlan(
+        number=0, params={}, env={}, host="127.0.0.1", port=free_port("127.0.0.1"),
+        argv=(*STUCK, "--mode", "exit-after=5", "--marker", str(world.folder)),
+        trial_dir=study_dir / "trials/0000", limits=limits, backend="sglang",
+    )  # fmt: skip
+    record = run_trial(plan, launcher, clock=time.monotonic, phase=lambda _: None)
+    assert (record.state, record.outcome) == ("fail", "killed"), record.reason
+    assert record.reason.startswith("killed (clean_exit): the server's main process exited 0")
+    assert Outcome.of(record.outcome).requeued
+    assert pidfile.records(study_dir / "run") == []
 
 
 # ------------------------------------------------------------------------------------------------
