@@ -22,7 +22,8 @@ from typing import TextIO, cast
 
 STREAM_ERRORS = (OSError, ValueError)
 """What writing to a stream gone raises: EPIPE, EIO, ENOSPC (`OSError`), a closed file
-(`ValueError`)."""
+(`ValueError`). A `UnicodeEncodeError` (a `ValueError` too) is no stream gone: the line is
+written again with backslash escapes."""
 
 
 class Tolerant:
@@ -42,7 +43,13 @@ class Tolerant:
         written."""
         if not self.gone:
             try:
-                return self._inner.write(text)
+                try:
+                    return self._inner.write(text)
+                except UnicodeEncodeError:
+                    # A character the stream's encoding cannot carry (an ASCII locale, a
+                    # non-ASCII path or `≥`): the stream is there, so the line goes out escaped.
+                    self._inner.write(_escaped(text, getattr(self._inner, "encoding", None)))
+                    return len(text)
             except STREAM_ERRORS as exc:
                 self._lose(exc)
         return len(text)
@@ -87,6 +94,12 @@ class Tolerant:
                 "`autotune status`)\n"
             )
             self.other.flush()
+
+
+def _escaped(text: str, encoding: str | None) -> str:
+    """`text` with what `encoding` cannot carry written as backslash escapes (`\\u2265`)."""
+    codec = encoding or "ascii"
+    return text.encode(codec, "backslashreplace").decode(codec, "replace")
 
 
 def _to_devnull(stream: TextIO) -> None:

@@ -344,7 +344,7 @@ def load_profile(name_or_path: str | Path, directory: Path = PROFILE_DIR) -> Pro
             f"{', '.join(list_profiles(directory))} or a path to a TOML file"
         )
     try:
-        doc = tomllib.loads(path.read_text())
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError(f"{path}: not valid TOML ({exc})") from None
     return profile_from_dict(doc, source=str(path))
