@@ -99,6 +99,12 @@ class Activity:
         rt = self._rt
         return None if rt is None else rt.owed_s()
 
+    def streamed(self) -> bool:
+        """Whether the requests stream: then every running request owes a byte at every decode
+        step, and silence while the server's log moves means its output is lost on the way."""
+        rt = self._rt
+        return rt is not None and rt.options.stream
+
 
 @dataclass(frozen=True)
 class Died:

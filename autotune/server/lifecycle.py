@@ -437,13 +437,16 @@ class Server:
 
     # -- liveness ---------------------------------------------------------------------------
 
-    def check_alive(self, owed_s: float | None = None) -> Death | None:
+    def check_alive(self, owed_s: float | None = None, *, streamed: bool = False) -> Death | None:
         """None while the server serves; otherwise why not. Cheap: reads new log lines, polls
         the process, and reads the health watch's last state (no network call here).
 
         `owed_s` is how long the workload's requests have gone without a single byte back
         (`loadgen.Activity`); with the log silent as long, past `stall_s`, the server is hung
-        while serving (frozen, deadlocked, or its HTTP front alive and generation stuck)."""
+        while serving (frozen, deadlocked, or its HTTP front alive and generation stuck). Where
+        the requests stream (`streamed`), a running request sends a byte at every decode step,
+        so `owed_s` past `stall_s` is a hang even while the log moves: generation runs and its
+        output never reaches the client (a stuck detokenizer or tokenizer manager)."""
         if self._death is not None:
             return self._death
         self._observe()
@@ -456,7 +459,7 @@ class Server:
         elif self.log.failure_at is not None or self._sigterm_from_outside():
             facts = RunFacts()
         else:
-            facts = self._serving_stall(now, owed_s) or self._unhealthy(now)
+            facts = self._serving_stall(now, owed_s, streamed) or self._unhealthy(now)
         if facts is None:
             return None
         verdict = self._verdict(facts)
@@ -465,25 +468,33 @@ class Server:
         self._death = Death(verdict.outcome, verdict.cause, verdict.evidence)
         return self._death
 
-    def dead_reason(self, owed_s: float | None = None) -> str | None:
+    def dead_reason(self, owed_s: float | None = None, *, streamed: bool = False) -> str | None:
         """`check_alive()` as the workload driver's `is_dead` wants it."""
-        death = self.check_alive(owed_s)
+        death = self.check_alive(owed_s, streamed=streamed)
         return death.describe() if death else None
 
-    def _serving_stall(self, now: float, owed_s: float | None) -> RunFacts | None:
+    def _serving_stall(self, now: float, owed_s: float | None, streamed: bool) -> RunFacts | None:
         """A hang while serving: requests out and nothing back from the server, and no log
-        output, both for `stall_s`. A `/health` that still answers proves nothing here (an HTTP
-        front can answer while generation is stuck); a stopped process (SIGSTOP, a debugger) is
-        named in the evidence."""
+        output, both for `stall_s`; or, where the requests stream, nothing back for `stall_s`
+        while the log moves. A `/health` that still answers proves nothing here (an HTTP front
+        can answer while generation is stuck); a stopped process (SIGSTOP, a debugger) is named
+        in the evidence."""
         if owed_s is None or owed_s < self.spec.stall_s:
             return None
         quiet = now - self.log.last_growth
-        if quiet < self.spec.stall_s:
+        if quiet >= self.spec.stall_s:
+            note = (
+                f"no answer to the workload for {owed_s:.1f} s and no log output for "
+                f"{quiet:.1f} s while serving (stall_s = {self.spec.stall_s:g} s)"
+            )
+        elif streamed:
+            note = (
+                f"no byte of any streamed answer for {owed_s:.1f} s while the log kept moving "
+                f"(its last line {quiet:.1f} s ago): generation runs and its output does not "
+                f"reach the client (stall_s = {self.spec.stall_s:g} s)"
+            )
+        else:
             return None
-        note = (
-            f"no answer to the workload for {owed_s:.1f} s and no log output for {quiet:.1f} s "
-            f"while serving (stall_s = {self.spec.stall_s:g} s)"
-        )
         info = procs.read_proc(self.pid)
         if info is not None and info.state in ("T", "t", "D"):
             note += f"; pid {self.pid} is in state {procs.describe_state(info.state)}"

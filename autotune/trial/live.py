@@ -197,7 +197,7 @@ class _LiveRun:
         activity = Activity()
 
         def is_dead() -> str | None:
-            reason = self.server.dead_reason(activity.owed_s())
+            reason = self.server.dead_reason(activity.owed_s(), streamed=activity.streamed())
             if reason is None and time.monotonic() - t0 > limit_s:
                 return f"workload ran past server.limits.workload_s ({limit_s:g} s)"
             return reason

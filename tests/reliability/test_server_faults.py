@@ -210,6 +210,38 @@ def test_health_answering_while_generate_hangs_is_a_hang(world: World) -> None:
     assert pidfile.records(study_dir / "run") == []  # stopped and proved gone
 
 
+def test_streams_that_stop_while_the_log_moves_are_a_hang(world: World) -> None:
+    """Every streamed answer stops after two tokens and never ends while the server lives and
+    its log keeps printing batch lines: the output is lost between the scheduler and the client.
+    Judged a hang within stall_s, never an `ok` trial with nothing completed; the server is
+    stopped. The fake server (modes `batches`, `stall-stream=2`) runs through the real trial
+    runner and live launcher."""
+    world.foreign_sleep()
+    limits = Limits(startup_s=30, stall_s=1.5, workload_s=60, stop_grace_s=1.5, release_s=3)
+    workload = workload_from_dict(
+        {"input_len": 8, "output_len": 16, "stream": True, "request_timeout_s": 30,
+         "drain_timeout_s": 2, "phases": [{"kind": "steady", "concurrency": 2, "duration_s": 20}]}
+    )  # fmt: skip
+    study_dir = world.study_dir
+    launcher = LiveLauncher(
+        workload=workload, limits=limits, run_dir=study_dir / "run",
+        probe=SimProbe(study_dir / "sim-gpu"), extra=(), version="0.5.9", study="rel",
+    )  # fmt: skip
+    plan = TrialPlan(
+        number=0, params={}, env={}, host="127.0.0.1", port=free_port("127.0.0.1"),
+        argv=(*STUCK, "--mode", "batches", "--mode", "stall-stream=2", "--marker",
+              str(world.folder)),
+        trial_dir=study_dir / "trials/0000", limits=limits, backend="sglang",
+    )  # fmt: skip
+    t0 = time.monotonic()
+    record = run_trial(plan, launcher, clock=time.monotonic, phase=lambda _: None)
+    assert (record.state, record.outcome) == ("fail", "hang"), record.reason
+    assert "no byte of any streamed answer" in record.reason, record.reason
+    assert "while the log kept moving" in record.reason, record.reason
+    assert time.monotonic() - t0 < 15
+    assert pidfile.records(study_dir / "run") == []
+
+
 def test_a_server_that_exits_0_by_itself_mid_load_is_killed_not_a_crash(world: World) -> None:
     """The server exits 0 on its own while it serves (no failure line, no signal, no stop of
     ours; SGLang exits 0 only when told to stop): FAIL `killed (clean_exit)`, its point queued
