@@ -18,10 +18,17 @@ from types import ModuleType
 import pytest
 
 from autotune.testing import fakeserver
+from autotune.trial.signals import forget
 from tests.reliability.helpers import World
 from tests.simstudy import assert_none_left
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def no_stop_noted() -> None:
+    """Each test starts as a command does (`cli.common.stop_signals`): no stop signal noted."""
+    forget()
 
 
 @pytest.fixture

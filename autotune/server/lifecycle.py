@@ -487,7 +487,7 @@ class Server:
                 f"no answer to the workload for {owed_s:.1f} s and no log output for "
                 f"{quiet:.1f} s while serving (stall_s = {self.spec.stall_s:g} s)"
             )
-        elif streamed:
+        elif streamed and self._generating_unheard(now, owed_s):
             note = (
                 f"no byte of any streamed answer for {owed_s:.1f} s while the log kept moving "
                 f"(its last line {quiet:.1f} s ago): generation runs and its output does not "
@@ -499,6 +499,19 @@ class Server:
         if info is not None and info.state in ("T", "t", "D"):
             note += f"; pid {self.pid} is in state {procs.describe_state(info.state)}"
         return RunFacts(stalled="serving", notes=(note,))
+
+    def _generating_unheard(self, now: float, owed_s: float) -> bool:
+        """Whether the scheduler kept generating long after the client last heard a byte: a
+        Decode batch line read more than half of `stall_s` after that byte, and the log still
+        moving. A long prefill (no decode line) or a server that froze soon after the last byte
+        (the log quiet too) is not this."""
+        half = self.spec.stall_s / 2
+        decode = self.log.last_decode_at
+        return (
+            decode is not None
+            and decode >= now - owed_s + half
+            and now - self.log.last_growth < half
+        )
 
     def _unhealthy(self, now: float) -> RunFacts | None:
         """Death by the live checks: generation failing (health route and one-token generate)

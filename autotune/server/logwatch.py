@@ -47,6 +47,8 @@ class LogWatch:
         self.lines = 0
         self.last_growth = now
         self.last_batch_at: float | None = None
+        self.last_decode_at: float | None = None
+        """When the last Decode batch line was read: the scheduler was generating then."""
         self.ready_line_at: float | None = None
         self.failure_at: float | None = None
         """When the first line that ends the run (`ENDS_RUN`) was read; None while none was."""
@@ -74,6 +76,8 @@ class LogWatch:
             if isinstance(item, Batch):
                 self.batches.append(item)
                 self.last_batch_at = now
+                if item.phase == "decode":
+                    self.last_decode_at = now
                 continue
             self.events.append(item)
             self.phases.feed(item, now)

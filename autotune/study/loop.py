@@ -40,6 +40,7 @@ from autotune.study.objectives import constraint_values, objective_values
 from autotune.study.storage import STORAGE_ERRORS, Worker, counted, first_line
 from autotune.study.workers import Coordinator
 from autotune.trial.record import Result
+from autotune.trial.signals import first_received
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +240,8 @@ def run_loop(
         return _budget_left(study, cfg, n_trials, timeout_s, clock() - start, ran, coordinator)
 
     while True:
+        if first_received() is not None:  # a stop whose exception was lost (trial.run)
+            raise Interrupted("stopped by the operator between trials")
         stop = budget() if storage_failed is None else patiently(budget, note=note)
         if isinstance(stop, LoopEnd):
             return stop

@@ -38,6 +38,14 @@ INTERRUPT = "interrupted"
 Phase = Callable[[str], None]
 
 
+def _stop_if_signalled() -> None:
+    """Raise the stop a signal asked for where its handler's exception was lost: Python drops an
+    exception raised inside a garbage collector's callback ("Exception ignored in …"), so a
+    Ctrl-C landing there was noted (`signals.received`) and never stopped anything."""
+    if signals.first_received() is not None:
+        raise KeyboardInterrupt
+
+
 def run_trial(
     plan: TrialPlan,
     launcher: Launcher,
@@ -169,9 +177,11 @@ def _run_trial(
             startup = server.wait_ready()
             phases["startup"] = startup.seconds
             if startup.outcome == "ready":
+                _stop_if_signalled()
                 phase("workload")
                 load = server.drive(startup.ledger)
                 phases["workload"] = load.seconds
+                _stop_if_signalled()
                 if load.outcome == "ready":
                     planned = then(startup.ledger)
         except KeyboardInterrupt:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 from pathlib import Path
 
 import pytest
 
 from autotune.config.studyfile import Limits
+from autotune.trial import signals
 from autotune.trial.plan import TrialPlan
 from autotune.trial.run import run_trial
 from autotune.trial.seam import Load, Startup, Stop
@@ -108,6 +110,21 @@ def test_ctrl_c_stops_the_server_and_marks_interrupted(tmp_path: Path, where: st
     record, _ = _run(tmp_path, launcher)
     assert launcher.log[-1] == "stop"
     assert record.state == "interrupted" and record.outcome == "interrupted"
+
+
+def test_a_ctrl_c_whose_exception_was_lost_still_stops_the_trial(tmp_path: Path) -> None:
+    """The handler notes the signal and raises; where that raise lands in a garbage collector's
+    callback, Python drops it ("Exception ignored in …"). The trial stops at its next step all
+    the same: the server is stopped and the trial interrupted, no workload driven."""
+    launcher = FakeLauncher()
+    signals.received(signal.SIGINT)  # noted, its KeyboardInterrupt lost
+    try:
+        record, _ = _run(tmp_path, launcher)
+    finally:
+        signals.forget()
+    assert launcher.log == ["launch", "wait_ready", "stop"]
+    assert record.state == "interrupted" and record.outcome == "interrupted"
+    assert "workload" not in record.phases
 
 
 def test_unclean_teardown_is_fatal(tmp_path: Path) -> None:
