@@ -28,6 +28,7 @@ from autotune.server.preflight import free_port
 from autotune.trial.live import LiveLauncher
 from autotune.trial.plan import TrialPlan
 from autotune.trial.run import run_trial
+from autotune.trial.trialfile import TrialRecord
 from tests.reliability.helpers import EAGLE, STRESS, World, server_record, wait_for_log
 
 pytestmark = pytest.mark.e2e
@@ -177,37 +178,54 @@ def test_server_frozen_with_sigstop_while_serving_is_a_hang(world: World) -> Non
 STUCK = (sys.executable, "-m", "autotune.testing.fakeserver", "--log", "--mode", "generate")
 
 
+def _fake_trial(
+    world: World, modes: tuple[str, ...], workload: dict[str, object], workload_s: float = 60
+) -> tuple[TrialRecord, float]:
+    """One trial of the fake SGLang server in `modes` through the real trial runner and live
+    launcher (stall_s 1.5 s): its record and how long it took; the server is proved gone."""
+    world.foreign_sleep()
+    limits = Limits(startup_s=30, stall_s=1.5, workload_s=workload_s, stop_grace_s=1.5,
+                    release_s=3)  # fmt: skip
+    spec = workload_from_dict(
+        {"input_len": 8, "request_timeout_s": 30, "drain_timeout_s": 2, **workload}
+    )
+    study_dir = world.study_dir
+    launcher = LiveLauncher(
+        workload=spec, limits=limits, run_dir=study_dir / "run",
+        probe=SimProbe(study_dir / "sim-gpu"), extra=(), version="0.5.9", study="rel",
+    )  # fmt: skip
+    argv = [*STUCK]
+    for mode in modes:
+        argv += ["--mode", mode]
+    plan = TrialPlan(
+        number=0, params={}, env={}, host="127.0.0.1", port=free_port("127.0.0.1"),
+        argv=(*argv, "--marker", str(world.folder)), trial_dir=study_dir / "trials/0000",
+        limits=limits, backend="sglang",
+    )  # fmt: skip
+    t0 = time.monotonic()
+    record = run_trial(plan, launcher, clock=time.monotonic, phase=lambda _: None)
+    took = time.monotonic() - t0
+    assert pidfile.records(study_dir / "run") == []  # stopped and proved gone
+    return record, took
+
+
+def _steady(seconds: float) -> list[dict[str, object]]:
+    return [{"kind": "steady", "concurrency": 2, "duration_s": seconds}]
+
+
 def test_health_answering_while_generate_hangs_is_a_hang(world: World) -> None:
     """`/health` (and `/health_generate`) answer 200 while every `/generate` after the first few
     hangs and the log is silent: the HTTP front is alive, generation is stuck. Judged a hang
     within stall_s, never an `ok` trial with failed requests; the server is stopped. The fake
     server (`autotune.testing.fakeserver`, mode `stuck-after=6`) runs through the real trial
     runner and live launcher."""
-    world.foreign_sleep()
-    limits = Limits(startup_s=30, stall_s=1.5, workload_s=60, stop_grace_s=1.5, release_s=3)
-    workload = workload_from_dict(
-        {"input_len": 8, "output_len": 1, "stream": False, "request_timeout_s": 30,
-         "drain_timeout_s": 2, "phases": [{"kind": "steady", "concurrency": 2, "duration_s": 20}]}
-    )  # fmt: skip
-    study_dir = world.study_dir
-    launcher = LiveLauncher(
-        workload=workload, limits=limits, run_dir=study_dir / "run",
-        probe=SimProbe(study_dir / "sim-gpu"), extra=(), version="0.5.9", study="rel",
-    )  # fmt: skip
-    trial_dir = study_dir / "trials/0000"
-    plan = TrialPlan(
-        number=0, params={}, env={}, host="127.0.0.1", port=free_port("127.0.0.1"),
-        argv=(*STUCK, "--mode", "stuck-after=6", "--marker", str(world.folder)),
-        trial_dir=trial_dir, limits=limits, backend="sglang",
-    )  # fmt: skip
-    t0 = time.monotonic()
-    record = run_trial(plan, launcher, clock=time.monotonic, phase=lambda _: None)
-    took = time.monotonic() - t0
+    record, took = _fake_trial(
+        world, ("stuck-after=6",), {"output_len": 1, "stream": False, "phases": _steady(20)}
+    )
     assert (record.state, record.outcome) == ("fail", "hang"), record.reason
     assert "hang (stall:serving)" in record.reason and "no answer to the workload" in record.reason
     assert record.phases["workload"] < 1.5 + 3, record.phases  # not the 20 s phase, not 30 s
     assert took < 15, took
-    assert pidfile.records(study_dir / "run") == []  # stopped and proved gone
 
 
 def test_streams_that_stop_while_the_log_moves_are_a_hang(world: World) -> None:
@@ -216,30 +234,14 @@ def test_streams_that_stop_while_the_log_moves_are_a_hang(world: World) -> None:
     Judged a hang within stall_s, never an `ok` trial with nothing completed; the server is
     stopped. The fake server (modes `batches`, `stall-stream=2`) runs through the real trial
     runner and live launcher."""
-    world.foreign_sleep()
-    limits = Limits(startup_s=30, stall_s=1.5, workload_s=60, stop_grace_s=1.5, release_s=3)
-    workload = workload_from_dict(
-        {"input_len": 8, "output_len": 16, "stream": True, "request_timeout_s": 30,
-         "drain_timeout_s": 2, "phases": [{"kind": "steady", "concurrency": 2, "duration_s": 20}]}
+    record, took = _fake_trial(
+        world, ("batches", "stall-stream=2"),
+        {"output_len": 16, "stream": True, "phases": _steady(20)},
     )  # fmt: skip
-    study_dir = world.study_dir
-    launcher = LiveLauncher(
-        workload=workload, limits=limits, run_dir=study_dir / "run",
-        probe=SimProbe(study_dir / "sim-gpu"), extra=(), version="0.5.9", study="rel",
-    )  # fmt: skip
-    plan = TrialPlan(
-        number=0, params={}, env={}, host="127.0.0.1", port=free_port("127.0.0.1"),
-        argv=(*STUCK, "--mode", "batches", "--mode", "stall-stream=2", "--marker",
-              str(world.folder)),
-        trial_dir=study_dir / "trials/0000", limits=limits, backend="sglang",
-    )  # fmt: skip
-    t0 = time.monotonic()
-    record = run_trial(plan, launcher, clock=time.monotonic, phase=lambda _: None)
     assert (record.state, record.outcome) == ("fail", "hang"), record.reason
     assert "no byte of any streamed answer" in record.reason, record.reason
     assert "while the log kept moving" in record.reason, record.reason
-    assert time.monotonic() - t0 < 15
-    assert pidfile.records(study_dir / "run") == []
+    assert took < 15, took
 
 
 def test_a_server_that_exits_0_by_itself_mid_load_is_killed_not_a_crash(world: World) -> None:
@@ -247,27 +249,14 @@ def test_a_server_that_exits_0_by_itself_mid_load_is_killed_not_a_crash(world: W
     ours; SGLang exits 0 only when told to stop): FAIL `killed (clean_exit)`, its point queued
     again, never a parameter crash. The fake server (mode `exit-after=5`) runs through the real
     trial runner and live launcher."""
-    world.foreign_sleep()
-    limits = Limits(startup_s=30, stall_s=1.5, workload_s=30, stop_grace_s=1.5, release_s=3)
-    workload = workload_from_dict(
-        {"input_len": 8, "output_len": 8, "stream": True, "request_timeout_s": 10,
-         "drain_timeout_s": 2, "phases": [{"kind": "steady", "concurrency": 2, "duration_s": 4}]}
+    record, _ = _fake_trial(
+        world, ("exit-after=5",),
+        {"output_len": 8, "stream": True, "request_timeout_s": 10, "phases": _steady(4)},
+        workload_s=30,
     )  # fmt: skip
-    study_dir = world.study_dir
-    launcher = LiveLauncher(
-        workload=workload, limits=limits, run_dir=study_dir / "run",
-        probe=SimProbe(study_dir / "sim-gpu"), extra=(), version="0.5.9", study="rel",
-    )  # fmt: skip
-    plan = TrialPlan(
-        number=0, params={}, env={}, host="127.0.0.1", port=free_port("127.0.0.1"),
-        argv=(*STUCK, "--mode", "exit-after=5", "--marker", str(world.folder)),
-        trial_dir=study_dir / "trials/0000", limits=limits, backend="sglang",
-    )  # fmt: skip
-    record = run_trial(plan, launcher, clock=time.monotonic, phase=lambda _: None)
     assert (record.state, record.outcome) == ("fail", "killed"), record.reason
     assert record.reason.startswith("killed (clean_exit): the server's main process exited 0")
     assert Outcome.of(record.outcome).requeued
-    assert pidfile.records(study_dir / "run") == []
 
 
 # ------------------------------------------------------------------------------------------------
