@@ -27,9 +27,14 @@ def program_end(argv: Sequence[str]) -> int:
             continue
         if _ENTRY.search(word):
             return i + 1
-        if os.path.basename(word) == "sglang" and i + 1 < len(argv) and argv[i + 1] == "serve":
+        if _serve_at(argv, i):
             return i + 2
     return next((i for i, w in enumerate(argv) if w.startswith("--")), len(argv))
+
+
+def _serve_at(words: Sequence[str], i: int) -> bool:
+    """Whether `words[i]` is SGLang's console script and the next word its `serve`."""
+    return os.path.basename(words[i]) == "sglang" and i + 1 < len(words) and words[i + 1] == "serve"
 
 
 def in_container(program: Sequence[str]) -> bool:
@@ -72,10 +77,7 @@ def interpreter(program: Sequence[str]) -> str | None:
 def console_script(program: Sequence[str]) -> str | None:
     """The word naming SGLang's console script where the program runs one (`sglang serve`,
     `/opt/venv/bin/sglang serve`), else None."""
-    for i, word in enumerate(program[:-1]):
-        if os.path.basename(word) == "sglang" and program[i + 1] == "serve":
-            return word
-    return None
+    return next((w for i, w in enumerate(program) if _serve_at(program, i)), None)
 
 
 def starts_one_process(program: Sequence[str]) -> bool:

@@ -423,17 +423,25 @@ def _server(t: Table) -> ServerConfig:
     )
 
 
+def node_count(flags: Iterable[tuple[str, FlagValue]]) -> int:
+    """The nodes a server of these flags spans (`--nnodes`, as SGLang reads its value): 1 where
+    the flag is absent or not a positive whole number."""
+    nodes = {param_name(name): value for name, value in flags}.get("nnodes")
+    if nodes is None or isinstance(nodes, bool):
+        return 1
+    try:
+        return max(1, int(str(nodes)))
+    except ValueError:
+        return 1
+
+
 def nodes_refusal(flags: Iterable[tuple[str, FlagValue]], command: Sequence[str]) -> str | None:
     """Why a server of these flags and this program cannot be a study, else None: where it spans
     several nodes (`--nnodes`) and the program is SGLang's own entry point, which starts one
     process on this box. Each trial needs a launch on every node; the first would wait for the
     others until the startup stall limit, which a trial would store as the parameters' hang. A
     launcher that starts every node (`srun`, a script) is the operator's to give."""
-    nodes = {param_name(name): value for name, value in flags}.get("nnodes")
-    try:
-        count = int(str(nodes)) if nodes is not None and nodes is not True else 1
-    except ValueError:
-        return None
+    count = node_count(flags)
     if count <= 1 or not starts_one_process(command):
         return None
     return (

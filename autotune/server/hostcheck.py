@@ -30,6 +30,7 @@ from autotune.config.studyfile import (
     IntRange,
     Scalar,
     StudyConfig,
+    node_count,
     param_name,
 )
 from autotune.errors import ConfigError, HarnessError, UsageError
@@ -165,9 +166,7 @@ def _ranks(cfg: StudyConfig) -> int:
 def _ranks_per_host(cfg: StudyConfig) -> int:
     """The ranks whose host pools share this host: every GPU of the server over `--nnodes` (0.5.23
     `ranks_per_host`: the launch world size ÷ nodes, at least 1)."""
-    nnodes = dict(cfg.server.flags).get("nnodes")
-    nodes = nnodes if isinstance(nnodes, int) and not isinstance(nnodes, bool) and nnodes > 0 else 1
-    return max(1, _ranks(cfg) // nodes)
+    return max(1, _ranks(cfg) // node_count(cfg.server.flags))
 
 
 def hicache_candidates(cfg: StudyConfig) -> list[float]:
