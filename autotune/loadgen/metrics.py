@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 UNFINISHED = "unfinished"
+EXAMPLE_CHARS = 200
+"""How much of each kind's first error message a summary keeps (`Summary.error_examples`)."""
 ENDED_EARLY = f"{UNFINISHED}: ended early"
 """How a request cancelled by its phase's early end (`loadgen.earlyend`) is recorded: unfinished,
 but the tokens it streamed before the end count towards the phase's throughput, which is then
@@ -123,6 +125,7 @@ class Summary:
     unfinished: int  # cut by the phase's time limit mid-stream; not in requests or failed
     error_rate: float | None  # failed / requests
     errors: dict[str, int]
+    error_examples: dict[str, str]  # the first message of each kind in `errors`
     total_input_tokens: int
     total_output_tokens: int
     request_throughput: float
@@ -162,6 +165,24 @@ def tpot_of(r: RequestRecord) -> float | None:
 def error_kind(error: str) -> str:
     """The class of an error message: the text before the first colon, at most 60 chars."""
     return error.split(":", 1)[0][:60]
+
+
+OVERLOAD_STATUSES = frozenset({408, 429, 503})
+"""HTTP statuses a server answers when it is busy, draining or timing a request out: load, not
+a refusal of the request itself."""
+_REFUSAL_KINDS = ("aborted", "server error", "bad response", "bad stream chunk", "empty response")
+
+
+def refused(error: str) -> bool:
+    """Whether a request's error is the server's own answer refusing or breaking it: an HTTP
+    error status other than overload (`OVERLOAD_STATUSES`), an abort or an error object in the
+    stream, a malformed or empty answer. Not a timeout, a connection failure or a cut: those come
+    from the load, a death or the harness."""
+    kind = error_kind(error)
+    if kind.startswith("HTTP "):
+        code = kind[5:]
+        return code.isdigit() and int(code) >= 400 and int(code) not in OVERLOAD_STATUSES
+    return kind in _REFUSAL_KINDS
 
 
 def peak_concurrency(records: Sequence[RequestRecord]) -> int:
@@ -231,6 +252,10 @@ def summarize(
     lagged_fraction = lagged / len(lags) if lags else None
     good = sum(1 for r in ok if slo.met_by(r)) if slo is not None else None
     errors = Counter(error_kind(r.error) for r in records if r.error is not None)
+    examples: dict[str, str] = {}
+    for r in records:
+        if r.error is not None:
+            examples.setdefault(error_kind(r.error), r.error[:EXAMPLE_CHARS])
     return Summary(
         duration_s=duration_s,
         requests=len(records),
@@ -239,6 +264,7 @@ def summarize(
         unfinished=unfinished,
         error_rate=failed / len(records) if records else None,
         errors=dict(errors.most_common(8)),
+        error_examples={k: examples[k] for k, _ in errors.most_common(8)},
         total_input_tokens=total_in,
         total_output_tokens=total_out,
         request_throughput=_finite(len(ok) / dur),

@@ -84,6 +84,12 @@ class Outcome(StrEnum):
     MACHINE_ERROR = "machine_error"
     """The host failed the server: its disk full, its port taken by another process, a driver
     or NCCL fault of the machine. Not the parameters' result."""
+    REFUSED = "refused"
+    """The server lived through the workload and its log shows no failure, but it answered most
+    requests with an error of its own (an HTTP error status other than overload, an abort or an
+    error object in the stream, an empty or malformed answer): the server and the requests do
+    not fit (a model name, a path, prompts longer than its context, a broken tokenizer or
+    proxy), which no memory setting changes. Not the parameters' result."""
     DISTURBED = "disturbed"
     """autotune itself was paused (SIGSTOP, a suspended laptop, a VM migration) long enough
     that what it measured is not the server's; not the parameters' result."""
@@ -132,6 +138,7 @@ class Outcome(StrEnum):
             Outcome.STALE,
             Outcome.KILLED,
             Outcome.MACHINE_ERROR,
+            Outcome.REFUSED,
             Outcome.DISTURBED,
         )
 
@@ -153,6 +160,7 @@ class Outcome(StrEnum):
             Outcome.UNKNOWN,
             Outcome.KILLED,
             Outcome.MACHINE_ERROR,
+            Outcome.REFUSED,
             Outcome.DISTURBED,
         )
 

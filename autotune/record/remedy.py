@@ -11,6 +11,7 @@ docs/sglang-memory.md.
 from __future__ import annotations
 
 from autotune.config.studyfile import Constraint
+from autotune.logparse.outcome import Outcome
 from autotune.record.view import TrialView
 
 _HANG = ("watchdog_timeout", "stall", "phase_timeout", "unhealthy")
@@ -43,6 +44,12 @@ def remedy(t: TrialView) -> str:
         return (
             "CUDA-graph capture ran out of memory: lower mem_fraction_static, or "
             "max_running_requests (it caps the captured batch sizes)"
+        )
+    if t.ending is Outcome.REFUSED:
+        return (
+            "not a memory setting: the server stayed up and answered most requests with an "
+            "error of its own; check [workload] (api, model, input_len against the context "
+            "length) and the server's answer in the trial's evidence"
         )
     if cause.startswith(_HANG):
         return (

@@ -28,6 +28,9 @@ rank-dies=SECONDS    SECONDS after the server is ready the last TP rank's schedu
 orphan-scheduler     the scheduler processes ask for no parent-death signal: a main process
                      SIGKILLed (or exiting) leaves them running, each holding its GPU memory
                      under its own pid, until someone kills them (the process group does)
+refuse-generate      every generation request is answered HTTP 500 while the server stays up,
+                     its health routes answer 200 and its log shows no failure (a server
+                     that does not fit its requests: a broken tokenizer, proxy or template)
 bad-server-info      /server_info and /get_server_info answer 200 with a JSON object that has no
                      `internal_states` and no `version` (a server of another shape)
 reword-log           the ranks print P reworded (`Weight loading begins, free memory: X GB`
@@ -64,12 +67,13 @@ class FaultSet:
     rank_dies_after_s: float | None = None
     orphan_scheduler: bool = False
     bad_server_info: bool = False
+    refuse_generate: bool = False
     reword_log: bool = False
 
     @property
     def health_faults(self) -> frozenset[str]:
-        """The HTTP faults in force (`health-empty`, `health-fail`, `bad-server-info`), the set
-        the HTTP side consults."""
+        """The HTTP faults in force (`health-empty`, `health-fail`, `bad-server-info`,
+        `refuse-generate`), the set the HTTP side consults."""
         out = set()
         if self.health_empty:
             out.add("health-empty")
@@ -77,6 +81,8 @@ class FaultSet:
             out.add("health-fail")
         if self.bad_server_info:
             out.add("bad-server-info")
+        if self.refuse_generate:
+            out.add("refuse-generate")
         return frozenset(out)
 
 
@@ -100,5 +106,6 @@ def resolve(sim: SimOptions) -> FaultSet:
         rank_dies_after_s=dies.arg if dies is not None else None,
         orphan_scheduler=sim.fault("orphan-scheduler") is not None,
         bad_server_info=sim.fault("bad-server-info") is not None,
+        refuse_generate=sim.fault("refuse-generate") is not None,
         reword_log=sim.fault("reword-log") is not None,
     )

@@ -47,6 +47,7 @@ SIM_FAULTS = (
     "rank-dies",
     "orphan-scheduler",
     "bad-server-info",
+    "refuse-generate",
     "reword-log",
 )
 

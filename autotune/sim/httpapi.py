@@ -399,8 +399,11 @@ class _Api:
         return req
 
     def _admit(self, ids: list[int], max_new: int | None) -> None:
-        """SGLang's refusals, in its order: context length, input limit, shutdown, full queue."""
+        """SGLang's refusals, in its order: context length, input limit, shutdown, full queue
+        (and the `refuse-generate` fault's 500 to every request, first)."""
         s = self.s
+        if "refuse-generate" in s.faults:
+            raise BadRequest("Internal Server Error", 500)
         ctx = s.plan.context_len
         if len(ids) >= ctx:
             raise BadRequest(

@@ -665,10 +665,11 @@ def _endpoint_rows(
         )
     else:
         ok = err <= cfg.constraints.max_error_rate
+        answer = f"; {v.evidence[0]}" if v.evidence and not ok else ""
         rows.append(
             Row(
                 f"workload API ({api})",
-                f"error rate {err:.3f} under the short load",
+                f"error rate {err:.3f} under the short load{answer}",
                 ok,
                 "" if ok else "see trial.json's workload summary for the failed requests",
             )

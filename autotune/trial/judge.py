@@ -8,6 +8,8 @@
   `exit_signal`, `sender`, from `autotune.server.deaths`);
 * the operator pressed Ctrl-C (or sent SIGTERM, or the terminal hung up: `trial.signals`): the
   trial is recorded as interrupted, with the ledger it measured;
+* the server lived through the workload but answered most requests with an error of its own
+  (`refusal`): a FAILED trial `refused`, with the server's answers as evidence;
 * autotune itself was paused (SIGSTOP, a suspend) through the trial: what it measured is not
   the server's, and the trial is `disturbed` (`autotune.trial.clockwatch`).
 
@@ -25,6 +27,7 @@ from pathlib import Path
 
 from autotune import __version__
 from autotune.config.space import address_flags
+from autotune.loadgen.metrics import Summary, refused
 from autotune.logparse.clamps import post_capture_asked
 from autotune.logparse.ledger import build_ledger
 from autotune.logparse.lines import parse_lines
@@ -37,6 +40,34 @@ from autotune.trial.trialfile import TrialRecord
 BY_OPERATOR = "stopped by the operator"
 """The reason of a trial the operator interrupted."""
 REASON_CHARS = 160
+REFUSED_SHARE = 0.5
+"""More than this share of a workload's requests refused by a server that stayed up and logged
+no failure makes the trial `refused`: a server that fits its requests fails some under memory
+pressure (and logs why: an OOM abort is a death), never most of them in silence."""
+
+
+def refusal(overall: Summary) -> tuple[str, tuple[str, ...]] | None:
+    """The cause and evidence of a `refused` trial, from the whole workload's summary of a
+    server that stayed up with a silent log (None when it is not one): more than
+    `REFUSED_SHARE` of its requests failed with the server's own answer
+    (`loadgen.metrics.refused`). The cause names the commonest kind (`http_500`,
+    `server_error`, …); the evidence gives each refused kind's count and first answer."""
+    kinds = {k: n for k, n in overall.errors.items() if refused(k)}
+    if not overall.requests or sum(kinds.values()) <= REFUSED_SHARE * overall.requests:
+        return None
+    top = max(kinds, key=lambda k: kinds[k])
+    return top.lower().replace(" ", "_"), request_errors(overall, kinds)
+
+
+def request_errors(overall: Summary, kinds: Mapping[str, int] | None = None) -> tuple[str, ...]:
+    """One line per kind of failed request (`kinds`, default every kind the summary counted):
+    how many of the workload's requests and the first message of the kind, the evidence a
+    trial's error rate stands on."""
+    kinds = overall.errors if kinds is None else kinds
+    return tuple(
+        f"{n} of {overall.requests} requests failed: {overall.error_examples.get(k, k)}"
+        for k, n in kinds.items()
+    )
 
 
 def disturbed(

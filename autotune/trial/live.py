@@ -20,6 +20,7 @@ from autotune.config.studyfile import Limits, StudyConfig
 from autotune.errors import HarnessError
 from autotune.loadgen import Activity, ServerFacts, Target, WorkloadSpec, run_workload
 from autotune.loadgen.apis import api_named
+from autotune.logparse.outcome import Outcome
 from autotune.masking import scrub_file
 from autotune.server import pidfile
 from autotune.server.gpu import GpuProbe, NvmlProbe, SimProbe, foreign_holders, visible_devices
@@ -29,6 +30,7 @@ from autotune.server.lifecycle import Server
 from autotune.server.teardown import stop_orphans
 from autotune.trial.gpuwatch import HEADROOM_POLL_S, FreeMemoryWatch, settled_usage
 from autotune.trial.growth import footprint_growth_gib, least_used
+from autotune.trial.judge import refusal, request_errors
 from autotune.trial.plan import TrialPlan
 from autotune.trial.seam import Load, ServerRun, Startup, Stop
 
@@ -237,7 +239,12 @@ class _LiveRun:
             return replace(
                 load, outcome="timeout", cause="workload", evidence=(result.died.reason,)
             )
-        return load
+        refused = refusal(overall)
+        if refused is not None:
+            return replace(
+                load, outcome=str(Outcome.REFUSED), cause=refused[0], evidence=refused[1]
+            )
+        return replace(load, evidence=request_errors(overall))
 
     def _flushed_usage(self) -> dict[int, int] | None:
         """Memory in use on the server's GPUs right after `/flush_cache` gave the allocator's

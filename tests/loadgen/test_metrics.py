@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from autotune.loadgen.metrics import RequestRecord, Slo, Stats, summarize, tpot_of
+from autotune.loadgen.metrics import RequestRecord, Slo, Stats, refused, summarize, tpot_of
 
 
 def rec(
@@ -138,3 +138,36 @@ def test_requests_cut_mid_stream_are_unfinished_not_failed() -> None:
     assert s.error_rate == pytest.approx(1 / 3)
     assert s.errors == {"HTTP 500": 1}
     assert s.peak_concurrency == 3  # it was in flight all the same
+
+
+@pytest.mark.parametrize(
+    ("error", "is_refused"),
+    [
+        ('HTTP 500: {"error": {"message": "Internal Server Error"}}', True),
+        ("HTTP 404: model not found", True),
+        ("HTTP 400: The input (9000 tokens) is longer than the model's context length", True),
+        ("server error: Requested token count exceeds the model's maximum context length", True),
+        ("aborted: Out of memory even after retracting all other requests", True),
+        ("empty response: no token arrived", True),
+        ("bad stream chunk: b'garbage'", True),
+        ("HTTP 503: The server is shutting down.", False),
+        ("HTTP 429: too many requests", False),
+        ("HTTP 408: request timeout", False),
+        ("timeout: no complete response within 30 s", False),
+        ("connection: [Errno 111] Connection refused", False),
+        ("cancelled: phase ended", False),
+    ],
+)
+def test_refused_is_the_server_s_own_answer_not_load(error: str, is_refused: bool) -> None:
+    assert refused(error) is is_refused
+
+
+def test_each_error_kind_keeps_its_first_message() -> None:
+    late = rec(0.3, None, (), None, 30, 0, error="HTTP 500: later", end=0.4)
+    slow = rec(0.4, None, (), None, 30, 0, error="timeout: no complete response", end=0.5)
+    s = summarize([R1, R3, late, slow], 1.0)
+    assert s.errors == {"HTTP 500": 2, "timeout": 1}
+    assert s.error_examples == {
+        "HTTP 500": "HTTP 500: boom",
+        "timeout": "timeout: no complete response",
+    }

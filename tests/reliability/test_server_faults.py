@@ -67,6 +67,28 @@ def test_broken_health_while_serving_works(world: World, fault: str) -> None:
     assert workload["overall"]["completed"] > 0 and workload["overall"]["failed"] == 0
 
 
+def test_a_server_refusing_every_request_is_not_a_parameter_result(world: World) -> None:
+    """The server starts, stays up, answers its health checks and logs no failure, but answers
+    HTTP 500 to every generation request (`refuse-generate`). Before, each trial was COMPLETE
+    `ok` with error rate 1.0: an infeasible parameter result, and the search learned that every
+    fraction fails. Now each is FAIL `refused` with the server's answer as evidence, its point
+    runs again, and three in a row stop the study with one line naming the answer and the fix."""
+    world.foreign_sleep()
+    world.study(flags='sim-fault = "refuse-generate"', n_trials=5)
+    done = world.run()
+    assert done.rc == 1, done.out + done.err
+    assert "3 trials in a row failed for reasons outside the parameters" in done.err, done.err
+    assert "refused (http_500)" in done.err and "Internal Server Error" in done.err
+    assert "check [workload]" in done.err, done.err
+    ran = [t for t in world.trials() if t.state != TrialState.WAITING]
+    assert [(t.state, t.user_attrs["outcome"]) for t in ran] == [(TrialState.FAIL, "refused")] * 3
+    record = json.loads((world.study_dir / "trials/0000/trial.json").read_text())
+    assert record["state"] == "fail" and record["error_rate"] == 1.0
+    assert re.fullmatch(r"\d+ of \d+ requests failed: HTTP 500: .*Internal Server Error.*",
+                        record["evidence"][0]), record["evidence"]  # fmt: skip
+    assert world.problems() == []
+
+
 KEYED = {"workload": 'api_key_env = "REL_API_KEY"'}
 """With an API key the server's output goes through the masking writer: the verdicts must be
 the same (the writer is given a moment to write the last lines of a dying server)."""

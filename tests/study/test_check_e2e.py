@@ -159,6 +159,14 @@ def test_a_server_info_of_the_wrong_shape_is_no_go(no_leftovers: Path) -> None:
     assert "no `internal_states` list" in line
 
 
+def test_a_server_refusing_every_request_is_no_go_with_its_answer(no_leftovers: Path) -> None:
+    done, _ = _check(_study(no_leftovers, flags='sim-fault = "refuse-generate"'))
+    assert done.returncode == 1, done.stdout + done.stderr
+    line = _no_go(done.stdout, "workload API")
+    assert "error rate 1.000" in line and "HTTP 500" in line, line
+    assert "Internal Server Error" in line, line
+
+
 def _in_process(folder: Path, **kw: object) -> str:
     config = _study(folder)
     cfg = load_study(config)
