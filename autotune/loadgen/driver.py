@@ -77,6 +77,15 @@ class ServerFacts:
         """The facts a launched server's ledger (`Ledger.to_dict()`) shows."""
         return cls(**{f.name: _count(ledger.get(f.name)) for f in fields(cls)})
 
+    @property
+    def pool_limits_input(self) -> bool:
+        """Whether the KV pool, not the context length, caps a request's prompt: SGLang refuses
+        a prompt of `min(context_len, max_total_num_tokens) − 6` tokens or more
+        (`tp_worker`'s `max_req_input_len`), so with a pool smaller than the context a long
+        prompt's refusal is the memory setting's doing."""
+        pool, context = self.max_total_num_tokens, self.context_len
+        return pool is not None and (context is None or pool < context)
+
 
 def _count(value: object) -> int | None:
     """A whole count from the ledger; None for a missing or non-numeric value."""

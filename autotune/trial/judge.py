@@ -46,13 +46,28 @@ no failure makes the trial `refused`: a server that fits its requests fails some
 pressure (and logs why: an OOM abort is a death), never most of them in silence."""
 
 
-def refusal(overall: Summary) -> tuple[str, tuple[str, ...]] | None:
+_INPUT_REFUSALS = frozenset({"HTTP 400", "server error", "aborted"})
+"""How SGLang refuses a prompt longer than it accepts: a 400 (an error object in a stream) or
+the scheduler's abort."""
+
+
+def refusal(
+    overall: Summary, *, pool_limits_input: bool = False
+) -> tuple[str, tuple[str, ...]] | None:
     """The cause and evidence of a `refused` trial, from the whole workload's summary of a
     server that stayed up with a silent log (None when it is not one): more than
     `REFUSED_SHARE` of its requests failed with the server's own answer
     (`loadgen.metrics.refused`). The cause names the commonest kind (`http_500`,
-    `server_error`, …); the evidence gives each refused kind's count and first answer."""
-    kinds = {k: n for k, n in overall.errors.items() if refused(k)}
+    `server_error`, …); the evidence gives each refused kind's count and first answer.
+
+    Where the KV pool caps the prompt (`pool_limits_input`: `ServerFacts.pool_limits_input`), a
+    prompt refused as too long is the pool's size, a parameter result, so those kinds
+    (`_INPUT_REFUSALS`) do not count."""
+    kinds = {
+        k: n
+        for k, n in overall.errors.items()
+        if refused(k) and not (pool_limits_input and k in _INPUT_REFUSALS)
+    }
     if not overall.requests or sum(kinds.values()) <= REFUSED_SHARE * overall.requests:
         return None
     top = max(kinds, key=lambda k: kinds[k])

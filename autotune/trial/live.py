@@ -239,7 +239,7 @@ class _LiveRun:
             return replace(
                 load, outcome="timeout", cause="workload", evidence=(result.died.reason,)
             )
-        refused = refusal(overall)
+        refused = refusal(overall, pool_limits_input=facts.pool_limits_input)
         if refused is not None:
             return replace(
                 load, outcome=str(Outcome.REFUSED), cause=refused[0], evidence=refused[1]

@@ -5,6 +5,7 @@ the evidence (`request_errors`)."""
 
 from __future__ import annotations
 
+from autotune.loadgen.driver import ServerFacts
 from autotune.loadgen.metrics import RequestRecord, Summary, summarize
 from autotune.trial.judge import refusal, request_errors
 
@@ -67,3 +68,21 @@ def test_load_s_failures_are_never_a_refusal() -> None:
 def test_no_requests_no_refusal() -> None:
     assert refusal(_summary()) is None
     assert request_errors(_summary(None, None)) == ()
+
+
+def test_prompts_refused_by_a_pool_smaller_than_the_context_are_the_parameters() -> None:
+    """SGLang refuses a prompt of min(context, pool) − 6 tokens or more: with the KV pool the
+    smaller, a too-long answer (400, a stream's error object, an abort) is the memory setting's
+    doing, a parameter result; other refusals still count."""
+    too_long = "HTTP 400: Input length (9000 tokens) exceeds the maximum allowed length"
+    s = _summary(too_long, too_long, too_long, None)
+    assert refusal(s) is not None
+    assert refusal(s, pool_limits_input=True) is None
+    assert refusal(_summary(BROKEN, BROKEN, None), pool_limits_input=True) is not None
+
+
+def test_the_pool_limits_input_where_it_is_smaller_than_the_context() -> None:
+    assert ServerFacts(context_len=32768, max_total_num_tokens=4096).pool_limits_input
+    assert not ServerFacts(context_len=8192, max_total_num_tokens=100_000).pool_limits_input
+    assert ServerFacts(max_total_num_tokens=4096).pool_limits_input
+    assert not ServerFacts(context_len=8192).pool_limits_input
