@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 
 from autotune.config.workload import BurstOrder, DatasetRow, LengthDist, Sessions
 
@@ -131,35 +131,36 @@ class TokenPool:
         return " ".join(parts)
 
 
+@dataclass(eq=False)
 class Shaper:
     """Makes the request sequence of one phase from its own seeded generator.
 
     The sequence depends only on the seed and the order of calls, never on timing: the n-th
-    request of a phase is the same on every run with the same spec.
+    request of a phase is the same on every run with the same spec. It owns the phase's
+    generator and lengths as given, and the counters the sequence advances (a shaper is a
+    stream, so two are equal only when they are the same one).
     """
 
-    def __init__(
-        self,
-        rng: random.Random,
-        input_len: LengthDist,
-        output_len: LengthDist,
-        *,
-        dataset: tuple[DatasetRow, ...] = (),
-        sessions: Sessions | None = None,
-        max_context: int | None = None,
-        pool_size: int = POOL_SIZE,
-    ) -> None:
-        self.rng = rng
-        self.input_len = input_len
-        self.output_len = output_len
-        self.dataset = dataset
-        self.sessions = sessions
-        self.max_context = max_context
-        self.pool_size = pool_size
-        self._count = 0
-        self._salt = rng.randrange(HEAD_SPAN * HEAD_SPAN)
-        self._row = rng.randrange(len(dataset)) if dataset else 0
-        self._session = 0
+    rng: random.Random
+    input_len: LengthDist
+    output_len: LengthDist
+    _: KW_ONLY
+    dataset: tuple[DatasetRow, ...] = ()
+    sessions: Sessions | None = None
+    max_context: int | None = None
+    pool_size: int = POOL_SIZE
+    _count: int = field(init=False, repr=False, default=0)
+    """Heads handed out so far."""
+    _salt: int = field(init=False, repr=False)
+    """Where this shaper's heads start, drawn first from `rng`."""
+    _row: int = field(init=False, repr=False)
+    """The next dataset row (starts at a random row, drawn from `rng` after the salt)."""
+    _session: int = field(init=False, repr=False, default=0)
+    """Sessions handed out so far."""
+
+    def __post_init__(self) -> None:
+        self._salt = self.rng.randrange(HEAD_SPAN * HEAD_SPAN)
+        self._row = self.rng.randrange(len(self.dataset)) if self.dataset else 0
 
     def _head(self) -> tuple[int, ...]:
         """Two ids unique among this shaper's first HEAD_SPAN² requests."""

@@ -479,6 +479,7 @@ class _Sizes(TypedDict, total=False):
 _Stage = Callable[[], StartupFailure | None]
 
 
+@dataclass(eq=False)
 class _Planner:
     """Walks the startup stages in the release's order, stopping at the first failure.
 
@@ -489,26 +490,21 @@ class _Planner:
     table's sizes once the pool is sized.
     """
 
-    def __init__(
-        self,
-        profile: Profile,
-        settings: ServerSettings,
-        base: StartupPlan,
-        release: SglangVersion,
-        env: Mapping[str, str],
-    ) -> None:
-        self.profile = profile
-        self.settings = settings
-        self.base = base
-        self.release = release
-        self.env = env
-        self.sizes: _Sizes = {}
-        self.notes: list[tuple[str, str]] = []
-        self.warnings: list[str] = list(base.warnings)
-        self.avail = 0.0
-        self.tokens = 0
-        self.reqs = 0
-        self.backed_gib = 0.0
+    profile: Profile
+    settings: ServerSettings
+    base: StartupPlan
+    release: SglangVersion
+    env: Mapping[str, str]
+    sizes: _Sizes = field(init=False, default_factory=_Sizes)
+    notes: list[tuple[str, str]] = field(init=False, default_factory=list)
+    warnings: list[str] = field(init=False)
+    avail: float = field(init=False, default=0.0)
+    tokens: int = field(init=False, default=0)
+    reqs: int = field(init=False, default=0)
+    backed_gib: float = field(init=False, default=0.0)
+
+    def __post_init__(self) -> None:
+        self.warnings = list(self.base.warnings)
 
     def run(self) -> StartupPlan:
         stages: list[_Stage]

@@ -34,6 +34,7 @@ from autotune.record.stored import stored, study_record
 from autotune.record.view import TrialView, view, views
 from autotune.search.effective import duplicate_of
 from autotune.server.hostcheck import hicache_refusal, host_bound, results_disk_problem
+from autotune.server.hostmem import HostBound
 from autotune.server.procs import writers
 from autotune.sim.profiles import Profile, ProfileError, load_profile
 from autotune.study.loop import (
@@ -154,30 +155,28 @@ _FINISHED = (TrialState.COMPLETE, TrialState.FAIL)
 """The trials a new point may be a duplicate of: those that ran (a skipped one has no ledger)."""
 
 
+@dataclasses.dataclass(eq=False)
 class _Night:
     """One run of the study on this worker: what a killed run left is recovered first, then each
     asked trial is planned, launched and recorded, and the operator's line kept up to date."""
 
-    def __init__(
-        self,
-        cfg: StudyConfig,
-        folder: Path,
-        launcher: Launcher,
-        study: optuna.Study,
-        clock: Callable[[], float],
-    ) -> None:
-        self.cfg = cfg
-        self.folder = folder
-        self.launcher = launcher
-        self.study = study
-        self.clock = clock
-        self.tally = Tally(n_trials=cfg.budget.n_trials, plan=workload_plan(cfg.workload))
-        self.progress: Progress
-        self.shown_k = 1
-        """"trial k of N" of the trial in progress."""
-        self.url = ""
-        self.host = host_bound(cfg)
-        """The host memory bound a trial's host cache is held to before its launch."""
+    cfg: StudyConfig
+    folder: Path
+    launcher: Launcher
+    study: optuna.Study
+    clock: Callable[[], float]
+    tally: Tally = dataclasses.field(init=False)
+    progress: Progress = dataclasses.field(init=False, repr=False)
+    """The operator's line, made by `start` (it writes to the stream `start` is given)."""
+    shown_k: int = dataclasses.field(init=False, default=1)
+    """"trial k of N" of the trial in progress."""
+    url: str = dataclasses.field(init=False, default="")
+    host: HostBound | None = dataclasses.field(init=False)
+    """The host memory bound a trial's host cache is held to before its launch."""
+
+    def __post_init__(self) -> None:
+        self.tally = Tally(n_trials=self.cfg.budget.n_trials, plan=workload_plan(self.cfg.workload))
+        self.host = host_bound(self.cfg)
 
     def start(self, stream: TextIO, url: str, worker: Worker) -> None:
         """Recover, queue the first points, count what is done, and say where the study is."""

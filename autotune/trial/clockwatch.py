@@ -28,7 +28,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from types import FrameType, TracebackType
 
 TICK_S = 0.25
@@ -63,64 +63,65 @@ class Pause:
     suspended: bool = False
 
 
+@dataclass(eq=False)
 class ClockWatch:
     """Watches autotune's clocks for pauses while a trial runs (see the module docstring).
 
     As a context manager it starts the watching thread and, on the main thread, a SIGCONT
     handler; `look` is the thread's one step, public so that tests drive it with injected
-    clocks. `phase` names the trial's phase the pauses are attributed to (`following` keeps it
-    current)."""
+    clocks. It owns its settings as given (`tick_s` between looks, `least_s` the shortest jump
+    that counts, the three clocks it reads), the pauses and SIGCONTs seen so far, and the thread
+    and handler it installed. `phase` names the trial's phase the pauses are attributed to
+    (`following` keeps it current)."""
 
-    def __init__(
-        self,
-        *,
-        tick_s: float = TICK_S,
-        least_s: float = LEAST_PAUSE_S,
-        monotonic: Clock = time.monotonic,
-        boot: Clock = boottime,
-        cpu: Clock = time.process_time,
-    ) -> None:
-        self._tick_s = tick_s
-        self._least_s = least_s
-        self._monotonic = monotonic
-        self._boot = boot
-        self._cpu = cpu
-        self.phase = ""
-        self._lock = threading.Lock()
-        self._pauses: list[Pause] = []
-        self._sigconts: list[float] = []
+    _: KW_ONLY
+    tick_s: float = TICK_S
+    least_s: float = LEAST_PAUSE_S
+    monotonic: Clock = time.monotonic
+    boot: Clock = boottime
+    cpu: Clock = time.process_time
+    phase: str = field(init=False, default="")
+    _lock: threading.Lock = field(init=False, repr=False, default_factory=threading.Lock)
+    _pauses: list[Pause] = field(init=False, repr=False, default_factory=list)
+    _sigconts: list[float] = field(init=False, repr=False, default_factory=list)
+    _last: tuple[float, float, float] = field(init=False, repr=False)
+    """The clocks at the last look (first read when the watch is made)."""
+    _stop: threading.Event = field(init=False, repr=False, default_factory=threading.Event)
+    _thread: threading.Thread | None = field(init=False, repr=False, default=None)
+    _previous: signal.Handlers | Callable[[int, FrameType | None], object] | int | None = field(
+        init=False, repr=False, default=None
+    )
+    """SIGCONT's handler before ours, put back on exit."""
+    _handling: bool = field(init=False, repr=False, default=False)
+
+    def __post_init__(self) -> None:
         self._last = self._read()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._previous: signal.Handlers | Callable[[int, FrameType | None], object] | int | None
-        self._previous = None
-        self._handling = False
 
     # the watching -------------------------------------------------------------------------------
 
     def _read(self) -> tuple[float, float, float]:
-        return self._monotonic(), self._boot(), self._cpu()
+        return self.monotonic(), self.boot(), self.cpu()
 
     def look(self, waited_s: float | None = None) -> Pause | None:
         """Read the clocks; a `Pause` when more than `waited_s` (the tick) plus `least_s` went by
         since the last look and autotune did not spend it on the CPU."""
-        waited = self._tick_s if waited_s is None else waited_s
+        waited = self.tick_s if waited_s is None else waited_s
         with self._lock:  # one look at a time: a jump is counted once
             now = self._read()
             (m0, b0, c0), (m1, b1, c1) = self._last, now
             self._last = now
             on_monotonic, on_boot = m1 - m0, b1 - b0
             gap = max(on_monotonic, on_boot) - waited
-            if gap < self._least_s:
+            if gap < self.least_s:
                 return None
             seconds = gap - max(c1 - c0, 0.0)
-            if seconds < self._least_s:
+            if seconds < self.least_s:
                 return None  # autotune was busy, not stopped
             pause = Pause(
                 seconds=seconds,
                 phase=self.phase,
                 at=m1,
-                suspended=on_boot - on_monotonic >= self._least_s,
+                suspended=on_boot - on_monotonic >= self.least_s,
             )
             self._pauses.append(pause)
         return pause
@@ -129,7 +130,7 @@ class ClockWatch:
         """A SIGCONT arrived (called by its handler, or by a test). It takes no lock: the handler
         runs on the main thread, which may hold the lock where the signal lands (one append is
         atomic)."""
-        self._sigconts.append(self._monotonic())
+        self._sigconts.append(self.monotonic())
 
     def following(self, phase: Callable[[str], None]) -> Callable[[str], None]:
         """`phase`, which also tells the watch which phase the trial is in."""
@@ -201,7 +202,7 @@ class ClockWatch:
         self._uninstall()
 
     def _run(self) -> None:
-        while not self._stop.wait(self._tick_s):
+        while not self._stop.wait(self.tick_s):
             self.look()
 
     def _install(self) -> None:

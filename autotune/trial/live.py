@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 
@@ -65,35 +65,32 @@ def _installed_sglang() -> str | None:
         return None
 
 
+@dataclass(eq=False, kw_only=True)
 class LiveLauncher:
-    """`Launcher` over `autotune.server.lifecycle.Server` and `autotune.loadgen.run_workload`."""
+    """`Launcher` over `autotune.server.lifecycle.Server` and `autotune.loadgen.run_workload`.
 
-    def __init__(
-        self,
-        *,
-        workload: WorkloadSpec,
-        limits: Limits,
-        run_dir: Path,
-        probe: GpuProbe,
-        extra: tuple[str, ...],
-        version: str | None,
-        study: str = "",
-        devices: tuple[int, ...] | None = None,
-    ) -> None:
-        self.workload = workload
-        self.devices = devices
-        self.limits = limits
-        self.run_dir = run_dir
-        self.probe = probe
-        self._extra = extra
-        self._version = version
-        self.study = study
-        self._api_key = workload.api_key()
+    It owns what every launch of the study shares: the workload and time limits, the run folder
+    the pidfiles go in, the GPU probe, the flags added to every launch (`extra`), the installed
+    SGLang version (recorded when a server does not report its own), the study's name and the
+    GPUs it may use; the API key is read from the workload once, and kept out of the repr."""
+
+    workload: WorkloadSpec
+    limits: Limits
+    run_dir: Path
+    probe: GpuProbe
+    extra: tuple[str, ...]
+    version: str | None
+    study: str = ""
+    devices: tuple[int, ...] | None = None
+    _api_key: str | None = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._api_key = self.workload.api_key()
 
     def extra_args(self) -> tuple[str, ...]:
         """The flags added to every launch (the simulator's GPU-state folder), as the launcher was
         given them."""
-        return self._extra
+        return self.extra
 
     def stop_orphans(self) -> list[str]:
         """Stop the servers a killed autotune left under the run folder (their pidfiles), mask their
@@ -168,7 +165,7 @@ class _LiveRun:
             evidence=r.evidence,
             ledger=r.ledger.to_dict(),
             seconds=r.seconds,
-            sglang_version=str(version) if version else self.launcher._version,
+            sglang_version=str(version) if version else self.launcher.version,
         )
 
     def drive(self, ledger: Mapping[str, object]) -> Load:
