@@ -274,28 +274,36 @@ def test_command_reads_the_partial_multi_rank_log() -> None:
     assert STARTUP_MISSING not in text
 
 
-def test_command_reads_the_time_only_serving_log_of_0_3() -> None:
-    doc = _json(TIME_ONLY)
-    assert doc["startup_missing"] is True
-    serving = doc["serving"]
-    assert isinstance(serving, dict)
-    assert (serving["prefill_lines"], serving["decode_lines"]) == (3, 4)
-    assert (serving["max_running"], serving["max_gen_throughput"]) == (3, 95.1)
-    text = _text(TIME_ONLY)
-    assert text.count(STARTUP_MISSING) == 1
-    assert "serving: 3 prefill and 4 decode lines; peak running 3" in text
-
-
-def test_command_reads_the_serving_only_modern_log() -> None:
-    doc = _json(SERVING_ONLY)
+@pytest.mark.parametrize(
+    ("name", "lines", "peaks", "said"),
+    [
+        (
+            TIME_ONLY,
+            (3, 4),
+            {"max_running": 3, "max_gen_throughput": 95.1},
+            "serving: 3 prefill and 4 decode lines; peak running 3",
+        ),
+        (
+            SERVING_ONLY,
+            (2, 4),
+            {"max_running": 13, "max_token_usage": 0.27},
+            "gen throughput 1,610.3 tok/s",
+        ),
+    ],
+    ids=["time-only-0.3", "serving-only-modern"],
+)
+def test_command_reads_a_serving_log_without_its_start(
+    name: str, lines: tuple[int, int], peaks: dict[str, float], said: str
+) -> None:
+    doc = _json(name)
     assert doc["startup_missing"] is True and doc["kv_gib"] is None
     serving = doc["serving"]
     assert isinstance(serving, dict)
-    assert (serving["prefill_lines"], serving["decode_lines"]) == (2, 4)
-    assert (serving["max_running"], serving["max_token_usage"]) == (13, 0.27)
-    text = _text(SERVING_ONLY)
+    assert (serving["prefill_lines"], serving["decode_lines"]) == lines
+    assert {key: serving[key] for key in peaks} == peaks
+    text = _text(name)
     assert text.count(STARTUP_MISSING) == 1
-    assert "gen throughput 1,610.3 tok/s" in text
+    assert said in text
 
 
 def test_command_reads_the_gpu_tagged_log_of_0_2() -> None:

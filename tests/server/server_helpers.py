@@ -1,4 +1,5 @@
-"""Helpers for lifecycle tests: free ports, specs for the fake server, a stranger's process."""
+"""Helpers for server tests: free ports, specs for the fake server, a stranger's process, and a
+stand-in SGLang package for the tests of SGLang's own parser."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from autotune.logparse.outcome import Outcome
 from autotune.logparse.phase import PhaseLimits
@@ -58,6 +61,18 @@ def fake_spec(tmp_path: Path, *modes: str, **overrides: Any) -> LaunchSpec:
         argv += ["--mode", mode]
     values: dict[str, Any] = dict(env={"PYTHONUNBUFFERED": "1"}, phase_limits=PhaseLimits())
     return make_spec(tmp_path, **{"argv": tuple(argv), **values, **FAKE_LIMITS, **overrides})
+
+
+def install_fake_sglang(root: Path, server_args: str, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stand-in `sglang` package under `root` whose `sglang/srt/server_args.py` is
+    `server_args`, put on PYTHONPATH so that any Python the test starts imports it; `root`."""
+    pkg = root / "sglang" / "srt"
+    pkg.mkdir(parents=True)
+    (root / "sglang" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "server_args.py").write_text(server_args)
+    monkeypatch.setenv("PYTHONPATH", str(root))
+    return root
 
 
 def launch_ready(guard: Guard, spec: LaunchSpec) -> Server:

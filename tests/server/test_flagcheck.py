@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from server_helpers import install_fake_sglang
 
 from autotune.server.flagcheck import canonical_argv, check_argv, inspect_argv, sglang_python
 
@@ -90,12 +91,7 @@ _FAKE_SGLANG = """
 @pytest.fixture
 def fake_sglang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A stand-in SGLang package on PYTHONPATH, importable by any Python this test starts."""
-    pkg = tmp_path / "sglang" / "srt"
-    pkg.mkdir(parents=True)
-    (tmp_path / "sglang" / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text("")
-    (pkg / "server_args.py").write_text(textwrap.dedent(_FAKE_SGLANG))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    install_fake_sglang(tmp_path, textwrap.dedent(_FAKE_SGLANG), monkeypatch)
 
 
 @pytest.mark.usefixtures("fake_sglang")

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from server_helpers import install_fake_sglang
 
 from autotune.server import flagprobe
 
@@ -28,13 +29,7 @@ class ServerArgs:
 @pytest.fixture
 def noisy_sglang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A stand-in `sglang` package on PYTHONPATH that prints to stdout when imported."""
-    pkg = tmp_path / "sglang" / "srt"
-    pkg.mkdir(parents=True)
-    (tmp_path / "sglang" / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text("")
-    (pkg / "server_args.py").write_text(NOISY_SGLANG)
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    return tmp_path
+    return install_fake_sglang(tmp_path, NOISY_SGLANG, monkeypatch)
 
 
 def test_describe_and_examine_read_past_import_time_prints(noisy_sglang: Path) -> None:
