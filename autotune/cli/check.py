@@ -11,13 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from autotune.cli.common import (
-    add_study_command,
-    make_worker_folder,
-    resolve_config,
-    worker_held,
-    worker_place,
-)
+from autotune.cli import common
 from autotune.review.checktable import check_text, verdict
 from autotune.study.check import preflight, run_check
 from autotune.trial.live import LiveLauncher, live_launcher
@@ -25,7 +19,7 @@ from autotune.trial.live import LiveLauncher, live_launcher
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `autotune check` and its arguments (those of `run` that name the study)."""
-    p = add_study_command(
+    p = common.add_study_command(
         sub,
         "check",
         "before the night: launch the baseline once with a short load and say go or no-go",
@@ -38,14 +32,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     """Run the check under the study's lock and GPU claim, print its table, exit 0 (go) or 1."""
-    cfg = resolve_config(args)
-    place = worker_place(args, cfg)
+    cfg = common.resolve_config(args)
+    place = common.worker_place(args, cfg)
     checked = preflight(cfg)
     if not checked.go:  # nothing written: the night's folder stays as it was
         sys.stdout.write(check_text(cfg, checked))
         return verdict(checked)
-    make_worker_folder(args, place.folder)
-    with worker_held(cfg, place):
+    common.make_worker_folder(args, place.folder)
+    with common.worker_held(cfg, place):
         report = run_check(
             cfg,
             place.folder,

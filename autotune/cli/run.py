@@ -13,13 +13,7 @@ import contextlib
 import sys
 from pathlib import Path
 
-from autotune.cli.common import (
-    add_study_command,
-    make_worker_folder,
-    resolve_config,
-    worker_held,
-    worker_place,
-)
+from autotune.cli import common
 from autotune.config.studyfile import SAMPLERS
 from autotune.errors import UsageError
 from autotune.server.hostcheck import check_host
@@ -31,7 +25,7 @@ from autotune.trial.live import live_launcher
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `autotune run` and its arguments, the per-worker overrides among them, to the
     subcommands."""
-    p = add_study_command(
+    p = common.add_study_command(
         sub,
         "run",
         "run (or resume) a study: launch, load and record servers until the budget is spent",
@@ -68,7 +62,7 @@ def handle(args: argparse.Namespace) -> int:
     the folders it made."""
 
     cfg = with_worker_args(
-        resolve_config(args),
+        common.resolve_config(args),
         gpus=args.gpus,
         port=args.port,
         heartbeat_s=args.heartbeat_s,
@@ -77,13 +71,13 @@ def handle(args: argparse.Namespace) -> int:
 
     for note in check_host(cfg):
         sys.stdout.write(f"note: {note}\n")
-    place = worker_place(args, cfg)
+    place = common.worker_place(args, cfg)
     folder = place.folder
     launcher = live_launcher(cfg, folder)  # refuses what it cannot launch before anything is made
     made = [p for p in (folder, *folder.parents) if not p.exists()]
-    make_worker_folder(args, folder)
+    common.make_worker_folder(args, folder)
     try:
-        with worker_held(cfg, place) as stopped:
+        with common.worker_held(cfg, place) as stopped:
             return stopped.exit_code(run(cfg, folder, place.url, launcher, sys.stdout))
     except UsageError:
         _undo(folder, made)

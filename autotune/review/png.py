@@ -31,11 +31,14 @@ SIZE = (8.0, 5.0)
 DPI = 110
 
 
-def _new() -> tuple[Figure, Axes]:
+def _new(points: Sequence[Point] = ()) -> tuple[Figure, Axes]:
+    """A figure of one gridded axes, with `points` scattered on it by kind (`_scatter`): every
+    trial figure starts with its trials."""
     fig = Figure(figsize=SIZE, dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     ax.grid(True, alpha=0.3)
+    _scatter(ax, points)
     return fig, ax
 
 
@@ -112,8 +115,7 @@ def pareto_png(d: ParetoData, path: Path) -> Path:
     one)."""
     if d.note:
         return note_png(style.PARETO.title, d.note, path)
-    fig, ax = _new()
-    _scatter(ax, d.points)
+    fig, ax = _new(d.points)
     by = {p.number: p for p in d.points}
     front = [by[n] for n in d.front if n in by]
     if front:
@@ -133,8 +135,7 @@ def feasibility_png(d: FeasibilityData, path: Path) -> Path:
     """The outcome map as a PNG at `path` (the note's text instead when it has one)."""
     if d.note:
         return note_png(style.FEASIBILITY.title, d.note, path)
-    fig, ax = _new()
-    _scatter(ax, d.points)
+    fig, ax = _new(d.points)
     _numbers(ax, d.points)
     return _finish(fig, ax, style.FEASIBILITY, path)
 
@@ -143,8 +144,7 @@ def capacity_png(d: CapacityData, path: Path) -> Path:
     """The capacity figure as a PNG at `path` (the note's text instead when it has one)."""
     if d.note:
         return note_png(style.CAPACITY.title, d.note, path)
-    fig, ax = _new()
-    _scatter(ax, d.points)
+    fig, ax = _new(d.points)
     if d.line_x:
         ax.plot(d.line_x, d.line_y, "-", color=LINE_COLOR, lw=1, label=d.line_source)
     if d.oom_edge is not None:
@@ -242,8 +242,7 @@ def load_png(d: LoadData, path: Path) -> Path:
 
 def history_png(d: HistoryData, path: Path) -> Path:
     """The search history as a PNG at `path`."""
-    fig, ax = _new()
-    _scatter(ax, d.points)
+    fig, ax = _new(d.points)
     if d.best_x:
         ax.step(d.best_x, d.best_y, where="post", color=LINE_COLOR, label="best feasible so far")
     ax.yaxis.set_major_formatter(_thousands)
