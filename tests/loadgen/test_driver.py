@@ -241,3 +241,10 @@ def test_time_limit_while_streaming_leaves_requests_unfinished(fake_server: Star
     assert res.phases[0].ended_by == "time_limit"
     assert (s.unfinished, s.requests, s.failed, s.error_rate) == (3, 0, 0, None)
     assert all(r.error and r.error.startswith("unfinished: phase steady-0") for r in res.records)
+
+
+def test_the_pool_limits_input_where_it_is_smaller_than_the_context() -> None:
+    assert ServerFacts(context_len=32768, max_total_num_tokens=4096).pool_limits_input
+    assert not ServerFacts(context_len=8192, max_total_num_tokens=100_000).pool_limits_input
+    assert ServerFacts(max_total_num_tokens=4096).pool_limits_input
+    assert not ServerFacts(context_len=8192).pool_limits_input

@@ -5,7 +5,6 @@ the evidence (`request_errors`)."""
 
 from __future__ import annotations
 
-from autotune.loadgen.driver import ServerFacts
 from autotune.loadgen.metrics import RequestRecord, Summary, summarize
 from autotune.trial.judge import refusal, request_errors
 
@@ -79,10 +78,3 @@ def test_prompts_refused_by_a_pool_smaller_than_the_context_are_the_parameters()
     assert refusal(s) is not None
     assert refusal(s, pool_limits_input=True) is None
     assert refusal(_summary(BROKEN, BROKEN, None), pool_limits_input=True) is not None
-
-
-def test_the_pool_limits_input_where_it_is_smaller_than_the_context() -> None:
-    assert ServerFacts(context_len=32768, max_total_num_tokens=4096).pool_limits_input
-    assert not ServerFacts(context_len=8192, max_total_num_tokens=100_000).pool_limits_input
-    assert ServerFacts(max_total_num_tokens=4096).pool_limits_input
-    assert not ServerFacts(context_len=8192).pool_limits_input
