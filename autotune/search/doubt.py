@@ -27,7 +27,7 @@ once in 700; the search's first launches of a study never do on a box that follo
   instead of 2, p ≥ 0.9 needs 1.6 instead of 1.3 (only where the evidence is about the peak or
   the headroom; growth alone moves every launch alike);
 * repeats near the edge: the best stable setting runs until it held `REPEATS` times before the
-  search ends or turns to throughput (`planner._recheck`);
+  search ends or turns to throughput (`holding.recheck`);
 * the proposal's why and the closing reason say so, with the evidence, instead of "what is left
   to learn is smaller than one step".
 

@@ -3,14 +3,19 @@
 `Point` is one finished trial (with its `Observation`) or one another worker is running;
 `setting_of` maps parameters to the memory-relevant `Setting`; `needs_more` says whether one
 setting needs at least the memory of another of the kind that failed, which is what lets a
-failure rule out everything beyond it without a model.
+failure rule out everything beyond it without a model. The planner's rules compare launches by
+the same order: `more_demand`, `less_demand` and `same_gpu` (the GPU memory a setting asks for
+besides its fraction), `best_of` (the most capacity, the fastest within launch jitter) and
+`key_of` (a point's identity on the searched parameters); they are here, below every rule
+module, so that each rule reads one definition of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from autotune.config.space import PointKey, point_key
 from autotune.config.studyfile import (
     CHUNK,
     FRACTION,
@@ -30,13 +35,19 @@ __all__ = [
     "MEMORY_CONSTRAINTS",
     "MEMORY_PARAMS",
     "REQUESTS",
+    "SAME_CAPACITY",
     "Point",
     "Push",
+    "best_of",
     "fmt",
     "host_failure",
+    "key_of",
+    "less_demand",
+    "more_demand",
     "needs_more",
     "num",
     "push_for",
+    "same_gpu",
     "setting_of",
     "tokens_of",
 ]
@@ -44,6 +55,8 @@ __all__ = [
 MEMORY_PARAMS = (FRACTION, REQUESTS, CHUNK, HICACHE)
 """The parameters the memory model knows; the searches act on these and sample the rest."""
 _HOST_KILLED = "scheduler is dead"
+SAME_CAPACITY = 0.002
+"""Launches of one fraction differ by launch jitter (a few hundred tokens); this much is a tie."""
 
 
 @dataclass(frozen=True)
@@ -180,3 +193,45 @@ def fmt(v: Scalar | None) -> str:
     if isinstance(v, float):
         return f"{v:g}"
     return str(v)
+
+
+def key_of(params: Mapping[str, Scalar], names: Iterable[str]) -> PointKey:
+    """The identity of `params` on the searched `names` (`config.space.point_key`)."""
+    return point_key(params).only(names)
+
+
+def best_of(points: Sequence[Point]) -> Point | None:
+    """The most capacity; among launches within launch jitter of it, the fastest."""
+    top = max((tokens_of(p) for p in points), default=0)
+    level = [p for p in points if tokens_of(p) >= top * (1 - SAME_CAPACITY)]
+    return max(level, key=lambda p: (p.throughput, tokens_of(p)), default=None)
+
+
+def more_demand(a: Setting, b: Setting) -> bool:
+    """a asks for more request slots or a bigger prefill chunk than b."""
+    ra, rb = a.max_running_requests, b.max_running_requests
+    ca, cb = a.chunked_prefill_size, b.chunked_prefill_size
+    if ra is not None and rb is not None and ra > rb:
+        return True
+    return ca is not None and cb is not None and ca > cb
+
+
+def less_demand(a: Setting, b: Setting) -> bool:
+    """a needs less transient and graph memory than b: no more requests and no bigger chunk,
+    and less of one of them."""
+    ra, rb = a.max_running_requests, b.max_running_requests
+    ca, cb = a.chunked_prefill_size, b.chunked_prefill_size
+    if ra is None or rb is None or ra > rb:
+        return False
+    if ca is not None and cb is not None and ca > cb:
+        return False
+    return ra < rb or (ca is not None and cb is not None and ca < cb)
+
+
+def same_gpu(a: Setting, b: Setting) -> bool:
+    """Same GPU memory demand: fraction, requests and chunk (the host cache is host memory)."""
+    return (
+        abs(a.mem_fraction - b.mem_fraction) < 1e-9
+        and a.max_running_requests == b.max_running_requests
+        and a.chunked_prefill_size == b.chunked_prefill_size
+    )

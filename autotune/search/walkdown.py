@@ -37,9 +37,9 @@ from autotune.config.space import (
 )
 from autotune.config.studyfile import Scalar
 from autotune.search.base import Ask, Known, MemorySampler, Param, record_rule
-from autotune.search.planner import nothing_between
 from autotune.search.points import FRACTION, Point, Push, fmt, num, tokens_of
 from autotune.search.records import candidate_values, finished_points, pending_params
+from autotune.search.start import nothing_between
 
 WALK_RULE = "walkdown"
 CONFIRM_RULE = "confirm"

@@ -192,8 +192,8 @@ _NOT_A_POINT = {
     ("record/seeds.py", "_same_flag"): "a fixed flag against a log's server_args",
     ("study/records.py", "_same_json"): "a trial's stored record against the storage's",
     ("study/storage.py", "same_machine"): "a host, not a point",
-    ("search/planner.py", "_same_gpu"): "two memory Settings (fraction, requests, chunk)",
-    ("search/planner.py", "same_demand"): "two memory Settings' demand",
+    ("search/points.py", "same_gpu"): "two memory Settings (fraction, requests, chunk)",
+    ("search/holding.py", "same_demand"): "two memory Settings' demand",
 }
 """Comparisons that carry such a name but compare something that is not a point."""
 
