@@ -282,9 +282,10 @@ def finished_line(
     feasible: bool | None,
     seconds: float,
 ) -> str:
-    """One finished trial; `headroom` is the free memory at the worst moment. A figure the trial
+    """One finished trial; `headroom` is the free memory at the worst moment; `reason` why it
+    ended so, or for one that served and broke a constraint, what it broke. A figure the trial
     did not measure is left out rather than printed as 0."""
-    why = f" — {reason}" if reason and outcome != "ok" else ""
+    why = f" — {reason}" if reason else ""
     if outcome == "skipped":
         return f"trial {k}/{n} (#{number}) skipped [not launched]{why}"
     if reason.startswith(NOT_LAUNCHED):

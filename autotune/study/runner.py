@@ -24,8 +24,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.space import distributions, settings_for
-from autotune.config.studyfile import Fixed, StudyConfig
+from autotune.config.studyfile import Constraint, Fixed, StudyConfig
 from autotune.errors import HarnessError, UsageError
+from autotune.logparse.outcome import Outcome
 from autotune.masking import redact, redact_text
 from autotune.record import internals, keys
 from autotune.record.remedy import remedy
@@ -397,12 +398,17 @@ def _tally_add(tally: Tally, t: FrozenTrial, *, timed: bool = True) -> None:
 
 def _finished(t: FrozenTrial, tally: Tally, k: int) -> str:
     v = view(t)
+    reason = v.reason
+    if v.ending is Outcome.OK and v.violated:  # what it broke, and the failed requests' first
+        reason = f"broke {', '.join(v.violated)}"
+        if Constraint.ERROR_RATE in v.violated and v.evidence:
+            reason += f": {v.evidence[0]}"
     return finished_line(
         k=k,
         n=tally.n_trials,
         number=t.number,
         outcome=v.outcome,
-        reason=v.reason,
+        reason=reason,
         capacity=v.capacity_tokens,
         throughput=v.throughput_tok_s,
         headroom=v.free_at_peak_gib,

@@ -177,3 +177,16 @@ def test_after_ctrl_c_the_teardown_says_it_waits_for_the_server_to_drain() -> No
     q.trial_started(1, 0, {})
     q.phase("teardown")
     assert "drain" not in quiet.getvalue()
+
+
+def test_finished_line_of_a_trial_that_served_and_broke_a_constraint_says_what() -> None:
+    line = finished_line(
+        k=3, n=9, number=2, outcome="ok",
+        reason="broke error_rate: 30 of 100 requests failed: HTTP 500: Internal Server Error",
+        capacity=159_312, throughput=240.0, headroom=1.5, feasible=False, seconds=60.0,
+    )  # fmt: skip
+    assert line == (
+        "trial 3/9 (#2) ok [infeasible]: capacity 159,312 tok, 240 tok/s, 1.50 GiB free at the "
+        "worst moment, 1m00s — broke error_rate: 30 of 100 requests failed: HTTP 500: Internal "
+        "Server Error"
+    )
