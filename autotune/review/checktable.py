@@ -1,5 +1,5 @@
 """`autotune check`'s output: one table, go or no-go per line, of every reading the night depends on
-(`study.check.CheckReport`), then the night's plan from those readings, then the verdict.
+(`study.readings.CheckReport`), then the night's plan from those readings, then the verdict.
 
 The plan (`night_plan`): the trial's phases as the check timed them (launch, startup,
 teardown), the study's workload phases (steady and Poisson phases by their durations, each
@@ -22,8 +22,8 @@ from autotune.config.studyfile import StudyConfig
 from autotune.config.workload import Poisson, Steady, Stress, Warmup, WorkloadSpec
 from autotune.review.soak import DEFAULT_SOAK_FACTOR, soak_plan
 from autotune.search.estimate import launch_estimate
-from autotune.study.check import CheckReport, Row
 from autotune.study.progress import duration
+from autotune.study.readings import CheckReport, Row
 
 
 @dataclass(frozen=True)

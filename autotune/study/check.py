@@ -28,8 +28,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import optuna
@@ -39,18 +38,16 @@ from autotune.config.space import distributions, point_key, settings_for
 from autotune.config.studyfile import HICACHE, Fixed, StudyConfig
 from autotune.config.workload import LengthDist, Phase, Poisson, Steady, Stress, WorkloadSpec
 from autotune.errors import AutotuneError, UsageError
-from autotune.logparse.ledger import RANK_FIELDS, Ledger, rank_ledgers
+from autotune.logparse.ledger import Ledger, rank_ledgers
 from autotune.logparse.lines import parse_lines
 from autotune.logparse.outcome import Outcome
-from autotune.memory.arithmetic import free_after_capture_gib
 from autotune.record import internals, keys
 from autotune.record.seeds import read_seeds, store_seeds
 from autotune.record.stored import CheckTimings, stored, study_record
-from autotune.record.view import TrialView, view
+from autotune.record.view import view
 from autotune.server.endpoints import Endpoint, check_endpoints
-from autotune.server.gpu import GiB, GpuMemory, GpuProbe, foreign_holders, visible_devices
+from autotune.server.gpu import GpuMemory, GpuProbe, foreign_holders, visible_devices
 from autotune.server.hostcheck import (
-    MIN_RESULTS_FREE_BYTES,
     check_host,
     hicache_candidates,
     host_bound,
@@ -58,6 +55,18 @@ from autotune.server.hostcheck import (
 from autotune.server.hostmem import HostBound
 from autotune.server.preflight import check_no_server_running, check_port
 from autotune.study.loop import baseline_first, prepare, tell
+from autotune.study.readings import (
+    CheckReport,
+    DiskFree,
+    Row,
+    disk_row,
+    endpoint_rows,
+    gpu_rows,
+    gpu_text,
+    launch_rows,
+    ledger_rows,
+    version_rows,
+)
 from autotune.study.records import claim, keep
 from autotune.study.samplers import make_sampler
 from autotune.study.storage import open_study
@@ -83,53 +92,7 @@ CHECK_REQUEST_TIMEOUT_S = 120.0
 CHECK_WORKLOAD_S = 300.0
 """The check's workload may run at most this long (`server.limits.workload_s`)."""
 
-SEARCH_FIELDS: tuple[tuple[str, str, bool], ...] = (
-    ("p_gib", "P, free memory before the weights", True),
-    ("weights_gib", "the weights", False),
-    ("avail_after_weights_gib", "A, free after the weights", True),
-    ("kv_gib", "the KV pool", True),
-    ("max_total_num_tokens", "the KV pool's tokens", True),
-    ("req_to_token_gib", "the request table", False),
-    ("avail_after_pool_gib", "free after the pool", False),
-    ("graph_gib", "CUDA graphs", False),
-    ("avail_after_graphs_gib", "free after the graphs", True),
-    ("semantics", "the memory rules the log follows", True),
-)
-"""The ledger fields the memory arithmetic (`memory.arithmetic.arithmetic`, `_headroom`,
-`free_after_capture_gib`) and the search (`search.planner` through `memory.model`) read: name,
-what it is, and whether the search cannot go without it (the others narrow the headroom model)."""
 
-
-@dataclass(frozen=True)
-class Row:
-    """One reading of the check: what was read, its value, go or no-go, and the fix when no-go."""
-
-    reading: str
-    value: str
-    go: bool = True
-    fix: str = ""
-
-
-@dataclass
-class CheckReport:
-    """The check's readings (`rows`) and what the night's plan is made from: the timed phases of
-    the launch, the seconds each workload phase of the check took, the stored trial and the
-    study's finished trials (for the soak)."""
-
-    rows: list[Row] = field(default_factory=list)
-    timings: CheckTimings | None = None
-    workload_phases: Mapping[str, float] = field(default_factory=dict)
-    trial: TrialView | None = None
-    trials: Sequence[TrialView] = ()
-    wall_s: float = 0.0
-
-    @property
-    def go(self) -> bool:
-        """Whether every reading is go."""
-        return all(r.go for r in self.rows)
-
-
-DiskFree = Callable[[Path], int]
 HostProbe = Callable[[], HostBound | None]
 
 
@@ -281,13 +244,13 @@ def run_check(
         study.set_user_attr(keys.CHECK, timings.to_dict())
         report.timings = timings
     report.trials = [view(t) for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
-    _launch_rows(rows, record.state, record.outcome, record.reason, v, trial.number)
+    launch_rows(rows, record.state, record.outcome, record.reason, v, trial.number)
     ledger = Ledger.from_dict(record.ledger)
-    _version_rows(rows, record.sglang_version, ledger, watched.startup)
-    _ledger_rows(rows, ledger, _ranks_of(plan.log_path), cfg)
-    _endpoint_rows(rows, watched.endpoints, v, cfg)
-    _gpu_rows(rows, before, watched.after_startup, watched.after_stop, watched.stop, devices)
-    _disk_row(rows, cfg, folder, log_bytes, watched.log_at_ready, report, disk_free)
+    version_rows(rows, record.sglang_version, ledger, watched.startup)
+    ledger_rows(rows, ledger, _ranks_of(plan.log_path), cfg)
+    endpoint_rows(rows, watched.endpoints, v, cfg)
+    gpu_rows(rows, before, watched.after_startup, watched.after_stop, watched.stop, devices)
+    disk_row(rows, cfg, folder, log_bytes, watched.log_at_ready, report.workload_phases, disk_free)
     report.wall_s = clock() - t0
     return report
 
@@ -403,18 +366,6 @@ def _snapshot(probe: GpuProbe | None) -> list[GpuMemory] | None:
         return None
 
 
-def _gpu_text(snapshot: Sequence[GpuMemory] | None, devices: tuple[int, ...] | None) -> str:
-    if snapshot is None:
-        return "unreadable"
-    gpus = [g for g in snapshot if devices is None or g.index in devices]
-    if not gpus:
-        return "no GPU state yet (nothing holds a GPU)"
-    free = sum(g.free for g in gpus) / GiB
-    total = sum(g.total for g in gpus) / GiB
-    least = min(g.free for g in gpus) / GiB
-    return f"{len(gpus)} GPUs, {free:.2f} of {total:.2f} GiB free (least {least:.2f} GiB)"
-
-
 def _gpus_before(
     before: list[GpuMemory] | None, devices: tuple[int, ...] | None, rows: list[Row]
 ) -> bool:
@@ -439,7 +390,7 @@ def _gpus_before(
             )
         )
         return False
-    rows.append(Row("GPU memory before the launch", _gpu_text(before, devices)))
+    rows.append(Row("GPU memory before the launch", gpu_text(before, devices)))
     return True
 
 
@@ -522,237 +473,9 @@ def _size(path: Path) -> int | None:
         return None
 
 
-# -- the rows ------------------------------------------------------------------------------------
-
-
-def _launch_rows(
-    rows: list[Row], state: str, outcome: str, reason: str, v: TrialView, number: int
-) -> None:
-    ending = Outcome.of(outcome)
-    if state == "complete":
-        cap = f", capacity {v.capacity_tokens:,} tokens" if v.capacity_tokens else ""
-        rows.append(Row("baseline launch", f"{outcome}{cap}; stored as trial {number}"))
-    elif ending.machine_suspect or ending.requeued:
-        rows.append(
-            Row(
-                "baseline launch",
-                f"{outcome}: {reason}",
-                False,
-                "see the trial's server.log; its point runs again",
-            )
-        )
-    else:
-        rows.append(
-            Row(
-                "baseline launch",
-                f"{outcome}: {reason}; stored as trial {number} (the search starts below it)",
-            )
-        )
-
-
-def _version_rows(
-    rows: list[Row], version: str | None, ledger: Ledger, startup: Startup | None
-) -> None:
-    shown = version or ledger.sglang_version
-    rows.append(
-        Row(
-            "SGLang version",
-            shown or "not shown",
-            bool(shown),
-            "" if shown else "the server answered no version and logged none",
-        )
-    )
-    if startup is None or (startup.outcome != "ready" and not ledger.semantics):
-        rows.append(
-            Row("log format", "the server did not start", False, "see the trial's server.log")
-        )
-        return
-    if not ledger.semantics:
-        rows.append(
-            Row(
-                "log format",
-                "no memory line autotune reads (an unknown format)",
-                False,
-                f"run an SGLang release whose log autotune reads (0.5.9 to 0.5.23; "
-                f"this one is {shown or 'unknown'})",
-            )
-        )
-        return
-    rows.append(Row("log format", f"SGLang {ledger.semantics} rules ({ledger.semantics_from})"))
-
-
 def _ranks_of(log: Path) -> dict[str, Ledger]:
     try:
         with log.open(errors="replace") as fh:
             return rank_ledgers(parse_lines(fh).events)
     except OSError:
         return {}
-
-
-def _ledger_rows(
-    rows: list[Row], ledger: Ledger, ranks: Mapping[str, Ledger], cfg: StudyConfig
-) -> None:
-    tags = list(ranks)
-    for name, what, needed in SEARCH_FIELDS:
-        value = getattr(ledger, name)
-        if name == "avail_after_graphs_gib":
-            value = free_after_capture_gib(ledger)
-        per_rank = name in RANK_FIELDS and bool(tags)
-        missing = [t or "main" for t, r in ranks.items() if getattr(r, name) is None]
-        missing = missing if per_rank else []
-        shown = "not shown" if value is None else _fmt(value)
-        where = f" on {len(tags) - len(missing)}/{len(tags)} ranks" if per_rank else ""
-        if missing:
-            where += f" (missing on {', '.join(missing)})"
-        ok = value is not None and not missing
-        go = ok or not needed
-        fix = ""
-        if not go:
-            fix = (
-                "the log does not show it: run an SGLang release whose log autotune reads "
-                "(0.5.9 to 0.5.23), with its INFO lines on every rank"
-            )
-        note = "" if ok or needed else "; the headroom model goes without it"
-        rows.append(Row(f"ledger {name} ({what})", f"{shown}{where}{note}", go, fix))
-
-
-def _fmt(value: object) -> str:
-    if isinstance(value, float):
-        return f"{value:.2f} GiB" if value >= 0 else f"{value:g}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value)
-
-
-def _endpoint_rows(
-    rows: list[Row], endpoints: Sequence[Endpoint], v: TrialView, cfg: StudyConfig
-) -> None:
-    if not endpoints:
-        rows.append(
-            Row(
-                "HTTP routes",
-                "not asked: the server never became ready",
-                False,
-                "see the trial's server.log",
-            )
-        )
-    for e in endpoints:
-        go = e.ok or not e.needed
-        fix = "" if go else "run an SGLang release autotune reads (0.5.9 to 0.5.23)"
-        value = e.detail if e.ok or e.needed else f"{e.detail}; not needed"
-        rows.append(Row(f"HTTP {e.route}", value, go, fix))
-    api = str(cfg.workload.api)
-    err = v.error_rate
-    ending = Outcome.of(v.outcome or "")
-    if err is not None and ending.is_oom and ending.is_parameter_result:
-        # the baseline ran out of memory under the load: its failed requests are the server's
-        # death, which the search learns from, not the API's answers
-        rows.append(
-            Row(
-                f"workload API ({api})",
-                f"answered until the server ran out of memory ({v.outcome}; error rate "
-                f"{err:.3f}): the night starts below the baseline",
-            )
-        )
-    elif err is None:
-        rows.append(
-            Row(
-                f"workload API ({api})",
-                "no request answered",
-                False,
-                "see the trial's server.log and trial.json",
-            )
-        )
-    else:
-        ok = err <= cfg.constraints.max_error_rate
-        answer = f"; {v.evidence[0]}" if v.evidence and not ok else ""
-        rows.append(
-            Row(
-                f"workload API ({api})",
-                f"error rate {err:.3f} under the short load{answer}",
-                ok,
-                "" if ok else "see trial.json's workload summary for the failed requests",
-            )
-        )
-
-
-def _gpu_rows(
-    rows: list[Row],
-    before: Sequence[GpuMemory] | None,
-    after_startup: Sequence[GpuMemory] | None,
-    after_stop: Sequence[GpuMemory] | None,
-    stop: Stop | None,
-    devices: tuple[int, ...] | None,
-) -> None:
-    rows.append(Row("GPU memory after startup", _gpu_text(after_startup, devices)))
-    if stop is None:
-        return
-    text = f"{_gpu_text(after_stop, devices)}; released in {stop.seconds:.1f} s"
-    if stop.clean:
-        rows.append(Row("GPU memory after the teardown", text))
-    else:
-        rows.append(
-            Row(
-                "GPU memory after the teardown",
-                f"{text}: {stop.reason}",
-                False,
-                "stop what still holds the GPUs or raise server.limits.release_s",
-            )
-        )
-
-
-def _disk_row(
-    rows: list[Row],
-    cfg: StudyConfig,
-    folder: Path,
-    log_bytes: int | None,
-    at_ready: int | None,
-    report: CheckReport,
-    disk_free: DiskFree,
-) -> None:
-    if log_bytes is None:
-        rows.append(
-            Row(
-                "disk for the logs", "the check's log cannot be read", False, "see the trial folder"
-            )
-        )
-        return
-    per_trial = trial_log_bytes(log_bytes, at_ready, report.workload_phases, cfg.workload)
-    need = per_trial * cfg.budget.n_trials + MIN_RESULTS_FREE_BYTES
-    try:
-        free = disk_free(folder)
-    except OSError as exc:
-        rows.append(Row("disk for the logs", f"unreadable: {exc}", False, "fix the results folder"))
-        return
-    value = (
-        f"{free / 2**30:.2f} GiB free; {cfg.budget.n_trials} trials × "
-        f"{per_trial / 2**20:.1f} MiB of log + {MIN_RESULTS_FREE_BYTES / 2**20:.0f} MiB = "
-        f"{need / 2**30:.2f} GiB needed"
-    )
-    ok = free >= need
-    rows.append(
-        Row(
-            "disk for the logs",
-            value,
-            ok,
-            ""
-            if ok
-            else f"free {(need - free) / 2**30:.2f} GiB under {folder} or use "
-            "another --results-dir",
-        )
-    )
-
-
-def trial_log_bytes(
-    log_bytes: int,
-    at_ready: int | None,
-    check_phases: Mapping[str, float],
-    workload: WorkloadSpec,
-) -> int:
-    """One night trial's server log, estimated from the check's: its startup part as it was,
-    its serving part scaled by the night's steady seconds over the check's (at least once)."""
-    start = at_ready if at_ready is not None and at_ready <= log_bytes else 0
-    serving = log_bytes - start
-    night = sum(p.duration_s for p in workload.phases if isinstance(p, Steady | Poisson))
-    checked = sum(check_phases.values()) or 1.0
-    return int(start + serving * max(1.0, night / checked))

@@ -7,7 +7,7 @@ import pytest
 from autotune.config.studyfile import SHIPPED_STUDIES, load_study
 from autotune.record.stored import CheckTimings
 from autotune.review.checktable import check_text, night_plan, verdict
-from autotune.study.check import CheckReport, Row
+from autotune.study.readings import CheckReport, Row
 
 TIMINGS = CheckTimings(trial=0, launch_s=1.0, startup_s=600.0, teardown_s=60.0)
 
