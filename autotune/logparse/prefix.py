@@ -69,12 +69,16 @@ def split_prefix(line: str) -> tuple[float | None, str, str]:
       index is the tensor-parallel rank there (`controller_single.py` gives rank i GPU i of its
       node), so the tag reads "TP0".
 
-    A journald or container prefix before SGLang's own is skipped. Plain string tests on the
-    common shape rather than a regex: this runs on every line of logs that reach millions.
+    A journald or container prefix before SGLang's own is skipped, and one before a line that
+    has none of SGLang's (a traceback, a torch warning) is cut off (`strip_wrapper`). Plain
+    string tests on the common shape rather than a regex: this runs on every line of logs that
+    reach millions.
     """
     if line.startswith("[20"):
         if line[5:6] != "-" or line[14:15] != ":":
             return None, "", line
+        if line[11:12] != " ":  # `[2025-11-06T02:08:27.278Z] `: a collector's, not SGLang's
+            return _other_prefix(line)
         end = line.find("]", 20)
         if end < 0:
             return None, "", line
@@ -87,8 +91,28 @@ def split_prefix(line: str) -> tuple[float | None, str, str]:
     if line.startswith("[gpu="):
         return _gpu_prefix(None, line)
     if "[" not in line:
-        return None, "", line
+        return None, "", strip_wrapper(line)
     return _other_prefix(line)
+
+
+_WRAPPER = re.compile(
+    r"\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?\] ?"
+    r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [^\s\[:]+(?:\[\d+\])?: "
+    r"|\w[\w.-]* +\| "
+)
+"""What a log collector writes before each line it passes on: an ISO time in brackets
+(`[2025-11-06T02:08:28.503Z] `), journald's `Feb 24 11:52:01 host python3[48211]: `, docker
+compose's service column (`llm0-1  | `). SGLang's own lines carry their prefix after it; its
+tracebacks, tqdm bars and torch's warnings, which have none, carry only the collector's."""
+
+
+def strip_wrapper(line: str) -> str:
+    """`line` without a log collector's prefix (`_WRAPPER`), for a line that has none of
+    SGLang's: a traceback frame or exception line, a torch warning, a tqdm bar."""
+    if not line or line[0] == " ":
+        return line
+    m = _WRAPPER.match(line)
+    return line[m.end() :] if m is not None else line
 
 
 _PREFIX = re.compile(
@@ -109,7 +133,7 @@ def _other_prefix(line: str) -> tuple[float | None, str, str]:
         m = _PREFIX.search(line)
     if m is None:
         at = line.find("[gpu=")
-        return _gpu_prefix(None, line[at:]) if at >= 0 else (None, "", line)
+        return _gpu_prefix(None, line[at:]) if at >= 0 else (None, "", strip_wrapper(line))
     day, h, mi, sec, ms, tags = m.groups()
     if day is not None:
         time = header_time(f"{day} {h}:{mi}:{sec}" + (f".{ms}" if ms else ""))

@@ -380,6 +380,13 @@ ROWS: list[tuple[str, Outcome, str, dict[str, Any]]] = [
             "max_running_requests": 2049,
         },
     ),
+    # sgl-project/sglang#12827: a collector's `[ISO time] ` before every line
+    (
+        "v0_5_4_collector_iso_prefix.log",
+        Outcome.STARTUP_ERROR,
+        "scheduler_exception",
+        {"p_gib": 15.12, "kv_gib": None, "ranks": 1},
+    ),
     (
         "v0_5_8_kimi_vl_computed_fraction_tp8.log",
         Outcome.READY,

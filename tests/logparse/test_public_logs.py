@@ -1,0 +1,125 @@
+"""Shapes of SGLang logs as they were pasted in public reports, read as SGLang means them.
+
+Each test quotes the report's own lines (hostnames and people's paths left out) and names where
+they come from; the semantics of each line are SGLang's source of the release that printed it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune.logparse.events import Event, Kind
+from autotune.logparse.lines import parse_line, parse_text
+from autotune.logparse.outcome import Outcome, classify
+from autotune.logparse.prefix import split_prefix
+
+LOGS = Path(__file__).parent.parent / "fixtures" / "logs"
+
+
+def _ledger_json(path: Path) -> dict[str, object]:
+    done = subprocess.run(
+        [sys.executable, "-m", "autotune", "ledger", "--json", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert isinstance(doc, dict)
+    return doc
+
+
+# -- A log collector's prefix before every line ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "timed", "message"),
+    [
+        # sgl-project/sglang#12827 (0.5.4): a collector's `[ISO time] ` before SGLang's prefix
+        (
+            "[2025-11-06T02:08:27.716Z] [2025-11-06 02:08:27] Load weight begin. avail "
+            "mem=15.12 GB",
+            True,
+            "Load weight begin. avail mem=15.12 GB",
+        ),
+        # ... and before a traceback's frame, which has no prefix of SGLang's
+        (
+            '[2025-11-06T02:08:28.503Z]   File "/sgl/srt/managers/scheduler.py", line 325, in '
+            "__init__",
+            False,
+            '  File "/sgl/srt/managers/scheduler.py", line 325, in __init__',
+        ),
+        # docker compose's service column (sgl-project/sglang#8186) before a frame and a warning
+        (
+            'llm0-1  |   File "/sgl/srt/managers/scheduler.py", line 2109, in event_loop_overlap',
+            False,
+            '  File "/sgl/srt/managers/scheduler.py", line 2109, in event_loop_overlap',
+        ),
+        (
+            "llm0-1  | [W1203 10:00:00.123 CUDAGuardImpl.h:119] Warning: CUDA warning: out of "
+            "memory",
+            False,
+            "[W1203 10:00:00.123 CUDAGuardImpl.h:119] Warning: CUDA warning: out of memory",
+        ),
+        # journald before a traceback's exception line
+        (
+            "Feb 24 12:03:11 gpu-box python3[48300]: ValueError: Out of memory even after "
+            "retracting all other requests in the decode batch.",
+            False,
+            "ValueError: Out of memory even after retracting all other requests in the decode "
+            "batch.",
+        ),
+    ],
+)
+def test_a_collector_prefix_is_cut_off(line: str, timed: bool, message: str) -> None:
+    """SGLang's time is read where it prints one; a line without its prefix has no time (the
+    collector's is not SGLang's: a traceback ends at the next line that has one)."""
+    time, rank, got_message = split_prefix(line)
+    assert (time is not None, rank, got_message) == (timed, "", message)
+
+
+def test_the_iso_collector_log_of_a_failed_start_reads() -> None:
+    """sgl-project/sglang#12827 (DeepSeek-OCR on 0.5.4): every line behind `[ISO time] `; the
+    log was refused as not SGLang's."""
+    doc = _ledger_json(LOGS / "v0_5_4_collector_iso_prefix.log")
+    assert (doc["outcome"], doc["cause"]) == ("startup_error", "scheduler_exception")
+    assert doc["p_gib"] == 15.12
+    evidence = doc["evidence"]
+    assert isinstance(evidence, list)
+    assert any("Received sigquit from a child process" in e for e in evidence)
+
+
+COMPOSE = "llm0-1  | "
+COMPOSE_CRASH = [
+    # compose's column as in sgl-project/sglang#8186 (0.4.9, Gemma-3), before a serving-loop
+    # traceback in the shape 0.4.x prints it (sgl-project/sglang#7547)
+    "[2025-07-19 23:29:33] KV Cache is allocated. #tokens: 22095, K size: 5.23 GB, V size: 5.23 GB",
+    "[2025-07-19 23:29:33] Memory pool end. avail mem=10.63 GB",
+    "[2025-07-19 23:41:02] Scheduler hit an exception: Traceback (most recent call last):",
+    '  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 2336, in '
+    "run_scheduler_process",
+    "    scheduler.event_loop_overlap()",
+    '  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 772, in '
+    "event_loop_overlap",
+    "    result = self.run_batch(batch)",
+    "RuntimeError: CUDA error: an illegal memory access was encountered",
+]
+
+
+def test_a_compose_log_keeps_its_traceback() -> None:
+    """The frames and the exception line behind compose's column: the crash came from the
+    serving loop, so it is a runtime crash; without them it read as a failed start."""
+    log = parse_text("\n".join(COMPOSE + line for line in COMPOSE_CRASH))
+    assert {e.kind for e in log.events} >= {Kind.SERVING_FRAME, Kind.ERROR}
+    verdict = classify(log.events, batches=log.batches)
+    assert verdict.outcome is Outcome.CRASH
+    torch_warning = parse_line(
+        COMPOSE + "[W1203 10:00:00.123 CUDAGuardImpl.h:119] Warning: CUDA warning: out of memory"
+    )
+    assert isinstance(torch_warning, Event) and torch_warning.kind is Kind.OOM_HANDLED
