@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.bootstrap.sizing import implied_fraction
 from autotune.errors import UsageError
 from autotune.logparse.events import STARTUP_KINDS, Batch, Kind, ParsedLog
 from autotune.logparse.ledger import Ledger, build_ledger
@@ -22,6 +21,7 @@ from autotune.logparse.lines import parse_lines
 from autotune.logparse.outcome import Verdict, classify
 from autotune.logparse.serverargs import read_server_args
 from autotune.logparse.serving import ServingSummary, summarize
+from autotune.memory.arithmetic import implied_fraction
 
 
 @dataclass(frozen=True)

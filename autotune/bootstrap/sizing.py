@@ -31,7 +31,6 @@ from autotune.logparse.semantics import rules
 from autotune.memory.arithmetic import (
     Arithmetic,
     arithmetic,
-    fraction_for_budget,
     free_after_capture_gib,
     lowest_fraction,
 )
@@ -115,21 +114,6 @@ def _bounded(low: float, high: float, anchor: float) -> tuple[float, float]:
     if high <= low:
         high = round(low + STEP, 4)
     return low, high
-
-
-def implied_fraction(ledger: Ledger) -> float | None:
-    """The fraction a log's pool implies when its `server_args=` line does not show it:
-    `1 − (A − budget)/P`, the budget being the KV lines the version sizes from it (0.5.18+ with
-    the draft's pool folded in). Good to about 0.0005 from the two-decimal figures."""
-    p, a, kv = ledger.p_gib, ledger.avail_after_weights_gib, ledger.kv_gib
-    if not p or a is None or kv is None or not ledger.max_total_num_tokens:
-        return None
-    if ledger.kv_va_gib is not None or ledger.max_total_tokens_cap is not None:
-        return None  # the pool did not come from the budget
-    if rules(ledger.semantics).draft_in_budget:
-        kv += ledger.draft_kv_gib or 0.0
-    f = fraction_for_budget(p, a, kv)
-    return round(f, 3) if 0.0 < f < 1.0 else None
 
 
 Failure = tuple[float, str]
@@ -567,6 +551,8 @@ def memory_notes(ledger: Ledger, arith: Arithmetic | None) -> tuple[str, ...]:
         out.append(line)
     if ledger.max_total_num_tokens and ledger.kv_gib is not None:
         line = f"KV pool {ledger.max_total_num_tokens:,} tokens in {_gib(ledger.kv_gib)}"
+        if ledger.mamba_gib:
+            line += f", Mamba state pool {_gib(ledger.mamba_gib)} from the same budget"
         if arith is not None:
             line += f": {arith.cell_bytes:,.0f} bytes per token"
         if ledger.draft_kv_gib:

@@ -214,8 +214,8 @@ def _fill_from_log(
         taken.fraction, fraction_from = logged, "what SGLang chose at the log's start"
         if facts.shown_fraction is None:
             fraction_from = (
-                "what the log's pool implies (1 − (A − KV)/P); its server_args line does "
-                "not show the value"
+                "what the log's pool implies (1 − (A − pool)/P, the pool being its KV and "
+                "state lines); its server_args line does not show the value"
             )
     if taken.mrr is None:
         logged_mrr = facts.args.get("max_running_requests")

@@ -188,6 +188,29 @@ RULES: tuple[Rule, ...] = (
         _MHA_POOL,
     ),
     _r(
+        "mamba_allocated",
+        "mamba_allocated",
+        Source(
+            _POOL,
+            "Mamba Cache is allocated. max_mamba_cache_size: {size}, "
+            "conv_state size: {get_tensor_size_bytes(conv_state) / GB:.2f}GB, "
+            "ssm_state size: {get_tensor_size_bytes(temporal_state) / GB:.2f}GB ",
+        ),
+    ),
+    _r(
+        "mamba_allocated_spec",
+        "mamba_allocated",
+        Source(
+            _POOL,
+            "Mamba Cache is allocated. max_mamba_cache_size: {size}, "
+            "conv_state size: {get_tensor_size_bytes(conv_state) / GB:.2f}GB, "
+            "ssm_state size: {get_tensor_size_bytes(temporal_state) / GB:.2f}GB "
+            "intermediate_ssm_state_cache size: {intermediate_ssm_gb:.2f}GB "
+            "intermediate_conv_window_cache size: "
+            "{get_tensor_size_bytes(self._intermediate_conv_window_phys) / GB:.2f}GB ",
+        ),
+    ),
+    _r(
         "memory_pool_end",
         "memory_pool_end",
         Source(

@@ -32,6 +32,9 @@ pool end, CUDA graphs, then a TP0 summary line. `build_ledger` turns those event
   them); before that a capture after the rank's second weight load belongs to the draft.
 * The request table is not printed; it is what the pool took beyond its KV lines:
   `avail after the last weight load − KV lines − "Memory pool end" avail` (two-decimal precision).
+  A hybrid linear-attention model's Mamba state pool (`Mamba Cache is allocated`, the target's,
+  before its pool end) is allocated in that step too, inside the request table's pool
+  (`HybridReqToTokenPool`); it is counted apart (`mamba_gib`), not in the request table.
 * HiCache host pools are per rank; the target's (`kv`, `full`, `swa`) and the draft's (`draft`,
   `draft_swa`) are counted apart, the same rank's lines summed.
 * Every field is None when the log does not show it; nothing is guessed from defaults.
@@ -123,6 +126,12 @@ class Ledger:
     swa_tokens: int | None = None
     aux_kv_gib: float | None = None
     mamba_gib: float | None = None
+    """A hybrid linear-attention model's Mamba state pool: conv and SSM states, and with
+    speculative decoding their intermediate caches (`Mamba Cache is allocated`). SGLang carves it
+    from the KV budget `A − P·(1 − f)` before the KV pool (0.5.9
+    `model_runner_kv_cache_mixin.py` `handle_max_mamba_cache`, 0.5.23
+    `mem_cache/kv_cache_configurator.py`): by default `mamba_full_memory_ratio/(1 + ratio)` of
+    it."""
     canary_gib: float | None = None
     draft_host_cache_gb: float | None = None
     host_free_gb: float | None = None
@@ -222,6 +231,9 @@ class _Rank:
     swa_split: tuple[int, int] | None = None
     """`Use sliding window memory pool`'s (full_layer_tokens, swa_layer_tokens)."""
     aux_kv: float | None = None
+    mamba: float | None = None
+    """The Mamba state pool (`Mamba Cache is allocated`), part of the request table's pool
+    (`HybridReqToTokenPool`) and sized from the KV budget."""
     draft_kv: float | None = None
     req_to_token: float | None = None
     after_pool: float | None = None
@@ -245,6 +257,11 @@ class _Rank:
             self._weights(event)
         elif kind is Kind.KV_ALLOCATED:
             self._kv(event)
+        elif kind is Kind.MAMBA_ALLOCATED and not self.pool_ends:
+            gib = v.get("gib")
+            if gib is not None:
+                self.mamba = round((self.mamba or 0.0) + gib, 2)
+                self.kv_since_load += gib
         elif kind is Kind.SWA_POOL and not self.pool_ends:
             full, swa = v.get("full_tokens"), v.get("swa_tokens")
             if full is not None and swa is not None:
@@ -523,7 +540,7 @@ def build_ledger(events: Iterable[Event]) -> Ledger:
         swa_kv_gib=_shared(ordered, "swa_kv"),
         swa_tokens=_shared(ordered, "swa_tokens") or _shared(ordered, "split_swa_tokens"),
         aux_kv_gib=_shared(ordered, "aux_kv"),
-        mamba_gib=_first_value(first, Kind.MAMBA_ALLOCATED, "gib"),
+        mamba_gib=_shared(ordered, "mamba"),
         canary_gib=_canary(events),
         draft_host_cache_gb=host.draft_gb,
         host_free_gb=_first_value(first, Kind.HOST_MEMORY, "free_gb"),
@@ -552,6 +569,7 @@ _SHARED = frozenset(
         "split_full_tokens",
         "split_swa_tokens",
         "aux_kv",
+        "mamba",
         "draft_kv",
         "post_kv",
         "post_tokens",
@@ -640,6 +658,7 @@ _PER_RANK = frozenset(
         Kind.WEIGHT_LOAD_BEGIN,
         Kind.WEIGHT_LOAD_END,
         Kind.SWA_POOL,
+        Kind.MAMBA_ALLOCATED,
         Kind.KV_ALLOCATED,
         Kind.MEMORY_POOL_END,
         Kind.GRAPH_CAPTURE_END,

@@ -59,7 +59,11 @@ _POST_MAX_BS = re.compile(r"max_bs=(\d+) < max_running_requests=(\d+)")
 _SWA_TOKENS = re.compile(r"(full|swa)_layer_tokens=(\d+)")
 _BELOW_CONTEXT = re.compile(r"KV pool holds (\d+) tokens, fewer than --context-length (\d+)")
 _CAP_IGNORED = re.compile(r"max_total_tokens=(\d+) is larger than the profiled value (-?\d+)")
-_MAMBA = re.compile(r"(conv_state|ssm_state|intermediate_ssm_state_cache) size: " + NUM + " ?GB")
+_MAMBA = re.compile(
+    r"(conv_state|ssm_state|intermediate_ssm_state_cache|intermediate_conv_window_cache) size: "
+    + NUM
+    + " ?GB"
+)
 _MAMBA_SIZE = re.compile(r"max_mamba_cache_size: (\d+)")
 _TIMING = re.compile(r"(\w+)=" + NUM)
 
@@ -139,6 +143,11 @@ def _kv_allocated(message: str, ctx: Ctx) -> Event | None:
 
 
 def _mamba(message: str, ctx: Ctx) -> Event:
+    """`Mamba Cache is allocated. max_mamba_cache_size: N, conv_state size: XGB, ssm_state size:
+    YGB ` and, with speculative decoding, `intermediate_ssm_state_cache size: ZGB
+    intermediate_conv_window_cache size: WGB ` (`mem_cache/memory_pool.py` `MambaPool`, 0.5.4 to
+    0.5.23; GB is GiB there): the state pool of a hybrid linear-attention model (Qwen3-Next,
+    Qwen3.5, Nemotron-H, LFM2), all four parts, in GiB."""
     parts = {name: float(gb) for name, gb in _MAMBA.findall(message)}
     size = _num(_MAMBA_SIZE, message)
     values = _values(gib=sum(parts.values()) if parts else None, slots=size)

@@ -183,6 +183,44 @@ def target_cell(ledger: Ledger) -> float | None:
     return None
 
 
+def state_ratio(ledger: Ledger) -> float:
+    """A hybrid linear-attention model's Mamba state pool per KV pool byte, from its lines. SGLang
+    carves the state pool from the KV budget before the KV pool, by default the share
+    `mamba_full_memory_ratio/(1 + ratio)` of it (0.5.9 `model_runner_kv_cache_mixin.py`
+    `handle_max_mamba_cache`, 0.5.23 `mem_cache/kv_cache_configurator.py`), so it grows with the
+    budget as the KV pool does: each pool token takes this much more of the budget."""
+    if ledger.kv_gib and ledger.mamba_gib:
+        return ledger.mamba_gib / ledger.kv_gib
+    return 0.0
+
+
+def pool_budget_gib(ledger: Ledger, semantics: Semantics | None = None) -> float | None:
+    """What the log's pool lines show SGLang handed out of the budget `A − P·(1 − f)`: the
+    target's KV lines, a hybrid model's state pool (`state_ratio`) and, where the release folds
+    the draft into the cell (0.5.18+), the draft's KV lines. None without a KV line."""
+    if ledger.kv_gib is None:
+        return None
+    sem = semantics or rules(ledger.semantics)
+    budget = ledger.kv_gib + (ledger.mamba_gib or 0.0)
+    if sem.draft_in_budget:
+        budget += ledger.draft_kv_gib or 0.0
+    return budget
+
+
+def implied_fraction(ledger: Ledger) -> float | None:
+    """The fraction a log's pool implies when its `server_args=` line does not show it:
+    `1 − (A − budget)/P`, the budget being what its pool lines show (`pool_budget_gib`). Good to
+    about 0.0005 from the two-decimal figures; None where the pool did not come from the budget
+    (a `--max-total-tokens` cap, post-capture resizing) or a figure is missing."""
+    p, a, budget = ledger.p_gib, ledger.avail_after_weights_gib, pool_budget_gib(ledger)
+    if not p or a is None or budget is None or not ledger.max_total_num_tokens:
+        return None
+    if ledger.kv_va_gib is not None or ledger.max_total_tokens_cap is not None:
+        return None
+    f = fraction_for_budget(p, a, budget)
+    return round(f, 3) if 0.0 < f < 1.0 else None
+
+
 def draft_kv_ratio(ledger: Ledger) -> float:
     """The draft pool's bytes per target pool byte (same token count), from the KV lines."""
     if ledger.kv_gib and ledger.draft_kv_gib is not None:
@@ -231,33 +269,41 @@ def sizing_cell(
     draft's per-layer KV equals the target's, which holds for EAGLE/MTP heads), and the budget
     the log shows, `(A − P·(1 − f)) ÷ N`. Where they agree within what two printed decimals
     allow, both are averaged by their precision; where they do not (an MHA head on an MLA
-    target: the fold follows the target's layers, not the head's own pool), the budget's."""
+    target: the fold follows the target's layers, not the head's own pool), the budget's. A
+    hybrid model's state pool comes out of the same budget in proportion to the KV pool: its
+    bytes per pool token (`state_ratio`) are part of the cell."""
     sem = semantics or rules(ledger.semantics)
     base = target_cell(ledger)
-    if base is None or not folds_draft(ledger, sem):
-        return base
+    if base is None:
+        return None
+    state = base * state_ratio(ledger)  # a hybrid model's state pool, from the same budget
+    if not folds_draft(ledger, sem):
+        return base + state
     ratio = draft_kv_ratio(ledger)
-    assumed = base + int(base * ratio) if ratio else None
+    assumed = base + int(base * ratio) + state if ratio else None
     implied = implied_cell(ledger, fraction)
     n = ledger.max_total_num_tokens
     if implied is None or not n:
-        return assumed if assumed is not None else base
+        return assumed if assumed is not None else base + state
     rest = implied * n / GIB
     implied_err = implied * LOG_ROUNDING_GIB * (2.0 - fraction) / rest + 1.0
     if assumed is None or ledger.kv_gib is None:
-        return max(implied, base)
+        return max(implied, base + state)
     # the target cell and the draft's share are each read from a two-decimal KV line
     assumed_err = 2.0 * base * LOG_ROUNDING_GIB / ledger.kv_gib + 1.0
     if abs(assumed - implied) <= implied_err + assumed_err:
         wa, wi = assumed_err**-2, implied_err**-2
         return (assumed * wa + implied * wi) / (wa + wi)
-    return max(implied, base)
+    return max(implied, base + state)
 
 
 def gpu_cell(ledger: Ledger) -> float | None:
-    """GPU bytes each pool token takes: the target's pool plus the draft's (their KV lines)."""
+    """GPU bytes each pool token takes: the target's pool plus the draft's (their KV lines) and
+    a hybrid model's state pool (`state_ratio`)."""
     base = target_cell(ledger)
-    return base * (1.0 + draft_kv_ratio(ledger)) if base is not None else None
+    if base is None:
+        return None
+    return base * (1.0 + draft_kv_ratio(ledger) + state_ratio(ledger))
 
 
 @dataclass(frozen=True)
@@ -280,14 +326,17 @@ class Headroom:
 class StartupParts:
     """Where P went at startup as the log's lines show it, GiB per GPU, each None where no line
     shows it: the weights, the KV pool, the draft (its weights, KV and graphs together), the
-    request table and the CUDA graphs. What they and the free memory after startup leave of P
-    is `unexplained_gib` (workspaces, NCCL and cuBLAS buffers)."""
+    request table, the CUDA graphs and a hybrid model's state pool. What they and the free
+    memory after startup leave of P is `unexplained_gib` (workspaces, NCCL and cuBLAS
+    buffers)."""
 
     weights_gib: float | None
     kv_gib: float | None
     draft_gib: float | None
     request_table_gib: float | None
     graphs_gib: float | None
+    state_gib: float | None = None
+    """A hybrid linear-attention model's Mamba state pool."""
 
     @property
     def used_gib(self) -> float:
@@ -296,6 +345,7 @@ class StartupParts:
         for v in (
             self.weights_gib,
             self.kv_gib,
+            self.state_gib,
             self.draft_gib,
             self.request_table_gib,
             self.graphs_gib,
@@ -318,6 +368,7 @@ def startup_parts(ledger: Ledger) -> StartupParts:
         draft_gib=None if all(d is None for d in draft) else sum(d or 0.0 for d in draft),
         request_table_gib=ledger.req_to_token_gib,
         graphs_gib=ledger.graph_gib,
+        state_gib=ledger.mamba_gib,
     )
 
 
@@ -552,7 +603,8 @@ def _headroom(ledger: Ledger, reserve: float, sem: Semantics) -> Headroom | None
     # the pool's own rounding (the padding page) shows up as a few hundredths here
     kv_overshoot = 0.0
     if ledger.avail_after_weights_gib is not None and ledger.kv_gib is not None:
-        kv_overshoot = ledger.kv_gib + in_pool - (ledger.avail_after_weights_gib - reserve)
+        state = ledger.mamba_gib or 0.0
+        kv_overshoot = ledger.kv_gib + in_pool + state - (ledger.avail_after_weights_gib - reserve)
     other = reserve - kv_overshoot - table - dw - dk - dg - graphs - free
     return Headroom(
         reserve=reserve,

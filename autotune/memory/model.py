@@ -770,7 +770,7 @@ def _overhead(
         slots = o.slots
         if free is None or slots is None or led.avail_after_weights_gib is None:
             continue
-        kv = (led.kv_gib or 0.0) + (led.draft_kv_gib or 0.0)
+        kv = (led.kv_gib or 0.0) + (led.draft_kv_gib or 0.0) + (led.mamba_gib or 0.0)
         overhead = led.avail_after_weights_gib - free - kv
         graph = (led.graph_gib or 0.0) + (led.draft_graph_gib or 0.0)
         xs.append(float(min(slots, MAX_GRAPH_BATCH)))

@@ -104,6 +104,7 @@ _ROWS = (
     ("max_total_num_tokens", "KV pool", "tokens"),
     ("kv_gib", "KV pool", "GiB"),
     ("kv_dtype", "KV dtype", ""),
+    ("mamba_gib", "Mamba state pool", "GiB"),
     ("req_to_token_gib", "request table (derived)", "GiB"),
     ("draft_weights_gib", "draft weights", "GiB"),
     ("draft_kv_gib", "draft KV pool", "GiB"),
@@ -122,6 +123,10 @@ _ROWS = (
 )
 
 
+_ONLY_WHEN_SHOWN = frozenset({"mamba_gib"})
+"""Rows of pools only some models have: left out where the log shows none."""
+
+
 def as_text(
     ledger: Ledger, verdict: Verdict, serving: ServingSummary, log: ParsedLog | None = None
 ) -> str:
@@ -136,6 +141,8 @@ def as_text(
     values = ledger.to_dict()
     for key, label, unit in _ROWS:
         value = values[key]
+        if value is None and key in _ONLY_WHEN_SHOWN:
+            continue
         if value is None:
             shown = "-"
         elif isinstance(value, float):

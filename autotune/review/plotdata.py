@@ -358,6 +358,7 @@ def waterfall(
     parts = [
         ("weights", shown.weights_gib),
         ("KV pool", shown.kv_gib),
+        ("Mamba state pool", shown.state_gib),
         ("draft (weights, KV, graphs)", shown.draft_gib),
         ("request table", shown.request_table_gib),
         ("CUDA graphs", shown.graphs_gib),

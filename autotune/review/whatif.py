@@ -19,7 +19,7 @@ from autotune.memory.arithmetic import (
     Ceiling,
     arithmetic,
     ceiling,
-    fraction_for_budget,
+    implied_fraction,
     lowest_fraction,
 )
 
@@ -85,7 +85,7 @@ def what_if(
     pool (a fragment, a start that died before the KV pool)."""
     f = fraction if fraction is not None else ledger.mem_fraction_static
     if f is None:
-        f = _fraction_from_pool(ledger)
+        f = implied_fraction(ledger)
     if f is None:
         return None
     a = arithmetic(ledger, f, stress_peak_gib=stress_peak_gib)
@@ -109,7 +109,10 @@ def what_if(
         highest_covering_peak=highest,
         request_table_gib=table,
         graphs_gib=graphs,
-        words=(*_words(a, lowest, highest, table, graphs), _ceiling_words(a, top, missing)),
+        words=(
+            *_words(a, lowest, highest, table, graphs, bool(ledger.mamba_gib)),
+            _ceiling_words(a, top, missing),
+        ),
         ceiling_tokens=top.tokens if top is not None else None,
         ceiling_missing=missing,
     )
@@ -171,9 +174,11 @@ def _words(
     highest: float | None,
     table: float | None,
     graphs: float | None,
+    state: bool = False,
 ) -> tuple[str, ...]:
+    pool = "The KV pool" if not state else "The KV pool and the Mamba state pool together"
     out = [
-        f"The KV pool is what is free after the weights less the reserve: "
+        f"{pool} is what is free after the weights less the reserve: "
         f"{a.avail_after_weights_gib:.2f} − {a.p_gib:.2f} × (1 − f) GiB, at "
         f"{a.cell_bytes:,.0f} bytes per token; each 0.01 of f is "
         f"{a.budget_per_step_gib(0.01):.2f} GiB, about {a.tokens_per_step(0.01):,} tokens.",
@@ -225,14 +230,6 @@ def _ceiling_words(a: Arithmetic, top: Ceiling | None, missing: Sequence[str]) -
         f"The ceiling, the pool this box would hold if the reserve held only what this launch "
         f"shows it needs (its stress peak included, no margin): {top.tokens:,} tokens{part}."
     )
-
-
-def _fraction_from_pool(ledger: Ledger) -> float | None:
-    """f from the budget when the log does not print it: the pool N·cell = A − P·(1 − f)."""
-    p, a, kv = ledger.p_gib, ledger.avail_after_weights_gib, ledger.kv_gib
-    if p is None or a is None or kv is None or p <= 0:
-        return None
-    return round(fraction_for_budget(p, a, kv), 3)
 
 
 def _r(v: float | None) -> float | None:

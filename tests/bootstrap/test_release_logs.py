@@ -161,3 +161,11 @@ def test_a_computed_fraction_launches_as_sglang_ran_it(tmp_path: Path) -> None:
     assert argv[argv.index("--mem-fraction-static") + 1] == repr(COMPUTED)
     assert record["params"]["mem_fraction_static"] == COMPUTED
     simstudy.assert_none_left(tmp_path)
+
+
+def test_the_fraction_of_a_hybrid_model_s_log_counts_its_state_pool() -> None:
+    """A Qwen3.5-9B TP2 start at 0.8 without its server_args line (public notes, SGLang main
+    2026-04): the fraction its pool implies counts the Mamba state pool, carved from the same
+    budget; from the KV lines alone it read 0.604."""
+    facts = log_facts(LOGS / "v0_5_10_qwen35_mamba_tp2.log")
+    assert facts.fraction == pytest.approx(0.8, abs=0.002)

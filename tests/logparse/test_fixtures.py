@@ -380,6 +380,22 @@ ROWS: list[tuple[str, Outcome, str, dict[str, Any]]] = [
             "max_running_requests": 2049,
         },
     ),
+    # Qwen3.5-9B TP2 (hybrid GDN) from public notes of a start on SGLang main, 2026-04: the
+    # Mamba state pool is allocated with the request table and is not part of it
+    (
+        "v0_5_10_qwen35_mamba_tp2.log",
+        Outcome.UNKNOWN,
+        "no_ready_line",
+        {
+            "p_gib": 22.93,
+            "kv_gib": 5.00,
+            "mamba_gib": 4.48,
+            "req_to_token_gib": 0.11,
+            "graph_gib": 0.26,
+            "max_running_requests": 62,
+            "ranks": 2,
+        },
+    ),
     # sgl-project/sglang#12827: a collector's `[ISO time] ` before every line
     (
         "v0_5_4_collector_iso_prefix.log",

@@ -49,6 +49,10 @@ def _src(rule: Rule, i: int) -> Source:
 
 
 Line = Callable[[Rule], str]
+_MAMBA_STATES = {
+    "get_tensor_size_bytes(conv_state) / GB": 0.10,
+    "get_tensor_size_bytes(temporal_state) / GB": 4.38,
+}
 _TUM_PREFILL = {"self.full_token_usage": 0.30}
 
 
@@ -254,6 +258,24 @@ SAMPLES: dict[str, tuple[Line, str, Mapping[str, float], str]] = {
         "DeepseekV3ForCausalLM",
     ),
     "weight_commit": (_pct(0, 12.5, 30.0, 480.0), "weight_commit", {"elapsed_s": 12.5}, ""),
+    "mamba_allocated": (
+        _f(0, size=186, **_MAMBA_STATES),
+        "mamba_allocated",
+        {"gib": 4.48, "slots": 186},
+        "",
+    ),
+    "mamba_allocated_spec": (
+        _f(
+            0,
+            size=48,
+            intermediate_ssm_gb=1.05,
+            **_MAMBA_STATES,
+            **{"get_tensor_size_bytes(self._intermediate_conv_window_phys) / GB": 0.02},
+        ),
+        "mamba_allocated",
+        {"gib": 5.55, "slots": 48},
+        "",
+    ),
     "swa_pool": (
         _f(0, full_tokens=100000, swa_tokens=80000),
         "swa_pool",

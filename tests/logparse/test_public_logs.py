@@ -14,9 +14,12 @@ from pathlib import Path
 import pytest
 
 from autotune.logparse.events import Event, Kind
+from autotune.logparse.ledger import build_ledger
 from autotune.logparse.lines import parse_line, parse_text
 from autotune.logparse.outcome import Outcome, classify
 from autotune.logparse.prefix import split_prefix
+from autotune.logparse.serving import summarize
+from autotune.review.ledgerview import as_text
 
 LOGS = Path(__file__).parent.parent / "fixtures" / "logs"
 
@@ -123,3 +126,29 @@ def test_a_compose_log_keeps_its_traceback() -> None:
         COMPOSE + "[W1203 10:00:00.123 CUDAGuardImpl.h:119] Warning: CUDA warning: out of memory"
     )
     assert isinstance(torch_warning, Event) and torch_warning.kind is Kind.OOM_HANDLED
+
+
+# -- A hybrid linear-attention model's state pool ----------------------------------------------
+
+
+def test_the_state_pool_is_not_the_request_table() -> None:
+    """Qwen3.5-9B TP2 (public notes of a start on SGLang main, 2026-04): `Mamba Cache is
+    allocated` comes between the weights and `Memory pool end`, inside the request table's pool
+    (`HybridReqToTokenPool`); the request table read 4.59 GiB, the state pool's 4.48 with it."""
+    ledger = build_ledger(parse_text((LOGS / "v0_5_10_qwen35_mamba_tp2.log").read_text()).events)
+    assert (ledger.mamba_gib, ledger.req_to_token_gib, ledger.kv_gib) == (4.48, 0.11, 5.00)
+    text = as_text(ledger, classify(()), summarize(()))
+    assert "Mamba state pool                       4.48 GiB" in text
+
+
+def test_every_part_of_the_state_pool_counts() -> None:
+    """With speculative decoding the line adds the intermediate caches (`mem_cache/memory_pool.py`
+    `MambaPool`, 0.5.4–0.5.23); the conv window's was left out. The line of a Qwen3.8-Flash-Next
+    start with NEXTN (an issue digest of SGLang 0.5.20.dev, 2026-09)."""
+    event = parse_line(
+        "[2026-09-15 10:00:00] Mamba Cache is allocated. max_mamba_cache_size: 48, conv_state "
+        "size: 0.10GB, ssm_state size: 2.58GB intermediate_ssm_state_cache size: 1.05GB "
+        "intermediate_conv_window_cache size: 0.02GB "
+    )
+    assert isinstance(event, Event) and event.kind is Kind.MAMBA_ALLOCATED
+    assert event.values["gib"] == pytest.approx(3.75)
