@@ -64,6 +64,8 @@ def split_prefix(line: str) -> tuple[float | None, str, str]:
     * 0.3.0–0.3.3: `datefmt="%H:%M:%S"`, so `[04:40:55 TP0] `, `[04:40:55 DP0 TP0] `,
       `[04:40:55] `. The time is seconds since midnight (only differences are used; a log that
       runs past midnight steps back once there).
+    * `SGLANG_LOGGING_CONFIG_PATH` with the format of SGLang's example (`_LOGGING_CONFIG`):
+      `2025-12-04 20:34:02 INFO 147907 [scheduler_metrics_mixin.py:287] `, rank tag `PID147907`.
     * 0.2.x: `logging.basicConfig(format="%(message)s")`, no prefix, but the worker's lines name
       their GPU: `[gpu=0] Decode batch. …` (`managers/tp_worker.py`, `model_runner.py`). The GPU
       index is the tensor-parallel rank there (`controller_single.py` gives rank i GPU i of its
@@ -90,10 +92,25 @@ def split_prefix(line: str) -> tuple[float | None, str, str]:
         return time, rank, line[end + 2 :] if line[end + 1 : end + 2] == " " else line[end + 1 :]
     if line.startswith("[gpu="):
         return _gpu_prefix(None, line)
+    if line[:2] == "20" and line[4:5] == "-":
+        m = _LOGGING_CONFIG.match(line)
+        if m is not None:
+            stamp = m.group(1) + (f".{m.group(2)}" if m.group(2) else "")
+            return header_time(stamp), f"PID{m.group(3)}", line[m.end() :]
     if "[" not in line:
         return None, "", strip_wrapper(line)
     return _other_prefix(line)
 
+
+_LOGGING_CONFIG = re.compile(
+    r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:,(\d{3}))? (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d+) "
+    r"\[[\w.-]+:\d+\] "
+)
+"""The line format of the logging config SGLang's own example for `SGLANG_LOGGING_CONFIG_PATH`
+gives (sgl-project/sglang#4592: `%(asctime)s %(levelname)s %(process)d [%(filename)s:%(lineno)d]
+%(message)s`). `configure_logger` (`utils/common.py`) then applies that config and returns before
+it adds the rank prefix, so the process id is all that tells the ranks apart: the tag is
+`PID<pid>`, one per scheduler process."""
 
 _WRAPPER = re.compile(
     r"\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?\] ?"

@@ -62,7 +62,9 @@ def _peak(values: Iterable[float | int | None]) -> Any:
     return max(present) if present else None
 
 
-_PER_RANK_TAGS = ("TP", "EP", "ATTN_CP", "MOE_DP")
+_PER_RANK_TAGS = ("TP", "EP", "ATTN_CP", "MOE_DP", "PID")
+"""Tags that tell apart the ranks of one data-parallel group and pipeline stage (`PID<pid>`: the
+process, where a custom logging config drops SGLang's tags, `logparse.prefix`)."""
 
 
 def _one_per_group(events: Iterable[Event]) -> list[Event]:

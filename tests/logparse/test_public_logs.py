@@ -152,3 +152,55 @@ def test_every_part_of_the_state_pool_counts() -> None:
     )
     assert isinstance(event, Event) and event.kind is Kind.MAMBA_ALLOCATED
     assert event.values["gib"] == pytest.approx(3.75)
+
+
+# -- SGLANG_LOGGING_CONFIG_PATH with the format of SGLang's own example ---------------------------
+
+
+def test_the_example_logging_config_s_lines_read_with_their_process_as_the_rank() -> None:
+    """fastrl's SGLang (mit-han-lab/fastrl#4, 2025-12) logs through the config SGLang's
+    sgl-project/sglang#4592 gives as the example for SGLANG_LOGGING_CONFIG_PATH; such a log was
+    refused as not SGLang's."""
+    log = parse_text(
+        "2025-12-04 20:34:02 INFO 147907 [scheduler_metrics_mixin.py:287] Decode batch. "
+        "#running-req: 48, #token: 3894, token usage: 0.00, accept len: 1.00, accept rate: 0.11, "
+        "cuda graph: True, gen throughput (token/s): 6138.60, #queue-req: 0, \n"
+    )
+    (batch,) = log.batches
+    assert (batch.rank, batch.running, batch.accept_len, batch.cuda_graph) == (
+        "PID147907",
+        48,
+        1.0,
+        True,
+    )
+    assert batch.time is not None
+
+
+def test_the_ranks_of_a_custom_logging_config_stay_apart() -> None:
+    """`configure_logger` applies the config and returns before it adds the rank prefix, so a
+    TP2 start's two `Load weight end` lines differ only in their process: read as one rank they
+    would be the target's weights and a draft's. The lines are kt-sglang's TP2 DeepSeek start
+    (kvcache-ai/ktransformers#1804) in the example config's format."""
+    head = "2026-01-23 09:10:36 INFO {pid} [model_runner.py:712] "
+    lines = [
+        (1201, "Load weight begin. avail mem=46.86 GB"),
+        (1202, "Load weight begin. avail mem=46.86 GB"),
+        (
+            1201,
+            "Load weight end. type=DeepseekV3ForCausalLM, dtype=torch.bfloat16, avail mem=33.80 "
+            "GB, mem usage=13.06 GB.",
+        ),
+        (
+            1202,
+            "Load weight end. type=DeepseekV3ForCausalLM, dtype=torch.bfloat16, avail mem=33.80 "
+            "GB, mem usage=13.06 GB.",
+        ),
+        (1201, "KV Cache is allocated. #tokens: 10000, KV size: 0.65 GB"),
+        (1201, "Memory pool end. avail mem=33.08 GB"),
+        (1202, "KV Cache is allocated. #tokens: 10000, KV size: 0.65 GB"),
+        (1202, "Memory pool end. avail mem=30.11 GB"),
+    ]
+    log = parse_text("\n".join(head.format(pid=pid) + text for pid, text in lines))
+    ledger = build_ledger(log.events)
+    assert (ledger.ranks, ledger.weights_gib, ledger.draft_weights_gib) == (2, 13.06, None)
+    assert (ledger.kv_gib, ledger.avail_after_pool_gib) == (0.65, 30.11)
