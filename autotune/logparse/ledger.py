@@ -27,9 +27,10 @@ pool end, CUDA graphs, then a TP0 summary line. `build_ledger` turns those event
   `KV Cache VA upper bound` (post-capture sizing) is reserved address space, not memory; the
   `Post-capture KV sizing: KV cache allocated` line then gives the pool.
 * Graph captures are labelled with their role from 0.5.18 (`target prefill|decode|verify`,
-  `draft prefill|decode|extend`), kept per phase under SGLang's own names (`graph_phases`: prefill,
-  decode, target_verify, draft_prefill, draft_decode, draft_extend, as `/server_info` reports
-  them); before that a capture after the rank's second weight load belongs to the draft.
+  `draft prefill|decode|verify|extend`), kept per phase under SGLang's own names
+  (`graph_phases`: prefill, decode, target_verify, draft_prefill, draft_decode, draft_extend, as
+  `/server_info` reports them; a draft's `verify` is booked as draft_decode, as SGLang books
+  it); before that a capture after the rank's second weight load belongs to the draft.
 * The request table is not printed; it is what the pool took beyond its KV lines:
   `avail after the last weight load − KV lines − "Memory pool end" avail` (two-decimal precision).
   A hybrid linear-attention model's Mamba state pool (`Mamba Cache is allocated`, the target's,
@@ -74,6 +75,9 @@ _PHASE_OF_ROLE = {
     "target verify": "target_verify",
     "draft prefill": "draft_prefill",
     "draft decode": "draft_decode",
+    # a draft worker that captures through the target's decode path (DFlash/DSpark drafts,
+    # 0.5.23 `cuda_graph_setup.py` `capture_decode_graph`): `draft verify`, booked as draft_decode
+    "draft verify": "draft_decode",
     "draft extend": "draft_extend",
     "draft": "draft_decode",
     "target": "decode",

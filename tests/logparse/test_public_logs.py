@@ -204,3 +204,26 @@ def test_the_ranks_of_a_custom_logging_config_stay_apart() -> None:
     ledger = build_ledger(log.events)
     assert (ledger.ranks, ledger.weights_gib, ledger.draft_weights_gib) == (2, 13.06, None)
     assert (ledger.kv_gib, ledger.avail_after_pool_gib) == (0.65, 30.11)
+
+
+# -- A draft that captures through the target's decode path ------------------------------------
+
+
+def test_a_draft_s_verify_graph_is_the_draft_s() -> None:
+    """DeepSeek-V4-Flash with a DSpark draft (a public run log, SGLang main 2026-09): the draft
+    worker captures through `capture_decode_graph` (`model_executor/model_runner_components/
+    cuda_graph_setup.py`), which names it `draft verify` and books its memory as draft_decode, as
+    the startup timings' `draft_decode=4.26` shows; it was counted as the target's decode graph."""
+    log = parse_text(
+        "[2026-09-11 23:46:30 TP0 EP0] Capture target verify CUDA graph begin. backend=full, "
+        "num_tokens_per_req=6, bs=[1, 2, 3, 4], avail mem=8.20 GB\n"
+        "[2026-09-11 23:46:44 TP0 EP0] Capture target verify CUDA graph end. elapsed=13.48 s, "
+        "mem usage=0.58 GB, avail mem=7.62 GB.\n"
+        "[2026-09-11 23:46:44 TP0 EP0] Capture draft verify CUDA graph begin. backend=full, "
+        "num_tokens_per_req=5, bs=[1, 2, 3, 4], avail mem=7.67 GB\n"
+        "[2026-09-11 23:46:49 TP0 EP0] Capture draft verify CUDA graph end. elapsed=4.26 s, "
+        "mem usage=-0.01 GB, avail mem=7.68 GB.\n"
+    )
+    ledger = build_ledger(log.events)
+    assert ledger.graph_phases == {"target_verify": 0.58, "draft_decode": -0.01}
+    assert (ledger.graph_gib, ledger.draft_graph_gib, ledger.graph_max_bs) == (0.58, -0.01, 4)
