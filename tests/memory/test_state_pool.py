@@ -8,16 +8,36 @@ from public notes of a start on SGLang main (2026-04) at `--mem-fraction-static 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from autotune.logparse.ledger import build_ledger
-from autotune.logparse.lines import parse_text
-from autotune.memory.arithmetic import arithmetic, implied_fraction, startup_parts
+from autotune.logparse.ledger import Ledger
+from autotune.memory.arithmetic import (
+    arithmetic,
+    implied_fraction,
+    pool_budget_gib,
+    startup_parts,
+    state_ratio,
+)
 
-LOG = Path(__file__).parents[1] / "fixtures" / "logs" / "v0_5_10_qwen35_mamba_tp2.log"
-LEDGER = build_ledger(parse_text(LOG.read_text()).events)
+LEDGER = Ledger(
+    p_gib=22.93,
+    weights_gib=8.85,
+    avail_after_weights_gib=14.08,
+    max_total_num_tokens=327310,
+    kv_gib=5.00,
+    mamba_gib=4.48,
+    req_to_token_gib=0.11,
+    avail_after_pool_gib=4.49,
+    graph_gib=0.26,
+    avail_after_graphs_gib=3.79,
+    available_gpu_mem_gib=3.79,
+)
+"""The ledger of tests/fixtures/logs/v0_5_10_qwen35_mamba_tp2.log (the logparse tests read it)."""
+
+
+def test_the_state_pool_is_in_the_budget() -> None:
+    assert pool_budget_gib(LEDGER) == pytest.approx(9.48)
+    assert state_ratio(LEDGER) == pytest.approx(4.48 / 5.00)
 
 
 def test_the_fraction_the_pool_implies_counts_the_state_pool() -> None:
