@@ -176,9 +176,9 @@ def _words(
     graphs: float | None,
     state: bool = False,
 ) -> tuple[str, ...]:
-    pool = "The KV pool" if not state else "The KV pool and the Mamba state pool together"
+    pool = "The KV pool is" if not state else "The KV pool and the Mamba state pool share"
     out = [
-        f"{pool} is what is free after the weights less the reserve: "
+        f"{pool} what is free after the weights less the reserve: "
         f"{a.avail_after_weights_gib:.2f} − {a.p_gib:.2f} × (1 − f) GiB, at "
         f"{a.cell_bytes:,.0f} bytes per token; each 0.01 of f is "
         f"{a.budget_per_step_gib(0.01):.2f} GiB, about {a.tokens_per_step(0.01):,} tokens.",

@@ -20,6 +20,7 @@ from autotune.logparse.outcome import Outcome, classify
 from autotune.logparse.prefix import split_prefix
 from autotune.logparse.serving import summarize
 from autotune.review.ledgerview import as_text
+from autotune.review.whatif import what_if
 
 LOGS = Path(__file__).parent.parent / "fixtures" / "logs"
 
@@ -139,6 +140,9 @@ def test_the_state_pool_is_not_the_request_table() -> None:
     assert (ledger.mamba_gib, ledger.req_to_token_gib, ledger.kv_gib) == (4.48, 0.11, 5.00)
     text = as_text(ledger, classify(()), summarize(()))
     assert "Mamba state pool                       4.48 GiB" in text
+    table = what_if(ledger)  # the launch's fraction, from a pool that counts the state pool
+    assert table is not None and table.fraction == pytest.approx(0.8, abs=0.002)
+    assert table.words[0].startswith("The KV pool and the Mamba state pool share what is free")
 
 
 def test_every_part_of_the_state_pool_counts() -> None:
