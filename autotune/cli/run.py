@@ -33,7 +33,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         backend=True,
     )
     p.add_argument("--n-trials", type=int, metavar="N", help="trials to finish (budget.n_trials)")
-    p.add_argument("--timeout", type=float, metavar="SECONDS", help="no new trial after this long")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="no trial starts that would end after this long (the trials so far say how long one takes)",
+    )
     p.add_argument(
         "--sampler", metavar="NAME", help=f"override sampler.name ({', '.join(SAMPLERS)})"
     )

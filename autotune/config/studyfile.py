@@ -189,8 +189,8 @@ class Constraints:
 
 @dataclass(frozen=True)
 class Budget:
-    """When the study stops: after `n_trials` trials count, or no new trial after `timeout_s`
-    seconds."""
+    """When the study stops: after `n_trials` trials count, or at `timeout_s` seconds: no trial
+    starts that the trials timed so far say would end after it."""
 
     n_trials: int = 20
     timeout_s: float | None = None

@@ -37,6 +37,7 @@ from autotune.record.stored import stored, study_record
 from autotune.record.view import view
 from autotune.search.capacity import CapacityAwareSampler
 from autotune.study.objectives import constraint_values, objective_values
+from autotune.study.progress import duration
 from autotune.study.storage import STORAGE_ERRORS, Worker, counted, first_line
 from autotune.study.workers import Coordinator
 from autotune.trial.record import Result
@@ -214,8 +215,13 @@ def run_loop(
     storage_failed: StorageHandler | None = None,
     note: Callable[[str], None] = lambda line: None,
     records: Path | None = None,
+    trial_s: Callable[[], float | None] = lambda: None,
 ) -> LoopEnd:
     """Ask, run, tell until `n_trials` trials count, the time is up or the grid is done.
+
+    With `timeout_s`, no trial starts that would end after it: `trial_s` says how long one
+    takes (the trials timed so far; None while unknown), so the GPUs are free at the deadline
+    rather than one trial's length after it.
 
     With a `coordinator` (several workers on one study, `autotune.study.workers`), stale trials of
     dead workers are failed before each ask, the loop waits while other workers' running trials
@@ -237,7 +243,9 @@ def run_loop(
     repeats = 0
 
     def budget() -> LoopEnd | str:
-        return _budget_left(study, cfg, n_trials, timeout_s, clock() - start, ran, coordinator)
+        return _budget_left(
+            study, cfg, n_trials, timeout_s, clock() - start, ran, coordinator, trial_s()
+        )
 
     while True:
         if first_received() is not None:  # a stop whose exception was lost (trial.run)
@@ -314,9 +322,11 @@ def _budget_left(
     elapsed_s: float,
     ran: int,
     coordinator: Coordinator | None,
+    trial_s: float | None = None,
 ) -> LoopEnd | str:
     """Why the loop ends now (a `LoopEnd`), "again" to look once more after waiting for other
-    workers, or "" to ask the next trial."""
+    workers, or "" to ask the next trial. A trial of `trial_s` seconds that would end after
+    `timeout_s` does not start."""
     if coordinator is not None:
         coordinator.reap(study)
     trials = study.get_trials(deepcopy=False)
@@ -325,6 +335,12 @@ def _budget_left(
         return LoopEnd("budget", ran, done)
     if timeout_s is not None and elapsed_s >= timeout_s:
         return LoopEnd("timeout", ran, done)
+    if timeout_s is not None and trial_s is not None and elapsed_s + trial_s > timeout_s:
+        why = (
+            f"timeout: the next trial would end after it (a trial takes about "
+            f"{duration(trial_s)}, {duration(timeout_s - elapsed_s)} left)"
+        )
+        return LoopEnd(why, ran, done)
     if coordinator is not None:
         held = coordinator.hold(trials, n_trials, grid=cfg.sampler.name == "grid")
         if held:  # waited too long for the other workers

@@ -136,6 +136,7 @@ def run(
             storage_failed=night.storage_failed,
             note=lambda line: night.progress.message(f"warning: {line}"),
             records=folder / "trials",
+            trial_s=night.trial_s,
         )
     except STORAGE_ERRORS as exc:
         raise storage_failure(exc, url, "failed") from exc
@@ -222,6 +223,12 @@ class _Night:
             self.progress.message(f"the memory model starts from {origin}")
         for warning in warnings_before_launch(cfg, views(trials), _profile(cfg)):
             self.progress.message(f"warning: {warning}")
+
+    def trial_s(self) -> float | None:
+        """How long one trial takes, from the trials timed so far (and the check's launch);
+        None while nothing is known."""
+        est = self.tally.per_trial()
+        return est[0] if est is not None else None
 
     def run_one(self, trial: optuna.trial.Trial) -> Result:
         """Launch the asked trial (unless the disk is full, or SGLang would run its point as a

@@ -162,6 +162,41 @@ def test_grid_walks_every_point_and_stops(
     assert end.why == "grid done"  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize(("known", "ran"), [(True, 2), (False, 3)])
+def test_no_trial_starts_that_would_end_after_the_timeout(
+    cfg: StudyConfig, study: optuna.Study, known: bool, ran: int
+) -> None:
+    """Trials of 40 s under a 100 s timeout: the third would start at 80 s and end at 120 s, so
+    where the loop knows how long a trial takes it stops after two, saying why; where it does
+    not, it stops only once the time is up (the third starts at 80 s)."""
+    prepare(study, cfg)
+    now = [0.0]
+    runner = _runner(cfg)
+
+    def timed(trial: optuna.trial.Trial) -> Result:
+        now[0] += 40.0
+        return runner(trial)
+
+    end = run_loop(
+        study,
+        cfg,
+        run_one=timed,
+        n_trials=10,
+        timeout_s=100.0,
+        clock=lambda: now[0],
+        worker=Worker.current(),
+        trial_s=(lambda: 40.0) if known else (lambda: None),
+    )
+    assert (end.ran, len(study.get_trials())) == (ran, ran)
+    if known:
+        assert (
+            end.why
+            == "timeout: the next trial would end after it (a trial takes about 40s, 20s left)"
+        )
+    else:
+        assert end.why == "timeout"
+
+
 def test_resume_counts_finished_trials(
     cfg: StudyConfig, study: optuna.Study, tmp_path: Path
 ) -> None:
