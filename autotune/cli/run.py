@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--timeout",
         type=float,
         metavar="SECONDS",
-        help="no trial starts that would end after this long (the trials so far say how long one takes)",
+        help="no trial starts that would end after this long (by the trials timed so far)",
     )
     p.add_argument(
         "--sampler", metavar="NAME", help=f"override sampler.name ({', '.join(SAMPLERS)})"
