@@ -83,6 +83,22 @@ def test_study_runs_to_the_end(no_leftovers: Path) -> None:
     assert written == {"e2e.toml", "results"}
 
 
+def test_no_trial_starts_that_would_end_after_the_timeout(no_leftovers: Path) -> None:
+    """`--timeout 12` with trials of 5 to 10 s (a 3 s steady phase): once the first trial has
+    ended, a second would end past the deadline, so none starts and the summary says why (a
+    first trial slower than the deadline ends the run at the deadline itself)."""
+    folder = no_leftovers
+    _study(folder, duration=3.0)
+    done = simstudy.run(folder / "e2e.toml", "run", "--timeout", "12")
+    assert done.returncode == 0, done.stdout + done.stderr
+    launched = [t for t in _trials(folder) if t.state != TrialState.WAITING]
+    assert len(launched) == 1, done.stdout
+    assert (
+        "finished (timeout: the next trial would end after it (a trial takes about" in done.stdout
+        or "finished (timeout)" in done.stdout
+    ), done.stdout
+
+
 def test_sigkill_mid_trial_then_resume(no_leftovers: Path) -> None:
     folder = no_leftovers
     with _serving_trial_0(folder) as proc:
