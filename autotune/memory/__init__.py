@@ -1,6 +1,6 @@
-"""SGLang's memory arithmetic, once: one launch's pool sizing from its ledger (`arithmetic`) and
-the model fitted across launches that predicts the next (`model`). Every package that prints or
-decides by a memory figure (the pool, the reserve, the free memory after startup, the stress peak,
-another fraction's prediction) calls these functions, so the search, the review, `init` and the
-progress line agree.
+"""SGLang's memory arithmetic, once: one launch's pool sizing from its ledger (`arithmetic`), the
+model that predicts the next launch (`model`) and its fit across the launches seen (`fit`). Every
+package that prints or decides by a memory figure (the pool, the reserve, the free memory after
+startup, the stress peak, another fraction's prediction) calls these functions, so the search, the
+review, `init` and the progress line agree.
 """

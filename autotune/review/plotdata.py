@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from autotune.config.studyfile import FRACTION, REQUESTS
-from autotune.memory import model as memory_model
+from autotune.memory import fit as memory_fit
 from autotune.memory.arithmetic import cell_from_fit, startup_parts
 from autotune.record.view import TrialView
 from autotune.review import figures as fig
@@ -322,7 +322,7 @@ def capacity(trials: Sequence[TrialView]) -> CapacityData:
 def _model_tokens(
     trials: Sequence[TrialView], grid: np.ndarray
 ) -> tuple[tuple[float, ...], str] | None:
-    """The memory model's N(f), when `autotune.memory.model` can fit one from these trials, each
+    """The memory model's N(f), when `autotune.memory.fit` can fit one from these trials, each
     read as the search reads it (`search.records.observation_of`)."""
     try:
         obs = [
@@ -330,7 +330,7 @@ def _model_tokens(
             for t in trials
             if t.kind != "running" and (o := observation_of(t, t.params)) is not None
         ]
-        model = memory_model.fit(obs)
+        model = memory_fit.fit(obs)
         ys = []
         for x in grid:
             est = model.tokens(float(x))

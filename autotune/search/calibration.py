@@ -31,7 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from autotune.logparse.outcome import Outcome
-from autotune.memory.model import Forecast, fit, phi
+from autotune.memory.fit import fit
+from autotune.memory.model import Forecast, phi
 from autotune.search.points import Point, Push
 
 PRIOR_WEIGHT = 2.0

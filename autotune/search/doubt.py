@@ -43,7 +43,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autotune.logparse.outcome import Outcome
-from autotune.memory.model import Estimate, fit
+from autotune.memory.fit import fit
+from autotune.memory.model import Estimate
 from autotune.search.calibration import Calibration
 from autotune.search.points import Point
 

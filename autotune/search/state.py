@@ -19,7 +19,8 @@ from typing import TypeAlias
 
 from autotune.config.space import PointKey, same_value
 from autotune.config.studyfile import Scalar
-from autotune.memory.model import SPIKE_RATIO, Forecast, Setting, fit
+from autotune.memory.fit import SPIKE_RATIO, fit
+from autotune.memory.model import Forecast, Setting
 from autotune.search.calibration import calibrate
 from autotune.search.doubt import DOUBT_Z, REPEATS, doubt
 from autotune.search.points import (

@@ -11,7 +11,8 @@ import dataclasses
 import pytest
 
 from autotune.logparse.ledger import Ledger
-from autotune.memory.model import Estimate, Observation, Setting, fit
+from autotune.memory.fit import fit
+from autotune.memory.model import Estimate, Observation, Setting
 from autotune.sim.memplan import StartupPlan, plan_startup
 from autotune.sim.profiles import load_profile
 from autotune.testing.oracle import Bench, bench_for, ledger_of, server_settings

@@ -18,7 +18,8 @@ import pytest
 from autotune.logparse.ledger import Ledger, build_ledger
 from autotune.logparse.lines import parse_text
 from autotune.memory.arithmetic import arithmetic, sizing_cell
-from autotune.memory.model import Observation, Setting, fit
+from autotune.memory.fit import fit
+from autotune.memory.model import Observation, Setting
 
 LOGS = Path(__file__).parent.parent / "fixtures" / "logs"
 GIB = float(1 << 30)

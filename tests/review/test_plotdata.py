@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from optuna.trial import TrialState
 
-import autotune.memory.model
+import autotune.memory.fit
 from autotune.record.view import views
 from autotune.review import plotdata as pd
 from tests.review.fakes import CELL, P, trial, walk
@@ -67,7 +67,7 @@ def test_capacity_falls_back_to_least_squares(monkeypatch: pytest.MonkeyPatch) -
     def broken(obs: object) -> object:
         raise ValueError("no model")
 
-    monkeypatch.setattr(autotune.memory.model, "fit", broken)
+    monkeypatch.setattr(autotune.memory.fit, "fit", broken)
     d = pd.capacity(views(walk()))
     assert d.line_source.startswith("least-squares line over")
     assert d.line_y[0] < d.line_y[-1]

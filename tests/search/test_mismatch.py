@@ -14,7 +14,8 @@ import optuna
 import pytest
 
 from autotune.logparse.ledger import Ledger
-from autotune.memory.model import Estimate, Forecast, Observation, Setting, fit
+from autotune.memory.fit import fit
+from autotune.memory.model import Estimate, Forecast, Observation, Setting
 from autotune.search import CapacityAwareSampler
 from autotune.search.calibration import Calibration, Check, calibrate
 from autotune.search.planner import Goal, plan
