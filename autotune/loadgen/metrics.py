@@ -25,12 +25,12 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 UNFINISHED = "unfinished"
-EXAMPLE_CHARS = 200
-"""How much of each kind's first error message a summary keeps (`Summary.error_examples`)."""
 ENDED_EARLY = f"{UNFINISHED}: ended early"
 """How a request cancelled by its phase's early end (`loadgen.earlyend`) is recorded: unfinished,
 but the tokens it streamed before the end count towards the phase's throughput, which is then
 the rate the server generated at until the end, with no drain's tail."""
+EXAMPLE_CHARS = 200
+"""How much of each kind's first error message a summary keeps (`Summary.error_examples`)."""
 LAG_THRESHOLD_S = 0.025  # a request sent this much later than scheduled was held up by the client
 
 
@@ -251,11 +251,13 @@ def summarize(
     lagged = sum(1 for x in lags if x > lag_threshold_s)
     lagged_fraction = lagged / len(lags) if lags else None
     good = sum(1 for r in ok if slo.met_by(r)) if slo is not None else None
-    errors = Counter(error_kind(r.error) for r in records if r.error is not None)
+    errors: Counter[str] = Counter()
     examples: dict[str, str] = {}
     for r in records:
         if r.error is not None:
-            examples.setdefault(error_kind(r.error), r.error[:EXAMPLE_CHARS])
+            kind = error_kind(r.error)
+            errors[kind] += 1
+            examples.setdefault(kind, r.error[:EXAMPLE_CHARS])
     return Summary(
         duration_s=duration_s,
         requests=len(records),
