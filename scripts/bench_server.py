@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
 import sys
 import tempfile
@@ -27,18 +26,12 @@ from autotune.review.ledgerview import read_log
 from autotune.server.gpu import GpuProbe, SimProbe
 from autotune.server.launchspec import LaunchSpec
 from autotune.server.lifecycle import Server
+from autotune.server.preflight import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE = (sys.executable, "-m", "autotune.testing.fakeserver", "--log")
 FIXTURE = ROOT / "tests" / "fixtures" / "logs" / "v0_5_9_kimi_tp8_eagle3.log"
 READY = b"The server is fired up and ready to roll!"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class LineWatch(threading.Thread):
@@ -85,7 +78,7 @@ def one_run(backend: str, work: Path) -> tuple[float, float]:
         argv=argv,
         log_path=work / "server.log",
         run_dir=work / "run",
-        port=free_port(),
+        port=free_port("127.0.0.1"),
         startup_s=300.0,
         stall_s=120.0,
         stop_grace_s=30.0,

@@ -18,7 +18,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+
+from autotune.server.preflight import free_port
 
 KIMI = "kimi-k2.5-tp8-96g"
 KIMI_FLAGS = [
@@ -47,12 +48,6 @@ KIMI_FLAGS = [
     "draft",
 ]
 READY = "The server is fired up and ready to roll!"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -93,7 +88,7 @@ class Launched:
 
 
 def launch(args: list[str], workdir: Path, scale: float = 3000.0) -> Launched:
-    port = free_port()
+    port = free_port("127.0.0.1")
     log_path = workdir / f"sim-{port}.log"
     fh = log_path.open("wb")
     cmd = [

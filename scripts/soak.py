@@ -59,6 +59,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from autotune.server.preflight import free_port  # noqa: E402
 from autotune.testing import audit  # noqa: E402
 
 NAME = "soak"
@@ -695,7 +696,8 @@ def main() -> int:
     shape = WORKERS if args.workers > 1 else SINGLE
     (folder / f"{NAME}.toml").write_text(STUDY.format(trials=args.trials, seed=args.seed, **shape))
     if args.workers > 1:
-        workers = [Worker(f"worker {g}", g, _free_port()) for g in GROUPS[: min(args.workers, 4)]]
+        groups = GROUPS[: min(args.workers, 4)]
+        workers = [Worker(f"worker {g}", g, free_port("127.0.0.1")) for g in groups]
     else:
         workers = [Worker("worker", None, None)]
     t0 = time.monotonic()
@@ -724,14 +726,6 @@ def main() -> int:
     if not keep and ok:
         shutil.rmtree(folder, ignore_errors=True)
     return 0 if ok else 1
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,15 +19,9 @@ from autotune.logparse.phase import PhaseLimits
 from autotune.server import procs
 from autotune.server.launchspec import LaunchSpec
 from autotune.server.lifecycle import Death, Server
+from autotune.server.preflight import free_port
 
 FAKE = (sys.executable, "-m", "autotune.testing.fakeserver", "--log")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def make_spec(tmp_path: Path, **values: Any) -> LaunchSpec:
@@ -36,7 +29,7 @@ def make_spec(tmp_path: Path, **values: Any) -> LaunchSpec:
     base: dict[str, Any] = dict(
         log_path=tmp_path / "server.log",
         run_dir=tmp_path / "run",
-        port=free_port(),
+        port=free_port("127.0.0.1"),
     )
     return LaunchSpec(**{**base, **values})
 

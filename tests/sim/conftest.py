@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from autotune.server.preflight import free_port
+
 READY = "The server is fired up and ready to roll!"
 SMALL = ["--model-path", "Qwen/Qwen3-32B", "--sim-profile", "qwen3-32b-h200"]
 KIMI = [
@@ -23,12 +25,6 @@ KIMI = [
     "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "draft",
     "--sim-profile", "kimi-k2.5-tp8-96g",
 ]  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -134,7 +130,7 @@ def launch_sim(tmp_path: Path) -> Iterator[Launcher]:
         gpu_dir: Path | None = None,
         port: int | None = None,
     ) -> SimProcess:
-        port = port or free_port()
+        port = port or free_port("127.0.0.1")
         log_path = tmp_path / f"sim-{len(launched)}.log"
         gdir = gpu_dir or tmp_path / "gpus"
         full_env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}

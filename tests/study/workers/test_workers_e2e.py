@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import optuna
 import pytest
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.server.preflight import free_port
 from autotune.study.storage import counted
 from autotune.study.workers import HOST_ENV, same_point
 from tests.simstudy import LLAMA_TP2, leftovers, sim_study, workload
@@ -41,12 +41,6 @@ STUDY = sim_study(
     n_trials="N_TRIALS",
     tail='\n[storage]\nheartbeat_s = 1\ngrace_s = 3\n\n[sampler]\nname = "tpe"\nseed = 1\n',
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _write_study(folder: Path, duration: float) -> Path:
@@ -154,7 +148,7 @@ def _check_shared_study(folder: Path, url: str) -> list[FrozenTrial]:
 def test_three_workers_share_a_study(no_leftovers: Path, pg_url: str) -> None:
     folder = no_leftovers
     _write_study(folder, duration=0.5)
-    ports = [_free_port() for _ in GROUPS]
+    ports = [free_port("127.0.0.1") for _ in GROUPS]
     url = pg_url.replace("postgresql://", "postgres://")  # as some users write it
     procs = [_start(folder, url, g, p) for g, p in zip(GROUPS, ports, strict=True)]
     codes = _finish(procs, timeout_s=150)
@@ -194,7 +188,7 @@ def test_three_workers_share_a_study(no_leftovers: Path, pg_url: str) -> None:
 def test_killed_worker_trial_is_failed_by_the_others(no_leftovers: Path, pg_url: str) -> None:
     folder = no_leftovers
     _write_study(folder, duration=2.0)
-    ports = [_free_port() for _ in GROUPS]
+    ports = [free_port("127.0.0.1") for _ in GROUPS]
     victim_env = {HOST_ENV: "box-c"}  # the third worker stands for another machine
     procs = [
         _start(folder, pg_url, g, p, victim_env if g == GROUPS[2] else None)
