@@ -3,11 +3,7 @@ after the test (the fake SGLang server's fixture, `fake_server`, is in tests/con
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,15 +14,8 @@ from pathlib import Path
 import pytest
 
 from autotune.loadgen import ServerFacts
-
-
-def _gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
+from autotune.server.preflight import free_port
+from autotune.testing.fakeserver import Running
 
 SIM_READY = "The server is fired up and ready to roll!"
 _FACTS = re.compile(
@@ -36,14 +25,11 @@ _FACTS = re.compile(
 
 
 @dataclass
-class SimServer:
-    proc: subprocess.Popen[bytes]
-    port: int
-    log: Path
+class SimServer(Running):
+    """The simulator's process and port (`url`, `is_dead`, `stop` as the fake server's), and its
+    log."""
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    log: Path
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -52,20 +38,6 @@ class SimServer:
         m = _FACTS.search(self.text())
         assert m is not None, "no max_total_num_tokens summary line in the log"
         return ServerFacts(int(m[3]), int(m[2]), int(m[4]), int(m[1]))
-
-    def is_dead(self) -> str | None:
-        code = self.proc.poll()
-        return None if code is None else f"simulator exited with {code}"
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -77,7 +49,7 @@ def sim_server(tmp_path: Path) -> Iterator[Callable[..., SimServer | None]]:
         *flags: str, profile: str = "qwen3-32b-h200", tp: int = 1, may_fail: bool = False
     ) -> SimServer | None:
         """The ready simulator; None if it died during startup and `may_fail` is set."""
-        port = _free_port()
+        port = free_port("127.0.0.1")
         log = tmp_path / f"sim-{port}.log"
         gpu_dir = tmp_path / f"gpu-{port}"
         gpu_dir.mkdir()
@@ -103,7 +75,7 @@ def sim_server(tmp_path: Path) -> Iterator[Callable[..., SimServer | None]]:
         ]
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, text=True
             )
         sim = SimServer(proc, port, log)
         started.append(sim)
@@ -118,10 +90,4 @@ def sim_server(tmp_path: Path) -> Iterator[Callable[..., SimServer | None]]:
 
     yield start
     for sim in started:
-        sim.kill()
-        sim.proc.wait(timeout=10)
-        for _ in range(100):
-            if _gone(sim.proc.pid):
-                break
-            time.sleep(0.05)
-        assert _gone(sim.proc.pid), f"simulator group {sim.proc.pid} still alive"
+        assert sim.stop(), f"simulator group {sim.proc.pid} still alive"

@@ -103,7 +103,7 @@ def test_server_that_ooms_under_stress(sim_server: Start) -> None:
 
 def test_server_killed_mid_phase(sim_server: Start) -> None:
     sim = start(sim_server)
-    killer = threading.Timer(1.0, sim.kill)
+    killer = threading.Timer(1.0, sim.stop)
     phases = [{"kind": "poisson", "rate": 30, "duration_s": 60}]
     ws = workload_from_dict({"input_len": 100, "output_len": 2000, "phases": phases})
     killer.start()
@@ -111,7 +111,7 @@ def test_server_killed_mid_phase(sim_server: Start) -> None:
         res = run_workload(ws, Target(sim.url), sim.facts(), is_dead=sim.is_dead)
     finally:
         killer.cancel()
-    assert res.died is not None and res.died.reason == "simulator exited with -9"
+    assert res.died is not None and res.died.reason == "server exited with -9"
     assert res.phases[0].ended_by == "server_died"
     assert res.duration_s < 60  # stopped long before the phase's 60 s
     assert res.overall.failed > 0
