@@ -4,6 +4,8 @@ as run and why."""
 
 from __future__ import annotations
 
+import pytest
+
 from autotune.logparse.clamps import Clamps, post_capture_asked
 from autotune.logparse.formats import RULES
 from autotune.logparse.ledger import Ledger, build_ledger
@@ -33,26 +35,59 @@ def _clamp(led: Ledger, name: str) -> tuple[object, object, str]:
     return c.asked, c.effective, c.rule if c.clamped else ""
 
 
-def test_the_pool_lowers_the_request_slots_in_0_5_23() -> None:
+@pytest.mark.parametrize(
+    ("args", "rule", "figures", "summary", "name", "clamp", "line"),
+    [
+        pytest.param(
+            "'max_running_requests': 2048, 'chunked_prefill_size': 8192",
+            "mrr_reduced",
+            (2048, 1024),
+            (2048, 8192, 1024, 40960),
+            "max_running_requests",
+            (2048, 1024, "kv_capacity"),
+            "max_running_requests: asked 2048, ran 1024 (the KV pool of 2048",
+            id="the-pool-lowers-the-request-slots-in-0.5.23",
+        ),
+        pytest.param(
+            "'max_running_requests': 128",
+            "post_capture_mrr",
+            (128, 50),
+            (100, 8192, 50, 4096),
+            "max_running_requests",
+            (128, 50, "post_capture"),
+            "max_running_requests: asked 128, ran 50 (post-capture KV sizing",
+            id="post-capture-sizing-lowers-the-request-slots",
+        ),
+        pytest.param(
+            "'context_length': 40960",
+            "pool_below_context",
+            (2048, 40960),
+            (2048, 8192, 1024, 40960),
+            "context_length",
+            (40960, 2048, "pool"),
+            "context_length: asked 40960, ran 2048 (the KV pool holds 2048 tokens",
+            id="a-pool-smaller-than-the-context-cuts-a-request",
+        ),
+    ],
+)
+def test_a_clamp_line_of_0_5_23_gives_asked_ran_and_why(
+    args: str,
+    rule: str,
+    figures: tuple[int, int],
+    summary: tuple[int, int, int, int],
+    name: str,
+    clamp: tuple[object, object, str],
+    line: str,
+) -> None:
+    """The clamp SGLang printed (its %-format filled with `figures`) after the `server_args` that
+    asked for more: the setting as asked and as run, the rule, and the first line shown."""
     led = _ledger(
-        f"{T} server_args={{'model_path': 'm', 'max_running_requests': 2048, "
-        "'chunked_prefill_size': 8192}",
-        f"{T} " + _text("mrr_reduced") % (2048, 1024),
-        _summary(2048, 8192, 1024, 40960),
+        f"{T} server_args={{'model_path': 'm', {args}}}",
+        f"{T} " + _text(rule) % figures,
+        _summary(*summary),
     )
-    assert _clamp(led, "max_running_requests") == (2048, 1024, "kv_capacity")
-    line = Clamps.of(led).lines()[0]
-    assert line.startswith("max_running_requests: asked 2048, ran 1024 (the KV pool of 2048")
-
-
-def test_post_capture_sizing_lowers_the_request_slots() -> None:
-    led = _ledger(
-        f"{T} server_args={{'model_path': 'm', 'max_running_requests': 128}}",
-        f"{T} " + _text("post_capture_mrr") % (128, 50),
-        _summary(100, 8192, 50, 4096),
-    )
-    assert _clamp(led, "max_running_requests") == (128, 50, "post_capture")
-    assert "post-capture KV sizing" in Clamps.of(led).clamped[0].reason
+    assert _clamp(led, name) == clamp
+    assert Clamps.of(led).lines()[0].startswith(line)
 
 
 def test_the_request_table_cuts_the_decode_graph_batch_in_0_5_9() -> None:
@@ -76,15 +111,6 @@ def test_a_largest_graph_below_the_asked_one_by_the_list_step_is_no_clamp() -> N
         _summary(300000, 8192, 1024, 4096),
     )
     assert _clamp(led, "cuda_graph_max_bs") == (250, 250, "")
-
-
-def test_a_pool_smaller_than_the_context_cuts_a_request() -> None:
-    led = _ledger(
-        f"{T} server_args={{'model_path': 'm', 'context_length': 40960}}",
-        f"{T} " + _text("pool_below_context") % (2048, 40960),
-        _summary(2048, 8192, 1024, 40960),
-    )
-    assert _clamp(led, "context_length") == (40960, 2048, "pool")
 
 
 def test_a_resolved_chunk_other_than_asked_is_shown() -> None:
