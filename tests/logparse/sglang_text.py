@@ -169,3 +169,37 @@ def render(source: Source, values: Mapping[str, Any] | Sequence[Any] = ()) -> st
         assert not isinstance(values, Mapping), source.text
         return source.text % tuple(values)
     return source.text
+
+
+AVAIL_KEY = "'available_cpu_mem' if self.device == 'cpu' else 'available_gpu_mem'"
+
+
+def summary_values(
+    tokens: int, chunk: int, slots: int, context: int, free: float
+) -> dict[str, Any]:
+    """The sample values of the scheduler's summary line (`scheduler_summary`, the same f-string
+    in 0.5.18 and 0.5.23) on a GPU, by the expressions its fields name: the pool's `tokens`, the
+    chunk, the request slots, the context and the free memory after the start (GiB)."""
+    return {
+        "self.max_total_num_tokens": tokens,
+        "get_schedule().chunked_prefill_size": chunk,
+        "self.max_prefill_tokens": 16384,
+        "self.max_running_requests": slots,
+        "self.model_config.context_len": context,
+        AVAIL_KEY: "available_gpu_mem",
+        "self.startup_available_gpu_memory_gb": free,
+    }
+
+
+def startup_timings(
+    phase: Source,
+    line: Source,
+    graphs: Mapping[str, float],
+    seconds: tuple[float, float, float, float],
+) -> str:
+    """The engine's startup timings line: `line` (a %-format) filled with `seconds`
+    (load_weight, kv_cache_allocation, scheduler_e2e, tokenizer_e2e) and, before the last, each
+    CUDA graph phase's time rendered with `phase` and joined by commas."""
+    inner = ", ".join(render(phase, {"phase": p, "duration": d}) for p, d in graphs.items())
+    load, kv, scheduler, tokenizer = seconds
+    return render(line, (load, kv, scheduler, inner, tokenizer))

@@ -24,7 +24,13 @@ from autotune.logparse.ledger import build_ledger
 from autotune.logparse.lines import parse_line, parse_text
 from autotune.logparse.outcome import Outcome, RunFacts, classify
 from autotune.logparse.serving import summarize
-from tests.logparse.sglang_text import STRINGS_PROBE, found, render
+from tests.logparse.sglang_text import (
+    STRINGS_PROBE,
+    found,
+    render,
+    startup_timings,
+    summary_values,
+)
 from tests.oracle import run_in_sglang
 
 pytestmark = pytest.mark.sglang
@@ -146,8 +152,7 @@ def _host_draft(rule: Rule) -> str:
 
 def _timings(rule: Rule) -> str:
     phases = {"prefill": 30.0, "decode": 45.0, "target_verify": 0.0, "draft_prefill": 2.0}
-    inner = ", ".join(render(_src(rule, 0), {"phase": p, "duration": d}) for p, d in phases.items())
-    return MAIN + render(_src(rule, 1), (312.4, 1.2, 400.1, inner, 405.0))
+    return MAIN + startup_timings(_src(rule, 0), _src(rule, 1), phases, (312.4, 1.2, 400.1, 405.0))
 
 
 def _prefill(rule: Rule) -> str:
@@ -192,18 +197,7 @@ def _retract(rule: Rule) -> str:
 
 
 def _summary(rule: Rule) -> str:
-    values = {
-        "self.max_total_num_tokens": 159277,
-        "get_schedule().chunked_prefill_size": 8192,
-        "self.max_prefill_tokens": 16384,
-        "self.max_running_requests": 48,
-        "self.model_config.context_len": 262144,
-        "'available_cpu_mem' if self.device == 'cpu' else 'available_gpu_mem'": (
-            "available_gpu_mem"
-        ),
-        "self.startup_available_gpu_memory_gb": 5.47,
-    }
-    return TP0 + render(_src(rule, 0), values)
+    return TP0 + render(_src(rule, 0), summary_values(159277, 8192, 48, 262144, 5.47))
 
 
 SERVER_ARGS = {
