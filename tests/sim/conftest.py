@@ -19,12 +19,13 @@ from autotune.server.preflight import free_port
 
 READY = "The server is fired up and ready to roll!"
 SMALL = ["--model-path", "Qwen/Qwen3-32B", "--sim-profile", "qwen3-32b-h200"]
-KIMI = [
+OPERATOR = [
     "--model-path", "moonshotai/Kimi-K2.5", "--tp", "8", "--max-running-requests", "48",
     "--chunked-prefill-size", "8192", "--enable-hierarchical-cache", "--hicache-size", "48",
     "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "draft",
-    "--sim-profile", "kimi-k2.5-tp8-96g",
 ]  # fmt: skip
+"""The operator's SGLang flags (Kimi-K2.5 on 8 GPUs, EAGLE3 draft, HiCache), but the fraction."""
+KIMI = [*OPERATOR, "--sim-profile", "kimi-k2.5-tp8-96g"]
 
 
 @pytest.fixture

@@ -16,34 +16,12 @@ from autotune.sim.profiles import (
     profile_from_dict,
 )
 from autotune.testing.oracle import bench_for, best_stable
+from tests.sim.conftest import OPERATOR as FLAGS
 
 OPERATOR = [
-    "--model-path",
-    "moonshotai/Kimi-K2.5",
-    "--tp",
-    "8",
-    "--mem-fraction-static",
-    "0.88",
-    "--max-running-requests",
-    "48",
-    "--chunked-prefill-size",
-    "8192",
-    "--enable-hierarchical-cache",
-    "--hicache-size",
-    "48",
-    "--host",
-    "127.0.0.1",
-    "--port",
-    "30000",
-    "--speculative-algorithm",
-    "EAGLE3",
-    "--speculative-draft-model-path",
-    "d",
-    "--trust-remote-code",
-    "--tool-call-parser",
-    "kimi_k2",
-    "--reasoning-parser",
-    "kimi_k2",
+    *FLAGS,
+    *("--mem-fraction-static", "0.88", "--host", "127.0.0.1", "--port", "30000"),
+    *("--trust-remote-code", "--tool-call-parser", "kimi_k2", "--reasoning-parser", "kimi_k2"),
 ]
 
 

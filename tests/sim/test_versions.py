@@ -18,13 +18,9 @@ from autotune.sim.sizing import (
     prefill_capture_tokens,
 )
 from autotune.sim.versions import VERSIONS, get_version
+from tests.sim.conftest import OPERATOR
 
 KIMI = "kimi-k2.5-tp8-96g"
-OPERATOR = [
-    "--model-path", "moonshotai/Kimi-K2.5", "--tp", "8", "--max-running-requests", "48",
-    "--chunked-prefill-size", "8192", "--enable-hierarchical-cache", "--hicache-size", "48",
-    "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "draft",
-]  # fmt: skip
 
 
 def operator(fraction: float, version: str, *extra: str) -> ServerSettings:
