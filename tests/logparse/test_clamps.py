@@ -36,7 +36,7 @@ def _clamp(led: Ledger, name: str) -> tuple[object, object, str]:
 
 
 @pytest.mark.parametrize(
-    ("args", "rule", "figures", "summary", "name", "clamp", "line"),
+    ("args", "rule", "figures", "summary", "name", "clamp", "why"),
     [
         pytest.param(
             "'max_running_requests': 2048, 'chunked_prefill_size': 8192",
@@ -45,7 +45,7 @@ def _clamp(led: Ledger, name: str) -> tuple[object, object, str]:
             (2048, 8192, 1024, 40960),
             "max_running_requests",
             (2048, 1024, "kv_capacity"),
-            "max_running_requests: asked 2048, ran 1024 (the KV pool of 2048",
+            "the KV pool of 2048",
             id="the-pool-lowers-the-request-slots-in-0.5.23",
         ),
         pytest.param(
@@ -55,7 +55,7 @@ def _clamp(led: Ledger, name: str) -> tuple[object, object, str]:
             (100, 8192, 50, 4096),
             "max_running_requests",
             (128, 50, "post_capture"),
-            "max_running_requests: asked 128, ran 50 (post-capture KV sizing",
+            "post-capture KV sizing",
             id="post-capture-sizing-lowers-the-request-slots",
         ),
         pytest.param(
@@ -65,7 +65,7 @@ def _clamp(led: Ledger, name: str) -> tuple[object, object, str]:
             (2048, 8192, 1024, 40960),
             "context_length",
             (40960, 2048, "pool"),
-            "context_length: asked 40960, ran 2048 (the KV pool holds 2048 tokens",
+            "the KV pool holds 2048 tokens",
             id="a-pool-smaller-than-the-context-cuts-a-request",
         ),
     ],
@@ -77,17 +77,19 @@ def test_a_clamp_line_of_0_5_23_gives_asked_ran_and_why(
     summary: tuple[int, int, int, int],
     name: str,
     clamp: tuple[object, object, str],
-    line: str,
+    why: str,
 ) -> None:
     """The clamp SGLang printed (its %-format filled with `figures`) after the `server_args` that
-    asked for more: the setting as asked and as run, the rule, and the first line shown."""
+    asked for more: the setting as asked and as run, the rule, and the first line shown, which
+    says why."""
     led = _ledger(
         f"{T} server_args={{'model_path': 'm', {args}}}",
         f"{T} " + _text(rule) % figures,
         _summary(*summary),
     )
     assert _clamp(led, name) == clamp
-    assert Clamps.of(led).lines()[0].startswith(line)
+    asked, ran, _ = clamp
+    assert Clamps.of(led).lines()[0].startswith(f"{name}: asked {asked}, ran {ran} ({why}")
 
 
 def test_the_request_table_cuts_the_decode_graph_batch_in_0_5_9() -> None:
