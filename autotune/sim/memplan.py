@@ -59,6 +59,16 @@ HICACHE_AUTO_SLACK = 0.05
 POST_CAPTURE_ENV = "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING"
 IMBALANCE_ENV = "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK"
 FOLDED_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
+GRAPH_PHASES = (
+    "prefill",
+    "decode",
+    "target_verify",
+    "draft_prefill",
+    "draft_decode",
+    "draft_extend",
+)
+"""SGLang 0.5.23's CUDA-graph memory phases (`model_executor/graph_memory_usage.py`), in its
+order: the keys of `StartupPlan.graph_phases` and of the capture times the server reports."""
 
 
 @dataclass(frozen=True)
@@ -172,10 +182,7 @@ class StartupPlan:
     def graph_phases(self) -> dict[str, float]:
         """GiB of CUDA-graph memory by SGLang 0.5.23's phase names (target + draft)."""
         verify = "target_verify" if self.spec else "decode"
-        phases = dict.fromkeys(
-            ("prefill", "decode", "target_verify", "draft_prefill", "draft_decode", "draft_extend"),
-            0.0,
-        )
+        phases = dict.fromkeys(GRAPH_PHASES, 0.0)
         phases["prefill"] = self.prefill_graph_gib or 0.0
         phases[verify] = self.graph_gib or 0.0
         phases["draft_prefill"] = self.draft_prefill_graph_gib or 0.0

@@ -50,7 +50,13 @@ from autotune.sim.loglines import (
     fmt_post_capture,
 )
 from autotune.sim.logwriter import LogWriter
-from autotune.sim.memplan import StartupFailure, StartupPlan, plan_startup, unbalanced_ranks
+from autotune.sim.memplan import (
+    GRAPH_PHASES,
+    StartupFailure,
+    StartupPlan,
+    plan_startup,
+    unbalanced_ranks,
+)
 from autotune.sim.profiles import Profile
 from autotune.sim.serverargs import args_repr, resolved_args
 from autotune.sim.sizing import GiB
@@ -72,14 +78,6 @@ LAUNCH_WARNING = (
 PREFILL_GRAPH_OFF = (
     "Disable prefill CUDA graph because cuda_graph_config resolved prefill.backend='disabled' "
     "(e.g. via --cuda-graph-backend-prefill=disabled or auto-disable rules)."
-)
-GRAPH_PHASES = (
-    "prefill",
-    "decode",
-    "target_verify",
-    "draft_prefill",
-    "draft_decode",
-    "draft_extend",
 )
 TOKENIZER_OVERHEAD_S = 1.5
 KERNEL_BYTES = 256 << 10
