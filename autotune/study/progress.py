@@ -171,30 +171,19 @@ class Tally:
         *,
         phase: str = "",
         phase_elapsed: float = 0.0,
-    ) -> float | None:
-        """Seconds left for the study (None when nothing is known yet)."""
+    ) -> tuple[float, bool] | None:
+        """Seconds left for the study and whether that is exact (False: a lower bound, it rests on
+        a phase not timed yet); None when nothing is known yet. The time the study has left
+        (`remaining_s`) caps it, and a capped ETA is exact."""
         est = self.per_trial(phase, phase_elapsed)
         if est is None:
             return None
-        per_trial = est[0]
+        per_trial, exact = est
         left = max(self.n_trials - self.done, 0)
         eta = max(per_trial - elapsed_in_trial, 0.0) + per_trial * max(left - 1, 0)
-        return min(eta, remaining_s) if remaining_s is not None else eta
-
-    def eta_text(
-        self,
-        elapsed_in_trial: float,
-        remaining_s: float | None,
-        *,
-        phase: str = "",
-        phase_elapsed: float = 0.0,
-    ) -> str:
-        """`ETA 1h05m`, or `ETA ≥ 6h40m` while it rests on a phase not timed yet."""
-        eta = self.eta(elapsed_in_trial, remaining_s, phase=phase, phase_elapsed=phase_elapsed)
-        est = self.per_trial(phase, phase_elapsed)
-        capped = remaining_s is not None and eta is not None and eta >= remaining_s
-        bound = "≥ " if est is not None and not est[1] and not capped else ""
-        return f"ETA {bound}{duration(eta)}"
+        if remaining_s is not None and eta >= remaining_s:
+            return remaining_s, True
+        return eta, exact
 
     def workload_phase(self, elapsed: float) -> str:
         """The workload phase running `elapsed` seconds in, by name (`agents (steady, 3m left)`),
@@ -230,6 +219,14 @@ def duration(seconds: float | None) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
+def eta_text(eta: tuple[float, bool] | None) -> str:
+    """`ETA 1h05m`, or `ETA ≥ 6h40m` while it rests on a phase not timed yet (`Tally.eta`)."""
+    if eta is None:
+        return f"ETA {duration(None)}"
+    seconds, exact = eta
+    return f"ETA {'' if exact else '≥ '}{duration(seconds)}"
+
+
 def params_text(params: Mapping[str, Scalar]) -> str:
     """A trial's parameters as `name=value` words."""
     return " ".join(f"{k}={v}" for k, v in params.items())
@@ -262,7 +259,7 @@ def status_line(
             expected += f": {tally.plan_text()}"
     elif phase == "teardown" and draining_s is not None:
         name = f"teardown: waiting for the server to drain (up to {draining_s:g} s),"
-    eta = tally.eta_text(trial_elapsed, remaining_s, phase=phase, phase_elapsed=phase_elapsed)
+    eta = eta_text(tally.eta(trial_elapsed, remaining_s, phase=phase, phase_elapsed=phase_elapsed))
     return (
         f"trial {k}/{tally.n_trials} (#{number}) {name} {duration(phase_elapsed)}"
         f" ({expected}) | best feasible {best} | OOMs {tally.ooms} | {eta}"

@@ -55,8 +55,8 @@ def test_tally_expected_times_and_eta() -> None:
     assert tally.done == 4 and tally.ooms == 1 and tally.best_capacity == 100
     assert tally.expected("startup") == 32.5
     # 6 trials left at a median 65 s each, 5 s into the current one
-    assert tally.eta(5.0, None) == 60.0 + 65.0 * 5
-    assert tally.eta(5.0, 100.0) == 100.0
+    assert tally.eta(5.0, None) == (60.0 + 65.0 * 5, True)
+    assert tally.eta(5.0, 100.0) == (100.0, True)
 
 
 def test_status_line_names_everything() -> None:
