@@ -181,6 +181,23 @@ class Verdict:
         return {"outcome": str(self.outcome), "cause": self.cause, "evidence": list(self.evidence)}
 
 
+REASON_CHARS = 160
+"""How much of the deciding log line a trial's one-line reason keeps (the whole line stays in the
+evidence)."""
+
+
+def reason_line(outcome: str, cause: str, evidence: Sequence[str]) -> str:
+    """The one-line reason a trial is stored with: the outcome, its cause and the start of the
+    deciding log line. A finished trial and a seed read from a past log (`record.seeds`) carry
+    the same line for the same verdict."""
+    text = outcome + (f" ({cause})" if cause else "")
+    if not evidence:
+        return text
+    first = evidence[0]
+    line = first if len(first) <= REASON_CHARS else first[:REASON_CHARS] + "…"
+    return f"{text}: {line}"
+
+
 @dataclass(frozen=True)
 class RunFacts:
     """What the harness knows besides the log. `stop_line` is the number of log lines written when

@@ -49,7 +49,7 @@ from autotune.errors import ConfigError
 from autotune.logparse.events import Kind
 from autotune.logparse.ledger import Ledger, build_ledger
 from autotune.logparse.lines import parse_lines
-from autotune.logparse.outcome import Outcome, classify
+from autotune.logparse.outcome import Outcome, classify, reason_line
 from autotune.logparse.serverargs import read_server_args
 from autotune.record import keys
 from autotune.record.stored import study_record
@@ -61,7 +61,6 @@ _ALIASES = {
     "data_parallel_size": "dp_size",
     "model": "model_path",
 }
-_REASON_CHARS = 240
 
 
 @dataclass(frozen=True)
@@ -163,9 +162,9 @@ def read_seed(path: Path, cfg: StudyConfig, *, index: int = 1) -> dict[str, Any]
     headroom = _float(rec.get("headroom_gib")) if rec and outcome == "ok" else None
     error_rate = _float(rec.get("error_rate")) if rec and outcome == "ok" else None
     violated = _violated(cfg, outcome, headroom, error_rate)
-    reason = (
-        "" if outcome == "ok" else _reason(str(verdict.outcome), verdict.cause, verdict.evidence)
-    )
+    reason = ""
+    if outcome != "ok":
+        reason = reason_line(str(verdict.outcome), verdict.cause, verdict.evidence)
     producer = f"the trial.json beside it says {backend}" if backend else "producer unknown"
     return {
         "index": index,
@@ -384,14 +383,6 @@ def _trial_record(log: Path) -> dict[str, Any] | None:
     if isinstance(logged, str) and Path(logged).name != log.name:
         return None
     return data
-
-
-def _reason(outcome: str, cause: str, evidence: Sequence[str]) -> str:
-    text = outcome + (f" ({cause})" if cause else "")
-    if not evidence:
-        return text
-    line = evidence[0]
-    return f"{text}: {line[:_REASON_CHARS]}"
 
 
 def _scalar(v: object) -> bool:

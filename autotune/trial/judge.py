@@ -31,7 +31,7 @@ from autotune.loadgen.metrics import Summary, refused
 from autotune.logparse.clamps import post_capture_asked
 from autotune.logparse.ledger import build_ledger
 from autotune.logparse.lines import parse_lines
-from autotune.logparse.outcome import Outcome
+from autotune.logparse.outcome import Outcome, reason_line
 from autotune.trial.clockwatch import MEASURED_PHASES, ClockWatch
 from autotune.trial.plan import TrialPlan
 from autotune.trial.seam import Load, Startup
@@ -39,7 +39,6 @@ from autotune.trial.trialfile import TrialRecord
 
 BY_OPERATOR = "stopped by the operator"
 """The reason of a trial the operator interrupted."""
-REASON_CHARS = 160
 REFUSED_SHARE = 0.5
 """More than this share of a workload's requests refused by a server that stayed up and logged
 no failure makes the trial `refused`: a server that fits its requests fails some under memory
@@ -144,7 +143,7 @@ def judge(
             base,
             state=state,
             outcome=startup.outcome,
-            reason=_reason(startup.outcome, startup.cause, startup.evidence),
+            reason=reason_line(startup.outcome, startup.cause, startup.evidence),
             capacity_tokens=capacity,
             evidence=startup.evidence,
         )
@@ -159,7 +158,7 @@ def judge(
         base,
         state="complete" if survived or Outcome.of(load.outcome).is_parameter_result else "fail",
         outcome="ok" if survived else load.outcome,
-        reason="" if survived else _reason(load.outcome, load.cause, load.evidence),
+        reason="" if survived else reason_line(load.outcome, load.cause, load.evidence),
         capacity_tokens=capacity,
         workload=dict(load.summary),
         throughput_tok_s=load.throughput_tok_s,
@@ -219,15 +218,6 @@ def _ledger_so_far(log_path: Path) -> dict[str, object]:
             return build_ledger(parse_lines(fh).events).to_dict()
     except OSError:
         return {}
-
-
-def _reason(outcome: str, cause: str, evidence: tuple[str, ...]) -> str:
-    """One line: the outcome, its cause and the start of the deciding log line."""
-    text = outcome + (f" ({cause})" if cause else "")
-    if not evidence:
-        return text
-    line = evidence[0] if len(evidence[0]) <= REASON_CHARS else evidence[0][:REASON_CHARS] + "…"
-    return f"{text}: {line}"
 
 
 def _int(v: object) -> int:

@@ -6,7 +6,7 @@ import pytest
 
 from autotune.logparse.events import Event
 from autotune.logparse.lines import parse_text
-from autotune.logparse.outcome import Outcome, RunFacts, classify
+from autotune.logparse.outcome import REASON_CHARS, Outcome, RunFacts, classify, reason_line
 
 READY = "[2026-02-24 12:00:00] The server is fired up and ready to roll!\n"
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0\n"
@@ -214,3 +214,12 @@ def test_new_oom_kinds_are_never_stop_noise() -> None:
     assert classify(events(text), facts).outcome is Outcome.RUNTIME_OOM
     crash = READY + MAIN + "Subprocess scheduler_0 (pid=1) crashed with exit code -9.\n"
     assert classify(events(crash), facts).outcome is Outcome.STOPPED
+
+
+def test_the_reason_line_keeps_the_start_of_the_deciding_line() -> None:
+    long = "torch.OutOfMemoryError: CUDA out of memory. " + "x" * 400
+    line = reason_line("runtime_oom", "torch_oom", (long, "another line"))
+    assert line.startswith("runtime_oom (torch_oom): torch.OutOfMemoryError")
+    assert line.endswith("…") and len(line) == len("runtime_oom (torch_oom): ") + REASON_CHARS + 1
+    assert reason_line("ok", "", ()) == "ok"
+    assert reason_line("hang", "stall:serving", ("short",)) == "hang (stall:serving): short"
