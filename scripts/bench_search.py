@@ -75,7 +75,7 @@ from autotune.record.stored import stored
 from autotune.record.view import views
 from autotune.review.soak import DEFAULT_SOAK_FACTOR
 from autotune.review.winner import choose
-from autotune.sim.profiles import Mismatch, list_profiles, load_profile
+from autotune.sim.profiles import Mismatch, ProfileError, list_profiles, load_profile
 from autotune.study.samplers import SAMPLER_FACTORIES, make_sampler
 from autotune.testing.night import BENCH_WORKLOAD, Hours, launch_hours, soak_hours
 from autotune.testing.oracle import (
@@ -691,7 +691,11 @@ def main(argv: list[str] | None = None) -> int:
         samplers.append(name)
     boxes: list[Box] = []
     for prof_name in profiles:
-        profile = load_profile(prof_name)
+        try:
+            profile = load_profile(prof_name)
+        except ProfileError as exc:
+            print(f"--profiles: {exc}", file=sys.stderr)
+            return 2
         bench = bench_for(profile, min_headroom_gib=args.min_headroom, mismatch=world)
         if chunks:
             space = (*bench.search.params, Choices("chunked_prefill_size", chunks))
