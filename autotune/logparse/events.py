@@ -181,7 +181,7 @@ STARTUP_KINDS = frozenset(
         Kind.STARTUP_TIMINGS,
     }
 )
-"""The lines of a server start that the memory ledger is read from (`logparse.ledger`): the
+"""The lines of a server start that the memory ledger is read from (`logparse.accounting`): the
 arguments, the per-rank accounting from distributed init to graph capture, the TP0 summary. A
 log with none of them began after the start (a rotated file, `journalctl --since`, an excerpt):
 its serving lines still read, its memory figures cannot."""

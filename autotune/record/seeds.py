@@ -2,7 +2,7 @@
 memory model learns from, kept once on the study, never as trials.
 
 A seed is what a finished trial would have stored had it run that start: the setting (from the
-log's `server_args=` line), the ledger (`logparse.ledger.build_ledger` over the last start, the
+log's `server_args=` line), the ledger (`logparse.accounting.build_ledger` over the last start, the
 parser that reads trial logs), the outcome the log alone decides (`logparse.outcome.classify`:
 a start that served or was stopped is `ok`, an OOM at startup or under load is itself) and the
 reason line. A log autotune wrote for a trial has its `trial.json` beside it; from that record
@@ -46,8 +46,9 @@ from autotune.config.studyfile import (
     StudyConfig,
 )
 from autotune.errors import ConfigError
+from autotune.logparse.accounting import build_ledger
 from autotune.logparse.events import Kind
-from autotune.logparse.ledger import Ledger, build_ledger
+from autotune.logparse.ledger import Ledger
 from autotune.logparse.lines import parse_lines
 from autotune.logparse.outcome import Outcome, classify, reason_line
 from autotune.logparse.serverargs import read_server_args

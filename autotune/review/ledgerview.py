@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import UsageError
+from autotune.logparse.accounting import build_ledger
 from autotune.logparse.clamps import Clamps
 from autotune.logparse.events import STARTUP_KINDS, Kind, ParsedLog
-from autotune.logparse.ledger import Ledger, build_ledger
+from autotune.logparse.ledger import Ledger
 from autotune.logparse.lines import parse_lines
 from autotune.logparse.outcome import Verdict, classify
 from autotune.logparse.serving import ServingSummary, summarize

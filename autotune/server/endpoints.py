@@ -9,8 +9,8 @@ The routes and what autotune reads of each (reference §5; SGLang 0.5.23
 * `/health_generate` (readiness, after `/generate`): 200;
 * `/generate` (readiness and the `generate` API): a JSON object with `text` and `meta_info`;
 * `/server_info`, else the deprecated `/get_server_info`: a JSON object whose `internal_states`
-  list carries `memory_usage` (the ledger's cross-check, `logparse.ledger.ledger_from_server_info`)
-  and `version`;
+  list carries `memory_usage` (the ledger's cross-check,
+  `logparse.serverinfo.ledger_from_server_info`) and `version`;
 * `/flush_cache` (the growth reading, `server.health.flush_cache`): 200 on an idle server.
 """
 

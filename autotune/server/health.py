@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.logparse.ledger import graph_usage
+from autotune.logparse.serverinfo import graph_usage
 from autotune.masking import masked_fields
 
 
@@ -143,7 +143,7 @@ def memory_usage(info: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Each DP rank's `internal_states[i].memory_usage`, with `graph` always GiB per phase:
     0.5.18+ reports a dict (`prefill`, `decode`, `target_verify`, `draft_prefill`,
     `draft_decode`, `draft_extend`), 0.5.9 one number (its decode graphs), read as
-    `{"decode": x}` (`logparse.ledger.graph_usage`)."""
+    `{"decode": x}` (`logparse.serverinfo.graph_usage`)."""
     states = info.get("internal_states")
     out: list[dict[str, Any]] = []
     for state in states if isinstance(states, list) else []:

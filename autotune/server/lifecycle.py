@@ -54,10 +54,12 @@ from typing import Any
 
 from autotune import masking as scrub
 from autotune.errors import HarnessError
+from autotune.logparse.accounting import build_ledger
 from autotune.logparse.events import Batch, Event, Kind
-from autotune.logparse.ledger import Ledger, build_ledger, cross_check, ledger_from_server_info
+from autotune.logparse.ledger import Ledger
 from autotune.logparse.outcome import Outcome, RunFacts, Verdict, classify
 from autotune.logparse.phase import Phase
+from autotune.logparse.serverinfo import cross_check, ledger_from_server_info
 from autotune.logparse.serving import ServingSummary, summarize
 from autotune.server import deaths, pidfile, preflight, procs
 from autotune.server.gpu import GpuMemory, GpuProbe

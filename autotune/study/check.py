@@ -8,7 +8,7 @@ each:
 
 * the SGLang version and the log format its lines follow (`logparse.semantics`);
 * every ledger field the search and the memory arithmetic read (`SEARCH_FIELDS`), on every rank
-  for the lines each rank prints (`logparse.ledger.rank_ledgers`);
+  for the lines each rank prints (`logparse.accounting.rank_ledgers`);
 * every HTTP route autotune uses answering with the shape autotune reads
   (`server.endpoints.check_endpoints`), and the workload's API under the short load;
 * GPU memory before the launch, after startup and after the teardown, and how long the release
@@ -38,7 +38,8 @@ from autotune.config.space import distributions, point_key, settings_for
 from autotune.config.studyfile import HICACHE, Fixed, StudyConfig
 from autotune.config.workload import LengthDist, Phase, Poisson, Steady, Stress, WorkloadSpec
 from autotune.errors import AutotuneError, UsageError
-from autotune.logparse.ledger import Ledger, rank_ledgers
+from autotune.logparse.accounting import rank_ledgers
+from autotune.logparse.ledger import Ledger
 from autotune.logparse.lines import parse_lines
 from autotune.logparse.outcome import Outcome
 from autotune.record import internals, keys

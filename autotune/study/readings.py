@@ -15,7 +15,8 @@ from pathlib import Path
 
 from autotune.config.studyfile import StudyConfig
 from autotune.config.workload import Poisson, Steady, WorkloadSpec
-from autotune.logparse.ledger import RANK_FIELDS, Ledger
+from autotune.logparse.accounting import RANK_FIELDS
+from autotune.logparse.ledger import Ledger
 from autotune.logparse.outcome import Outcome
 from autotune.memory.arithmetic import free_after_capture_gib
 from autotune.record.stored import CheckTimings

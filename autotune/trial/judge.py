@@ -28,8 +28,8 @@ from pathlib import Path
 from autotune import __version__
 from autotune.config.space import address_flags
 from autotune.loadgen.metrics import Summary, refused
+from autotune.logparse.accounting import build_ledger
 from autotune.logparse.clamps import post_capture_asked
-from autotune.logparse.ledger import build_ledger
 from autotune.logparse.lines import parse_lines
 from autotune.logparse.outcome import Outcome, reason_line
 from autotune.trial.clockwatch import MEASURED_PHASES, ClockWatch

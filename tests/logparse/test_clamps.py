@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from autotune.logparse.accounting import build_ledger
 from autotune.logparse.clamps import Clamps, post_capture_asked
 from autotune.logparse.formats import RULES
-from autotune.logparse.ledger import Ledger, build_ledger
+from autotune.logparse.ledger import Ledger
 from autotune.logparse.lines import parse_lines
 
 T = "[2026-11-20 14:09:01]"

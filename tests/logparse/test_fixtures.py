@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from autotune.logparse.ledger import build_ledger
+from autotune.logparse.accounting import build_ledger
 from autotune.logparse.lines import parse_text
 from autotune.logparse.outcome import Outcome, RunFacts, classify
 

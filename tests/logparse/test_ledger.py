@@ -5,14 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from autotune.logparse.ledger import (
-    Ledger,
-    build_ledger,
-    cross_check,
-    graph_usage,
-    ledger_from_server_info,
-)
+from autotune.logparse.accounting import build_ledger
+from autotune.logparse.ledger import Ledger
 from autotune.logparse.lines import parse_text
+from autotune.logparse.serverinfo import cross_check, graph_usage, ledger_from_server_info
 
 SERVER_INFO = {
     "model_path": "/models/Kimi-K2.5",

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from autotune.logparse.accounting import build_ledger
 from autotune.logparse.events import Batch, Event, Kind
-from autotune.logparse.ledger import build_ledger
 from autotune.logparse.lines import parse_line, parse_text
 from autotune.logparse.prefix import split_prefix
 from autotune.review.ledgerview import (

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
+from autotune.logparse.accounting import build_ledger
 from autotune.logparse.events import FAILURE_KINDS, Batch, Event, Kind
 from autotune.logparse.formats import RULES, Rule, Source
-from autotune.logparse.ledger import build_ledger
 from autotune.logparse.lines import parse_line, parse_text
 from autotune.logparse.outcome import Outcome, RunFacts, classify
 from autotune.logparse.serving import summarize

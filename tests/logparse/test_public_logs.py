@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from autotune.logparse.accounting import build_ledger
 from autotune.logparse.events import Event, Kind
-from autotune.logparse.ledger import build_ledger
 from autotune.logparse.lines import parse_line, parse_text
 from autotune.logparse.outcome import Outcome, classify
 from autotune.logparse.prefix import split_prefix

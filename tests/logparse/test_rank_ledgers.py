@@ -1,11 +1,11 @@
-"""Each rank's ledger apart (`logparse.ledger.rank_ledgers`): a rank whose line is missing shows
+"""Each rank's ledger apart (`logparse.accounting.rank_ledgers`): a rank whose line is missing shows
 the field as not shown, while the merged ledger takes it from the ranks that printed it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from autotune.logparse.ledger import RANK_FIELDS, build_ledger, rank_ledgers
+from autotune.logparse.accounting import RANK_FIELDS, build_ledger, rank_ledgers
 from autotune.logparse.lines import parse_text
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "logs"

@@ -1,7 +1,8 @@
 """The memory model recovers a box's arithmetic from a few ledgers, never reading the profile.
 
 Ledgers come from the simulator's pure model at the log's two-decimal precision (what
-`autotune.logparse.ledger` reads from a real log); the fit sees only those and the launch settings.
+`autotune.logparse.accounting` reads from a real log); the fit sees only those and the launch
+settings.
 """
 
 from __future__ import annotations

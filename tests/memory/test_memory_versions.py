@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.logparse.ledger import Ledger, build_ledger
+from autotune.logparse.accounting import build_ledger
+from autotune.logparse.ledger import Ledger
 from autotune.logparse.lines import parse_text
 from autotune.memory.arithmetic import arithmetic, sizing_cell
 from autotune.memory.fit import fit

@@ -9,7 +9,7 @@ import dataclasses
 import signal
 from pathlib import Path
 
-from autotune.logparse.ledger import build_ledger
+from autotune.logparse.accounting import build_ledger
 from autotune.logparse.lines import parse_text
 from autotune.sim.flags import ServerSettings, parse_command_line
 from autotune.sim.memplan import plan_startup

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from autotune.logparse.accounting import build_ledger
 from autotune.logparse.clamps import Clamps
-from autotune.logparse.ledger import build_ledger
 from autotune.logparse.lines import parse_lines
 from autotune.sim.flags import ServerSettings
 from autotune.sim.memplan import StartupPlan, plan_startup
