@@ -5,10 +5,11 @@ It imports nothing from the rest of autotune and speaks one of several SGLang re
 and their rules, as data), `flagspec` and `flagtable_*` (each release's parser as data, written
 by `flagdump` from SGLang's own), `flags` (the parser built from them), `profiles`
 (hardware/model profiles), `sizing` (SGLang's per-quantity startup formulas), `memplan` (the
-startup memory plan in the release's order), `runtime` (forward peaks, the OOM rule, step
-times), all three importable without HTTP, `serverargs` (the ServerArgs the server reports),
-`prefixcache`, `tokens`, `loglines` and `tracebacks` (each release's line formats and crash
-stacks). The process side: `server` and `startup` (lifecycle), `scheduler` (continuous batching
-in real time), `httpapi` and `metrics` (SGLang's HTTP API), `logwriter` (the log streams),
-`gpustate` (simulated GPU memory readable from outside), `faults`.
+startup memory plan in the release's order), `startupplan` (the plan it returns, as data),
+`runtime` (forward peaks, the OOM rule, step times), all four importable without HTTP,
+`serverargs` (the ServerArgs the server reports), `prefixcache`, `tokens`, `loglines` and
+`tracebacks` (each release's line formats and crash stacks). The process side: `server` and
+`startup` (lifecycle), `scheduler` (continuous batching in real time), `httpapi` and `metrics`
+(SGLang's HTTP API), `logwriter` (the log streams), `gpustate` (simulated GPU memory readable
+from outside), `faults`.
 """

@@ -27,10 +27,10 @@ from aiohttp import web
 from autotune.sim import tokens
 from autotune.sim.flags import NEWER_SETTINGS, ServerSettings
 from autotune.sim.logwriter import LogWriter
-from autotune.sim.memplan import StartupPlan
 from autotune.sim.metrics import render_metrics
 from autotune.sim.profiles import Profile
 from autotune.sim.scheduler import Request, Scheduler
+from autotune.sim.startupplan import StartupPlan
 from autotune.sim.versions import DEFAULT, SglangVersion
 
 HEALTH_CHECK_TIMEOUT_S = 20.0

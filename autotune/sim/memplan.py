@@ -15,10 +15,10 @@ of the headroom. The releases differ in order:
   extend graphs; with SGLANG_ENABLE_POST_CAPTURE_KV_SIZING (MHA only) the pool is reserved as
   address space and sized after capture, keeping P·(1 − f) free.
 
-It owns the order and the failures (`StartupPlan`, `StartupFailure`, the first stage that does
-not fit); the per-quantity formulas it applies are `sizing`'s, and what the planned server's
-forwards cost while it serves is `runtime`'s. All GPU figures are GiB (SGLang's "GB");
-host-cache figures are decimal GB as SGLang prints them.
+It owns the order and the failures (the first stage that does not fit); the plan it returns
+(`StartupPlan`, `StartupFailure`) is `startupplan`'s record, the per-quantity formulas it applies
+are `sizing`'s, and what the planned server's forwards cost while it serves is `runtime`'s. All
+GPU figures are GiB (SGLang's "GB"); host-cache figures are decimal GB as SGLang prints them.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ from autotune.sim.sizing import (
     prefill_graph_memory_gib,
     resolve_release,
 )
-from autotune.sim.versions import SglangVersion, get_version
+from autotune.sim.startupplan import StartupFailure, StartupPlan
+from autotune.sim.versions import SglangVersion
 
 HOST_RESERVE_BYTES = 10 * GiB
 SPEC_DEFAULT_MAX_RUNNING = 48
@@ -59,136 +60,6 @@ HICACHE_AUTO_SLACK = 0.05
 POST_CAPTURE_ENV = "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING"
 IMBALANCE_ENV = "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK"
 FOLDED_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
-GRAPH_PHASES = (
-    "prefill",
-    "decode",
-    "target_verify",
-    "draft_prefill",
-    "draft_decode",
-    "draft_extend",
-)
-"""SGLang 0.5.23's CUDA-graph memory phases (`model_executor/graph_memory_usage.py`), in its
-order: the keys of `StartupPlan.graph_phases` and of the capture times the server reports."""
-
-
-@dataclass(frozen=True)
-class StartupFailure:
-    """Why startup fails and where: `kind` is stable, `stage` names the phase that fails."""
-
-    kind: str  # weights_oom | kv_budget | kv_pool | alloc_oom | graph_capture_oom | host_memory |
-    # host_oom_killer | hicache_too_small | pool_too_small | context_too_long | bad_tp |
-    # tp_imbalance
-    stage: str  # init | weights | kv | workspace | prefill_graphs | graphs | draft_weights |
-    # draft_kv | draft_graphs | post_capture | hicache
-    message: str
-    tried_gib: float = 0.0
-    free_gib: float = 0.0
-    rank: int = 0
-
-
-@dataclass(frozen=True)
-class StartupPlan:
-    """Every size SGLang computes at startup (per GPU, the minimum rank), up to any failure."""
-
-    tp: int
-    gpu_total_gib: float
-    p_gib: float
-    p_per_rank: tuple[float, ...]
-    init_mem_usage_gib: float
-    mem_fraction_static: float
-    mem_fraction_auto: bool
-    weights_gib: float
-    chunked_prefill_size: int
-    max_prefill_tokens: int
-    cuda_graph_max_bs: int
-    context_len: int
-    page_size: int
-    kv_dtype: str
-    cell_bytes: int
-    spec: bool
-    version: str = "0.5.9"
-    sizing_cell_bytes: int = 0
-    """Bytes per token the pool is sized with: the cell plus the draft fold (0.5.23)."""
-    post_capture: bool = False
-    prefill_capture_tokens: tuple[int, ...] = ()
-    avail_after_weights_gib: float | None = None
-    profiled_tokens: int | None = None
-    max_total_num_tokens: int | None = None
-    max_total_tokens_capped: bool = False
-    max_num_reqs: int | None = None
-    req_to_token_gib: float | None = None
-    kv_gib: float | None = None
-    k_gib: float | None = None
-    v_gib: float | None = None
-    avail_after_pool_gib: float | None = None
-    workspace_gib: float = 0.0
-    capture_bs: tuple[int, ...] = ()
-    avail_before_graphs_gib: float | None = None
-    prefill_graph_gib: float | None = None
-    avail_before_decode_graphs_gib: float | None = None
-    graph_gib: float | None = None
-    avail_after_graphs_gib: float | None = None
-    draft_weights_gib: float | None = None
-    avail_after_draft_weights_gib: float | None = None
-    draft_cell_bytes: int = 0
-    draft_kv_gib: float | None = None
-    draft_k_gib: float | None = None
-    draft_v_gib: float | None = None
-    avail_after_draft_pool_gib: float | None = None
-    draft_capture_bs: tuple[int, ...] = ()
-    draft_graph_gib: float | None = None
-    draft_prefill_graph_gib: float | None = None
-    draft_decode_graph_gib: float | None = None
-    draft_extend_graph_gib: float | None = None
-    post_capture_tokens: int | None = None
-    post_capture_kv_gib: float | None = None
-    avail_after_post_capture_gib: float | None = None
-    avail_final_gib: float | None = None
-    max_running_requests: int | None = None
-    max_req_input_len: int | None = None
-    host_cache_tokens: int | None = None
-    host_cache_gb: float | None = None
-    host_cache_per_token_bytes: int = 0
-    host_budget_gb: float | None = None
-    host_auto_ratio: tuple[float, float] | None = None
-    """(requested, chosen) ratio when HiCache auto-sizing picked it (0.5.23)."""
-    host_headroom_gib: tuple[float, float] | None = None
-    """(host available, cgroup headroom) GiB when 0.5.23 read a cgroup limit (the profile's
-    `cgroup_memory_max_gib`): its `HiCache memory headroom` line."""
-    host_draft_tokens: int | None = None
-    host_draft_gb: float | None = None
-    spec_steps: int = 0
-    spec_topk: int = 0
-    spec_draft_tokens: int = 0
-    failure: StartupFailure | None = None
-    warnings: tuple[str, ...] = field(default=())
-    notes: tuple[tuple[str, str], ...] = field(default=())
-    """(stage, warning) lines SGLang prints along the way (the stage says where)."""
-
-    @property
-    def ok(self) -> bool:
-        """Whether every stage fitted: the server comes up."""
-        return self.failure is None
-
-    @property
-    def release(self) -> SglangVersion:
-        """The simulated release the plan was made for, whose rules its sizes follow."""
-        return get_version(self.version)
-
-    def notes_at(self, stage: str) -> tuple[str, ...]:
-        """The lines SGLang prints at `stage` (`init`, `kv`, …), in order."""
-        return tuple(text for where, text in self.notes if where == stage)
-
-    def graph_phases(self) -> dict[str, float]:
-        """GiB of CUDA-graph memory by SGLang 0.5.23's phase names (target + draft)."""
-        verify = "target_verify" if self.spec else "decode"
-        phases = dict.fromkeys(GRAPH_PHASES, 0.0)
-        phases["prefill"] = self.prefill_graph_gib or 0.0
-        phases[verify] = self.graph_gib or 0.0
-        phases["draft_prefill"] = self.draft_prefill_graph_gib or 0.0
-        phases["draft_decode"] = self.draft_decode_graph_gib or 0.0
-        phases["draft_extend"] = self.draft_extend_graph_gib or 0.0
-        return phases
 
 
 def env_flag(env: Mapping[str, str], name: str, default: bool) -> bool:

@@ -16,8 +16,9 @@ import random
 from dataclasses import dataclass
 
 from autotune.sim.flags import ServerSettings
-from autotune.sim.memplan import StartupPlan, plan_startup
+from autotune.sim.memplan import plan_startup
 from autotune.sim.profiles import Profile
+from autotune.sim.startupplan import StartupPlan
 from autotune.sim.versions import SglangVersion
 
 CLIP_MAX_NEW_TOKENS = 4096

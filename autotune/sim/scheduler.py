@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from autotune.sim import tokens
 from autotune.sim.loglines import DecodeBatch, Lines, PrefillBatch, fmt_retract
 from autotune.sim.logwriter import LogWriter
-from autotune.sim.memplan import StartupPlan
 from autotune.sim.prefixcache import Match, PrefixCache
 from autotune.sim.profiles import Profile
 from autotune.sim.runtime import (
@@ -35,6 +34,7 @@ from autotune.sim.runtime import (
     prefill_time_s,
     transient_peak_gib,
 )
+from autotune.sim.startupplan import StartupPlan
 
 RETRACT_DECODE_STEPS = 20
 NEW_TOKEN_RATIO_DECAY_STEPS = 600

@@ -39,12 +39,12 @@ from autotune.sim.loglines import (
     lines_for,
 )
 from autotune.sim.logwriter import LogWriter
-from autotune.sim.memplan import StartupPlan
 from autotune.sim.profiles import Profile
 from autotune.sim.scheduler import Request, Scheduler
 from autotune.sim.serverargs import resolved_args
 from autotune.sim.sizing import GiB
 from autotune.sim.startup import StartupSequence
+from autotune.sim.startupplan import StartupPlan
 from autotune.sim.tokens import encode
 from autotune.sim.tree import STAMP, ProcessTree, RankMemory
 from autotune.sim.versions import get_version

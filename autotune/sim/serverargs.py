@@ -12,8 +12,8 @@ from __future__ import annotations
 import random
 
 from autotune.sim.flags import NEWER_SETTINGS, ServerSettings
-from autotune.sim.memplan import StartupPlan
 from autotune.sim.sizing import capture_batch_sizes
+from autotune.sim.startupplan import StartupPlan
 from autotune.sim.versions import SglangVersion
 
 

@@ -50,16 +50,11 @@ from autotune.sim.loglines import (
     fmt_post_capture,
 )
 from autotune.sim.logwriter import LogWriter
-from autotune.sim.memplan import (
-    GRAPH_PHASES,
-    StartupFailure,
-    StartupPlan,
-    plan_startup,
-    unbalanced_ranks,
-)
+from autotune.sim.memplan import plan_startup, unbalanced_ranks
 from autotune.sim.profiles import Profile
 from autotune.sim.serverargs import args_repr, resolved_args
 from autotune.sim.sizing import GiB
+from autotune.sim.startupplan import GRAPH_PHASES, StartupFailure, StartupPlan
 from autotune.sim.tree import ACK_TIMEOUT_S, ProcessTree, RankMemory
 from autotune.sim.versions import SglangVersion
 

@@ -50,9 +50,9 @@ from autotune.config.workload import (
 from autotune.loadgen.driver import ABORT_SETTLE_S, ServerFacts, stress_plan
 from autotune.loadgen.earlyend import min_requests
 from autotune.review.confirm import soak
-from autotune.sim.memplan import StartupPlan
 from autotune.sim.profiles import Profile
 from autotune.sim.runtime import accept_length, decode_time_s, prefill_time_s
+from autotune.sim.startupplan import StartupPlan
 
 SETTLE_WAVES = 2.0
 """Request times at full batch until a closed loop's throughput is steady: the first wave of

@@ -39,10 +39,11 @@ from autotune.config.workload import WorkloadSpec
 from autotune.logparse.ledger import Ledger
 from autotune.record import keys
 from autotune.sim.flags import ServerSettings
-from autotune.sim.memplan import StartupPlan, plan_startup
+from autotune.sim.memplan import plan_startup
 from autotune.sim.profiles import Mismatch, Profile
 from autotune.sim.runtime import decode_throughput, forward_cdf, growth_gib, transient_peak_gib
 from autotune.sim.sizing import auto_mem_fraction, gpu_class_defaults
+from autotune.sim.startupplan import StartupPlan
 from autotune.study.loop import tell
 from autotune.study.objectives import constraint_values
 from autotune.trial.record import Measured, Result

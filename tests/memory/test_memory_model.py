@@ -14,8 +14,9 @@ import pytest
 from autotune.logparse.ledger import Ledger
 from autotune.memory.fit import fit
 from autotune.memory.model import Estimate, Observation, Setting
-from autotune.sim.memplan import StartupPlan, plan_startup
+from autotune.sim.memplan import plan_startup
 from autotune.sim.profiles import load_profile
+from autotune.sim.startupplan import StartupPlan
 from autotune.testing.oracle import Bench, bench_for, ledger_of, server_settings
 
 KIMI = bench_for(load_profile("kimi-k2.5-tp8-96g"))

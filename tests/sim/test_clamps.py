@@ -10,8 +10,9 @@ from autotune.logparse.accounting import build_ledger
 from autotune.logparse.clamps import Clamps
 from autotune.logparse.lines import parse_lines
 from autotune.sim.flags import ServerSettings
-from autotune.sim.memplan import StartupPlan, plan_startup
+from autotune.sim.memplan import plan_startup
 from autotune.sim.profiles import load_profile
+from autotune.sim.startupplan import StartupPlan
 from tests.sim.conftest import SMALL, Launcher
 
 
