@@ -9,7 +9,7 @@ startup memory plan in the release's order), `startupplan` (the plan it returns,
 `runtime` (forward peaks, the OOM rule, step times), all four importable without HTTP,
 `serverargs` (the ServerArgs the server reports), `prefixcache`, `tokens`, `loglines` and
 `tracebacks` (each release's line formats and crash stacks). The process side: `server` and
-`startup` (lifecycle), `scheduler` (continuous batching in real time), `httpapi` and `metrics`
-(SGLang's HTTP API), `logwriter` (the log streams), `gpustate` (simulated GPU memory readable
-from outside), `faults`.
+`startup` (lifecycle), `deaths` (how the process tree ends), `scheduler` (continuous batching
+in real time), `httpapi` and `metrics` (SGLang's HTTP API), `logwriter` (the log streams),
+`gpustate` (simulated GPU memory readable from outside), `faults`.
 """

@@ -1,10 +1,11 @@
 """One simulated SGLang server: the main process's GPU state, startup, serving, signals and death,
 over a tree of real child processes (`tree`: one scheduler per TP rank and a detokenizer).
 
-The startup stages live in `StartupSequence`; this module runs them, then the HTTP server and
-the scheduler. Once uvicorn's lines are out, SIGTERM stops the server like uvicorn (exit 0) until
-the first request (warm-up included); after it, like SGLang's TokenizerManager: drain, then
-0.5.9 SIGKILLs itself (rc −9) while 0.5.23 shuts the schedulers down, stops uvicorn and exits 0.
+The startup stages live in `StartupSequence`, the ways the tree dies in `deaths.ServerDeaths`;
+this module runs them, then the HTTP server and the scheduler. Once uvicorn's lines are out,
+SIGTERM stops the server like uvicorn (exit 0) until the first request (warm-up included); after
+it, like SGLang's TokenizerManager: drain, then 0.5.9 SIGKILLs itself (rc −9) while 0.5.23
+shuts the schedulers down, stops uvicorn and exits 0.
 A runtime OOM makes every scheduler process print its exception and SIGQUIT the main process,
 whose handler logs its SIGQUIT line, SIGKILLs the children and then itself, as SGLang's
 kill_process_tree does. A scheduler process that dies after startup (the `oom-kill` and
