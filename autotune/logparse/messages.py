@@ -354,10 +354,14 @@ def _pool_below_context(message: str, ctx: Ctx) -> Event:
 
 def _cap_ignored(message: str, ctx: Ctx) -> Event:
     """`max_total_tokens=R is larger than the profiled value P. Use the profiled value
-    instead.`; P is negative when the weights left less than the reserve (0.4.x then raises
-    `Not enough memory`)."""
+    instead.`; P at or below zero means the weights left less than the reserve: no KV pool
+    fits, and SGLang's next statement raises `Not enough memory` (0.4.x `ModelRunner.
+    init_memory_pool`), so the line is read as that failure (a log cut before the raise keeps
+    its proof)."""
     m = _CAP_IGNORED.search(message)
     values = {"requested": float(m.group(1)), "profiled": float(m.group(2))} if m else {}
+    if values and values["profiled"] <= 0:
+        return Event(Kind.NO_KV_ROOM, *ctx, values)
     return Event(Kind.KV_CAP_IGNORED, *ctx, values)
 
 

@@ -562,3 +562,18 @@ def test_an_exit_0_during_startup_stays_a_startup_error() -> None:
     log = parse_text(MAIN + "Load weight begin. avail mem=90.00 GB\n")
     verdict = classify(log.events, RunFacts(exited=True, exit_code=0), log.batches)
     assert (verdict.outcome, verdict.cause) == (Outcome.STARTUP_ERROR, "exited_during_startup")
+
+
+def test_a_profiled_pool_at_or_below_zero_is_no_room_for_the_kv_pool() -> None:
+    """0.4.x prints the cap warning with the profiled pool, then raises `Not enough memory` when
+    it is not above zero: a log cut between the two still shows the weights left no room."""
+    start = TP0 + "Load weight end. type=DeepseekV3ForCausalLM, avail mem=21.73 GB\n"
+    line = TP0 + "max_total_tokens=131072 is larger than the profiled value -561981. Use the "
+    line += "profiled value instead."
+    assert event(line).kind is Kind.NO_KV_ROOM
+    verdict = classify(parse_text(start + line + "\n").events)
+    assert (verdict.outcome, verdict.cause) == (Outcome.STARTUP_OOM, "no_kv_room")
+    assert verdict.evidence[0] == line.strip()
+    capped = line.replace("-561981", "96000")
+    assert event(capped).kind is Kind.KV_CAP_IGNORED
+    assert classify(parse_text(start + capped + "\n").events).outcome is Outcome.UNKNOWN
