@@ -59,15 +59,9 @@ from pathlib import Path
 
 import optuna
 
+from autotune.config.schema import FRACTION, Choices, SamplerConfig, Scalar, StudyConfig
 from autotune.config.space import grid, settings_for
-from autotune.config.studyfile import (
-    FRACTION,
-    Choices,
-    SamplerConfig,
-    Scalar,
-    StudyConfig,
-    read_study,
-)
+from autotune.config.studyfile import read_study
 from autotune.config.workload import EarlyEnd
 from autotune.errors import UsageError
 from autotune.record import internals

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autotune.bootstrap import tomltext
-from autotune.config.studyfile import FlagValue
+from autotune.config.schema import FlagValue
 from autotune.server import flagcheck, flagprobe
 
 OWNED = frozenset({"host", "port", "api_key", "admin_api_key"})

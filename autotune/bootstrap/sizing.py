@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from autotune.config.studyfile import Scalar
+from autotune.config.schema import Scalar
 from autotune.logparse.ledger import Ledger
 from autotune.logparse.semantics import rules
 from autotune.memory.arithmetic import (

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune.config.command import own_network, program_end
+from autotune.config.schema import FlagValue, Scalar
 from autotune.config.space import render
-from autotune.config.studyfile import FlagValue, Scalar
 from autotune.errors import UsageError
 
 _ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)

@@ -34,16 +34,9 @@ from autotune.bootstrap.sizing import (
 )
 from autotune.bootstrap.sources import Launch, launch_from_command, launch_from_unit
 from autotune.bootstrap.traffic import lengths, sketch
+from autotune.config.schema import FlagValue, StudyConfig, param_name
 from autotune.config.space import flag_tokens
-from autotune.config.studyfile import (
-    FlagValue,
-    StudyConfig,
-    check_study_name,
-    load_study,
-    nodes_refusal,
-    param_name,
-    read_study,
-)
+from autotune.config.studyfile import check_study_name, load_study, nodes_refusal, read_study
 from autotune.errors import AutotuneError, ConfigError, HarnessError, UsageError
 from autotune.logparse.outcome import Outcome
 from autotune.memory.arithmetic import Arithmetic, arithmetic, free_after_capture_gib

@@ -7,7 +7,7 @@ import re
 import textwrap
 from collections.abc import Iterable
 
-from autotune.config.studyfile import FlagValue
+from autotune.config.schema import FlagValue
 
 WIDTH = 99
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")

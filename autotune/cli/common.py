@@ -14,14 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from autotune.config.studyfile import (
-    BACKENDS,
-    SAMPLERS,
-    SHIPPED_STUDIES,
-    StudyConfig,
-    find_study_file,
-    load_study,
-)
+from autotune.config.schema import BACKENDS, SAMPLERS, StudyConfig
+from autotune.config.studyfile import SHIPPED_STUDIES, find_study_file, load_study
 from autotune.errors import UsageError
 from autotune.review.source import Review, Source, open_source, review_of
 from autotune.review.winner import DEFAULT_TOLERANCE, Margin, parse_margin, parse_tolerance

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from autotune.cli import common
-from autotune.config.studyfile import StudyConfig
+from autotune.config.schema import StudyConfig
 from autotune.errors import UsageError
 from autotune.review.export import launch_argv
 from autotune.review.source import Review

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from autotune.cli import common
-from autotune.config.studyfile import SAMPLERS
+from autotune.config.schema import SAMPLERS
 from autotune.errors import UsageError
 from autotune.server.hostcheck import check_host
 from autotune.study.runner import run

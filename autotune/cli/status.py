@@ -10,7 +10,7 @@ from pathlib import Path
 import optuna
 
 from autotune.cli.common import add_study_command, resolve_config, storage_url, study_dir
-from autotune.config.studyfile import StudyConfig
+from autotune.config.schema import StudyConfig
 from autotune.errors import UsageError
 from autotune.masking import redact
 from autotune.record.stored import study_record

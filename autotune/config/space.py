@@ -33,7 +33,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from autotune.config.studyfile import (
+from autotune.config.schema import (
     FRACTION,
     HICACHE,
     Choices,

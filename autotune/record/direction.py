@@ -30,7 +30,7 @@ import re
 from collections.abc import Collection
 from enum import StrEnum
 
-from autotune.config.studyfile import Constraint
+from autotune.config.schema import Constraint
 from autotune.logparse.ledger import Ledger
 from autotune.logparse.outcome import Outcome
 from autotune.memory.arithmetic import lowest_fraction

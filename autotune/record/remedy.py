@@ -10,7 +10,7 @@ docs/sglang-memory.md.
 
 from __future__ import annotations
 
-from autotune.config.studyfile import Constraint
+from autotune.config.schema import Constraint
 from autotune.logparse.outcome import Outcome
 from autotune.record.view import TrialView
 

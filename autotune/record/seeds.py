@@ -33,8 +33,7 @@ from typing import Any
 import optuna
 from optuna.distributions import BaseDistribution, distribution_to_json, json_to_distribution
 
-from autotune.config.space import point_key, same_value
-from autotune.config.studyfile import (
+from autotune.config.schema import (
     HICACHE,
     Choices,
     Fixed,
@@ -45,6 +44,7 @@ from autotune.config.studyfile import (
     Scalar,
     StudyConfig,
 )
+from autotune.config.space import point_key, same_value
 from autotune.errors import ConfigError
 from autotune.logparse.accounting import build_ledger
 from autotune.logparse.events import Kind

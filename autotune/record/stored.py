@@ -26,7 +26,7 @@ import optuna
 from optuna.distributions import distribution_to_json
 from optuna.trial import FrozenTrial
 
-from autotune.config.studyfile import Constraint, Scalar
+from autotune.config.schema import Constraint, Scalar
 from autotune.logparse.ledger import Ledger
 from autotune.record import internals, keys
 

@@ -33,7 +33,7 @@ from datetime import datetime
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config.studyfile import CHUNK, FRACTION, REQUESTS, Scalar
+from autotune.config.schema import CHUNK, FRACTION, REQUESTS, Scalar
 from autotune.logparse.clamps import Clamps
 from autotune.logparse.ledger import Ledger
 from autotune.logparse.outcome import Outcome

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.config.studyfile import FRACTION
+from autotune.config.schema import FRACTION
 from autotune.memory.arithmetic import Ceiling, ReserveNeeds, ceiling, reserve_gib
 from autotune.record.view import TrialView
 from autotune.review import figures as fig

@@ -17,8 +17,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from autotune.config.schema import StudyConfig
 from autotune.config.space import fraction_step
-from autotune.config.studyfile import StudyConfig
 from autotune.config.workload import Poisson, Steady, Stress, Warmup, WorkloadSpec
 from autotune.review.soak import DEFAULT_SOAK_FACTOR, soak_plan
 from autotune.search.estimate import launch_estimate

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import optuna
 
+from autotune.config.schema import Scalar, StudyConfig
 from autotune.config.space import settings_of
-from autotune.config.studyfile import Scalar, StudyConfig
 from autotune.config.workload import EarlyEnd, Poisson, Steady, Stress
 from autotune.errors import HarnessError
 from autotune.logparse.ledger import Ledger

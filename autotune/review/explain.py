@@ -15,8 +15,8 @@ import dataclasses
 import statistics
 from collections.abc import Sequence
 
+from autotune.config.schema import FRACTION
 from autotune.config.space import PointKey, point_key, same_value, snap
-from autotune.config.studyfile import FRACTION
 from autotune.memory.arithmetic import Arithmetic, AtFraction
 from autotune.record.remedy import remedy
 from autotune.record.view import TrialView

@@ -39,13 +39,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from autotune.config.schema import REQUESTS, Scalar, StudyConfig, flag_of
 from autotune.config.space import (
     base_command,
     params_from_flags,
     server_argv,
     settings_of,
 )
-from autotune.config.studyfile import REQUESTS, Scalar, StudyConfig, flag_of, is_env_name
+from autotune.config.studyfile import is_env_name
 from autotune.errors import UsageError
 from autotune.record.view import TrialView
 from autotune.review import ceiling

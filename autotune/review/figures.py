@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from autotune.config.schema import FRACTION, Scalar
 from autotune.config.space import same_value
-from autotune.config.studyfile import FRACTION, Scalar
 from autotune.record.view import TrialView
 
 FREE_AT_WORST = "free at the worst moment"

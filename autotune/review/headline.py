@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from autotune.config.studyfile import Scalar
+from autotune.config.schema import Scalar
 from autotune.review import figures as fig
 from autotune.review.source import Review
 

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from autotune.config.studyfile import FRACTION, REQUESTS
+from autotune.config.schema import FRACTION, REQUESTS
 from autotune.memory import fit as memory_fit
 from autotune.memory.arithmetic import cell_from_fit, startup_parts
 from autotune.record.view import TrialView

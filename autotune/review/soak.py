@@ -21,8 +21,8 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from autotune.config.schema import FRACTION, Scalar
 from autotune.config.space import Space, point_key, snap
-from autotune.config.studyfile import FRACTION, Scalar
 from autotune.memory.arithmetic import peak_rise_gib
 from autotune.record.view import TrialView
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.config.schema import Fixed, Scalar, StudyConfig
 from autotune.config.space import Space, fraction_step, point_key, stored_space
-from autotune.config.studyfile import Fixed, Scalar, StudyConfig
 from autotune.errors import UsageError
 from autotune.logparse.outcome import Outcome
 from autotune.masking import redact, scrub

@@ -15,7 +15,7 @@ from datetime import datetime
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config.studyfile import StudyConfig
+from autotune.config.schema import StudyConfig
 from autotune.record.stored import StudyRecord
 from autotune.record.view import TrialView, view
 from autotune.review import figures as fig

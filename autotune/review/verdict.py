@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import PurePath
 
+from autotune.config.schema import Scalar
 from autotune.config.space import Space, point_key
-from autotune.config.studyfile import Scalar
 
 
 @dataclass(frozen=True)

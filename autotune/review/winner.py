@@ -26,8 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from autotune.config import space as search_space
+from autotune.config.schema import CHUNK, FRACTION, Scalar
 from autotune.config.space import Space, point_key, snap
-from autotune.config.studyfile import CHUNK, FRACTION, Scalar
 from autotune.errors import UsageError
 from autotune.memory.arithmetic import held_by_cap, pool_zero_fraction
 from autotune.memory.model import peak_fall_gib

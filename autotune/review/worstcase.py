@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from autotune.config.studyfile import CHUNK, Choices, Fixed, FloatRange, IntRange, StudyConfig
+from autotune.config.schema import CHUNK, Choices, Fixed, FloatRange, IntRange, StudyConfig
 from autotune.config.workload import BurstOrder, LengthDist, Poisson, Steady, Stress, Warmup
 from autotune.logparse.ledger import Ledger
 

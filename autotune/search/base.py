@@ -26,7 +26,7 @@ from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial
 
-from autotune.config.studyfile import Scalar
+from autotune.config.schema import Scalar
 from autotune.record import internals, keys
 from autotune.record.seeds import Seeds
 from autotune.search.fallback import RANDOM_RULE, contained, sample_randomly, why_random

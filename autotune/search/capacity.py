@@ -31,7 +31,7 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config.studyfile import Scalar
+from autotune.config.schema import Scalar
 from autotune.memory.model import phi
 from autotune.record import internals, keys
 from autotune.record.seeds import Seeds, seeds_of

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from autotune.config.studyfile import Scalar
+from autotune.config.schema import Scalar
 from autotune.memory.model import Forecast
 from autotune.search.holding import with_less_demand
 from autotune.search.points import (

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from autotune.config.schema import Scalar
 from autotune.config.space import Space, point_key
-from autotune.config.studyfile import Scalar
 from autotune.logparse.clamps import Clamp
 from autotune.record.view import TrialView
 

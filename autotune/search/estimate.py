@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autotune.config.schema import CHUNK, HICACHE, REQUESTS, Choices, IntRange, SearchConfig
 from autotune.config.space import grid
-from autotune.config.studyfile import CHUNK, HICACHE, REQUESTS, Choices, IntRange, SearchConfig
 
 BENCH_TO_EDGE = 2
 """Launches the capacity search takes to a stable setting within 1% of the best (median)."""

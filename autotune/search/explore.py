@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from autotune.config.schema import Scalar
 from autotune.config.space import PointKey, same_value
-from autotune.config.studyfile import Scalar
 from autotune.search.doubt import REPEATS
 from autotune.search.front import (
     FRONT_GAIN,

@@ -54,8 +54,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
+from autotune.config.schema import Scalar
 from autotune.config.space import Space, canonical, canonical_value, step_of
-from autotune.config.studyfile import Scalar
 from autotune.search import edge, explore, holding, words
 from autotune.search.points import Point, more_demand, same_gpu
 from autotune.search.proposal import Goal, Proposal

@@ -15,15 +15,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from autotune.config.schema import CHUNK, FRACTION, HICACHE, MEMORY_CONSTRAINTS, REQUESTS, Scalar
 from autotune.config.space import PointKey, point_key
-from autotune.config.studyfile import (
-    CHUNK,
-    FRACTION,
-    HICACHE,
-    MEMORY_CONSTRAINTS,
-    REQUESTS,
-    Scalar,
-)
 from autotune.logparse.outcome import Outcome
 from autotune.memory.model import Observation, Setting
 from autotune.record.direction import Push, floor_fraction, push_of

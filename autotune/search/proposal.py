@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autotune.config.studyfile import Scalar
+from autotune.config.schema import Scalar
 from autotune.memory.model import Forecast, MemoryModel
 
 

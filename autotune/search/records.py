@@ -21,8 +21,8 @@ from optuna.distributions import (
 from optuna.search_space import intersection_search_space
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.config.schema import Scalar
 from autotune.config.space import fraction_step, snap
-from autotune.config.studyfile import Scalar
 from autotune.memory.model import Observation
 from autotune.record.seeds import Seed, Seeds, seeds_of
 from autotune.record.stored import Stored, stored, study_record

@@ -13,8 +13,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 
+from autotune.config.schema import Scalar
 from autotune.config.space import PointKey
-from autotune.config.studyfile import Scalar
 from autotune.search.points import (
     FRACTION,
     HICACHE,

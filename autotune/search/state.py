@@ -17,8 +17,8 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import TypeAlias
 
+from autotune.config.schema import Scalar
 from autotune.config.space import PointKey, same_value
-from autotune.config.studyfile import Scalar
 from autotune.memory.fit import SPIKE_RATIO, fit
 from autotune.memory.model import Forecast, Setting
 from autotune.search.calibration import calibrate

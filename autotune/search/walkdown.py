@@ -27,6 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import optuna
 from optuna.trial import FrozenTrial
 
+from autotune.config.schema import Scalar
 from autotune.config.space import (
     Space,
     canonical,
@@ -35,7 +36,6 @@ from autotune.config.space import (
     same_value,
     step_of,
 )
-from autotune.config.studyfile import Scalar
 from autotune.search.base import Ask, Known, MemorySampler, Param, record_rule
 from autotune.search.points import FRACTION, Point, Push, fmt, num, tokens_of
 from autotune.search.records import candidate_values, finished_points, pending_params

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from autotune.config.schema import Scalar
 from autotune.config.space import same_value
-from autotune.config.studyfile import Scalar
 from autotune.memory.model import Forecast, Setting
 from autotune.search.doubt import REPEATS
 from autotune.search.points import FRACTION, Point, fmt, num

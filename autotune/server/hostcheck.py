@@ -21,8 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from autotune.config.command import in_container
-from autotune.config.space import gpus_needed, server_argv, settings_of
-from autotune.config.studyfile import (
+from autotune.config.schema import (
     HICACHE,
     Choices,
     Fixed,
@@ -30,9 +29,10 @@ from autotune.config.studyfile import (
     IntRange,
     Scalar,
     StudyConfig,
-    node_count,
     param_name,
 )
+from autotune.config.space import gpus_needed, server_argv, settings_of
+from autotune.config.studyfile import node_count
 from autotune.errors import ConfigError, HarnessError, UsageError
 from autotune.server.flagcheck import inspect_argvs, sglang_python
 from autotune.server.gpu import GpuProbe, NvmlProbe, visible_devices

@@ -34,8 +34,8 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
+from autotune.config.schema import HICACHE, Fixed, StudyConfig
 from autotune.config.space import distributions, point_key, settings_for
-from autotune.config.studyfile import HICACHE, Fixed, StudyConfig
 from autotune.config.workload import LengthDist, Phase, Poisson, Steady, Stress, WorkloadSpec
 from autotune.errors import AutotuneError, UsageError
 from autotune.logparse.accounting import rank_ledgers

@@ -21,13 +21,8 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.config.schema import Fixed, Scalar, SearchConfig, StudyConfig
 from autotune.config.space import grid, point_key
-from autotune.config.studyfile import (
-    Fixed,
-    Scalar,
-    SearchConfig,
-    StudyConfig,
-)
 from autotune.errors import HarnessError, UsageError
 from autotune.logparse.outcome import Outcome
 from autotune.record import internals, keys

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from optuna.trial import FrozenTrial
 
-from autotune.config.studyfile import Constraint, Constraints
+from autotune.config.schema import Constraint, Constraints
 from autotune.record import keys
 from autotune.record.view import view
 from autotune.trial.record import Measured

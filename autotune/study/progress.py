@@ -29,8 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, TextIO
 
-from autotune.config.space import fraction_step, snap
-from autotune.config.studyfile import (
+from autotune.config.schema import (
     FRACTION,
     HICACHE,
     REQUESTS,
@@ -42,6 +41,7 @@ from autotune.config.studyfile import (
     Scalar,
     StudyConfig,
 )
+from autotune.config.space import fraction_step, snap
 from autotune.config.workload import Poisson, Steady, Stress, Warmup, WorkloadSpec
 from autotune.memory.arithmetic import cell_from_geometry, pool_tokens
 from autotune.record.view import TrialView

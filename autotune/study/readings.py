@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune.config.studyfile import StudyConfig
+from autotune.config.schema import StudyConfig
 from autotune.config.workload import Poisson, Steady, WorkloadSpec
 from autotune.logparse.accounting import RANK_FIELDS
 from autotune.logparse.ledger import Ledger

@@ -42,8 +42,8 @@ from optuna.distributions import BaseDistribution, json_to_distribution
 from optuna.samplers import RandomSampler
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
+from autotune.config.schema import StudyConfig
 from autotune.config.space import Space, distributions, same_point
-from autotune.config.studyfile import StudyConfig
 from autotune.errors import UsageError
 from autotune.logparse.outcome import Outcome
 from autotune.masking import redact

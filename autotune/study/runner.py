@@ -23,8 +23,8 @@ from typing import TextIO
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.config.schema import Constraint, Fixed, StudyConfig
 from autotune.config.space import distributions, settings_for
-from autotune.config.studyfile import Constraint, Fixed, StudyConfig
 from autotune.errors import HarnessError, UsageError
 from autotune.logparse.outcome import Outcome
 from autotune.masking import redact, redact_text

@@ -7,9 +7,7 @@ from collections.abc import Callable
 import optuna
 from optuna.samplers import BaseSampler
 
-from autotune.config.studyfile import (
-    SamplerConfig,
-)
+from autotune.config.schema import SamplerConfig
 from autotune.errors import UsageError
 from autotune.search import CapacityAwareSampler, WalkDownSampler
 

@@ -32,10 +32,7 @@ from optuna.storages import BaseStorage, RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import IntegrityError, ProgrammingError, SQLAlchemyError
 
-from autotune.config.studyfile import (
-    Heartbeat,
-    StudyConfig,
-)
+from autotune.config.schema import Heartbeat, StudyConfig
 from autotune.errors import HarnessError, UsageError
 from autotune.masking import redact, redact_text
 from autotune.record import internals, keys

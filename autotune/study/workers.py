@@ -41,6 +41,7 @@ from optuna.samplers import RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
+from autotune.config.schema import Heartbeat, Limits, SearchConfig, StudyConfig
 from autotune.config.space import (
     PointKey,
     Space,
@@ -49,7 +50,6 @@ from autotune.config.space import (
     same_point,
     settings_for,
 )
-from autotune.config.studyfile import Heartbeat, Limits, SearchConfig, StudyConfig
 from autotune.errors import UsageError
 from autotune.record import internals
 from autotune.record.internals import BaseHeartbeat

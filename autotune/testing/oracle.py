@@ -22,8 +22,7 @@ from pathlib import Path
 
 import optuna
 
-from autotune.config.space import grid, settings_for
-from autotune.config.studyfile import (
+from autotune.config.schema import (
     Budget,
     Choices,
     Constraints,
@@ -35,6 +34,7 @@ from autotune.config.studyfile import (
     ServerConfig,
     StudyConfig,
 )
+from autotune.config.space import grid, settings_for
 from autotune.config.workload import WorkloadSpec
 from autotune.logparse.ledger import Ledger
 from autotune.record import keys

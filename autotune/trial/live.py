@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 
-from autotune.config.studyfile import Limits, StudyConfig
+from autotune.config.schema import Limits, StudyConfig
 from autotune.errors import HarnessError
 from autotune.loadgen import Activity, ServerFacts, Target, WorkloadSpec, run_workload
 from autotune.loadgen.apis import api_named

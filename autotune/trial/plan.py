@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from autotune.config.schema import Limits, Scalar, StudyConfig
 from autotune.config.space import Settings, server_argv
-from autotune.config.studyfile import Limits, Scalar, StudyConfig
 from autotune.server.preflight import free_port
 
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from autotune.config.studyfile import Scalar
+from autotune.config.schema import Scalar
 from autotune.errors import HarnessError
 from autotune.logparse.outcome import Outcome
 from autotune.record import keys

@@ -15,8 +15,9 @@ from autotune.bootstrap.flagtable import FlagTable, probe_sglang, sim_table, spl
 from autotune.bootstrap.fromlog import log_facts
 from autotune.bootstrap.sources import split_flags
 from autotune.cli.main import main
+from autotune.config.schema import Choices, FlagValue, StudyConfig
 from autotune.config.space import fixed_flags, tuned_flags
-from autotune.config.studyfile import Choices, FlagValue, StudyConfig, load_study
+from autotune.config.studyfile import load_study
 from autotune.errors import HarnessError, UsageError
 from autotune.server.flagcheck import FlagReport
 from tests.bootstrap.conftest import KIMI_FLAGS, kimi_argv

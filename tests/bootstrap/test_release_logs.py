@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from autotune.bootstrap.fromlog import log_facts
-from autotune.config.studyfile import Choices, FloatRange, StudyConfig, load_study
+from autotune.config.schema import Choices, FloatRange, StudyConfig
+from autotune.config.studyfile import load_study
 from tests import simstudy
 from tests.bootstrap.test_init import PROGRAM
 

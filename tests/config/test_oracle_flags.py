@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from autotune.config.schema import StudyConfig
 from autotune.config.space import Settings, server_argv, tuned_flags
-from autotune.config.studyfile import SHIPPED_STUDIES, StudyConfig, load_study
+from autotune.config.studyfile import SHIPPED_STUDIES, load_study
 from autotune.review.export import launch_argv
 from autotune.server.flagcheck import FlagReport, inspect_argvs
 from autotune.server.hostcheck import argvs_to_check

@@ -12,6 +12,7 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
+from autotune.config.schema import Choices, Fixed, FloatRange, IntRange, SearchConfig
 from autotune.config.space import (
     CONTINUOUS_FRACTION_STEP,
     FIXED_FRACTION_STEP,
@@ -25,13 +26,6 @@ from autotune.config.space import (
     snap,
     step_of,
     stored_space,
-)
-from autotune.config.studyfile import (
-    Choices,
-    Fixed,
-    FloatRange,
-    IntRange,
-    SearchConfig,
 )
 from autotune.record.view import views
 from autotune.review.winner import Margin, choose

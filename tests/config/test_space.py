@@ -10,6 +10,7 @@ import pytest
 
 from autotune.config.space import (
     Settings,
+    gpus_needed,
     grid,
     params_from_flags,
     server_argv,
@@ -129,3 +130,11 @@ def test_a_value_beyond_the_space_replaces_the_fixed_flag_of_its_name(
     assert argv.count("--chunked-prefill-size") == 1
     assert argv[argv.index("--chunked-prefill-size") + 1] == "2048"
     assert params_from_flags(argv, cfg.search) == params
+
+
+def test_gpus_needed_multiplies_the_parallel_sizes() -> None:
+    assert gpus_needed((("tp", 2),)) == 2
+    assert gpus_needed((("tensor_parallel_size", 4), ("pp_size", 2))) == 8
+    assert gpus_needed(()) == 1
+    assert gpus_needed((("tp_size", 2), ("dp_size", 4))) == 8  # four replicas of TP2
+    assert gpus_needed((("tp", 8), ("dp", 8), ("enable_dp_attention", True))) == 8

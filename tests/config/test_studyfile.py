@@ -10,14 +10,8 @@ from pathlib import Path
 import pytest
 
 from autotune.cli.main import main
-from autotune.config.studyfile import (
-    SHIPPED_STUDIES,
-    Choices,
-    Fixed,
-    FloatRange,
-    IntRange,
-    load_study,
-)
+from autotune.config.schema import Choices, Fixed, FloatRange, IntRange
+from autotune.config.studyfile import SHIPPED_STUDIES, load_study
 from autotune.errors import ConfigError
 from tests.study.conftest import VALID
 

@@ -19,7 +19,7 @@ import time
 import pytest
 from optuna.trial import TrialState
 
-from autotune.config.studyfile import Limits
+from autotune.config.schema import Limits
 from autotune.loadgen import workload_from_dict
 from autotune.logparse.outcome import Outcome
 from autotune.server import pidfile

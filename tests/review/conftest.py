@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config.studyfile import StudyConfig, parse_study
+from autotune.config.schema import StudyConfig
+from autotune.config.studyfile import parse_study
 from tests.simstudy import small_steady
 
 STUDY = (

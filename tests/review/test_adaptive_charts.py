@@ -7,7 +7,7 @@ from pathlib import Path
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config.studyfile import StudyConfig
+from autotune.config.schema import StudyConfig
 from autotune.record.view import views
 from autotune.review import page
 from autotune.review import plotdata as pd

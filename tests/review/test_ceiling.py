@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config.studyfile import StudyConfig
+from autotune.config.schema import StudyConfig
 from autotune.memory.arithmetic import ceiling as memory_ceiling
 from autotune.record.stored import StudyRecord
 from autotune.review import ceiling

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune.config.studyfile import StudyConfig
+from autotune.config.schema import StudyConfig
 from autotune.config.workload import WorkloadSpec
 from autotune.logparse.ledger import Ledger
 from autotune.review.confirm import Confirmed, run_confirm, with_cases

@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from autotune.config.studyfile import StudyConfig
+from autotune.config.schema import StudyConfig
 from autotune.errors import UsageError
 from autotune.review.explain import explain
 from autotune.review.export import build_export, render, round_trip

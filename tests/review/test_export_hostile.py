@@ -32,7 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config.studyfile import StudyConfig, parse_study
+from autotune.config.schema import StudyConfig
+from autotune.config.studyfile import parse_study
 from autotune.errors import ConfigError, UsageError
 from autotune.review.export import FORMATS, Export, build_export, render
 from autotune.review.source import build_review

@@ -11,7 +11,7 @@ import optuna
 import pytest
 
 from autotune.cli.main import main
-from autotune.config.studyfile import StudyConfig
+from autotune.config.schema import StudyConfig
 from autotune.errors import UsageError
 from autotune.review.export import FORCED_FLAG, FORMATS, build_export, render
 from autotune.review.source import build_review

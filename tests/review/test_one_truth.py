@@ -18,7 +18,7 @@ import re
 import pytest
 from optuna.trial import FrozenTrial
 
-from autotune.config.studyfile import StudyConfig
+from autotune.config.schema import StudyConfig
 from autotune.review import figures as fig
 from autotune.review import page
 from autotune.review.explain import explain

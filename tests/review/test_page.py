@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
-from autotune.config.studyfile import StudyConfig
+from autotune.config.schema import StudyConfig
 from autotune.masking import masked_argv, scrub
 from autotune.review.page import figures, summary, write_report
 from autotune.review.source import build_review

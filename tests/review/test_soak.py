@@ -9,7 +9,7 @@ import statistics
 import optuna
 import pytest
 
-from autotune.config.studyfile import SamplerConfig
+from autotune.config.schema import SamplerConfig
 from autotune.record import keys
 from autotune.record.view import TrialView, view, views
 from autotune.review.soak import (

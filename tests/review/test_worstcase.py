@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config.studyfile import StudyConfig, parse_study
+from autotune.config.schema import StudyConfig
+from autotune.config.studyfile import parse_study
 from autotune.config.workload import BurstOrder
 from autotune.logparse.ledger import Ledger
 from autotune.record.view import views

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import optuna
 
-from autotune.config.studyfile import Scalar
+from autotune.config.schema import Scalar
 from autotune.logparse.ledger import Ledger
 from autotune.memory.model import Observation
 from autotune.search.points import Point, setting_of

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
-from autotune.config.studyfile import SamplerConfig
+from autotune.config.schema import SamplerConfig
 from autotune.search.capacity import WHY_ATTR
 from autotune.sim.profiles import load_profile
 from autotune.study.samplers import make_sampler

@@ -8,8 +8,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autotune.config.schema import SamplerConfig
 from autotune.config.space import settings_for
-from autotune.config.studyfile import SamplerConfig
 from autotune.search import CapacityAwareSampler, WalkDownSampler, search_done
 from autotune.search.capacity import DONE_ATTR, RULE_ATTR, WHY_ATTR
 from autotune.study.samplers import make_sampler

@@ -18,8 +18,8 @@ from optuna.distributions import (
 from optuna.samplers import BaseSampler
 from optuna.trial import TrialState
 
+from autotune.config.schema import Choices, Fixed, IntRange, Param, Scalar, SearchConfig
 from autotune.config.space import distributions, settings_for
-from autotune.config.studyfile import Choices, Fixed, IntRange, Param, Scalar, SearchConfig
 from autotune.search import CapacityAwareSampler, WalkDownSampler
 from autotune.search.capacity import RULE_ATTR, WHY_ATTR
 from autotune.search.fallback import RANDOM_RULE

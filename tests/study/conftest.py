@@ -1,8 +1,11 @@
 """A valid study file to vary (`VALID`), for the study's and the study file's tests; the writer
-of such files is the `study_file` fixture (tests/conftest.py)."""
+of such files is the `study_file` fixture (tests/conftest.py). The shipped demo study, loaded
+(`demo`)."""
 
 from __future__ import annotations
 
+from autotune.config.schema import StudyConfig
+from autotune.config.studyfile import SHIPPED_STUDIES, load_study
 from tests.simstudy import small_steady
 
 VALID = (
@@ -43,3 +46,8 @@ name = "tpe"
 seed = 3
 """
 )
+
+
+def demo() -> StudyConfig:
+    """The demo study that ships in the package, loaded."""
+    return load_study(SHIPPED_STUDIES / "demo.toml")

@@ -26,8 +26,8 @@ import pytest
 from optuna.trial import TrialState
 from optuna.visualization._pareto_front import _get_pareto_front_info
 
+from autotune.config.schema import StudyConfig
 from autotune.config.space import settings_for
-from autotune.config.studyfile import SHIPPED_STUDIES, StudyConfig, load_study
 from autotune.logparse.ledger import Ledger
 from autotune.record import internals, keys
 from autotune.record.view import search_end, view
@@ -37,6 +37,7 @@ from autotune.study.loop import run_loop, tell
 from autotune.study.storage import Worker, default_storage_url, open_study
 from autotune.testing.oracle import launch
 from tests.search.helpers import KIMI
+from tests.study.conftest import demo
 
 NAMES = ["capacity_tokens", "throughput_tok_s"]
 
@@ -44,10 +45,6 @@ NAMES = ["capacity_tokens", "throughput_tok_s"]
 @pytest.fixture(autouse=True)
 def quiet() -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-
-
-def _demo() -> StudyConfig:
-    return load_study(SHIPPED_STUDIES / "demo.toml")
 
 
 def _tell(study: optuna.Study, cfg: StudyConfig, params: Mapping[str, Any], seed: int) -> None:
@@ -62,7 +59,7 @@ def _tell(study: optuna.Study, cfg: StudyConfig, params: Mapping[str, Any], seed
 def _oom_and_two_feasible(tmp_path: Path) -> tuple[optuna.Study, StudyConfig]:
     """A demo-like study: the baseline runs out of memory under load (the highest capacity of
     all), two lower fractions hold."""
-    cfg = dataclasses.replace(_demo(), constraints=KIMI.study_config.constraints)
+    cfg = dataclasses.replace(demo(), constraints=KIMI.study_config.constraints)
     study = open_study(cfg, default_storage_url(tmp_path), optuna.samplers.RandomSampler(0))
     for i, f in enumerate((0.93, 0.90, 0.88)):
         _tell(study, cfg, {"mem_fraction_static": f, "max_running_requests": 48}, i)
@@ -72,7 +69,7 @@ def _oom_and_two_feasible(tmp_path: Path) -> tuple[optuna.Study, StudyConfig]:
 def test_metric_names_are_set_on_a_new_study_and_on_one_created_without_them(
     tmp_path: Path,
 ) -> None:
-    cfg = _demo()
+    cfg = demo()
     url = default_storage_url(tmp_path)
     optuna.create_study(study_name="demo", storage=url, directions=["maximize", "maximize"])
     assert optuna.load_study(study_name="demo", storage=url).metric_names is None  # as before

@@ -14,7 +14,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.config.studyfile import Constraints, StudyConfig, load_study
+from autotune.config.schema import Constraints, StudyConfig
+from autotune.config.studyfile import load_study
 from autotune.errors import HarnessError, UsageError
 from autotune.masking import redact
 from autotune.record import internals
@@ -288,7 +289,7 @@ def test_objectives_must_match_on_resume(study_file: Callable[[str], Path], tmp_
 
 
 def test_gp_sampler_without_torch_is_a_usage_error() -> None:
-    from autotune.config.studyfile import SamplerConfig
+    from autotune.config.schema import SamplerConfig
     from autotune.errors import UsageError
 
     try:

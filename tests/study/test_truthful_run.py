@@ -13,7 +13,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.config.studyfile import SHIPPED_STUDIES, StudyConfig, load_study, parse_study
+from autotune.config.schema import StudyConfig
+from autotune.config.studyfile import SHIPPED_STUDIES, load_study, parse_study
 from autotune.record.remedy import remedy
 from autotune.record.view import TrialView, view, views
 from autotune.review.status import rows
@@ -48,7 +49,7 @@ def _failed_baseline(outcome: str, reason: str) -> TrialView:
 
 
 def _plan(tmp_path: Path) -> TrialPlan:
-    from autotune.config.studyfile import Limits
+    from autotune.config.schema import Limits
 
     return TrialPlan(
         number=0, params={"mem_fraction_static": 0.88}, argv=("python", "-m", "autotune.sim"),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config.studyfile import Limits
+from autotune.config.schema import Limits
 from autotune.logparse.clamps import Clamps
 from autotune.logparse.ledger import Ledger
 from autotune.trial.judge import judge

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config.studyfile import Limits
+from autotune.config.schema import Limits
 from autotune.logparse.outcome import Outcome
 from autotune.trial.clockwatch import ClockWatch
 from autotune.trial.plan import TrialPlan

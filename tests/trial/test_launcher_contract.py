@@ -22,8 +22,9 @@ from pathlib import Path
 import optuna
 import pytest
 
+from autotune.config.schema import StudyConfig
 from autotune.config.space import settings_for
-from autotune.config.studyfile import StudyConfig, load_study
+from autotune.config.studyfile import load_study
 from autotune.config.workload import Stress
 from autotune.server import pidfile
 from autotune.server.gpu import SimProbe

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune.config.studyfile import Limits
+from autotune.config.schema import Limits
 from autotune.config.workload import Stress, WorkloadSpec
 from autotune.errors import HarnessError
 from autotune.trial.plan import TrialPlan

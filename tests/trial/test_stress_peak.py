@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from autotune.config.studyfile import Limits
+from autotune.config.schema import Limits
 from autotune.server.gpu import GpuMemory
 from autotune.trial.gpuwatch import FreeMemoryWatch
 from autotune.trial.plan import TrialPlan

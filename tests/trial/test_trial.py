@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config.studyfile import Limits
+from autotune.config.schema import Limits
 from autotune.trial import signals
 from autotune.trial.plan import TrialPlan
 from autotune.trial.run import run_trial

@@ -13,7 +13,8 @@ import sqlalchemy
 from optuna.samplers import BaseSampler, RandomSampler, TPESampler
 from optuna.trial import TrialState
 
-from autotune.config.studyfile import Heartbeat, Limits, StudyConfig, load_study
+from autotune.config.schema import Heartbeat, Limits, StudyConfig
+from autotune.config.studyfile import load_study
 from autotune.search import CapacityAwareSampler
 from autotune.study.loop import prepare, run_loop
 from autotune.study.storage import Worker, open_study

@@ -13,7 +13,8 @@ import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config.studyfile import Heartbeat, Limits, SearchConfig, StudyConfig, parse_study
+from autotune.config.schema import Heartbeat, Limits, SearchConfig, StudyConfig
+from autotune.config.studyfile import parse_study
 from autotune.errors import ConfigError, UsageError
 from autotune.study.storage import Worker, stale
 from autotune.study.workers import (
@@ -304,14 +305,8 @@ def test_points_queued_twice_by_workers_starting_together_run_once(tmp_path: Pat
 
 
 def test_a_gpu_group_must_hold_the_server() -> None:
-    from autotune.config.space import gpus_needed
-
+    """The GPUs a server needs are `config.space.gpus_needed`'s (tests/config/test_space.py)."""
     cfg = _cfg()  # tp = 2
-    assert gpus_needed(cfg.server.flags) == 2
-    assert gpus_needed((("tensor_parallel_size", 4), ("pp_size", 2))) == 8
-    assert gpus_needed(()) == 1
-    assert gpus_needed((("tp_size", 2), ("dp_size", 4))) == 8  # four replicas of TP2
-    assert gpus_needed((("tp", 8), ("dp", 8), ("enable_dp_attention", True))) == 8
     with pytest.raises(UsageError, match=r"--gpus 3: the server needs 2 GPUs"):
         with_worker_args(cfg, gpus="3", port=None, heartbeat_s=None, grace_s=None)
 
