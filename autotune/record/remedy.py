@@ -4,7 +4,9 @@ Read from the trial's view (its ending, the cause its log line gave, the constra
 its ledger), so the study's closing line, `explain` and the report name the same knob: a host
 cache smaller than the device pool points at `hicache_size`, a KV pool that found no room at
 `mem_fraction_static` (up), an out-of-memory under load at `mem_fraction_static` (down) and the
-batch knobs, a hang at the log rather than at a memory setting. The arithmetic behind each is in
+batch knobs, a hang at the log rather than at a memory setting. An out-of-memory that is the KV
+pool's own (its allocator out of token slots, or the last decoding request not fitting it) is
+named as such: lowering the fraction shrinks that pool. The arithmetic behind each is in
 docs/sglang-memory.md.
 """
 
@@ -16,6 +18,12 @@ from autotune.record.view import TrialView
 
 _HANG = ("watchdog_timeout", "stall", "phase_timeout", "unhealthy")
 _OOM = ("torch_oom", "cuda_error_oom", "prefill_oom", "decode_oom", "nccl_error")
+_SLOTS = ("prefill_oom", "decode_oom")
+"""The KV pool's allocator found no free token slots (`mem_cache/allocation.py`: `Prefill/Decode
+out of memory. Try to lower your batch size.`): SGLang's own check, not a CUDA allocation."""
+_LAST_REQUEST = ("retract_oom", "request_oom_abort")
+"""The decode batch did not fit the KV pool even with one request left
+(`ScheduleBatch.retract_decode`): the pool is smaller than that request's context."""
 
 
 def remedy(t: TrialView) -> str:
@@ -60,6 +68,18 @@ def remedy(t: TrialView) -> str:
         return (
             "lower mem_fraction_static: the reserve P·(1 − f) did not hold what startup "
             "allocates after the KV pool (request table, draft, CUDA graphs)"
+        )
+    if t.ending.is_oom and cause in _SLOTS:
+        return (
+            "the KV pool had no free token slots for the batch (SGLang's allocator, not CUDA "
+            "memory): lower max_running_requests so fewer tokens are admitted at once; a lower "
+            "mem_fraction_static makes the pool smaller, not safer"
+        )
+    if t.ending.is_oom and cause in _LAST_REQUEST:
+        return (
+            "the KV pool could not hold the last decoding request even after retracting the "
+            "others: it is smaller than that request's context; raise mem_fraction_static, or "
+            "lower --context-length or the workload's longest prompt"
         )
     if t.ending.is_oom:
         return (

@@ -150,6 +150,11 @@ def test_a_baseline_that_failed_with_a_small_host_cache_points_at_the_host_cache
     assert remedy(oom).startswith("lower mem_fraction_static")
     room = view(trial(2, 0.80, outcome="startup_oom", reason="startup_oom (no_kv_room): no"))
     assert remedy(room).startswith("the weights leave no room") and "raise" in remedy(room)
+    # the allocator out of token slots is not a CUDA peak: the fraction down makes it worse
+    slots = view(trial(3, 0.9, outcome="runtime_oom", reason="runtime_oom (decode_oom): Decode"))
+    assert "max_running_requests" in remedy(slots) and "not CUDA memory" in remedy(slots)
+    last = view(trial(4, 0.9, outcome="runtime_oom", reason="runtime_oom (retract_oom): Out"))
+    assert remedy(last).startswith("the KV pool could not hold the last decoding request")
     # a study that found a feasible setting and a good baseline needs no closing reason
     assert closing_reason(cfg, views([trial(0, 0.88), trial(1, 0.94, outcome="startup_oom")])) == ""
 
