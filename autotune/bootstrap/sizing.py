@@ -117,8 +117,9 @@ def _bounded(low: float, high: float, anchor: float) -> tuple[float, float]:
 
 
 Failure = tuple[float, str]
-"""A start the log shows failing for its fraction: (f, "lower") ran out of GPU memory after the
-pool, (f, "raise") had no room for one, (f, "at_most") ran out under load."""
+"""A run the log shows failing for its fraction: (f, "lower") ran out of GPU memory after the
+pool, (f, "raise") had no room for one, (f, "at_most") ran out of GPU memory under load,
+(f, "at_least") ran out of the KV pool's own token slots under load (a bigger pool helps)."""
 
 
 def _exclude(
@@ -131,6 +132,12 @@ def _exclude(
     if way == "lower":
         high = min(high, _on_grid(f - STEP / 2, anchor, up=False))
         why = f"the log's start at {f:g} ran out of GPU memory: the range stays below it"
+    elif way == "at_least":
+        low = max(low, _on_grid(f - STEP / 2, anchor, up=True))
+        why = (
+            f"the log's server ran out of KV pool token slots under load at {f:g} (SGLang's "
+            "allocator, not GPU memory; the pool grows with the fraction): the range starts there"
+        )
     elif way == "at_most":
         high = min(high, _on_grid(f + STEP / 2, anchor, up=False))
         why = (

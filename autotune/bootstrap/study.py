@@ -40,8 +40,9 @@ from autotune.bootstrap.traffic import lengths, sketch
 from autotune.config.schema import FlagValue, StudyConfig, param_name
 from autotune.config.studyfile import check_study_name, load_study, nodes_refusal, read_study
 from autotune.errors import AutotuneError, ConfigError, HarnessError, UsageError
-from autotune.logparse.outcome import Outcome
+from autotune.logparse.outcome import Outcome, reason_line
 from autotune.memory.arithmetic import Arithmetic, arithmetic, free_after_capture_gib
+from autotune.record.direction import Push, push_of
 from autotune.record.seeds import read_seed
 from autotune.server import flagcheck
 from autotune.server.flagcheck import FlagReport
@@ -486,19 +487,21 @@ def _seed_lines(log: Path, lines: Sequence[str], at: int) -> list[str]:
 
 
 HOST_CAUSES = frozenset({"host_memory", "host_oom_killer", "hicache_too_small"})
-TOO_LOW_CAUSES = frozenset({"no_kv_room", "pool_too_small"})
 
 
 def _failure(facts: LogFacts | None) -> Failure | None:
-    """The log's start failing for its fraction, and which way that pushes."""
+    """The log's run failing for its fraction, and which way that pushes: the one reading of a
+    failure's direction (`record.direction.push_of`), at startup or under load."""
     if facts is None or facts.fraction is None:
         return None
-    outcome, cause = facts.verdict.outcome, facts.verdict.cause
-    if outcome is Outcome.RUNTIME_OOM:
-        return facts.fraction, "at_most"
-    if outcome is not Outcome.STARTUP_OOM or cause in HOST_CAUSES:
-        return None
-    return facts.fraction, "raise" if cause in TOO_LOW_CAUSES else "lower"
+    v = facts.verdict
+    push = push_of(str(v.outcome), reason_line(str(v.outcome), v.cause, v.evidence))
+    under_load = v.outcome is Outcome.RUNTIME_OOM
+    if push is Push.RAISE:
+        return facts.fraction, "at_least" if under_load else "raise"
+    if push is Push.LOWER:
+        return facts.fraction, "at_most" if under_load else "lower"
+    return None
 
 
 def _host_failure(facts: LogFacts | None) -> str | None:

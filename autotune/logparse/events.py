@@ -114,6 +114,15 @@ dying scheduler, or a request failed with the OOM error (0.5.23's abort of the l
 decode batch could not keep). Never dropped as noise. Lines that report running out and go on
 (retractions, fallbacks) are `Kind.RETRACT` and `Kind.OOM_HANDLED`, serving events."""
 
+POOL_OOM_KINDS = frozenset(
+    {Kind.PREFILL_OOM, Kind.DECODE_OOM, Kind.ALLOC_OOM, Kind.RETRACT_OOM, Kind.REQUEST_OOM_ABORT}
+)
+"""The out-of-memory endings that are the KV pool's own, not CUDA's: SGLang's token allocator
+found no free slots for a batch (`mem_cache/allocation.py`, `… out of memory. Try to lower your
+batch size.`), or the decode batch did not fit even with one request left
+(`ScheduleBatch.retract_decode`). A bigger pool (a higher fraction) or fewer running requests
+helps; a lower fraction shrinks the pool. Nothing here measured a GPU peak."""
+
 MACHINE_KINDS = frozenset(
     {Kind.PORT_IN_USE, Kind.DISK_FULL, Kind.GPU_FAULT, Kind.HOST_FAULT, Kind.NCCL_FAULT}
 )

@@ -41,6 +41,7 @@ due to OOM`) is an OOM. With no facts at all (a log read after the fact) the log
 
 from __future__ import annotations
 
+import re
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -181,6 +182,7 @@ class Verdict:
         return {"outcome": str(self.outcome), "cause": self.cause, "evidence": list(self.evidence)}
 
 
+_CAUSE = re.compile(r"^\s*\w+ \(([\w:.-]+)\)")
 REASON_CHARS = 160
 """How much of the deciding log line a trial's one-line reason keeps (the whole line stays in the
 evidence)."""
@@ -196,6 +198,13 @@ def reason_line(outcome: str, cause: str, evidence: Sequence[str]) -> str:
     first = evidence[0]
     line = first if len(first) <= REASON_CHARS else first[:REASON_CHARS] + "…"
     return f"{text}: {line}"
+
+
+def cause_of(reason: str) -> str:
+    """The cause a stored reason line names (`runtime_oom (decode_oom): …` → `decode_oom`), ""
+    where it names none: the inverse of `reason_line`."""
+    m = _CAUSE.match(reason)
+    return m.group(1) if m else ""
 
 
 @dataclass(frozen=True)

@@ -103,13 +103,15 @@ def fit(observations: Iterable[Observation]) -> MemoryModel:
 
 
 def _peak_floors(obs: Sequence[Observation], offset: Estimate) -> tuple[tuple[Setting, float], ...]:
-    """Each runtime OOM's floor on the stress peak: the static free memory it ran out of, as the
-    GPU probe sees it (the log's figure less the probe offset): the peak is measured by the
-    probe, and the least rank, which runs out first, can hold less than rank 0's log shows."""
+    """Each GPU out-of-memory under load's floor on the stress peak (not the KV pool's own
+    slots, nor another crash: `Observation.gpu_oom_under_load`): the static free memory it ran
+    out of, as the GPU probe sees it (the log's figure less the probe offset): the peak is
+    measured by the probe, and the least rank, which runs out first, can hold less than rank 0's
+    log shows."""
     return tuple(
         (o.setting, max(free - offset.mean, 0.0))
         for o in obs
-        if Outcome.of(o.outcome).fails_at_runtime and (free := o.static_free_gib) is not None
+        if o.gpu_oom_under_load and (free := o.static_free_gib) is not None
     )
 
 

@@ -34,8 +34,9 @@ import math
 import re
 from dataclasses import dataclass
 
+from autotune.logparse.events import POOL_OOM_KINDS
 from autotune.logparse.ledger import Ledger
-from autotune.logparse.outcome import Outcome
+from autotune.logparse.outcome import Outcome, cause_of
 from autotune.logparse.semantics import Semantics, rules
 from autotune.memory.arithmetic import (
     GIB,
@@ -116,6 +117,13 @@ class Observation:
         """The KV pool's tokens the launch's log showed (`max_total_num_tokens`), None when it never
         got that far."""
         return self.ledger.max_total_num_tokens
+
+    @property
+    def gpu_oom_under_load(self) -> bool:
+        """Whether the launch ran out of GPU memory while serving: a runtime OOM, not one of the
+        KV pool's own token slots (`logparse.events.POOL_OOM_KINDS`) nor a crash of another
+        kind. Only such a death says the peak reached the static free memory."""
+        return self.outcome == Outcome.RUNTIME_OOM and cause_of(self.reason) not in POOL_OOM_KINDS
 
     @property
     def started(self) -> bool:

@@ -8,6 +8,9 @@ users meet first need opposite fixes (sglang#322, #4330):
   cache`, cause `no_kv_room`) or holds not even one request (`pool_too_small`). The pool is
   `A − P·(1 − f)`, so the launch's own ledger (P and A, the free memory after weights) gives the
   lowest fraction that can hold a pool at all: `floor_fraction`.
+  The KV pool running out of its own token slots under load (`logparse.events.POOL_OOM_KINDS`:
+  SGLang's allocator `Decode out of memory`, a decode batch that does not fit even with one
+  request left) pushes the same way: the pool grows with the fraction, and no GPU peak was seen.
 * `LOWER` — the fraction is too **high**: CUDA out of memory after the pool was allocated (graph
   capture, workspaces, the request table), under load (a runtime OOM), or too little headroom
   left under the stress peak (the `headroom_gib` constraint).
@@ -31,8 +34,9 @@ from collections.abc import Collection
 from enum import StrEnum
 
 from autotune.config.schema import Constraint
+from autotune.logparse.events import POOL_OOM_KINDS
 from autotune.logparse.ledger import Ledger
-from autotune.logparse.outcome import Outcome
+from autotune.logparse.outcome import Outcome, cause_of
 from autotune.memory.arithmetic import lowest_fraction
 from autotune.record.view import TrialView
 
@@ -63,7 +67,6 @@ _WORDS = {
     Push.NONE: "not a memory setting",
 }
 
-_CAUSE = re.compile(r"^\s*\w+ \(([\w:.-]+)\)")
 _RAISE_CAUSES = frozenset({"no_kv_room", "pool_too_small", "kv_pool", "kv_budget"})
 _RAISE_TEXT = (
     "Not enough memory",
@@ -93,10 +96,10 @@ def push_of(
 ) -> Push:
     """The push of one finished launch from its stored figures (NONE for one that held)."""
     ending = Outcome.of(outcome)
-    m = _CAUSE.match(reason)
-    cause = m.group(1) if m else ""
+    cause = cause_of(reason)
     if ending.is_parameter_result:
-        if cause in _RAISE_CAUSES or any(t in reason for t in _RAISE_TEXT):
+        raise_cause = cause in _RAISE_CAUSES or cause in POOL_OOM_KINDS
+        if raise_cause or any(t in reason for t in _RAISE_TEXT):
             return Push.RAISE
         if cause in _GROW_CAUSES or any(t in reason for t in _GROW_TEXT):
             return Push.GROW_HOST

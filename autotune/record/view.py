@@ -26,7 +26,6 @@ The study's own end is read here too (`search_end`): the search's stop is a stud
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -36,7 +35,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config.schema import CHUNK, FRACTION, REQUESTS, Scalar
 from autotune.logparse.clamps import Clamps
 from autotune.logparse.ledger import Ledger
-from autotune.logparse.outcome import Outcome
+from autotune.logparse.outcome import Outcome, cause_of
 from autotune.masking import masked_argv, scrub
 from autotune.memory.arithmetic import (
     Arithmetic,
@@ -52,7 +51,6 @@ KINDS = ("feasible", "infeasible", "oom", "failed", "running", "skipped")
 """How a trial is drawn: feasible; complete but a constraint broken; out of memory; failed for a
 reason outside the parameters (hang, harness error, interrupted); not finished yet; never
 launched (skipped: the search was done, or another worker had the point), which is not drawn."""
-_CAUSE = re.compile(r"^\w+ \(([\w:.-]+)\)")
 
 _STATES = {
     TrialState.COMPLETE: "complete",
@@ -182,8 +180,7 @@ class TrialView:
     @property
     def cause(self) -> str:
         """The short cause of a failure (`torch_oom`, `hicache_too_small`, …), "" if none."""
-        m = _CAUSE.match(self.reason)
-        return m.group(1) if m else ""
+        return cause_of(self.reason)
 
     def arithmetic(self, cell_bytes: float | None = None) -> Arithmetic | None:
         """SGLang's pool arithmetic of this launch, with its stress peak; None without P and A

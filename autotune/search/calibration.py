@@ -170,7 +170,7 @@ def _check(p: Point, before: Sequence[Point]) -> Check | None:
         if head is None:
             return None
         return Check(p.number, head.mean, head.sd, o.headroom_gib)
-    if ending == Outcome.RUNTIME_OOM:
+    if o.gpu_oom_under_load:
         head = fc.headroom
         if head is None:
             return None

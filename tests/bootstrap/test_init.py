@@ -285,8 +285,17 @@ def test_a_start_that_ran_out_of_gpu_memory_bounds_the_range_from_above() -> Non
     cfg, text = _draft("v0_5_23_startup_graph_capture_oom")
     assert mem_range(cfg)[1] < 0.88 and "mem_fraction_static" not in cfg.search.baseline
     assert "ran out of GPU memory: the range stays below it" in text
-    cfg, text = _draft("v0_5_18_runtime_decode_oom")  # under load: the baseline stays the top
-    assert mem_range(cfg)[1] == cfg.search.baseline["mem_fraction_static"] == 0.88
+    cfg, text = _draft("v0_5_23_runtime_cublas_oom")  # under load: the baseline stays the top
+    f = cfg.search.baseline["mem_fraction_static"]
+    assert mem_range(cfg)[1] == f and "ran out of GPU memory under load" in text
+
+
+def test_a_kv_pool_out_of_token_slots_under_load_bounds_the_range_from_below() -> None:
+    """`Decode out of memory` is SGLang's allocator finding no free KV slots, not CUDA: a bigger
+    pool helps, so the log's fraction is where the range starts, not where it tops out."""
+    cfg, text = _draft("v0_5_18_runtime_decode_oom")
+    assert mem_range(cfg)[0] == cfg.search.baseline["mem_fraction_static"] == 0.88
+    assert mem_range(cfg)[1] > 0.88 and "out of KV pool token slots under load" in text
 
 
 def test_a_start_without_room_for_a_pool_bounds_the_range_from_below() -> None:

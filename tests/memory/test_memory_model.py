@@ -172,3 +172,25 @@ def test_a_pool_held_to_max_total_tokens_keeps_the_line_and_stops_at_the_cap() -
         assert n is not None and n.mean == 100_000
     uncapped = fit([launch(KIMI, f, seed=i)[1] for i, f in enumerate((0.85, 0.88))])
     assert uncapped.tokens_cap is None
+
+
+@pytest.mark.parametrize(
+    ("outcome", "reason"),
+    [
+        ("runtime_oom", "runtime_oom (decode_oom): Decode out of memory. Try to lower your batch"),
+        ("runtime_oom", "runtime_oom (retract_oom): ValueError: Out of memory even after"),
+        ("crash", "crash (illegal_memory_access): CUDA error: an illegal memory access"),
+    ],
+)
+def test_a_death_that_measured_no_gpu_peak_puts_no_floor_under_it(
+    outcome: str, reason: str
+) -> None:
+    """The KV pool's own slots running out, or a crash of another kind, says nothing of the GPU
+    peak: only a GPU out-of-memory under load is a floor for it."""
+    ok = Observation(
+        Setting(0.88, 48), Ledger(available_gpu_mem_gib=5.0), "ok", stress_peak_gib=2.0
+    )
+    died = Observation(Setting(0.92, 48), Ledger(available_gpu_mem_gib=2.5), outcome, reason=reason)
+    assert not died.gpu_oom_under_load
+    peak = fit([ok, died]).stress_peak(Setting(0.92, 48), 48, None)
+    assert peak is not None and peak.mean < 2.5

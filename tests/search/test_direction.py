@@ -79,6 +79,9 @@ def quiet() -> None:
             (),
             Push.LOWER,
         ),
+        # the KV pool's own slots ran out (SGLang's allocator, not CUDA): the pool grows with f
+        ("runtime_oom", "runtime_oom (decode_oom): Decode out of memory. Try to", (), Push.RAISE),
+        ("runtime_oom", "runtime_oom (retract_oom): ValueError: Out of memory", (), Push.RAISE),
         ("ok", "", ("headroom_gib",), Push.LOWER),
         ("ok", "", ("p99_ttft_ms",), Push.NONE),
         ("ok", "", (), Push.NONE),
