@@ -1,6 +1,6 @@
 """The winner's KV pool as a share of the box's ceiling: one line every review surface prints.
 
-The ceiling (`autotune.memory.arithmetic.Ceiling`, docs/review.md "The ceiling") is the pool the
+The ceiling (`autotune.memory.ceiling.Ceiling`, docs/review.md "The ceiling") is the pool the
 box would hold if the reserve `P·(1 − f)` held only what the trials measured it needs: the
 request table, the draft's part, the CUDA graphs, the workspaces, the stress peak and the margin
 the export keeps free at it. The line says how much of it the winner takes and how much of the
@@ -31,7 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.config.schema import FRACTION
-from autotune.memory.arithmetic import Ceiling, ReserveNeeds, ceiling, reserve_gib
+from autotune.memory.arithmetic import reserve_gib
+from autotune.memory.ceiling import Ceiling, ReserveNeeds, ceiling
 from autotune.record.view import TrialView
 from autotune.review import figures as fig
 from autotune.review.source import Review

@@ -16,12 +16,11 @@ from dataclasses import asdict, dataclass
 from autotune.logparse.ledger import Ledger
 from autotune.memory.arithmetic import (
     Arithmetic,
-    Ceiling,
     arithmetic,
-    ceiling,
     implied_fraction,
     lowest_fraction,
 )
+from autotune.memory.ceiling import Ceiling, ceiling
 
 DEFAULT_STEP = 0.01
 SPAN = 4
@@ -61,7 +60,7 @@ class WhatIf:
     words: tuple[str, ...]
     ceiling_tokens: int | None = None
     """The pool the box would hold if the reserve held only what this launch shows it needs,
-    its stress peak included (`memory.arithmetic.ceiling`, no margin); None when not known."""
+    its stress peak included (`memory.ceiling.ceiling`, no margin); None when not known."""
     ceiling_missing: tuple[str, ...] = ()
     """What the ceiling needs that this log does not show (`the stress peak`)."""
 

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from autotune.logparse.ledger import Ledger
-from autotune.memory.arithmetic import GIB, Arithmetic, arithmetic, ceiling
+from autotune.memory.arithmetic import GIB, Arithmetic, arithmetic
+from autotune.memory.ceiling import ceiling
 from tests.review.fakes import CELL, ledger
 
 PEAK = 2.5

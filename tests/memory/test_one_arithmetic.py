@@ -30,7 +30,7 @@ from autotune.memory.arithmetic import (
     reserve_gib,
     stress_peak_gib,
 )
-from autotune.memory.arithmetic import ceiling as memory_ceiling
+from autotune.memory.ceiling import ceiling as memory_ceiling
 from autotune.record.view import view
 from autotune.review import ceiling, page
 from autotune.review import figures as fig

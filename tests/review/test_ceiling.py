@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from autotune.config.schema import StudyConfig
-from autotune.memory.arithmetic import ceiling as memory_ceiling
+from autotune.memory.ceiling import ceiling as memory_ceiling
 from autotune.record.stored import StudyRecord
 from autotune.review import ceiling
 from autotune.review import page as report
