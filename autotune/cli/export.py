@@ -8,7 +8,8 @@ import sys
 
 from autotune.cli import common
 from autotune.errors import UsageError
-from autotune.review.export import FORMATS, build_export, comment, render
+from autotune.review.export import build_export
+from autotune.review.exportformats import FORMATS, comment, render
 from autotune.server.flagcheck import canonical_argv, inspect_argv
 
 

@@ -160,7 +160,7 @@ def _refuse_control(data: object, dotted: str) -> None:
     the server, nor any export: refused here, at load, naming the key, instead of failing when a
     trial launches. Other control characters in values are carried: the launch passes them as
     they are, and each export format escapes them or refuses them itself
-    (`autotune.review.export`). A key holds none (TOML allows them in quoted keys): a flag or
+    (`autotune.review.exportformats`). A key holds none (TOML allows them in quoted keys): a flag or
     variable name with a newline would otherwise end the flag or the line it is written on."""
     if isinstance(data, str):
         if "\x00" in data:

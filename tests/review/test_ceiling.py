@@ -16,7 +16,8 @@ from autotune.record.stored import StudyRecord
 from autotune.review import ceiling
 from autotune.review import page as report
 from autotune.review.explain import explain
-from autotune.review.export import build_export, render
+from autotune.review.export import build_export
+from autotune.review.exportformats import render
 from autotune.review.source import Review, build_review
 from autotune.review.status import status_text
 from autotune.review.winner import parse_margin

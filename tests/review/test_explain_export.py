@@ -10,7 +10,8 @@ import pytest
 from autotune.config.schema import StudyConfig
 from autotune.errors import UsageError
 from autotune.review.explain import explain
-from autotune.review.export import build_export, render, round_trip
+from autotune.review.export import build_export, round_trip
+from autotune.review.exportformats import render
 from autotune.review.source import Review, build_review
 from tests.review.fakes import trial, walk
 

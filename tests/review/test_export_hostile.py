@@ -35,7 +35,8 @@ import pytest
 from autotune.config.schema import StudyConfig
 from autotune.config.studyfile import parse_study
 from autotune.errors import ConfigError, UsageError
-from autotune.review.export import FORMATS, Export, build_export, render
+from autotune.review.export import Export, build_export
+from autotune.review.exportformats import FORMATS, render
 from autotune.review.source import build_review
 from tests.review.conftest import STUDY
 from tests.review.fakes import walk

@@ -13,7 +13,8 @@ import pytest
 from autotune.cli.main import main
 from autotune.config.schema import StudyConfig
 from autotune.errors import UsageError
-from autotune.review.export import FORCED_FLAG, FORMATS, build_export, render
+from autotune.review.export import FORCED_FLAG, build_export
+from autotune.review.exportformats import FORMATS, render
 from autotune.review.source import build_review
 from tests.oracle import run_in_sglang
 from tests.review.conftest import STUDY

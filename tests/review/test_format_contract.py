@@ -1,4 +1,5 @@
-"""The export `Format` contract, run against every format in `autotune.review.export.FORMATS`.
+"""The export `Format` contract, run against every format in
+`autotune.review.exportformats.FORMATS`.
 
 Each registered format has its own reader here (`READERS`: `shlex` for `flags` and `shell`,
 `json.loads` for `json`, the documented systemd rules for `systemd`), and a format without one
@@ -27,7 +28,8 @@ import pytest
 
 from autotune.config.studyfile import parse_study
 from autotune.errors import UsageError
-from autotune.review.export import FORMATS, Export, build_export, render
+from autotune.review.export import Export, build_export
+from autotune.review.exportformats import FORMATS, render
 from autotune.review.source import build_review
 from tests.review.conftest import STUDY
 from tests.review.fakes import walk

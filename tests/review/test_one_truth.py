@@ -22,7 +22,8 @@ from autotune.config.schema import StudyConfig
 from autotune.review import figures as fig
 from autotune.review import page
 from autotune.review.explain import explain
-from autotune.review.export import build_export, render
+from autotune.review.export import build_export
+from autotune.review.exportformats import render
 from autotune.review.headline import headline
 from autotune.review.source import Review, build_review
 from autotune.review.status import render as status_text
