@@ -113,7 +113,7 @@ def _explain_row(text: str, fraction: float) -> list[str]:
 
 @pytest.mark.e2e
 def test_one_trials_figures_agree_on_every_surface(world: World) -> None:
-    world.study(flags=EAGLE, phases=STRESS, n_trials=1)
+    world.study(flags=EAGLE, phases=STRESS, n_trials=1, stall_s=10)  # not about stalls
     run = world.run(timeout=240)
     progress = _ok(run) + run.err
     trials = optuna.load_study(study_name=NAME, storage=world.url).get_trials()

@@ -39,7 +39,7 @@ tp-size = 8
 
 [server.limits]
 startup_s = 30
-stall_s = 1.5
+stall_s = {stall_s}
 workload_s = 30
 stop_grace_s = 1.5
 release_s = {release_s}
@@ -134,7 +134,7 @@ class World:
         """Write the study file from STUDY with `values` for its fields."""
         fields: dict[str, object] = dict(
             server="", flags="", search="", workload="", phases="", tail="", limits="",
-            baseline=0.88, duration=0.5, n_trials=1, release_s=3,
+            baseline=0.88, duration=0.5, n_trials=1, release_s=3, stall_s=1.5,
         )  # fmt: skip
         fields.update(values)
         path = self.folder / f"{NAME}.toml"
