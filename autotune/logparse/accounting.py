@@ -24,7 +24,13 @@ pool end, CUDA graphs, then a TP0 summary line. `build_ledger` turns those event
   after `Use sliding window memory pool. full_layer_tokens=F, swa_layer_tokens=S`: the line with
   S tokens is the SWA half, never the pool or a draft's, and the pool holds F tokens
   (`pool_configurator.py`: `max_total_num_tokens=full_tokens`). Two bare lines with the same
-  count are read in the order they come, full pool first.
+  count are read in the order they come, full pool first. `SWAKVPool mem usage: X GB, swa size:
+  S, full size: F` (`swa_memory_pool.py`) gives the same split after the halves' lines, which
+  are then read again with it. The pool's GiB is both halves (X where printed): SGLang's cell
+  per pool token carries the SWA layers' share (`_recompute_cell_size`).
+* A `Load weight end` after the rank's `Memory pool end` is the draft's: the target's weights
+  load before its pool in every release, and a draft that loads after the target's graphs
+  (0.5.9's order, kept by builds that make the draft worker after the target's) comes there.
   `KV Cache VA upper bound` (post-capture sizing) is reserved address space, not memory; the
   `Post-capture KV sizing: KV cache allocated` line then gives the pool.
 * Graph captures are labelled with their role from 0.5.18 (`target prefill|decode|verify`,
@@ -92,6 +98,7 @@ class _Rank:
     after_weights: float | None = None
     sized_from: float | None = None
     draft_weights: float | None = None
+    draft_loaded: bool = False
     draft_before_pool: bool = False
     last_load_avail: float | None = None
     kv_since_load: float = 0.0
@@ -103,7 +110,12 @@ class _Rank:
     swa_kv: float | None = None
     swa_tokens: int | None = None
     swa_split: tuple[int, int] | None = None
-    """`Use sliding window memory pool`'s (full_layer_tokens, swa_layer_tokens)."""
+    """`Use sliding window memory pool`'s or `SWAKVPool`'s (full tokens, SWA tokens)."""
+    swa_pool_kv: float | None = None
+    """`SWAKVPool mem usage`: both halves of a hybrid sliding-window pool, GiB."""
+    target_kv: list[Event] = field(default_factory=list)
+    """The target's unlabelled and `Full`/`SWA` KV lines before the pool end, to be read again
+    when the split comes after them (`SWAKVPool` prints it once both halves are built)."""
     aux_kv: float | None = None
     mamba: float | None = None
     """The Mamba state pool (`Mamba Cache is allocated`), part of the request table's pool
@@ -125,7 +137,7 @@ class _Rank:
         kind = event.kind
         if kind is Kind.WEIGHT_LOAD_BEGIN:
             self.loads_begun += 1
-            if self.loads_begun == 1:
+            if self.loads_begun == 1 and not self.pool_ends:
                 self.p = v.get("avail_gib")
         elif kind is Kind.WEIGHT_LOAD_END:
             self._weights(event)
@@ -137,9 +149,7 @@ class _Rank:
                 self.mamba = round((self.mamba or 0.0) + gib, 2)
                 self.kv_since_load += gib
         elif kind is Kind.SWA_POOL and not self.pool_ends:
-            full, swa = v.get("full_tokens"), v.get("swa_tokens")
-            if full is not None and swa is not None:
-                self.swa_split = (int(full), int(swa))
+            self._split(event)
         elif kind is Kind.MEMORY_POOL_END:
             self.pool_ends += 1
             avail = v.get("avail_gib")
@@ -159,11 +169,37 @@ class _Rank:
             elif event.label == "draft_kv":
                 self.post_draft_kv = (self.post_draft_kv or 0.0) + v.get("kv_gib", 0.0)
 
+    def _split(self, event: Event) -> None:
+        """A hybrid sliding-window pool's split. `Use sliding window memory pool` comes before
+        the halves' KV lines; `SWAKVPool mem usage` after them, with both halves' GiB: the lines
+        already read are then read again with the split known."""
+        v = event.values
+        full, swa = v.get("full_tokens"), v.get("swa_tokens")
+        if full is None or swa is None:
+            return
+        self.swa_split = (int(full), int(swa))
+        if v.get("gib") is not None and not v.get("va_upper_bound"):
+            self.swa_pool_kv = v["gib"]
+        if self.target_kv and self.swa_kv is None and self.kv_va is None:
+            lines, self.target_kv = self.target_kv, []
+            self.kv = self.kv_tokens = self.kv_dtype = self.draft_kv = None
+            self.kv_main_lines = 0
+            for line in lines:
+                self._target_kv(line)
+
     def _weights(self, event: Event) -> None:
         v = event.values
         self.loads_done += 1
         self.last_load_avail = v.get("avail_gib")
         self.kv_since_load = 0.0
+        if self.pool_ends:
+            # after this rank's pool end: the draft's (the target's weights load before its
+            # pool in every release; up to 0.5.9, and in later builds whose draft worker is
+            # made after the target's, the draft loads after the target's graphs)
+            if self.draft_weights is None:
+                self.draft_weights = v.get("usage_gib")
+            self.draft_loaded = True
+            return
         if self.loads_done == 1:
             self.weights, self.after_weights = v.get("usage_gib"), v.get("avail_gib")
             if self.weights is None and self.p is not None and self.after_weights is not None:
@@ -173,6 +209,7 @@ class _Rank:
             self.model_type = event.label or None
         elif self.loads_done == 2:
             self.draft_weights = v.get("usage_gib")
+            self.draft_loaded = True
         if not self.kv_main_lines and not self.pool_ends:
             self.sized_from = v.get("avail_gib")  # A: the last load before the pool
             self.draft_before_pool = self.loads_done >= 2
@@ -192,12 +229,22 @@ class _Rank:
         self.kv_since_load += gib or 0.0
         if self.pool_ends:  # the draft's pool (0.5.18+: its own; 0.5.9: after its weights)
             self.draft_kv = (self.draft_kv or 0.0) + (gib or 0.0)
-        elif pool == POOL_SWA or (pool == POOL_MAIN and self._swa_half(v.get("tokens"))):
+        elif pool == POOL_AUX:
+            self.aux_kv = (self.aux_kv or 0.0) + (gib or 0.0)
+        else:
+            self.target_kv.append(event)
+            self._target_kv(event)
+
+    def _target_kv(self, event: Event) -> None:
+        """A target KV line before the pool end: the pool, a sliding-window pool's SWA half, or
+        (a second unlabelled line without a split) the draft's pool."""
+        v = event.values
+        gib = v.get("kv_gib")
+        pool = v.get("pool", 0.0)
+        if pool == POOL_SWA or (pool == POOL_MAIN and self._swa_half(v.get("tokens"))):
             self.swa_kv = gib
             tokens = v.get("tokens")
             self.swa_tokens = int(tokens) if tokens is not None else None
-        elif pool == POOL_AUX:
-            self.aux_kv = (self.aux_kv or 0.0) + (gib or 0.0)
         else:
             self.kv_main_lines += 1
             if self.kv_main_lines == 1:
@@ -219,6 +266,17 @@ class _Rank:
         return self.kv_main_lines == 1 and full == swa
 
     @property
+    def pool_kv(self) -> float | None:
+        """The target pool's GiB: a hybrid sliding-window pool's both halves (`SWAKVPool mem
+        usage`, else the two halves' lines), as SGLang sizes it (`pool_configurator.py`: each
+        full token's cell carries `swa_full_tokens_ratio` of an SWA cell)."""
+        if self.swa_pool_kv is not None:
+            return self.swa_pool_kv
+        if self.kv is not None and self.swa_kv is not None:
+            return round(self.kv + self.swa_kv, 2)
+        return self.kv
+
+    @property
     def split_full_tokens(self) -> int | None:
         """The full-layer tokens the split names: the pool's size when no line of it shows."""
         return self.swa_split[0] if self.swa_split else None
@@ -232,7 +290,7 @@ class _Rank:
         v = event.values
         usage = v.get("usage_gib") or 0.0
         role = event.label
-        legacy_draft = not role and self.loads_done >= 2 and not self.draft_before_pool
+        legacy_draft = not role and self.draft_loaded and not self.draft_before_pool
         phase = "draft_decode" if legacy_draft else _PHASE_OF_ROLE.get(role, "decode")
         self.phases[phase] = round(self.phases.get(phase, 0.0) + usage, 2)
         if phase in DRAFT_PHASES:
@@ -386,7 +444,7 @@ def build_ledger(events: Iterable[Event]) -> Ledger:
         weights_gib=_high(r.weights for r in ordered),
         avail_after_weights_gib=_low(r.sized_from for r in ordered),
         max_total_num_tokens=_int(summary.get("max_total_num_tokens", tokens)),
-        kv_gib=_shared(ordered, "post_kv" if post else "kv"),
+        kv_gib=_shared(ordered, "post_kv" if post else "pool_kv"),
         kv_dtype=_shared(ordered, "kv_dtype") or kv_dtype,
         draft_weights_gib=_high(r.draft_weights for r in ordered),
         draft_kv_gib=post_draft if post_draft is not None else _shared(ordered, "draft_kv"),
@@ -435,6 +493,7 @@ def build_ledger(events: Iterable[Event]) -> Ledger:
 _SHARED = frozenset(
     {
         "kv",
+        "pool_kv",
         "kv_tokens",
         "kv_dtype",
         "kv_va",

@@ -142,6 +142,15 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     _r(
+        "swa_kv_pool",
+        "swa_pool",
+        Source(
+            "mem_cache/swa_memory_pool.py",
+            "SWAKVPool {'VA upper bound' if self.post_capture_active else 'mem usage'}: "
+            "{self.mem_usage:.2f} GB, swa size: {self.size_swa}, full size: {self.size}",
+        ),
+    ),
+    _r(
         "kv_cap_ignored",
         "kv_cap_ignored",
         Source(

@@ -64,6 +64,8 @@ class Ledger:
     kv_va_gib: float | None = None
     """Post-capture sizing: the address space first reserved for the pool (not memory)."""
     swa_kv_gib: float | None = None
+    """A hybrid sliding-window pool's SWA half, part of `kv_gib` (which holds both halves: SGLang
+    sizes each full token's cell with `swa_full_tokens_ratio` of an SWA cell)."""
     swa_tokens: int | None = None
     aux_kv_gib: float | None = None
     mamba_gib: float | None = None

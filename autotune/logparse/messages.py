@@ -57,6 +57,9 @@ _POST_MRR = re.compile(r"max_running_requests (\d+) -> (\d+)")
 _POST_GB = re.compile(NUM + " GB")
 _POST_MAX_BS = re.compile(r"max_bs=(\d+) < max_running_requests=(\d+)")
 _SWA_TOKENS = re.compile(r"(full|swa)_layer_tokens=(\d+)")
+_SWA_KV_POOL = re.compile(
+    r"^SWAKVPool (mem usage|VA upper bound): " + NUM + r" GB, swa size: (\d+), full size: (\d+)"
+)
 _BELOW_CONTEXT = re.compile(r"KV pool holds (\d+) tokens, fewer than --context-length (\d+)")
 _CAP_IGNORED = re.compile(r"max_total_tokens=(\d+) is larger than the profiled value (-?\d+)")
 _MAMBA = re.compile(
@@ -157,6 +160,25 @@ def _mamba(message: str, ctx: Ctx) -> Event:
 def _swa_pool(message: str, ctx: Ctx) -> Event:
     values = {f"{k}_tokens": float(v) for k, v in _SWA_TOKENS.findall(message)}
     return Event(Kind.SWA_POOL, *ctx, values)
+
+
+def _swa_kv_pool(message: str, ctx: Ctx) -> Event | None:
+    """`SWAKVPool mem usage: X GB, swa size: S, full size: F` (`mem_cache/swa_memory_pool.py`
+    `SWAKVPool.__init__`, printed once both halves are built, after their `KV Cache` lines): the
+    hybrid sliding-window pool's split, as `Use sliding window memory pool` gives it, and both
+    halves together in GiB (`gib`; GB is GiB there). With post-capture sizing it says `VA upper
+    bound` (`va_upper_bound`): reserved address space, not memory."""
+    m = _SWA_KV_POOL.match(message)
+    if m is None:
+        return None
+    va = m.group(1) == "VA upper bound"
+    values = _values(
+        gib=float(m.group(2)),
+        swa_tokens=float(m.group(3)),
+        full_tokens=float(m.group(4)),
+        va_upper_bound=1.0 if va else None,
+    )
+    return Event(Kind.SWA_POOL, *ctx, values, "SWAKVPool")
 
 
 def _capturing(message: str, ctx: Ctx) -> Event:
@@ -414,6 +436,7 @@ _STARTS: tuple[tuple[str, Builder], ...] = (
     ("max_total_tokens=", _cap_ignored),
     ("Using KV cache dtype", _kv_dtype),
     ("Use sliding window memory pool", _swa_pool),
+    ("SWAKVPool ", _swa_kv_pool),
     ("The server is fired up and ready to roll", _plain(Kind.READY)),
     ("The memory capacity is unbalanced", _plain(Kind.UNBALANCED_MEMORY)),
     ("Allocating ", _host_cache),

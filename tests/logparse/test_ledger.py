@@ -174,13 +174,14 @@ def _swa_start(*kv: str) -> str:
 
 
 def test_a_bare_sliding_window_half_is_not_the_pool_nor_a_draft() -> None:
-    """The SWA half comes first, with the split's SWA count; the full half is the pool."""
+    """The SWA half comes first, with the split's SWA count; the pool holds the full count and
+    both halves' bytes (SGLang sizes each full token's cell with its share of an SWA cell)."""
     log = _swa_start(
         "KV Cache is allocated. #tokens: 300288, K size: 8.38 GB, V size: 5.59 GB\n",
         "KV Cache is allocated. #tokens: 375360, K size: 2.00 GB, V size: 2.00 GB\n",
     )
     led = build_ledger(parse_text(log).events)
-    assert (led.max_total_num_tokens, led.kv_gib) == (375360, 4.0)
+    assert (led.max_total_num_tokens, led.kv_gib) == (375360, 17.97)
     assert (led.swa_tokens, led.swa_kv_gib, led.draft_kv_gib) == (300288, 13.97, None)
 
 
@@ -200,7 +201,7 @@ def test_two_bare_halves_of_one_count_are_the_pool_then_its_swa_half() -> None:
         "KV Cache is allocated. #tokens: 300288, K size: 1.00 GB, V size: 1.00 GB\n",
     ).replace("full_layer_tokens=375360", "full_layer_tokens=300288")
     led = build_ledger(parse_text(log).events)
-    assert (led.kv_gib, led.swa_kv_gib, led.draft_kv_gib) == (4.0, 2.0, None)
+    assert (led.kv_gib, led.swa_kv_gib, led.draft_kv_gib) == (6.0, 2.0, None)
 
 
 def test_labelled_halves_keep_their_labels() -> None:
@@ -212,4 +213,45 @@ def test_labelled_halves_keep_their_labels() -> None:
         "V size: 5.59 GB\n",
     )
     led = build_ledger(parse_text(log).events)
-    assert (led.max_total_num_tokens, led.kv_gib, led.swa_kv_gib) == (375360, 4.0, 13.97)
+    assert (led.max_total_num_tokens, led.kv_gib, led.swa_kv_gib) == (375360, 17.97, 13.97)
+
+
+# A hybrid sliding-window pool with a draft model, as a 2026 build printed it (no rank tag, a
+# docker compose column first): no `Use sliding window memory pool` line in the excerpt; the two
+# bare halves, SWA first, then `SWAKVPool mem usage` with the split and both halves' GiB; the
+# pool end, the target's graphs; then the Frozen-KV MTP draft loads, with its own 64-token pool.
+_SWAKV = "".join(
+    "2026-06-09 12:30:37.557 | [2026-06-09 09:30:37] " + line + "\n"
+    for line in (
+        "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 102292, K size: 3.41 GB, "
+        "V size: 3.41 GB",
+        "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 127866, K size: 1.71 GB, "
+        "V size: 1.71 GB",
+        "SWAKVPool mem usage: 10.24 GB, swa size: 102292, full size: 127866",
+        "Memory pool end. avail mem=3.27 GB",
+        "Capture cuda graph begin. This can take up to several minutes. avail mem=3.26 GB",
+        "Capture cuda graph bs [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 18, 20, 22, 24]",
+        "Load weight end. elapsed=17.93 s, type=Gemma4AssistantForCausalLM, avail mem=2.93 GB, "
+        "mem usage=0.29 GB.",
+        "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 64, K size: 0.00 GB, "
+        "V size: 0.00 GB",
+        "Memory pool end. avail mem=3.01 GB",
+    )
+)
+
+
+def test_the_swakvpool_line_after_the_halves_gives_the_pool_and_its_swa_half() -> None:
+    """The split comes after both halves: the line with its SWA count is the SWA half, the other
+    the full half; the pool is the full count and both halves, not a pool and a draft's."""
+    led = build_ledger(parse_text(_SWAKV).events)
+    assert (led.max_total_num_tokens, led.kv_gib, led.kv_dtype) == (127866, 10.24, "torch.bfloat16")
+    assert (led.swa_tokens, led.swa_kv_gib) == (102292, 6.82)
+    assert led.avail_after_pool_gib == 3.27
+
+
+def test_a_weight_load_after_the_rank_s_pool_end_is_the_draft_s() -> None:
+    """The target's weights load before its pool in every release; a load after the pool end
+    and the target's graphs is the draft's (0.5.9's order), as is the pool after it."""
+    led = build_ledger(parse_text(_SWAKV).events)
+    assert (led.weights_gib, led.model_type, led.avail_after_weights_gib) == (None, None, None)
+    assert (led.draft_weights_gib, led.draft_kv_gib) == (0.29, 0.0)

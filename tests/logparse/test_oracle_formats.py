@@ -276,6 +276,20 @@ SAMPLES: dict[str, tuple[Line, str, Mapping[str, float], str]] = {
         {"full_tokens": 100000, "swa_tokens": 80000},
         "",
     ),
+    "swa_kv_pool": (
+        _f(
+            0,
+            **{
+                "'VA upper bound' if self.post_capture_active else 'mem usage'": "mem usage",
+                "self.mem_usage": 10.24,
+                "self.size_swa": 102292,
+                "self.size": 127866,
+            },
+        ),
+        "swa_pool",
+        {"full_tokens": 127866, "swa_tokens": 102292, "gib": 10.24},
+        "SWAKVPool",
+    ),
     "kv_cap_ignored": (
         _f(0, user_limit=500000, token_capacity=159277),
         "kv_cap_ignored",
