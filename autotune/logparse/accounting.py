@@ -461,7 +461,7 @@ def build_ledger(events: Iterable[Event]) -> Ledger:
         max_prefill_tokens=_int(summary.get("max_prefill_tokens")),
         context_len=_int(summary.get("context_len")),
         model_type=_shared(ordered, "model_type"),
-        ranks=len(ordered) or None,
+        ranks=_ranks(events, ranks),
         semantics=rules.name if rules else None,
         semantics_from=chosen_by or None,
         sglang_version=e.label if (e := first.get(Kind.VERSION)) else None,
@@ -523,6 +523,16 @@ def _shared(ordered: Iterable[_Rank], name: str) -> Any:
     stage's (whose pool holds other layers)."""
     assert name in _SHARED, name
     return next((v for r in ordered if (v := getattr(r, name)) is not None), None)
+
+
+def _ranks(events: Iterable[Event], accounted: Mapping[str, _Rank]) -> int | None:
+    """How many ranks the log shows: every rank tag that printed a line SGLang's logger prefixed
+    with one (`TP3`, `DP1 TP1`; not `PID…`, which a custom logging config gives every process),
+    and the untagged one of a single-GPU log's accounting lines. A rank seen only in its graph
+    capture or a warning counts, as the ranks with memory lines do."""
+    tags = set(accounted)
+    tags.update(e.rank for e in events if e.rank and not e.rank.startswith("PID"))
+    return len(tags) or None
 
 
 def _first_value(first: Mapping[Kind, Event], kind: Kind, key: str) -> float | None:

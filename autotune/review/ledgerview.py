@@ -107,6 +107,7 @@ _ROWS = (
     ("kv_dtype", "KV dtype", ""),
     ("mamba_gib", "Mamba state pool", "GiB"),
     ("req_to_token_gib", "request table (derived)", "GiB"),
+    ("avail_after_pool_gib", "free after the KV pool", "GiB"),
     ("draft_weights_gib", "draft weights", "GiB"),
     ("draft_kv_gib", "draft KV pool", "GiB"),
     ("graph_gib", "CUDA graphs", "GiB"),

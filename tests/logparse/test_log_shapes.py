@@ -331,3 +331,37 @@ def test_the_text_shows_retractions_of_an_excerpt_without_batch_lines() -> None:
     text = as_text(*summarize_log(log), log)
     assert "serving: 0 prefill and 0 decode lines; no figures on them; 1 request(s) " in text
     assert "retracted in 1 retraction(s)" in text
+
+
+def test_the_text_shows_the_free_memory_after_the_kv_pool() -> None:
+    """`Memory pool end. avail mem=…` (the JSON's `avail_after_pool_gib`) has its own row."""
+    log = parse_text(
+        "[2026-06-08 07:20:53 TP0] KV Cache is allocated. dtype: torch.bfloat16, #tokens: "
+        "1106304, K size: 25.32 GB, V size: 25.32 GB\n"
+        "[2026-06-08 07:20:53 TP0] Memory pool end. avail mem=12.05 GB\n"
+    )
+    text = as_text(*summarize_log(log), log)
+    assert "free after the KV pool                12.05 GiB" in text
+
+
+def test_every_rank_that_printed_a_prefixed_line_is_counted() -> None:
+    """TP1 printed only its graph capture's begin (a MUSA TP2 start on 0.5.6); on a DP8 ROCm
+    start every rank printed only the cap warning, rank 0 its weights as well."""
+    capture = "Capture cuda graph begin. This can take up to several minutes. avail mem=12.07 GB"
+    log = parse_text(
+        "[2026-06-08 07:20:53 TP0] KV Cache is allocated. dtype: torch.bfloat16, #tokens: "
+        "1106304, K size: 25.32 GB, V size: 25.32 GB\n"
+        "[2026-06-08 07:20:53 TP0] Memory pool end. avail mem=12.05 GB\n"
+        f"[2026-06-08 07:20:54 TP1] {capture}\n[2026-06-08 07:20:54 TP0] {capture}\n"
+    )
+    assert build_ledger(log.events).ranks == 2
+    cap = (
+        "max_total_tokens=131072 is larger than the profiled value -561981. "
+        "Use the profiled value instead."
+    )
+    lines = [
+        "[2025-07-02 07:41:58 DP0 TP0] Load weight end. type=DeepseekV3ForCausalLM, "
+        "dtype=torch.bfloat16, avail mem=21.73 GB, mem usage=166.59 GB.\n"
+    ]
+    lines += [f"[2025-07-02 07:41:59 DP{r} TP{r}] {cap}\n" for r in (0, 7, 6, 4, 5, 3, 1, 2)]
+    assert build_ledger(parse_text("".join(lines)).events).ranks == 8
