@@ -42,8 +42,10 @@ _BATCH_FIELDS: dict[str, tuple[int, Callable[[str], Any]]] = {
     "#retracted-req": (11, int),
     "#pending-token": (12, int),
     "accept rate": (13, float),
+    "swa token usage": (14, float),
+    "mamba usage": (15, float),
 }
-_BATCH_SLOTS = 14
+_BATCH_SLOTS = 16
 
 # Whole-line patterns for the common shapes of 0.4.x, 0.5.4, 0.5.9 and 0.5.18–0.5.23 batch lines:
 # one regex call reads prefix and fields together, which is what keeps a million-line log under a
@@ -88,7 +90,18 @@ def _common(
     time and rank, running and queued requests, token usage), then `rest` in `Batch`'s order."""
     return tuple.__new__(
         Batch,
-        (phase, line_no, header_time(stamp), rank or "", int(run), int(queue), float(use), *rest),
+        (
+            phase,
+            line_no,
+            header_time(stamp),
+            rank or "",
+            int(run),
+            int(queue),
+            float(use),
+            *rest,
+            None,  # swa token usage and mamba usage: hybrid pools' lines take `read_batch`
+            None,
+        ),
     )
 
 

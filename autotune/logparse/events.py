@@ -217,7 +217,9 @@ class Event(NamedTuple):
 class Batch(NamedTuple):
     """One Prefill or Decode batch line (TP0 of each DP group). Missing fields are None.
     `pending_tokens` is 0.5.18+'s `#pending-token` (prefill tokens still waiting to be
-    scheduled)."""
+    scheduled). A hybrid model's line gives its full-attention pool's `full token usage` as
+    `token_usage`, and its other pool's beside it: `swa token usage` (sliding-window layers) or
+    `mamba usage` (the Mamba state slots), either of which can be the one that runs out."""
 
     phase: str  # "prefill" | "decode"
     line_no: int
@@ -237,6 +239,8 @@ class Batch(NamedTuple):
     retracted: int | None = None
     pending_tokens: int | None = None
     accept_rate: float | None = None
+    swa_token_usage: float | None = None
+    mamba_usage: float | None = None
 
 
 Parsed = Event | Batch

@@ -72,6 +72,19 @@ _MHA_POOL = Source(
     "V size: {v_size_GB:.2f} GB",
 )
 
+# A Prefill line after its pool's usage parts (`token_usage_msg`, `pool_stats_observer.py`).
+_PREFILL_HEAD = Source(
+    _METRICS,
+    "Prefill batch{iter_msg}, #new-seq: {prefill_stats.num_new_seqs}, "
+    "#new-token: {prefill_stats.log_input_tokens}, "
+    "#cached-token: {prefill_stats.log_hit_tokens}, {token_usage_msg}"
+    "#running-req: {prefill_stats.num_running_reqs.total}, "
+    "#queue-req: {len(self.scheduler.waiting_queue)}, "
+    "#pending-token: {prefill_stats.num_pending_tokens}, ",
+)
+_PREFILL_GRAPH = Source(_METRICS, "{self._graph_backend_label}: {can_run_cuda_graph}, ")
+_PREFILL_TAIL = Source(_METRICS, "input throughput (token/s): {self.last_input_throughput:.2f}")
+
 RULES: tuple[Rule, ...] = (
     # -- startup, in order -------------------------------------------------------------------
     _r(
@@ -493,17 +506,27 @@ RULES: tuple[Rule, ...] = (
         "prefill_batch",
         "batch",
         Source(_POOLSTATS, "token usage: {self.full_token_usage:.2f}"),
-        Source(
-            _METRICS,
-            "Prefill batch{iter_msg}, #new-seq: {prefill_stats.num_new_seqs}, "
-            "#new-token: {prefill_stats.log_input_tokens}, "
-            "#cached-token: {prefill_stats.log_hit_tokens}, {token_usage_msg}"
-            "#running-req: {prefill_stats.num_running_reqs.total}, "
-            "#queue-req: {len(self.scheduler.waiting_queue)}, "
-            "#pending-token: {prefill_stats.num_pending_tokens}, ",
-        ),
-        Source(_METRICS, "{self._graph_backend_label}: {can_run_cuda_graph}, "),
-        Source(_METRICS, "input throughput (token/s): {self.last_input_throughput:.2f}"),
+        _PREFILL_HEAD,
+        _PREFILL_GRAPH,
+        _PREFILL_TAIL,
+    ),
+    _r(
+        "prefill_batch_swa",
+        "batch",
+        Source(_POOLSTATS, "full token usage: {self.full_token_usage:.2f}"),
+        Source(_POOLSTATS, "swa token usage: {self.swa_token_usage:.2f}"),
+        _PREFILL_HEAD,
+        _PREFILL_GRAPH,
+        _PREFILL_TAIL,
+    ),
+    _r(
+        "prefill_batch_mamba",
+        "batch",
+        Source(_POOLSTATS, "full token usage: {self.full_token_usage:.2f}"),
+        Source(_POOLSTATS, "mamba usage: {self.mamba_usage:.2f}"),
+        _PREFILL_HEAD,
+        _PREFILL_GRAPH,
+        _PREFILL_TAIL,
     ),
     _r(
         "decode_batch",

@@ -51,6 +51,12 @@ class ServingSummary:
     handled_ooms: int = 0
     """Out-of-memory messages SGLang logged and recovered from (a fallback, a retry, a skipped
     optional step): serving events, not endings."""
+    max_swa_token_usage: float | None = None
+    """A hybrid sliding-window pool's `swa token usage`, at its peak (`max_token_usage` is then
+    the full-attention pool's `full token usage`)."""
+    max_mamba_usage: float | None = None
+    """A hybrid linear-attention model's `mamba usage` (its state slots in use), at its peak: the
+    slots can run out before the KV pool does."""
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as JSON values, for `trial.json` and the ledger's `--json`."""
@@ -109,4 +115,6 @@ def summarize(batches: Sequence[Batch], events: Iterable[Event] = ()) -> Serving
         oom_aborts=len(aborts),
         max_retracted_queue=_peak(b.retracted for b in batches),
         handled_ooms=sum(1 for e in events if e.kind is Kind.OOM_HANDLED),
+        max_swa_token_usage=_peak(b.swa_token_usage for b in batches),
+        max_mamba_usage=_peak(b.mamba_usage for b in batches),
     )

@@ -163,13 +163,26 @@ def as_text(
 
 
 def _serving(serving: ServingSummary) -> str:
-    """The batch lines summed up; a figure no line carried is left out, never printed as None."""
+    """The batch lines summed up; a figure no line carried is left out, never printed as None. A
+    hybrid model's lines name the full-attention pool's usage `full token usage` and give their
+    other pool's (SWA tokens, Mamba slots) beside it."""
+    hybrid = serving.max_swa_token_usage is not None or serving.max_mamba_usage is not None
     peaks = [
         (f"running {serving.max_running:,}" if serving.max_running is not None else ""),
         (f"queued {serving.max_queued:,}" if serving.max_queued is not None else ""),
         (
-            f"token usage {serving.max_token_usage:.2f}"
+            f"{'full ' if hybrid else ''}token usage {serving.max_token_usage:.2f}"
             if serving.max_token_usage is not None
+            else ""
+        ),
+        (
+            f"swa token usage {serving.max_swa_token_usage:.2f}"
+            if serving.max_swa_token_usage is not None
+            else ""
+        ),
+        (
+            f"mamba usage {serving.max_mamba_usage:.2f}"
+            if serving.max_mamba_usage is not None
             else ""
         ),
         (

@@ -174,6 +174,31 @@ def _prefill(rule: Rule) -> str:
     )
 
 
+def _prefill_hybrid(other: str, usage: float) -> Line:
+    """A hybrid pool's Prefill line: `full token usage`, then the other pool's usage part."""
+
+    def make(rule: Rule) -> str:
+        parts = render(_src(rule, 0), {"self.full_token_usage": 0.40}) + ", "
+        parts += render(_src(rule, 1), {other: usage}) + ", "
+        head = {
+            "iter_msg": "",
+            "prefill_stats.num_new_seqs": 12,
+            "prefill_stats.log_input_tokens": 43008,
+            "prefill_stats.log_hit_tokens": 0,
+            "token_usage_msg": parts,
+            "prefill_stats.num_running_reqs.total": 49,
+            "len(self.scheduler.waiting_queue)": 49,
+            "prefill_stats.num_pending_tokens": 213301,
+        }
+        graph = {"self._graph_backend_label": "npu graph", "can_run_cuda_graph": False}
+        tail = {"self.last_input_throughput": 14336.0}
+        return TP0 + "".join(
+            (render(_src(rule, 2), head), render(_src(rule, 3), graph), render(_src(rule, 4), tail))
+        )
+
+    return make
+
+
 def _decode(rule: Rule) -> str:
     usage = render(_src(rule, 0), {"self.full_num_used": 52311, "self.full_token_usage": 0.36})
     head = {"iter_msg": " [40]", "num_running_reqs": 48, "token_usage_msg": usage + ", "}
@@ -521,6 +546,8 @@ SAMPLES: dict[str, tuple[Line, str, Mapping[str, float], str]] = {
     ),
     "ready": (_plain(prefix=MAIN), "ready", {}, ""),
     "prefill_batch": (_prefill, "batch", {}, ""),
+    "prefill_batch_swa": (_prefill_hybrid("self.swa_token_usage", 0.30), "batch", {}, ""),
+    "prefill_batch_mamba": (_prefill_hybrid("self.mamba_usage", 0.60), "batch", {}, ""),
     "decode_batch": (_decode, "batch", {}, ""),
     "retract": (_retract, "retract", {"retracted": 2}, ""),
     "request_oom_abort": (_pct(0, "rid-1"), "request_oom_abort", {}, ""),
@@ -743,6 +770,23 @@ BATCHES: dict[str, dict[str, object]] = {
         "pending_tokens": 30000,
         "cuda_graph": False,
         "input_throughput": 21000.5,
+    },
+    "prefill_batch_swa": {
+        "phase": "prefill",
+        "token_usage": 0.40,
+        "swa_token_usage": 0.30,
+        "mamba_usage": None,
+        "running": 49,
+        "pending_tokens": 213301,
+        "cuda_graph": False,
+    },
+    "prefill_batch_mamba": {
+        "phase": "prefill",
+        "token_usage": 0.40,
+        "mamba_usage": 0.60,
+        "swa_token_usage": None,
+        "queued": 49,
+        "input_throughput": 14336.0,
     },
     "decode_batch": {
         "phase": "decode",
