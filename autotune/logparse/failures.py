@@ -29,11 +29,13 @@ _SERVING_FRAMES = (
     "in forward_thread_func",
     "in process_batch_result",
     "in get_next_batch_to_run",
+    "in exposed_step",
 )
 """Traceback frames of the scheduler's serving loop and forward pass (`event_loop_overlap`,
 `event_loop_normal`, `event_loop_pp`, …, `run_batch`, `forward_batch_generation`; the overlap
-worker's `forward_thread_func` in releases that had one). Startup never runs them: graph capture
-and profiling call the model runner directly."""
+worker's `forward_thread_func` in releases that had one; 0.2.x–0.3.x's `ModelTpServer.
+exposed_step`, the step the controller calls for each batch). Startup never runs them: graph
+capture and profiling call the model runner directly."""
 
 
 _ANY_OOM = re.compile(

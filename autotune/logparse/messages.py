@@ -445,6 +445,9 @@ _STARTS: tuple[tuple[str, Builder], ...] = (
     ("Engine startup timings", _timings),
     ("server_args=", _server_args),
     ("Scheduler hit an exception", _plain(Kind.SCHEDULER_EXCEPTION)),
+    # 0.2.x–0.3.x's form of it: `ModelTpServer.exposed_step` (`managers/[controller/]tp_worker.py`)
+    # logs `Exception in ModelTpServer:\n{traceback}` and raises
+    ("Exception in ModelTpServer", _plain(Kind.SCHEDULER_EXCEPTION)),
     ("TokenizerManager hit an exception", _plain(Kind.SCHEDULER_EXCEPTION)),
     ("DetokenizerManager hit an exception", _plain(Kind.SCHEDULER_EXCEPTION)),
     ("DataParallelController hit an exception", _plain(Kind.SCHEDULER_EXCEPTION)),

@@ -577,3 +577,22 @@ def test_a_profiled_pool_at_or_below_zero_is_no_room_for_the_kv_pool() -> None:
     capped = line.replace("-561981", "96000")
     assert event(capped).kind is Kind.KV_CAP_IGNORED
     assert classify(parse_text(start + capped + "\n").events).outcome is Outcome.UNKNOWN
+
+
+def test_an_exception_in_model_tp_server_is_the_scheduler_s_exception() -> None:
+    """0.2.x–0.3.x's `ModelTpServer.exposed_step` logs `Exception in ModelTpServer:` and the
+    traceback, then raises (the older `Scheduler hit an exception`). A 0.2.15 TP2 excerpt with an
+    fp8_e5m2 KV cache, cut inside the prefill: a log SGLang wrote, and a crash while serving."""
+    log = parse_text(
+        "[14:47:01 TP0] Exception in ModelTpServer:\n"
+        "Traceback (most recent call last):\n"
+        '  File "/usr/local/lib/python3.10/dist-packages/sglang/srt/managers/tp_worker.py", '
+        "line 244, in exposed_step\n"
+        "    self.forward_step()\n"
+        '  File "/usr/local/lib/python3.10/dist-packages/sglang/srt/managers/tp_worker.py", '
+        "line 507, in forward_prefill_batch\n"
+        "    sample_output, logits_output = s\n"
+    )
+    assert log.events[0].kind is Kind.SCHEDULER_EXCEPTION and log.events[0].rank == "TP0"
+    verdict = classify(log.events, batches=log.batches)
+    assert (verdict.outcome, verdict.cause) == (Outcome.CRASH, "scheduler_exception")
