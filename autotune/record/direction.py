@@ -60,7 +60,7 @@ class Push(StrEnum):
 
 
 _WORDS = {
-    Push.RAISE: "the fraction is too low (no room for the KV pool)",
+    Push.RAISE: "the fraction is too low (no room for the KV pool, or too few token slots in it)",
     Push.LOWER: "the fraction is too high (out of GPU memory or headroom)",
     Push.SHRINK_HOST: "the host cache is too big for host RAM",
     Push.GROW_HOST: "the host cache is not larger than the GPU pool",
