@@ -116,10 +116,13 @@ _WRAPPER = re.compile(
     r"\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?\] ?"
     r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [^\s\[:]+(?:\[\d+\])?: "
     r"|\w[\w.-]* +\| "
+    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d) std(?:out|err) [FP] "
 )
 """What a log collector writes before each line it passes on: an ISO time in brackets
 (`[2025-11-06T02:08:28.503Z] `), journald's `Feb 24 11:52:01 host python3[48211]: `, docker
-compose's service column (`llm0-1  | `). SGLang's own lines carry their prefix after it; its
+compose's service column (`llm0-1  | `), the container runtime's line under Kubernetes
+(`2025-07-25T07:53:08.21748708+08:00 stdout F `, as kubelet keeps it in `/var/log/pods`).
+SGLang's own lines carry their prefix after it; its
 tracebacks, tqdm bars and torch's warnings, which have none, carry only the collector's."""
 
 

@@ -71,6 +71,15 @@ def _ledger_json(path: Path) -> dict[str, object]:
             False,
             "[W1203 10:00:00.123 CUDAGuardImpl.h:119] Warning: CUDA warning: out of memory",
         ),
+        # the container runtime's line under Kubernetes (sgl-project/sglang#8336) before a frame
+        (
+            "2025-07-25T07:53:08.217496327+08:00 stdout F   File "
+            '"/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 772, in '
+            "event_loop_normal",
+            False,
+            '  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 772, in '
+            "event_loop_normal",
+        ),
         # journald before a traceback's exception line
         (
             "Feb 24 12:03:11 gpu-box python3[48300]: ValueError: Out of memory even after "
@@ -231,3 +240,28 @@ def test_a_draft_s_verify_graph_is_the_draft_s() -> None:
     ledger = build_ledger(log.events)
     assert ledger.graph_phases == {"target_verify": 0.58, "draft_decode": -0.01}
     assert (ledger.graph_gib, ledger.draft_graph_gib, ledger.graph_max_bs) == (0.58, -0.01, 4)
+
+
+CRI_CRASH = [
+    # kubelet's pod log of a TP rank (sgl-project/sglang#8336, MTP on 0.4.9): the container
+    # runtime's time, stream and tag before every line, SGLang's prefix after it where it has one
+    "2025-07-25T07:53:08.21748708+08:00 stdout F [2025-07-25 07:53:08 TP2] Scheduler hit an "
+    "exception: Traceback (most recent call last):",
+    "2025-07-25T07:53:08.217488644+08:00 stdout F   File "
+    '"/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 2769, in '
+    "run_scheduler_process",
+    "2025-07-25T07:53:08.217491295+08:00 stdout F     scheduler.event_loop_normal()",
+    "2025-07-25T07:53:08.217496327+08:00 stdout F   File "
+    '"/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 772, in '
+    "event_loop_normal",
+    "2025-07-25T07:53:08.217497393+08:00 stdout F     result = self.run_batch(batch)",
+]
+
+
+def test_a_kubernetes_pod_log_keeps_its_traceback() -> None:
+    """The frames behind the container runtime's prefix show the serving loop, so the
+    exception is a crash while serving; without them it read as a failed start."""
+    log = parse_text("\n".join(CRI_CRASH))
+    assert Kind.SERVING_FRAME in {e.kind for e in log.events}
+    verdict = classify(log.events, batches=log.batches)
+    assert verdict.outcome is Outcome.CRASH
