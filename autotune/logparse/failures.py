@@ -149,6 +149,10 @@ def failure(line: str, ctx: Ctx) -> Event | None:
         return Event(Kind.FATAL_SIGNAL, *ctx, label=what) if what in _FATAL_SIGNALS else None
     if ("emory" in line or "EMORY" in line or "ALLOC_FAILED" in line) and _ANY_OOM.search(line):
         return _oom(line, ctx)
+    if "No space left for only one request" in line and _looks_like_exception(line):
+        # `ScheduleBatch.retract_decode`'s assert before 0.5.9 made it a `ValueError`: the
+        # decode batch is down to one request and the KV pool has no slot left for it.
+        return Event(Kind.RETRACT_OOM, *ctx)
     if _MACHINE_HINT.search(line):
         event = _machine(line, ctx)
         if event is not None:

@@ -154,6 +154,18 @@ def test_a_handled_out_of_memory_fallback_is_not_a_death(line: str) -> None:
             "batch.",
             "retract_oom",
         ),
+        # Before that, the same corner of `retract_decode` was an assert (sgl-project/sglang#14948,
+        # PD decode with a 128K request), and the SWA pool's variant of it.
+        (
+            "AssertionError: No space left for only one request, "
+            "self.token_to_kv_pool_allocator.available_size()=0",
+            "retract_oom",
+        ),
+        (
+            "AssertionError: No space left for only one request in SWA mode "
+            "full_available_size=0, swa_available_size=812",
+            "retract_oom",
+        ),
         # 0.5.23 fails the request with the OOM error and serves on: still the parameters' OOM.
         (TP0 + "retract_decode: aborted last request 7c1e due to OOM", "request_oom_abort"),
     ],
