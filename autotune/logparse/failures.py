@@ -176,6 +176,10 @@ def failure(line: str, ctx: Ctx) -> Event | None:
         return Event(Kind.RANK_DEAD, *ctx, {"code": float(m.group(1))} if m else {})
     if "unhandled cuda error" in line:
         return Event(Kind.NCCL_ERROR, *ctx)
+    if "Watchdog caught collective operation timeout" in line:
+        # torch's ProcessGroupNCCL watchdog: a collective waited past its timeout for a rank
+        # that never joined it; a hang like SGLang's own watchdog's, below any rank's own death
+        return Event(Kind.WATCHDOG_TIMEOUT, *ctx)
     if _looks_like_exception(line) or ": error: " in line:  # the latter: argparse usage errors
         return Event(Kind.ERROR, *ctx)
     v = _VERSION.search(line) if "glang" in line or "GLang" in line or "GLANG" in line else None

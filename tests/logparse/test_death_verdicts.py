@@ -608,3 +608,24 @@ def test_an_exception_in_model_tp_server_is_the_scheduler_s_exception() -> None:
     assert log.events[0].kind is Kind.SCHEDULER_EXCEPTION and log.events[0].rank == "TP0"
     verdict = classify(log.events, batches=log.batches)
     assert (verdict.outcome, verdict.cause) == (Outcome.CRASH, "scheduler_exception")
+
+
+NCCL_TIMEOUT = (
+    "[rank1]:[E725 07:53:08.217000 412 ProcessGroupNCCL.cpp:632] [PG ID 2 PG GUID 3 Rank 1] "
+    "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=8112, OpType=ALLREDUCE, "
+    "NumelIn=7168, NumelOut=7168, Timeout(ms)=600000) ran for 600084 milliseconds before "
+    "timing out."
+)
+
+
+def test_a_collective_that_timed_out_is_a_hang_unless_a_rank_s_own_death_explains_it() -> None:
+    """torch's NCCL watchdog line is a hang, as SGLang's own watchdog timeout is: not the
+    parameters' result; a rank's OOM in the same log is the death that explains it."""
+    log = parse_text(READY + DECODE + NCCL_TIMEOUT + "\n")
+    verdict = classify(log.events, RunFacts(exited=True, exit_code=-6), log.batches)
+    assert (verdict.outcome, verdict.cause) == (Outcome.HANG, "watchdog_timeout")
+    assert verdict.evidence[0] == NCCL_TIMEOUT
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    log = parse_text(READY + DECODE + oom + "\n" + NCCL_TIMEOUT + "\n")
+    verdict = classify(log.events, RunFacts(exited=True, exit_code=-6), log.batches)
+    assert (verdict.outcome, verdict.cause) == (Outcome.RUNTIME_OOM, "torch_oom")
