@@ -212,7 +212,8 @@ def test_a_real_oom_under_load_stays_a_parameter_result(world: World) -> None:
     it: COMPLETE `runtime_oom`, never `killed` (the signal is recorded, with no outside
     sender)."""
     world.foreign_sleep()
-    world.study(phases=STRESS, baseline=0.93, flags=EAGLE)
+    # not about stalls: the helper's 1.5 s once read a busy machine's pause in launch as a hang
+    world.study(phases=STRESS, baseline=0.93, flags=EAGLE, stall_s=10)
     done = world.run()
     assert done.rc == 0, done.err
     trial, *queued = world.trials()
