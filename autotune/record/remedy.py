@@ -13,17 +13,19 @@ docs/sglang-memory.md.
 from __future__ import annotations
 
 from autotune.config.schema import Constraint
+from autotune.logparse.events import POOL_OOM_KINDS, Kind
 from autotune.logparse.outcome import Outcome
 from autotune.record.view import TrialView
 
 _HANG = ("watchdog_timeout", "stall", "phase_timeout", "unhealthy")
 _OOM = ("torch_oom", "cuda_error_oom", "prefill_oom", "decode_oom", "nccl_error")
-_SLOTS = ("prefill_oom", "decode_oom")
-"""The KV pool's allocator found no free token slots (`mem_cache/allocation.py`: `Prefill/Decode
-out of memory. Try to lower your batch size.`): SGLang's own check, not a CUDA allocation."""
-_LAST_REQUEST = ("retract_oom", "request_oom_abort")
+_LAST_REQUEST = frozenset({Kind.RETRACT_OOM, Kind.REQUEST_OOM_ABORT})
 """The decode batch did not fit the KV pool even with one request left
 (`ScheduleBatch.retract_decode`): the pool is smaller than that request's context."""
+_SLOTS = POOL_OOM_KINDS - _LAST_REQUEST
+"""The rest of the KV pool's own out-of-memory: its allocator found no free token slots
+(`mem_cache/allocation.py`: `… out of memory. Try to lower your batch size.`), SGLang's own
+check, not a CUDA allocation."""
 
 
 def remedy(t: TrialView) -> str:

@@ -153,6 +153,8 @@ def test_a_baseline_that_failed_with_a_small_host_cache_points_at_the_host_cache
     # the allocator out of token slots is not a CUDA peak: the fraction down makes it worse
     slots = view(trial(3, 0.9, outcome="runtime_oom", reason="runtime_oom (decode_oom): Decode"))
     assert "max_running_requests" in remedy(slots) and "not CUDA memory" in remedy(slots)
+    generic = view(trial(5, 0.9, outcome="runtime_oom", reason="runtime_oom (alloc_oom): Out"))
+    assert remedy(generic) == remedy(slots)  # the allocator's generic line is the same fault
     last = view(trial(4, 0.9, outcome="runtime_oom", reason="runtime_oom (retract_oom): Out"))
     assert remedy(last).startswith("the KV pool could not hold the last decoding request")
     # a study that found a feasible setting and a good baseline needs no closing reason
