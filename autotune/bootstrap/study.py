@@ -486,9 +486,6 @@ def _seed_lines(log: Path, lines: Sequence[str], at: int) -> list[str]:
     return [*note, entry]
 
 
-HOST_CAUSES = frozenset({"host_memory", "host_oom_killer", "hicache_too_small"})
-
-
 def _failure(facts: LogFacts | None) -> Failure | None:
     """The log's run failing for its fraction, and which way that pushes: the one reading of a
     failure's direction (`record.direction.push_of`), at startup or under load."""
@@ -505,9 +502,13 @@ def _failure(facts: LogFacts | None) -> Failure | None:
 
 
 def _host_failure(facts: LogFacts | None) -> str | None:
-    if facts is None or facts.verdict.cause not in HOST_CAUSES:
+    """Which way the log's failed start pushes its host cache ("shrink", "grow" or None), read
+    by the search's own rule (`record.direction.push_of`), as `_failure` reads the fraction."""
+    if facts is None:
         return None
-    return "grow" if facts.verdict.cause == "hicache_too_small" else "shrink"
+    v = facts.verdict
+    push = push_of(str(v.outcome), reason_line(str(v.outcome), v.cause, v.evidence))
+    return {Push.SHRINK_HOST: "shrink", Push.GROW_HOST: "grow"}.get(push)
 
 
 def _pool_at(arith: Arithmetic | None, fraction: float | None) -> int | None:

@@ -3,6 +3,7 @@ that launches the operator's own flags at the baseline."""
 
 from __future__ import annotations
 
+import re
 import shlex
 import tempfile
 import tomllib
@@ -310,6 +311,29 @@ def test_a_start_out_of_host_memory_offers_only_smaller_host_caches() -> None:
     assert isinstance(host, Choices) and all(isinstance(v, int) and v < 700 for v in host.values)
     assert "hicache_size" not in cfg.search.baseline
     assert "ran out of host memory" in text
+
+
+def test_a_start_the_kernel_refused_host_memory_offers_only_smaller_host_caches(
+    tmp_path: Path,
+) -> None:
+    """`[Errno 12] Cannot allocate memory` while the host pool is allocated is the host cache
+    not fitting, read as the search reads it (`push_of`): only smaller sizes are offered."""
+    fixture = Path(__file__).parents[1] / "fixtures" / "logs" / "v0_5_18_startup_host_memory.log"
+    text = re.sub(
+        r"^ValueError: Not enough host memory.*$",
+        "OSError: [Errno 12] Cannot allocate memory",
+        fixture.read_text(),
+        flags=re.M,
+    )
+    log = tmp_path / "enomem.log"
+    log.write_text(text)
+    assert log_facts(log).verdict.cause == "host_enomem"
+    draft = _hermetic(bootstrap.Sources(name="s", from_log=log))
+    cfg = bootstrap.write_study(draft, tmp_path / "s.toml", name="s")
+    host = next(p for p in cfg.search.params if p.name == "hicache_size")
+    assert isinstance(host, Choices) and all(isinstance(v, int) and v < 700 for v in host.values)
+    assert "hicache_size" not in cfg.search.baseline
+    assert "ran out of host memory" in draft.text
 
 
 def test_a_fraction_the_log_does_not_print_is_read_from_its_pool() -> None:
