@@ -27,7 +27,7 @@ import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TypedDict
+from typing import Literal, TypedDict
 
 from autotune.sim.flags import ServerSettings
 from autotune.sim.profiles import Profile
@@ -355,6 +355,14 @@ class _Sizes(TypedDict, total=False):
 
 
 _Stage = Callable[[], StartupFailure | None]
+_Left = Literal[
+    "avail_before_graphs_gib",
+    "avail_before_decode_graphs_gib",
+    "avail_after_graphs_gib",
+    "avail_after_draft_weights_gib",
+    "avail_after_draft_pool_gib",
+    "avail_final_gib",
+]
 
 
 @dataclass(eq=False)
@@ -425,6 +433,26 @@ class _Planner:
             notes=tuple(self.notes),
             warnings=tuple(self.warnings),
         )
+
+    def _take(
+        self,
+        gib: float,
+        kind: str,
+        stage: str,
+        what: str,
+        *,
+        tried: float | None = None,
+        left: _Left | None = None,
+    ) -> StartupFailure | None:
+        """Take `gib` out of what is free, recording what is left under `left`; or, when it does
+        not fit, the OOM that stops startup (`tried`: what the allocator reports asking for, all
+        of `gib` unless given)."""
+        if gib > self.avail:
+            return _oom(kind, stage, gib if tried is None else tried, self.avail, what)
+        self.avail -= gib
+        if left is not None:
+            self.sizes[left] = self.avail
+        return None
 
     def _running_cap(self) -> int | None:
         """--max-running-requests, else 48 with speculative decoding, else None (automatic)."""
@@ -622,18 +650,15 @@ class _Planner:
         self.sizes.update(
             {"req_to_token_gib": req_gib, "kv_gib": kv, "k_gib": k if v else None, "v_gib": v}
         )
-        if self.avail < req_gib:
-            return _oom("alloc_oom", "kv", req_gib, self.avail, "req_to_token")
-        self.avail -= req_gib
+        failure = self._take(req_gib, "alloc_oom", "kv", "req_to_token")
+        if failure is not None:
+            return failure
         used = kv
         if b.post_capture:
             buffers = 2 * att.layers if att.kind == "mha" else att.layers
             self.backed_gib = buffers * VMM_GRANULARITY / GiB
             used = self.backed_gib
-        if self.avail < used:
-            return _oom("alloc_oom", "kv", used, self.avail, "kv")
-        self.avail -= used
-        return self._limits(r)
+        return self._take(used, "alloc_oom", "kv", "kv") or self._limits(r)
 
     def _draft_pool_now(self) -> StartupFailure | None:
         """0.5.23: the draft's pool follows the target's (same tokens, its own geometry)."""
@@ -646,23 +671,23 @@ class _Planner:
     def _reserve_workspace(self) -> StartupFailure | None:
         work = self.profile.cuda_graph.workspace_gib
         self.sizes["workspace_gib"] = work
-        if self.avail < work:
-            return _oom("alloc_oom", "workspace", work, self.avail, "workspace")
-        self.avail -= work
-        self.sizes["avail_before_graphs_gib"] = self.avail
-        return None
+        return self._take(
+            work, "alloc_oom", "workspace", "workspace", left="avail_before_graphs_gib"
+        )
 
     def _capture_prefill(self) -> StartupFailure | None:
         """0.5.23: the target's prefill graph (breakable backend), before decode."""
         tokens = self._prefill_tokens_fitting()
         graph = prefill_graph_memory_gib(self.profile, tokens)
         self.sizes["prefill_graph_gib"] = graph
-        if graph > self.avail:
-            tried = min(graph - self.avail + 0.25, graph)
-            return _oom("graph_capture_oom", "prefill_graphs", tried, self.avail, "prefill graph")
-        self.avail -= graph
-        self.sizes["avail_before_decode_graphs_gib"] = self.avail
-        return None
+        return self._take(
+            graph,
+            "graph_capture_oom",
+            "prefill_graphs",
+            "prefill graph",
+            tried=min(graph - self.avail + 0.25, graph),
+            left="avail_before_decode_graphs_gib",
+        )
 
     def _prefill_tokens_fitting(self) -> tuple[int, ...]:
         """The prefill token counts, cut to what the request table times the context holds."""
@@ -679,12 +704,14 @@ class _Planner:
         sizes = capture_batch_sizes(b.cuda_graph_max_bs, b.spec, self.reqs, s.cuda_graph_bs)
         graph = graph_memory_gib(self.profile, sizes, b.spec_draft_tokens if b.spec else 1)
         self.sizes.update({"capture_bs": sizes, "graph_gib": graph})
-        if graph > self.avail:
-            tried = min(graph - self.avail + 0.25, graph)
-            return _oom("graph_capture_oom", "graphs", tried, self.avail, "graph")
-        self.avail -= graph
-        self.sizes["avail_after_graphs_gib"] = self.avail
-        return None
+        return self._take(
+            graph,
+            "graph_capture_oom",
+            "graphs",
+            "graph",
+            tried=min(graph - self.avail + 0.25, graph),
+            left="avail_after_graphs_gib",
+        )
 
     # ---- draft ------------------------------------------------------------------------------
 
@@ -707,12 +734,14 @@ class _Planner:
             _, elem = kv_dtype_for(self.settings, self.profile)
             dcell = cell_bytes(draft.attention, b.tp, elem)
         self.sizes.update({"draft_weights_gib": weights, "draft_cell_bytes": dcell})
-        if weights > self.avail:
-            tried = min(weights, 0.5)
-            return _oom("weights_oom", "draft_weights", tried, self.avail, "draft weights")
-        self.avail -= weights
-        self.sizes["avail_after_draft_weights_gib"] = self.avail
-        return None
+        return self._take(
+            weights,
+            "weights_oom",
+            "draft_weights",
+            "draft weights",
+            tried=min(weights, 0.5),
+            left="avail_after_draft_weights_gib",
+        )
 
     def _draft_pool(self) -> StartupFailure | None:
         draft = self.profile.draft
@@ -727,11 +756,9 @@ class _Planner:
             half = dkv / 2 if draft is not None and draft.attention.kind == "mha" else None
             dk_or_none, half_v = half, half
         self.sizes.update({"draft_kv_gib": dkv, "draft_k_gib": dk_or_none, "draft_v_gib": half_v})
-        if dkv > self.avail:
-            return _oom("alloc_oom", "draft_kv", dkv, self.avail, "draft kv")
-        self.avail -= dkv
-        self.sizes["avail_after_draft_pool_gib"] = self.avail
-        return None
+        return self._take(
+            dkv, "alloc_oom", "draft_kv", "draft kv", left="avail_after_draft_pool_gib"
+        )
 
     def _draft_graphs(self) -> StartupFailure | None:
         b = self.base
@@ -741,10 +768,7 @@ class _Planner:
             sizes = self.sizes["capture_bs"]
             dgraph = draft_graph_memory_gib(self.profile, sizes, b.spec_steps, b.spec_topk)
         self.sizes.update({"draft_capture_bs": sizes, "draft_graph_gib": dgraph})
-        if dgraph > self.avail:
-            return _oom("graph_capture_oom", "draft_graphs", dgraph, self.avail, "draft graph")
-        self.avail -= dgraph
-        return None
+        return self._take(dgraph, "graph_capture_oom", "draft_graphs", "draft graph")
 
     def _draft_graphs_by_phase(self) -> StartupFailure | None:
         """0.5.23: the draft's prefill graph (every rank), then decode (steps > 1) and extend.
@@ -775,12 +799,13 @@ class _Planner:
                 "draft_extend_graph_gib": extend,
             }
         )
-        need = prefill + total
-        if need > self.avail:
-            return _oom("graph_capture_oom", "draft_graphs", need, self.avail, "draft graph")
-        self.avail -= need
-        self.sizes["avail_final_gib"] = self.avail
-        return None
+        return self._take(
+            prefill + total,
+            "graph_capture_oom",
+            "draft_graphs",
+            "draft graph",
+            left="avail_final_gib",
+        )
 
     # ---- 0.5.23 post-capture sizing ---------------------------------------------------------
 
