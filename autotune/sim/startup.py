@@ -45,7 +45,8 @@ from autotune.sim.loglines import (
     fmt_pool_end,
     fmt_post_capture,
 )
-from autotune.sim.memplan import plan_startup, unbalanced_ranks
+from autotune.sim.memplan import plan_startup
+from autotune.sim.planbase import unbalanced_ranks
 from autotune.sim.serverargs import args_repr, resolved_args
 from autotune.sim.sizing import GiB
 from autotune.sim.startupplan import GRAPH_PHASES, StartupFailure, StartupPlan
