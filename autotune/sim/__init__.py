@@ -10,7 +10,7 @@ release's order), `startupplan` (the plan it returns, as data), `runtime` (forwa
 OOM rule, step times), all five importable without HTTP, `serverargs` (the ServerArgs the
 server reports), `prefixcache`, `tokens`, `loglines` and `tracebacks` (each release's line
 formats and crash stacks). The process side: `server` and `startup` (lifecycle), `deaths` (how
-the process tree ends), `scheduler` (continuous batching in real time), `httpapi` and `metrics`
-(SGLang's HTTP API), `logwriter` (the log streams), `gpustate` (simulated GPU memory readable
-from outside), `faults`.
+the process tree ends), `scheduler` (continuous batching in real time), `httpapi`, `openaidocs`
+and `metrics` (SGLang's HTTP API), `logwriter` (the log streams), `gpustate` (simulated GPU
+memory readable from outside), `faults`.
 """

@@ -9,7 +9,8 @@ internal state per DP rank with a per-phase graph memory dict, `num_retractions`
 
 It owns `ServerState`, what the HTTP side shares with the server process, so that a client of
 the tuner sees what it would see from SGLang. The `/metrics` text comes from `metrics`, which is
-handed plain values and so does not depend on this module.
+handed plain values and so does not depend on this module; the OpenAI routes' reply and stream
+documents come from `openaidocs`, which reads only the request.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from autotune.sim import tokens
 from autotune.sim.flags import NEWER_SETTINGS, ServerSettings
 from autotune.sim.logwriter import LogWriter
 from autotune.sim.metrics import render_metrics
+from autotune.sim.openaidocs import OpenAiDocs, sse_data
 from autotune.sim.profiles import Profile
 from autotune.sim.scheduler import Request, Scheduler
 from autotune.sim.startupplan import StartupPlan
@@ -572,7 +574,7 @@ class _Api:
                         "output_ids": req.output_ids[sent:n],
                         "meta_info": self._meta(req),
                     }
-                    await resp.write(_sse_data(chunk))
+                    await resp.write(sse_data(chunk))
                     sent = n
                 if req.finished:
                     break
@@ -636,7 +638,7 @@ class _Api:
     async def _openai_reply(
         self, request: web.Request, body: dict[str, Any], req: Request, chat: bool
     ) -> web.StreamResponse:
-        docs = _OpenAiDocs(
+        docs = OpenAiDocs(
             req.rid, int(time.time()), str(body.get("model") or self.s.model_name), chat
         )
         if not body.get("stream"):
@@ -645,7 +647,7 @@ class _Api:
         include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
         return await self._openai_stream(request, req, docs, include_usage)
 
-    async def _openai_whole(self, req: Request, docs: _OpenAiDocs) -> web.Response:
+    async def _openai_whole(self, req: Request, docs: OpenAiDocs) -> web.Response:
         """The non-streaming reply: wait for the request to finish, answer one document."""
         try:
             await self._wait(req)
@@ -655,7 +657,7 @@ class _Api:
         return web.json_response(docs.reply(req))
 
     async def _openai_stream(
-        self, request: web.Request, req: Request, docs: _OpenAiDocs, include_usage: bool
+        self, request: web.Request, req: Request, docs: OpenAiDocs, include_usage: bool
     ) -> web.StreamResponse:
         """SSE deltas, one chunk per wake-up, then the finish chunk, usage if asked, [DONE]."""
         resp = await self._sse(request)
@@ -681,85 +683,3 @@ class _Api:
             self.s.scheduler.abort(req)
             raise
         return resp
-
-
-def _sse_data(doc: dict[str, Any]) -> bytes:
-    """One server-sent event carrying `doc` as JSON."""
-    return b"data: " + json.dumps(doc).encode() + b"\n\n"
-
-
-def _usage(req: Request) -> dict[str, Any]:
-    return {
-        "prompt_tokens": len(req.input_ids),
-        "completion_tokens": len(req.output_ids),
-        "total_tokens": len(req.input_ids) + len(req.output_ids),
-        "prompt_tokens_details": {"cached_tokens": req.cached_tokens}
-        if req.cached_tokens
-        else None,
-    }
-
-
-@dataclass(frozen=True)
-class _OpenAiDocs:
-    """The OpenAI documents for one request (`chat` picks the chat shapes over completions')."""
-
-    cid: str
-    created: int
-    model: str
-    chat: bool
-
-    def _envelope(
-        self, obj: str, choices: list[dict[str, Any]], usage: dict[str, Any] | None
-    ) -> dict[str, Any]:
-        return {
-            "id": self.cid,
-            "object": obj,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            "usage": usage,
-        }
-
-    def reply(self, req: Request) -> dict[str, Any]:
-        """The whole, non-streamed reply for a finished request."""
-        text = "".join(req.text_parts)
-        finish = "abort" if req.finish_reason == "abort" else "length"
-        choice: dict[str, Any] = {
-            "index": 0,
-            "logprobs": None,
-            "finish_reason": finish,
-            "matched_stop": None,
-        }
-        if self.chat:
-            choice["message"] = {
-                "role": "assistant",
-                "content": text,
-                "reasoning_content": None,
-                "tool_calls": None,
-            }
-        else:
-            choice["text"] = text
-        obj = "chat.completion" if self.chat else "text_completion"
-        return self._envelope(obj, [choice], _usage(req))
-
-    @property
-    def _chunk_object(self) -> str:
-        return "chat.completion.chunk" if self.chat else "text_completion"
-
-    def chunk(self, delta: str | None, reason: str | None, first: bool = False) -> bytes:
-        """One streamed delta (chat: `delta`, with the role on the first; completions: `text`)."""
-        c: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason}
-        if self.chat:
-            d: dict[str, Any] = {}
-            if first:
-                d["role"] = "assistant"
-            if delta is not None:
-                d["content"] = delta
-            c["delta"] = d
-        else:
-            c["text"] = delta or ""
-        return _sse_data(self._envelope(self._chunk_object, [c], None))
-
-    def usage_chunk(self, req: Request) -> bytes:
-        """The closing chunk with no choices and the usage, for stream_options.include_usage."""
-        return _sse_data(self._envelope(self._chunk_object, [], _usage(req)))
