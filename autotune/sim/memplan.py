@@ -238,6 +238,14 @@ class _Planner:
             self.sizes[left] = self.avail
         return None
 
+    def _take_graph(
+        self, graph: float, stage: str, what: str, left: _Left
+    ) -> StartupFailure | None:
+        """A target CUDA graph's capture: when it does not fit, the allocator reports asking for
+        what is missing plus a quarter GiB (at most the whole graph)."""
+        tried = min(graph - self.avail + 0.25, graph)
+        return self._take(graph, "graph_capture_oom", stage, what, tried=tried, left=left)
+
     def _running_cap(self) -> int | None:
         """--max-running-requests, else 48 with speculative decoding, else None (automatic)."""
         if self.settings.max_running_requests is not None:
@@ -464,13 +472,8 @@ class _Planner:
         tokens = self._prefill_tokens_fitting()
         graph = prefill_graph_memory_gib(self.profile, tokens)
         self.sizes["prefill_graph_gib"] = graph
-        return self._take(
-            graph,
-            "graph_capture_oom",
-            "prefill_graphs",
-            "prefill graph",
-            tried=min(graph - self.avail + 0.25, graph),
-            left="avail_before_decode_graphs_gib",
+        return self._take_graph(
+            graph, "prefill_graphs", "prefill graph", "avail_before_decode_graphs_gib"
         )
 
     def _prefill_tokens_fitting(self) -> tuple[int, ...]:
@@ -488,14 +491,7 @@ class _Planner:
         sizes = capture_batch_sizes(b.cuda_graph_max_bs, b.spec, self.reqs, s.cuda_graph_bs)
         graph = graph_memory_gib(self.profile, sizes, b.spec_draft_tokens if b.spec else 1)
         self.sizes.update({"capture_bs": sizes, "graph_gib": graph})
-        return self._take(
-            graph,
-            "graph_capture_oom",
-            "graphs",
-            "graph",
-            tried=min(graph - self.avail + 0.25, graph),
-            left="avail_after_graphs_gib",
-        )
+        return self._take_graph(graph, "graphs", "graph", "avail_after_graphs_gib")
 
     # ---- draft ------------------------------------------------------------------------------
 
