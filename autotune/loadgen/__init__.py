@@ -22,13 +22,12 @@ from autotune.loadgen.driver import (
     Activity,
     Died,
     PhaseResult,
-    ServerFacts,
     Target,
     WorkloadResult,
     run_workload,
-    stress_plan,
 )
 from autotune.loadgen.metrics import RequestRecord, Slo, Stats, Summary, summarize
+from autotune.loadgen.phasestart import ServerFacts, stress_plan
 
 __all__ = [
     "Activity",

@@ -6,6 +6,9 @@ HTTP); once it returns a reason, the running phase is cancelled at once, every i
 is recorded as cancelled, what was running is kept in `Died`, and later phases are skipped.
 Each phase has a hard time limit (duration + drain, or its timeout), so the whole run is bounded
 by `WorkloadSpec.max_wall_s()` plus a few seconds, whatever the server does.
+
+How each phase starts (its runner, its limit, what it is sized to, when it may end early) is
+`loadgen.phasestart`'s; this module runs them in order and watches the server meanwhile.
 """
 
 from __future__ import annotations
@@ -14,17 +17,14 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
-import math
 import random
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import assert_never
 
 from autotune.config.workload import (
-    BurstOrder,
     Phase,
     Poisson,
     Steady,
@@ -33,16 +33,15 @@ from autotune.config.workload import (
     WorkloadSpec,
 )
 from autotune.loadgen import phases as ph
+from autotune.loadgen import phasestart
 from autotune.loadgen.apis import APIS, RequestOptions
 from autotune.loadgen.client import Client, HttpError
-from autotune.loadgen.earlyend import Round, Window, steady_end, stress_end
 from autotune.loadgen.metrics import RequestRecord, Slo, Summary, summarize
-from autotune.loadgen.shapes import Shaper, TokenPool
+from autotune.loadgen.phasestart import ServerFacts
+from autotune.loadgen.shapes import TokenPool
 
 POLL_S = 0.15
 MIN_POLL_GAP_S = 0.02  # pokes cannot make the watcher poll faster than this
-DEFAULT_STRESS_REQUESTS = 32  # when the server's max running requests is unknown
-DEFAULT_PREFILL_CHUNK = 8192  # when chunked prefill is off or unknown
 ABORT_SETTLE_S = 5.0
 """How long the driver waits after a phase that ended early cancelled requests in flight, before
 the next phase: SGLang aborts a request whose client went away, a streamed one 2 s after its
@@ -59,39 +58,6 @@ class Target:
     base_url: str
     api_key: str | None = None
     model: str | None = None
-
-
-@dataclass(frozen=True)
-class ServerFacts:
-    """The server's effective limits, from the ledger; None where the log did not show them.
-    Each field is named as the ledger's own key (`logparse.ledger.Ledger`), so `from_ledger`
-    wires every one of them by name and a new field cannot be left out of a live run."""
-
-    max_running_requests: int | None = None
-    chunked_prefill_size: int | None = None
-    context_len: int | None = None
-    max_total_num_tokens: int | None = None  # the KV pool; caps a stress burst to what can run
-
-    @classmethod
-    def from_ledger(cls, ledger: Mapping[str, object]) -> ServerFacts:
-        """The facts a launched server's ledger (`Ledger.to_dict()`) shows."""
-        return cls(**{f.name: _count(ledger.get(f.name)) for f in fields(cls)})
-
-    @property
-    def pool_limits_input(self) -> bool:
-        """Whether the KV pool, not the context length, caps a request's prompt: SGLang refuses
-        a prompt of `min(context_len, max_total_num_tokens) − 6` tokens or more
-        (`tp_worker`'s `max_req_input_len`), so with a pool smaller than the context a long
-        prompt's refusal is the memory setting's doing."""
-        pool, context = self.max_total_num_tokens, self.context_len
-        return pool is not None and (context is None or pool < context)
-
-
-def _count(value: object) -> int | None:
-    """A whole count from the ledger; None for a missing or non-numeric value."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return int(value)
 
 
 class Activity:
@@ -178,33 +144,6 @@ class WorkloadResult:
         with path.open("w", encoding="utf-8") as f:
             for r in sorted(self.records, key=lambda r: (r.sent_s is None, r.sent_s or 0.0)):
                 f.write(json.dumps(r.to_dict()) + "\n")
-
-
-def stress_plan(phase: Stress, facts: ServerFacts) -> dict[str, int]:
-    """Size a stress burst: the server's effective max running requests, each prompt one full
-    prefill chunk (shrunk so input + output fits the context). When the KV pool size is known,
-    the burst is cut to one more request than the pool can hold at once, so a round is not a
-    long queue of prompts that could never run together. A worst case's ordered mix
-    (`Stress.order`) also sizes its short prompts (`short_len`, never above `input_len`)."""
-    requests = phase.requests or facts.max_running_requests or DEFAULT_STRESS_REQUESTS
-    chunk = facts.chunked_prefill_size
-    input_len = phase.input_len or (chunk if chunk and chunk > 0 else DEFAULT_PREFILL_CHUNK)
-    out = phase.output_len
-    if facts.context_len is not None:
-        out = min(out, max(1, facts.context_len // 2))
-        input_len = min(input_len, max(2, facts.context_len - out - 1))
-    if phase.requests is None and facts.max_total_num_tokens:
-        requests = min(requests, facts.max_total_num_tokens // (input_len + out) + 1)
-    sized = {
-        "requests": max(1, min(requests, ph.MAX_BURST)),
-        "input_len": input_len,
-        "output_len": out,
-        "rounds": phase.rounds,
-    }
-    if phase.order is not BurstOrder.SAME and phase.short_len is not None:
-        # a worst case's mix: the short prompts fit wherever the long ones do
-        sized["short_len"] = max(2, min(phase.short_len, input_len))
-    return sized
 
 
 def run_workload(
@@ -370,30 +309,6 @@ def _died(rt: ph.Runtime, reason: str, phase: str) -> Died:
     )
 
 
-@dataclass(frozen=True)
-class _PhaseRun:
-    """What a phase's runner is given: where its records go, how its requests are shaped."""
-
-    spec: WorkloadSpec
-    rt: ph.Runtime
-    facts: ServerFacts
-    index: int
-    out: list[RequestRecord]
-    shaper: Shaper
-    start: float
-    capped: list[int]  # open loop: arrivals that waited for an in-flight slot
-    headroom: Callable[[], float | None] | None = None  # least free GPU memory so far (GiB)
-
-
-@dataclass(frozen=True)
-class _Started:
-    """A phase's runner, its hard time limit (seconds from its start) and what it was sized to."""
-
-    coro: Coroutine[object, object, None]
-    limit_s: float
-    plan: dict[str, object] = field(default_factory=dict)
-
-
 async def _phase(
     spec: WorkloadSpec,
     rt: ph.Runtime,
@@ -410,10 +325,10 @@ async def _phase(
     rt.cut_by_time_limit = False
     rt.ended_early = None
     start = rt.clock()
-    shaper = _shaper(spec, facts, phase, index)
-    run = _PhaseRun(spec, rt, facts, index, out, shaper, start, [0], headroom)
-    started = _start(phase, run)
-    ender = _ender(phase, run)
+    shaper = phasestart.shaper(spec, facts, phase, index)
+    run = phasestart.PhaseRun(spec, rt, facts, index, out, shaper, start, [0], headroom)
+    started = phasestart.start(phase, run)
+    ender = phasestart.ender(phase, run)
     try:
         ended_by, died = await _until_end(rt, phase.name, started, out, watch, watcher, ender)
     finally:
@@ -433,173 +348,10 @@ async def _phase(
     return result, died
 
 
-class _Sampler:
-    """A steady or Poisson phase's windows for `earlyend.steady_end`: at each tick, the output
-    tokens generated so far (those of requests still streaming included), the requests completed
-    and the least free GPU memory so far; a window closes at the first tick past its end."""
-
-    def __init__(self, run: _PhaseRun, window_s: float) -> None:
-        self.run = run
-        self.window_s = window_s
-        self.windows: list[Window] = []
-        self._seen = 0
-        self._done_tokens = 0
-        self._completed = 0
-        self._last = (0.0, 0.0)  # (seconds into the phase, tokens) at the last window's end
-
-    def tick(self) -> bool:
-        """Take a sample; True when it closed a window."""
-        run = self.run
-        now = run.rt.clock() - run.start
-        while self._seen < len(run.out):
-            r = run.out[self._seen]
-            self._done_tokens += r.output_tokens
-            self._completed += r.ok
-            self._seen += 1
-        if now < (len(self.windows) + 1) * self.window_s:
-            return False
-        live = sum(x.reader.output_tokens for x in run.rt.live.values() if x.reader is not None)
-        tokens = float(self._done_tokens + live)
-        t0, c0 = self._last
-        free = run.headroom() if run.headroom is not None else None
-        self.windows.append(Window(now, (tokens - c0) / max(now - t0, 1e-9), self._completed, free))
-        self._last = (now, tokens)
-        return True
-
-
-def _ender(phase: Phase, run: _PhaseRun) -> asyncio.Task[str] | None:
-    """The task that returns once a steady or Poisson phase may end early (None for other
-    phases, or when the study's rule is off); its result is the phase's `early_end`."""
-    rule = run.spec.end_early
-    if not rule.enabled or not isinstance(phase, Steady | Poisson):
-        return None
-    clients = (
-        phase.concurrency if isinstance(phase, Steady) else math.ceil(phase.rate * rule.window_s)
-    )
-    sampler = _Sampler(run, rule.window_s)
-    tick_s = min(1.0, rule.window_s / 10)
-
-    async def watch() -> str:
-        while True:
-            await asyncio.sleep(tick_s)
-            if sampler.tick():
-                why = steady_end(sampler.windows, rule, clients)
-                if why is not None:
-                    at = sampler.windows[-1].end_s
-                    return f"ended at {at:.0f} s of {phase.duration_s:g}: {why}"
-
-    return asyncio.create_task(watch())
-
-
-def _shaper(spec: WorkloadSpec, facts: ServerFacts, phase: Phase, index: int) -> Shaper:
-    """The phase's own lengths, else the workload's; the dataset only when neither is set."""
-    base_in = phase.input_len if not isinstance(phase, Stress) else None
-    base_out = phase.output_len if not isinstance(phase, Stress) else None
-    return Shaper(
-        random.Random(f"{spec.seed}/{index}/shapes"),
-        base_in or spec.input_len,
-        base_out or spec.output_len,
-        dataset=spec.dataset_rows if base_in is None and base_out is None else (),
-        sessions=spec.sessions,
-        max_context=facts.context_len,
-    )
-
-
-def _start(phase: Phase, run: _PhaseRun) -> _Started:
-    match phase:
-        case Warmup():
-            return _start_warmup(phase, run)
-        case Steady():
-            return _start_steady(phase, run)
-        case Poisson():
-            return _start_poisson(phase, run)
-        case Stress():
-            return _start_stress(phase, run)
-    assert_never(phase)
-
-
-def _start_warmup(phase: Warmup, run: _PhaseRun) -> _Started:
-    """Closed loop for a few requests; its timeout is the whole limit."""
-    stop_at = run.start + phase.timeout_s
-    coro = ph.closed_loop(
-        run.rt, run.out, phase.name, run.shaper, phase.concurrency, stop_at, phase.requests
-    )
-    return _Started(coro, phase.timeout_s)
-
-
-def _start_steady(phase: Steady, run: _PhaseRun) -> _Started:
-    """Closed loop sending for `duration_s`, then up to the drain timeout for the last replies."""
-    stop_at = run.start + phase.duration_s
-    coro = ph.closed_loop(
-        run.rt, run.out, phase.name, run.shaper, phase.concurrency, stop_at, phase.max_requests
-    )
-    return _Started(coro, phase.duration_s + run.spec.drain_timeout_s)
-
-
-def _start_poisson(phase: Poisson, run: _PhaseRun) -> _Started:
-    """Open loop with seeded arrivals for `duration_s`, then up to the drain timeout."""
-    arrivals = random.Random(f"{run.spec.seed}/{run.index}/arrivals")
-    coro = ph.open_loop(
-        run.rt,
-        run.out,
-        phase.name,
-        run.shaper,
-        arrivals,
-        phase.rate,
-        phase.duration_s,
-        phase.max_in_flight,
-        run.capped,
-    )
-    return _Started(coro, phase.duration_s + run.spec.drain_timeout_s)
-
-
-def _start_stress(phase: Stress, run: _PhaseRun) -> _Started:
-    """Bursts sized to the server (see `stress_plan`); the plan is reported with the result."""
-    sized = stress_plan(phase, run.facts)
-    coro = ph.bursts(
-        run.rt,
-        run.out,
-        phase.name,
-        run.shaper,
-        sized["rounds"],
-        sized["requests"],
-        sized["input_len"],
-        sized["output_len"],
-        order=phase.order,
-        short_len=sized.get("short_len"),
-        order_seed=phase.order_seed,
-        enough=_enough(run, sized["rounds"]),
-    )
-    plan: dict[str, object] = dict(sized)
-    if "short_len" in sized:
-        plan.update(order=str(phase.order), order_seed=phase.order_seed)
-    return _Started(coro, phase.timeout_s, plan)
-
-
-def _enough(run: _PhaseRun, rounds: int) -> Callable[[list[RequestRecord]], bool] | None:
-    """The stress phase's question after each round (`phases.bursts`): may the remaining rounds
-    be skipped (`earlyend.stress_end`)? It sets the phase's `early_end` when they may."""
-    rule = run.spec.end_early
-    if not rule.enabled:
-        return None
-    seen: list[Round] = []
-
-    def enough(records: list[RequestRecord]) -> bool:
-        free = run.headroom() if run.headroom is not None else None
-        ok = sum(r.ok for r in records)
-        seen.append(Round(ok, len(records) - ok, free))
-        why = stress_end(seen, rule)
-        if why is not None:
-            run.rt.ended_early = f"ended after {len(seen)} of {rounds} rounds: {why}"
-        return why is not None
-
-    return enough
-
-
 async def _until_end(
     rt: ph.Runtime,
     name: str,
-    started: _Started,
+    started: phasestart.Started,
     out: list[RequestRecord],
     watch: _Watch,
     watcher: asyncio.Task[str],

@@ -5,8 +5,8 @@ A steady or Poisson phase measures the throughput and the least free GPU memory 
 held steady; once its last `windows` windows agree within `tolerance` and the memory is not
 still falling, more of the same load repeats the verdict (`steady_end`). A stress phase measures
 the transient peak of a burst; once two rounds in a row ended alike with the same least free
-memory within noise, a third round repeats it (`stress_end`). The driver
-(`autotune.loadgen.driver`) samples the phase and asks these; the benchmark's night accounting
+memory within noise, a third round repeats it (`stress_end`). The phase's start
+(`autotune.loadgen.phasestart`) samples the phase and asks these; the benchmark's night accounting
 (`autotune.testing.night`) models when they fire.
 """
 

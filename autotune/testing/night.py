@@ -11,8 +11,8 @@ here costs what it would on the box, in the profile's real-world seconds:
 * workload: the study's `[workload]` phases driven against the launch (`phase_s`): a warm-up's
   requests, a steady phase's `duration_s` and its drain (the requests still running and queued
   when sending stops, at most `drain_timeout_s`), a Poisson phase likewise, a stress phase's
-  rounds (its burst sized as `autotune.loadgen.driver.stress_plan` sizes it), every request timed
-  by the profile's `[timing]` (`autotune.sim.runtime.prefill_time_s`, `decode_time_s`, the
+  rounds (its burst sized as `autotune.loadgen.phasestart.stress_plan` sizes it), every request
+  timed by the profile's `[timing]` (`autotune.sim.runtime.prefill_time_s`, `decode_time_s`, the
   draft's accept length); the whole at most the study's `workload_s`. A launch that OOMs under
   load dies in the stress phase's first round.
 * teardown: `TEARDOWN_S` per launch (SIGTERM, the server's exit, its GPU memory given back;
@@ -47,8 +47,9 @@ from autotune.config.workload import (
     WorkloadSpec,
     workload_from_dict,
 )
-from autotune.loadgen.driver import ABORT_SETTLE_S, ServerFacts, stress_plan
+from autotune.loadgen.driver import ABORT_SETTLE_S
 from autotune.loadgen.earlyend import min_requests
+from autotune.loadgen.phasestart import ServerFacts, stress_plan
 from autotune.review.confirm import soak
 from autotune.sim.profiles import Profile
 from autotune.sim.runtime import accept_length, decode_time_s, prefill_time_s
