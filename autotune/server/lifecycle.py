@@ -3,8 +3,8 @@
 `Server.launch(spec)` checks that the port is free, that no server autotune started earlier is
 still running, and that no other process holds memory on the GPUs it will use; then it starts
 the command in its own session (so its whole tree can be signalled as one group), with stdout and
-stderr going straight into the trial's server.log, and writes a pidfile. From then on the handle
-follows the log file as it grows:
+stderr going straight into the trial's server.log, and writes a pidfile (`server.spawn`). From
+then on the handle follows the log file as it grows:
 
 * `wait_ready()` tracks the startup phase, enforces each phase's time limit and the stall
   watchdog, and confirms readiness as SGLang's "fired up" line plus a successful
@@ -35,16 +35,15 @@ before its schedulers.
 Every signal goes to a process identified by pid and start time, never by name; a process
 autotune did not start is never touched.
 
-What the handle is given and uses lives beside it: the spec (`server.launchspec`), the masking
-log writer between the server and its log (`server.logpipe`), stopping the process tree
-(`server.teardown`) and the wait for the GPU memory and the port after it (`server.release`).
+What the handle is given and uses lives beside it: the spec (`server.launchspec`), the start of its
+process and its pidfile (`server.spawn`), the masking log writer between the server and its log
+(`server.logpipe`), stopping the process tree (`server.teardown`) and the wait for the GPU memory
+and the port after it (`server.release`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -52,8 +51,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from autotune import masking as scrub
-from autotune.errors import HarnessError
 from autotune.logparse.accounting import build_ledger
 from autotune.logparse.events import Batch, Event, Kind
 from autotune.logparse.ledger import Ledger
@@ -61,13 +58,14 @@ from autotune.logparse.outcome import Outcome, RunFacts, Verdict, classify
 from autotune.logparse.phase import Phase
 from autotune.logparse.serverinfo import cross_check, ledger_from_server_info
 from autotune.logparse.serving import ServingSummary, summarize
-from autotune.server import deaths, pidfile, preflight, procs
+from autotune.server import deaths, pidfile, procs
 from autotune.server.gpu import GpuMemory, GpuProbe
 from autotune.server.health import HealthWatch, probe_ready, server_info
 from autotune.server.launchspec import LaunchSpec
 from autotune.server.logpipe import WRITER_END_S, LogWriter
 from autotune.server.logwatch import LogWatch
 from autotune.server.release import wait_released
+from autotune.server.spawn import spawn
 from autotune.server.teardown import Clock, Sleep, Teardown, terminate
 
 OBSERVE_S = 1.0
@@ -187,55 +185,12 @@ class Server:
         clock: Clock = time.monotonic,
         sleep: Sleep = time.sleep,
     ) -> Server:
-        """Start the server; raises HarnessError when the machine is not ready for it."""
-        command = spec.command()
-        preflight.check_no_server_running(spec.run_dir)
-        preflight.check_port(spec.host, spec.port)
-        baseline: list[GpuMemory] = []
-        if probe is not None:
-            baseline = preflight.gpu_baseline(
-                probe, spec.devices(), spec.foreign_gpu, spec.foreign_wait_s, clock, sleep
-            )
-        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        secrets = spec.secrets()
-        writer: LogWriter | None = None
-        try:
-            # Appending, so that a copytruncate rotation leaves no hole; owner-only.
-            out = os.open(spec.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
-        except OSError as exc:
-            raise HarnessError(f"cannot write {spec.log_path}: {exc.strerror or exc}") from exc
-        try:
-            if secrets:
-                os.close(out)
-                writer, out = LogWriter.start(spec.log_path, secrets)
-            process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=spec.environment(),
-                start_new_session=True,
-                close_fds=True,
-            )
-        except OSError as exc:
-            if writer is not None:
-                os.close(out)
-                out = -1
-                writer.finish(time.monotonic, time.sleep, 5.0)
-            raise HarnessError(f"could not start {command[0]!r}: {exc}") from exc
-        finally:
-            if out >= 0:
-                os.close(out)
-        record = _pid_record(spec, process.pid, command, writer)
-        try:
-            path = pidfile.write(spec.run_dir, record)
-        except OSError as exc:
-            procs.signal_group(record.pgid, record.start_ticks, signal.SIGKILL)
-            process.wait()
-            if writer is not None:
-                writer.finish(clock, sleep, 5.0)
-            raise HarnessError(f"could not write the pidfile in {spec.run_dir}: {exc}") from exc
-        return cls(spec, process, record, path, probe, baseline, clock, sleep, writer)
+        """Start the server (`server.spawn`); raises HarnessError when the machine is not ready
+        for it."""
+        s = spawn(spec, probe, clock, sleep)
+        return cls(
+            spec, s.process, s.record, s.record_path, probe, s.baseline, clock, sleep, s.writer
+        )
 
     @property
     def pid(self) -> int:
@@ -659,28 +614,3 @@ class Server:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _pid_record(
-    spec: LaunchSpec, pid: int, command: tuple[str, ...], writer: LogWriter | None
-) -> pidfile.PidRecord:
-    """What the pidfile keeps about a server just started: who it is, who owns it, its log
-    writer, its argv with the secrets masked."""
-    info = procs.read_proc(pid)
-    owner_pid, owner_ticks = pidfile.owner()
-    return pidfile.PidRecord(
-        pid=pid,
-        pgid=info.pgid if info else pid,
-        sid=info.sid if info else pid,
-        start_ticks=info.start_ticks if info else 0,
-        boot_id=procs.boot_id(),
-        host=spec.host,
-        port=spec.port,
-        log_path=str(spec.log_path),
-        argv=scrub.masked_argv(command, [spec.api_key] if spec.api_key else []),
-        launched_at=time.time(),
-        owner_pid=owner_pid,
-        owner_start_ticks=owner_ticks,
-        study=spec.study,
-        members=(writer.identity,) if writer is not None else (),
-    )
