@@ -24,14 +24,7 @@ from concurrent.futures import Executor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from autotune.config.workload import (
-    Phase,
-    Poisson,
-    Steady,
-    Stress,
-    Warmup,
-    WorkloadSpec,
-)
+from autotune.config.workload import Phase, Poisson, Steady, Stress, Warmup, WorkloadSpec
 from autotune.loadgen import phases as ph
 from autotune.loadgen import phasestart
 from autotune.loadgen.apis import APIS, RequestOptions
