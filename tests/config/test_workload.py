@@ -6,15 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config.workload import (
-    LengthDist,
-    Poisson,
-    Sessions,
-    Steady,
-    Stress,
-    Warmup,
-    workload_from_dict,
-)
+from autotune.config import workload
+from autotune.config.workload import LengthDist, workload_from_dict
 from autotune.errors import ConfigError
 
 FULL = {
@@ -39,12 +32,13 @@ def test_full_table_parses() -> None:
     assert spec.api == "chat" and not spec.stream and spec.seed == 42
     assert spec.input_len == LengthDist("lognormal", 16, 32000, 2000.0, 1500.0)
     assert spec.output_len == LengthDist("uniform", 64, 512, 288.0, 0.0)
-    assert spec.sessions == Sessions(4, 2048, 8)
+    assert spec.sessions == workload.Sessions(4, 2048, 8)
     w, s, p, x = spec.phases
-    assert w == Warmup("warmup-0", 8, 4)
-    assert s == Steady("main", 32, 120.0)
-    assert isinstance(p, Poisson) and p.rate == 8.5 and p.output_len == LengthDist.fixed(32)
-    assert x == Stress("stress-3", rounds=3)
+    assert w == workload.Warmup("warmup-0", 8, 4)
+    assert s == workload.Steady("main", 32, 120.0)
+    assert isinstance(p, workload.Poisson)
+    assert p.rate == 8.5 and p.output_len == LengthDist.fixed(32)
+    assert x == workload.Stress("stress-3", rounds=3)
     assert spec.max_wall_s() == 300 + 120 + 60 + 60 + 60 + 600
 
 

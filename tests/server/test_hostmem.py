@@ -10,12 +10,10 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from autotune.config.studyfile import load_study
+from autotune.server import hostmem
 from autotune.server.hostcheck import hicache_refusal, host_bound
 from autotune.server.hostmem import (
-    CgroupError,
     GiB,
-    HostBound,
-    Limit,
     cgroup_limits,
     headroom_of,
     parse_limit,
@@ -140,7 +138,7 @@ def test_a_cgroup_namespace_shows_the_membership_from_its_own_root(tmp_path: Pat
 def test_no_procfs_is_no_cgroup_and_an_unmounted_membership_is_an_error(tmp_path: Path) -> None:
     assert cgroup_limits(tmp_path / "nowhere", tmp_path) is None
     proc = _tree(tmp_path, "0::/x\n", V2_MOUNT.format(root="/", point="/sys/fs/cgroup"), {})
-    with pytest.raises(CgroupError):
+    with pytest.raises(hostmem.CgroupError):
         cgroup_limits(proc, tmp_path)
 
 
@@ -158,10 +156,10 @@ def test_the_pure_parsers() -> None:
     assert mount.filesystem == "cgroup2" and mount.point == PurePosixPath("/sys/fs/cg x")
 
 
-def _bound(limit_gib: float | None, version: str, ranks: int = 8) -> HostBound:
+def _bound(limit_gib: float | None, version: str, ranks: int = 8) -> hostmem.HostBound:
     label = "cgroup v2 memory.max at /sys/fs/cgroup/memory.max"
-    cgroup = Limit(label, int(limit_gib * GiB)) if limit_gib else None
-    return HostBound(int(900e9), "this machine's", cgroup, ranks, version)
+    cgroup = hostmem.Limit(label, int(limit_gib * GiB)) if limit_gib else None
+    return hostmem.HostBound(int(900e9), "this machine's", cgroup, ranks, version)
 
 
 def test_the_bound_is_min_of_ram_and_cgroup_less_the_reserve_over_the_ranks() -> None:
