@@ -155,23 +155,32 @@ def _timings(rule: Rule) -> str:
     return MAIN + startup_timings(_src(rule, 0), _src(rule, 1), phases, (312.4, 1.2, 400.1, 405.0))
 
 
-def _prefill(rule: Rule) -> str:
-    usage = render(_src(rule, 0), _TUM_PREFILL) + ", "
+def _prefill_line(
+    rule: Rule, first: int, usage: str, counts: tuple[int, ...], backend: str, throughput: float
+) -> str:
+    """A Prefill line from its three parts, the sources from `first` on: the counts (new
+    sequences, input, hit tokens, running, waiting requests, pending tokens) around the token
+    usage part `usage`, the graph backend, the input throughput."""
+    seqs, tokens, hit, running, waiting, pending = counts
     head = {
         "iter_msg": "",
-        "prefill_stats.num_new_seqs": 8,
-        "prefill_stats.log_input_tokens": 8192,
-        "prefill_stats.log_hit_tokens": 4096,
+        "prefill_stats.num_new_seqs": seqs,
+        "prefill_stats.log_input_tokens": tokens,
+        "prefill_stats.log_hit_tokens": hit,
         "token_usage_msg": usage,
-        "prefill_stats.num_running_reqs.total": 20,
-        "len(self.scheduler.waiting_queue)": 5,
-        "prefill_stats.num_pending_tokens": 30000,
+        "prefill_stats.num_running_reqs.total": running,
+        "len(self.scheduler.waiting_queue)": waiting,
+        "prefill_stats.num_pending_tokens": pending,
     }
-    graph = {"self._graph_backend_label": "cuda graph", "can_run_cuda_graph": False}
-    tail = {"self.last_input_throughput": 21000.5}
-    return TP0 + "".join(
-        (render(_src(rule, 1), head), render(_src(rule, 2), graph), render(_src(rule, 3), tail))
-    )
+    graph = {"self._graph_backend_label": backend, "can_run_cuda_graph": False}
+    tail = {"self.last_input_throughput": throughput}
+    parts: tuple[Mapping[str, object], ...] = (head, graph, tail)
+    return TP0 + "".join(render(_src(rule, first + i), part) for i, part in enumerate(parts))
+
+
+def _prefill(rule: Rule) -> str:
+    usage = render(_src(rule, 0), _TUM_PREFILL) + ", "
+    return _prefill_line(rule, 1, usage, (8, 8192, 4096, 20, 5, 30000), "cuda graph", 21000.5)
 
 
 def _prefill_hybrid(other: str, usage: float) -> Line:
@@ -180,21 +189,8 @@ def _prefill_hybrid(other: str, usage: float) -> Line:
     def make(rule: Rule) -> str:
         parts = render(_src(rule, 0), {"self.full_token_usage": 0.40}) + ", "
         parts += render(_src(rule, 1), {other: usage}) + ", "
-        head = {
-            "iter_msg": "",
-            "prefill_stats.num_new_seqs": 12,
-            "prefill_stats.log_input_tokens": 43008,
-            "prefill_stats.log_hit_tokens": 0,
-            "token_usage_msg": parts,
-            "prefill_stats.num_running_reqs.total": 49,
-            "len(self.scheduler.waiting_queue)": 49,
-            "prefill_stats.num_pending_tokens": 213301,
-        }
-        graph = {"self._graph_backend_label": "npu graph", "can_run_cuda_graph": False}
-        tail = {"self.last_input_throughput": 14336.0}
-        return TP0 + "".join(
-            (render(_src(rule, 2), head), render(_src(rule, 3), graph), render(_src(rule, 4), tail))
-        )
+        counts = (12, 43008, 0, 49, 49, 213301)
+        return _prefill_line(rule, 2, parts, counts, "npu graph", 14336.0)
 
     return make
 
