@@ -355,27 +355,45 @@ BAD: list[tuple[str, str, str]] = [
 ]
 
 
+class Refused:
+    """`autotune run` on a study text, with more arguments, results under tmp_path/results:
+    exit code 2 and a one-line error, which the call returns."""
+
+    def __init__(
+        self,
+        study_file: Callable[[str], Path],
+        capsys: pytest.CaptureFixture[str],
+        results: Path,
+    ) -> None:
+        self.study_file, self.capsys, self.results = study_file, capsys, results
+
+    def __call__(self, text: str, *args: str) -> str:
+        path = self.study_file(text)
+        code = main(["run", "--config", str(path), "--results-dir", str(self.results), *args])
+        err = self.capsys.readouterr().err
+        assert code == 2, err
+        assert len(err.strip().splitlines()) == 1, err
+        return err
+
+
+@pytest.fixture
+def refused(
+    study_file: Callable[[str], Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> Refused:
+    return Refused(study_file, capsys, tmp_path / "results")
+
+
 @pytest.mark.parametrize(
     ("text", "key", "hint"), BAD, ids=[f"{i}-{b[1]}" for i, b in enumerate(BAD)]
 )
 def test_bad_study_file_is_one_line_error_with_exit_2(
-    text: str,
-    key: str,
-    hint: str,
-    study_file: Callable[[str], Path],
-    capsys: pytest.CaptureFixture[str],
-    tmp_path: Path,
+    text: str, key: str, hint: str, refused: Refused, tmp_path: Path
 ) -> None:
-    path = study_file(text)
     with pytest.raises(ConfigError) as exc:
-        load_study(path)
+        load_study(refused.study_file(text))
     assert exc.value.key == key
     assert hint in str(exc.value)
-    code = main(["run", "--config", str(path), "--results-dir", str(tmp_path / "results")])
-    assert code == 2
-    err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1
-    assert err.startswith(f"autotune: error: {key}")
+    assert refused(text).startswith(f"autotune: error: {key}")
     assert not (tmp_path / "results").exists()
 
 
@@ -409,17 +427,8 @@ def test_missing_study_file_is_usage_error(
         (["--storage", "sqlite:////nonexistent/dir/x.db"], "cannot open it"),
     ],
 )
-def test_bad_command_line_values(
-    args: list[str],
-    needle: str,
-    study_file: Callable[[str], Path],
-    capsys: pytest.CaptureFixture[str],
-    tmp_path: Path,
-) -> None:
-    path = study_file(VALID)
-    assert main(["run", "--config", str(path), "--results-dir", str(tmp_path / "r"), *args]) == 2
-    err = capsys.readouterr().err
-    assert needle in err and len(err.strip().splitlines()) == 1
+def test_bad_command_line_values(args: list[str], needle: str, refused: Refused) -> None:
+    assert needle in refused(VALID, *args)
 
 
 def test_run_without_study_is_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
