@@ -73,6 +73,16 @@ def _replace(old: str, new: str) -> str:
     return VALID.replace(old, new)
 
 
+def _after(anchor: str, added: str) -> str:
+    """The valid study with `added` written right after `anchor`."""
+    return _replace(anchor, anchor + added)
+
+
+def _before(anchor: str, added: str) -> str:
+    """The valid study with `added` written right before `anchor`."""
+    return _replace(anchor, added + anchor)
+
+
 _SERVER_NOT_TABLE = "server = 1\n" + VALID[VALID.index("[search]") :]
 _NO_SEARCH = VALID[: VALID.index("[search]")] + VALID[VALID.index("[workload]") :]
 
@@ -81,11 +91,11 @@ _NO_SEARCH = VALID[: VALID.index("[search]")] + VALID[VALID.index("[workload]") 
 BAD: list[tuple[str, str, str]] = [
     (VALID + "\n[extra]\nx = 1\n", "extra", "unknown key"),
     (
-        _replace("[search]\n", "[server.limits]\nforeign_wait_s = -5\n\n[search]\n"),
+        _before("[search]\n", "[server.limits]\nforeign_wait_s = -5\n\n"),
         "server.limits.foreign_wait_s",
         "≥ 0",
     ),
-    (_replace("[budget]\n", "[budget]\nntrials = 3\n"), "budget.ntrials", "n_trials"),
+    (_after("[budget]\n", "ntrials = 3\n"), "budget.ntrials", "n_trials"),
     (_replace('backend = "sim"', 'backend = "docker"'), "server.backend", "sim, sglang"),
     (_replace('backend = "sim"', "backend = 3"), "server.backend", "string"),
     (_replace("sim_time_scale = 0.05", "sim_time_scale = 0"), "server.sim_time_scale", "> 0"),
@@ -94,42 +104,30 @@ BAD: list[tuple[str, str, str]] = [
         "server.sim_time_scale",
         "number",
     ),
-    (_replace("[server]\n", "[server]\nport = 70000\n"), "server.port", "65535"),
-    (_replace("[server]\n", "[server]\nport = -1\n"), "server.port", "≥ 0"),
-    (_replace("[server]\n", "[server]\ncommand = []\n"), "server.command", "non-empty"),
-    (_replace("[server]\n", '[server]\ncommand = "python"\n'), "server.command", "list"),
-    (_replace("[server]\n", '[server]\nenv = { "1BAD" = "x" }\n'), "server.env.1BAD", "variable"),
-    (_replace("[server]\n", "[server]\nenv = { A = 1 }\n"), "server.env.A", "string"),
+    (_after("[server]\n", "port = 70000\n"), "server.port", "65535"),
+    (_after("[server]\n", "port = -1\n"), "server.port", "≥ 0"),
+    (_after("[server]\n", "command = []\n"), "server.command", "non-empty"),
+    (_after("[server]\n", 'command = "python"\n'), "server.command", "list"),
+    (_after("[server]\n", 'env = { "1BAD" = "x" }\n'), "server.env.1BAD", "variable"),
+    (_after("[server]\n", "env = { A = 1 }\n"), "server.env.A", "string"),
+    (_after("[server]\n", "limits = { startup_s = -5 }\n"), "server.limits.startup_s", "> 0"),
+    (_after("[server]\n", "limits = { start = 5 }\n"), "server.limits.start", "unknown"),
+    (_after("tp-size = 8\n", "port = 1234\n"), "server.flags.port", "server.port"),
+    (_after("tp-size = 8\n", "TP_SIZE = 8\n"), "server.flags.TP_SIZE", "flag name"),
     (
-        _replace("[server]\n", "[server]\nlimits = { startup_s = -5 }\n"),
-        "server.limits.startup_s",
-        "> 0",
-    ),
-    (
-        _replace("[server]\n", "[server]\nlimits = { start = 5 }\n"),
-        "server.limits.start",
-        "unknown",
-    ),
-    (_replace("tp-size = 8\n", "tp-size = 8\nport = 1234\n"), "server.flags.port", "server.port"),
-    (_replace("tp-size = 8\n", "tp-size = 8\nTP_SIZE = 8\n"), "server.flags.TP_SIZE", "flag name"),
-    (
-        _replace("tp-size = 8\n", "tp-size = 8\nnnodes = 2\nnode-rank = 0\n"),
+        _after("tp-size = 8\n", "nnodes = 2\nnode-rank = 0\n"),
         "server.flags.nnodes",
         "a launch on every node",
     ),
+    (_after("tp-size = 8\n", "tp_size = 8\n"), "server.flags.tp_size", "same flag"),
+    (_after("tp-size = 8\n", "x = { a = 1 }\n"), "server.flags.x", "string, number"),
     (
-        _replace("tp-size = 8\n", "tp-size = 8\ntp_size = 8\n"),
-        "server.flags.tp_size",
-        "same flag",
-    ),
-    (_replace("tp-size = 8\n", "tp-size = 8\nx = { a = 1 }\n"), "server.flags.x", "string, number"),
-    (
-        _replace("tp-size = 8\n", "tp-size = 8\nmem_fraction_static = 0.9\n"),
+        _after("tp-size = 8\n", "mem_fraction_static = 0.9\n"),
         "server.flags.mem_fraction_static",
         "one place",
     ),
     (
-        _replace("tp-size = 8\n", "tp-size = 8\nenable_hierarchical_cache = true\n"),
+        _after("tp-size = 8\n", "enable_hierarchical_cache = true\n"),
         "server.flags.enable_hierarchical_cache",
         "hicache_size",
     ),
@@ -263,7 +261,7 @@ BAD: list[tuple[str, str, str]] = [
         "outside",
     ),
     (
-        _replace("hicache_size = 48\n", "hicache_size = 48\nchunked_prefill_size = 8192\n"),
+        _after("hicache_size = 48\n", "chunked_prefill_size = 8192\n"),
         "baseline.chunked_prefill_size",
         "not a search parameter",
     ),
@@ -278,55 +276,43 @@ BAD: list[tuple[str, str, str]] = [
         "≥ 0",
     ),
     (
-        _replace("min_headroom_gib = 1.0", "min_headroom_gib = 1.0\nmax_p99_ttft_ms = 0"),
+        _after("min_headroom_gib = 1.0", "\nmax_p99_ttft_ms = 0"),
         "constraints.max_p99_ttft_ms",
         "> 0",
     ),
-    (
-        _replace("min_headroom_gib = 1.0", 'min_headroom_gib = 1.0\nno_oom = "yes"'),
-        "constraints.no_oom",
-        "true or false",
-    ),
-    (
-        _replace("min_headroom_gib = 1.0", "min_headroom_gib = 1.0\nmax_latency = 5"),
-        "constraints.max_latency",
-        "unknown",
-    ),
+    (_after("min_headroom_gib = 1.0", '\nno_oom = "yes"'), "constraints.no_oom", "true or false"),
+    (_after("min_headroom_gib = 1.0", "\nmax_latency = 5"), "constraints.max_latency", "unknown"),
     (_replace("n_trials = 5", "n_trials = 0"), "budget.n_trials", "≥ 1"),
     (_replace("n_trials = 5", "n_trials = 2.5"), "budget.n_trials", "whole number"),
-    (_replace("n_trials = 5", "n_trials = 5\ntimeout_s = -1"), "budget.timeout_s", "> 0"),
+    (_after("n_trials = 5", "\ntimeout_s = -1"), "budget.timeout_s", "> 0"),
     (_replace('name = "tpe"', 'name = "bayes"'), "sampler.name", "tpe"),
     (_replace("seed = 3", "seed = -3"), "sampler.seed", "≥ 0"),
     (
-        _replace("[budget]", '[objectives]\nmaximize = ["latency"]\n\n[budget]'),
+        _before("[budget]", '[objectives]\nmaximize = ["latency"]\n\n'),
         "objectives.maximize",
         "capacity",
     ),
+    (_before("[budget]", "[objectives]\nmaximize = []\n\n"), "objectives.maximize", "at least one"),
     (
-        _replace("[budget]", "[objectives]\nmaximize = []\n\n[budget]"),
-        "objectives.maximize",
-        "at least one",
-    ),
-    (
-        _replace("[budget]", '[objectives]\nmaximize = ["capacity", "capacity"]\n\n[budget]'),
+        _before("[budget]", '[objectives]\nmaximize = ["capacity", "capacity"]\n\n'),
         "objectives.maximize",
         "twice",
     ),
-    (_replace("[budget]", '[storage]\npath = "x"\n\n[budget]'), "storage.path", "url"),
+    (_before("[budget]", '[storage]\npath = "x"\n\n'), "storage.path", "url"),
     (_SERVER_NOT_TABLE, "server", "table"),
     (_replace("[server.flags]", "[server.flagz]"), "server.flagz", "flags"),
     (VALID.replace("[search]", "[searchx]"), "searchx", "unknown key"),
     (_NO_SEARCH, "search", "missing"),
     (_replace("duration_s = 1.0", "duration_s = -1.0"), "workload.phases[0].duration_s", ""),
     (_replace('kind = "steady"', 'kind = "burst"'), "workload.phases[0].kind", ""),
-    (_replace("[workload]\n", "[workload]\nfoo = 1\n"), "workload.foo", ""),
+    (_after("[workload]\n", "foo = 1\n"), "workload.foo", ""),
     (
         _replace('sim_profile = "kimi-k2.5-tp8-96g"', 'sim_profile = "kimi"'),
         "server.sim_profile",
         "not found",
     ),
-    (_replace("[server]\n", "[server]\nenv = 3\n"), "server.env", "table"),
-    (_replace("[server]\n", '[server]\nhost = ""\n'), "server.host", "host name"),
+    (_after("[server]\n", "env = 3\n"), "server.env", "table"),
+    (_after("[server]\n", 'host = ""\n'), "server.host", "host name"),
     (
         _replace("choices = [32, 48, 64]", "choices = [32, 48], low = 1"),
         "search.max_running_requests.low",
@@ -340,9 +326,9 @@ BAD: list[tuple[str, str, str]] = [
         "search.hicache_ratio.low",
         "log",
     ),
-    (_replace("n_trials = 5", 'n_trials = 5\ntimeout_s = "8h"'), "budget.timeout_s", "number"),
+    (_after("n_trials = 5", '\ntimeout_s = "8h"'), "budget.timeout_s", "number"),
     (
-        _replace("[budget]", '[objectives]\nminimize = ["capacity"]\n\n[budget]'),
+        _before("[budget]", '[objectives]\nminimize = ["capacity"]\n\n'),
         "objectives.minimize",
         "unknown",
     ),
@@ -351,7 +337,7 @@ BAD: list[tuple[str, str, str]] = [
         "server.flags.trust_remote_code",
         "list flag",
     ),
-    (_replace("[server]\n", "[server]\nsim_seed = -1\n"), "server.sim_seed", "≥ 0"),
+    (_after("[server]\n", "sim_seed = -1\n"), "server.sim_seed", "≥ 0"),
 ]
 
 
