@@ -173,6 +173,15 @@ def _gpu_prefix(time: float | None, line: str) -> tuple[float | None, str, str]:
     return time, f"TP{m.group(1)}", line[m.end() :]
 
 
+def is_rank_tag(rank: str) -> bool:
+    """Whether `rank` is a tag SGLang's logger writes (`TP3`, `DP0 TP0 EP0`, `PP1 TP0`): every
+    part one of its rank names and a number; not "" and not a logging config's `PID…`."""
+    parts = rank.split()
+    return bool(parts) and all(
+        any(t.startswith(name) and t[len(name) :].isdigit() for name in _RANK_TAGS) for t in parts
+    )
+
+
 def rank_order(rank: str) -> tuple[int, ...]:
     """Sort key for rank tags: "" (main / single GPU) first, then DP, PP, …, TP, EP numerically."""
     if not rank:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ from autotune.logparse.events import STARTUP_KINDS, Kind, ParsedLog
 from autotune.logparse.ledger import Ledger
 from autotune.logparse.lines import parse_lines
 from autotune.logparse.outcome import Verdict, classify
+from autotune.logparse.prefix import is_rank_tag, split_prefix, strip_wrapper
 from autotune.logparse.serving import ServingSummary, summarize
 
 SNIFF_BYTES = 64 * 1024
@@ -37,6 +40,8 @@ def read_log(path: Path) -> ParsedLog:
         raise UsageError(f"{path}: cannot read it ({exc.strerror})") from exc
     if is_sglang_log(log):  # a log with garbage in it (a crash, a cut) still reads
         return log
+    if _sglang_shaped(path):  # an excerpt of lines this reader has no reading for
+        return log
     if not head.strip():
         raise UsageError(f"{path}: the file is empty; give the path of an SGLang server log")
     if _binary(head):
@@ -53,6 +58,29 @@ def read_log(path: Path) -> ParsedLog:
 def is_sglang_log(log: ParsedLog) -> bool:
     """Whether any line is one SGLang prints (a batch line, or an event beyond a bare error)."""
     return bool(log.batches) or any(e.kind not in _GENERIC for e in log.events)
+
+
+_SGLANG_FRAME = re.compile(r'^\s*File "[^"]*/sglang/srt/')
+"""A traceback frame in SGLang's server code (`File ".../sglang/srt/managers/scheduler.py"`)."""
+
+
+def _sglang_shaped(path: Path, most: int = 5000) -> bool:
+    """Whether the log (its first `most` lines) is SGLang's by its shape though no line is one
+    SGLang's reader knows: a line its logger prefixed with a time and a rank tag (`[2025-09-17
+    16:23:13 TP1] `, `[… PP1 TP0] `, at the start of the line or after a log collector's prefix;
+    not `PID…`, which any custom logging config gives), or a
+    traceback through SGLang's server code. An excerpt of a disaggregation transfer error or a
+    watchdog's debug dump is then read, with nothing to show, rather than refused."""
+    with open(path, encoding="utf-8", errors="replace", newline="\n") as fh:
+        for line in itertools.islice(fh, most):
+            if _SGLANG_FRAME.match(line):
+                return True
+            line = strip_wrapper(line.rstrip("\n"))
+            if line.startswith("["):
+                time, rank, message = split_prefix(line)
+                if time is not None and is_rank_tag(rank) and message:
+                    return True
+    return False
 
 
 def _binary(head: bytes) -> bool:
