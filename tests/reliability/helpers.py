@@ -131,10 +131,12 @@ class World:
         return f"sqlite:///{self.study_dir / 'study.db'}"
 
     def study(self, **values: object) -> Path:
-        """Write the study file from STUDY with `values` for its fields."""
+        """Write the study file from STUDY with `values` for its fields. `stall_s` is 10 s by
+        default, so that a loaded machine's pause is never read as a hang; a test about stalls
+        asks for 1.5 s itself."""
         fields: dict[str, object] = dict(
             server="", flags="", search="", workload="", phases="", tail="", limits="",
-            baseline=0.88, duration=0.5, n_trials=1, release_s=3, stall_s=1.5,
+            baseline=0.88, duration=0.5, n_trials=1, release_s=3, stall_s=10,
         )  # fmt: skip
         fields.update(values)
         path = self.folder / f"{NAME}.toml"

@@ -38,7 +38,7 @@ BAD_VALUES = [
      "search.kv_cache_dtype"),
     ("[server.limits]", '[server.env]\n"1BAD" = "x"\n\n[server.limits]', "server.env.1BAD"),
     ("startup_s = 30", "startup_s = 0", "server.limits.startup_s"),
-    ("stall_s = 1.5", 'stall_s = "soon"', "server.limits.stall_s"),
+    ("stall_s = 10", 'stall_s = "soon"', "server.limits.stall_s"),
     ("release_s = 3", "release_s = -1", "server.limits.release_s"),
     ("high = 0.97", "high = 1.2", "search.mem_fraction_static"),
     ("step = 0.01", "step = 0.07", "search.mem_fraction_static"),

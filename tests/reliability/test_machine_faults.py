@@ -460,7 +460,7 @@ def test_wall_clock_jumps_fire_no_timeout(world: World) -> None:
     (site / "sitecustomize.py").write_text(CLOCK_JUMPS)
     seen = world.folder / "clock-jumps-seen"
     world.foreign_sleep()
-    world.study(duration=3, n_trials=2)
+    world.study(duration=3, n_trials=2, stall_s=1.5)
     env = {"PYTHONPATH": str(site), "REL_CLOCK_JUMPS": "1", "REL_CLOCK_SEEN": str(seen)}
     done = world.run(env=env, timeout=180)
     assert done.rc == 0, done.out + done.err

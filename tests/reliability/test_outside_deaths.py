@@ -213,7 +213,7 @@ def test_a_real_oom_under_load_stays_a_parameter_result(world: World) -> None:
     sender)."""
     world.foreign_sleep()
     # not about stalls: the helper's 1.5 s once read a busy machine's pause in launch as a hang
-    world.study(phases=STRESS, baseline=0.93, flags=EAGLE, stall_s=10)
+    world.study(phases=STRESS, baseline=0.93, flags=EAGLE)
     done = world.run()
     assert done.rc == 0, done.err
     trial, *queued = world.trials()

@@ -31,7 +31,7 @@ def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[World, str
     world = World(tmp_path_factory.mktemp("keyed"))
     key = "sk-rel-" + secrets.token_hex(12)
     env = {KEY_ENV: key}
-    world.study(workload=f'api_key_env = "{KEY_ENV}"', duration=1.0, stall_s=10)  # no stall here
+    world.study(workload=f'api_key_env = "{KEY_ENV}"', duration=1.0)
     outputs = [world.run(env=env)]
     common = ["--config", str(world.folder / "rel.toml"), "--results-dir", str(world.results)]
     for command in (
@@ -56,7 +56,7 @@ def test_servers_bind_to_loopback_by_default(keyed: tuple[World, str, list[Done]
 
 
 def test_servers_bind_where_configured_otherwise(world: World) -> None:
-    world.study(server='host = "0.0.0.0"', stall_s=10)  # not about stalls
+    world.study(server='host = "0.0.0.0"')
     done = world.run()
     assert done.rc == 0, done.err
     assert world.trials()[0].user_attrs["outcome"] == "ok"

@@ -53,7 +53,7 @@ def _only_trial(world: World, state: TrialState, outcome: str) -> dict[str, obje
 
 
 def test_hang_in_weight_load(world: World) -> None:
-    _run(world, flags='sim-fault = "hang-weight-load"')
+    _run(world, flags='sim-fault = "hang-weight-load"', stall_s=1.5)
     record = _only_trial(world, TrialState.FAIL, "hang")
     assert "weight_load" in str(record["reason"])
 
@@ -178,7 +178,7 @@ def test_server_frozen_with_sigstop_while_serving_is_a_hang(world: World) -> Non
     """SIGSTOP to the whole server mid-workload: alive, silent. Judged a hang within stall_s
     (1.5 s) of the last answer, recorded as such, killed (SIGKILL ends a stopped process)."""
     world.foreign_sleep()
-    world.study(duration=30)
+    world.study(duration=30, stall_s=1.5)
     proc = world.start(*world.run_args())
     wait_for_log(world, proc, "Decode batch")
     record = server_record(world)
@@ -330,7 +330,9 @@ def test_scheduler_killed_while_the_http_front_answers_is_a_hang(world: World) -
     world.foreign_sleep()
     # SGLang's own watchdog (300 s, 10 ms at this time scale) pushed out of the way: the rule
     # tested is autotune's.
-    world.study(flags='sim-fault = "oom-kill=1"\nwatchdog-timeout = 100000000', duration=30)
+    world.study(
+        flags='sim-fault = "oom-kill=1"\nwatchdog-timeout = 100000000', duration=30, stall_s=1.5
+    )
     done = world.run()
     assert done.rc == 0, done.out + done.err
     record = _only_trial(world, TrialState.FAIL, "hang")
@@ -352,6 +354,7 @@ def test_a_rank_that_dies_mid_load_is_a_crash_not_the_hang_it_causes(
         server=f'sim_version = "{version}"',
         flags='sim-fault = "rank-dies=1"\nwatchdog-timeout = 15000',
         duration=30,
+        stall_s=1.5,  # the stall is seen first: the rank's crash must still decide
     )
     done = world.run()
     assert done.rc == 0, done.out + done.err
