@@ -163,6 +163,11 @@ def failure(line: str, ctx: Ctx) -> Event | None:
         return Event(Kind.POOL_TOO_SMALL, *ctx)
     if "cannot hold even one request" in line or "state cache is too small to serve" in line:
         return Event(Kind.POOL_TOO_SMALL, *ctx)  # SWA, mamba
+    if "Not enough host memory for request " in line:
+        # a disaggregated decode server's offload of one request's KV to host finding no room
+        # (`DecodeKVCacheOffloadManager.offload_kv_cache`): that request is not offloaded, the
+        # server goes on; not the start's host pool running out
+        return None
     if "Not enough host memory" in line or "No host memory is left for HiCache" in line:
         m = _HOST_REQUEST.search(line)
         values = {"requested_gb": float(m.group(1)), "free_gb": float(m.group(2))} if m else {}

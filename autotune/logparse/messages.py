@@ -398,8 +398,14 @@ def _watchdog(message: str, ctx: Ctx) -> Event | None:
     """`{debug_name} watchdog timeout (…)`: Scheduler, DetokenizerManager, TokenizerManager,
     DataParallelController (`utils/watchdog.py`). Releases before that class (0.4.x into 0.5.x)
     printed `Watchdog timeout (self.watchdog_timeout=300)` from the scheduler's own thread and
-    then sent its parent SIGQUIT (`Scheduler.watchdog_thread`): `_STARTS` reads that one."""
-    return Event(Kind.WATCHDOG_TIMEOUT, *ctx) if " watchdog timeout (" in message else None
+    then sent its parent SIGQUIT (`Scheduler.watchdog_thread`): `_STARTS` reads that one.
+
+    A soft watchdog (`self.soft=True`: `--soft-watchdog-timeout`, and the tokenizer's,
+    detokenizer's and DP controller's own) only prints its dump and goes on watching; SIGQUIT is
+    sent by the hard one alone: not a death, nothing to read."""
+    if " watchdog timeout (" not in message or "self.soft=True" in message:
+        return None
+    return Event(Kind.WATCHDOG_TIMEOUT, *ctx)
 
 
 def _initialization_failed(message: str, ctx: Ctx) -> Event:
@@ -454,7 +460,7 @@ _STARTS: tuple[tuple[str, Builder], ...] = (
     ("MultiTokenizerRouter hit an exception", _plain(Kind.SCHEDULER_EXCEPTION)),
     ("MultiDetokenizerRouter hit an exception", _plain(Kind.SCHEDULER_EXCEPTION)),
     ("Scheduler or DataParallelController ", _terminated),
-    ("Scheduler watchdog timeout", _plain(Kind.WATCHDOG_TIMEOUT)),
+    ("Scheduler watchdog timeout", _watchdog),
     ("Watchdog timeout (", _plain(Kind.WATCHDOG_TIMEOUT)),
     ("SIGQUIT received", _plain(Kind.SIGQUIT)),
     # 0.4.x printed "child proces." (`engine.py` `sigquit_handler`), later "child process."

@@ -66,17 +66,17 @@ _SGLANG_FRAME = re.compile(r'^\s*File "[^"]*/sglang/srt/')
 
 def _sglang_shaped(path: Path, most: int = 5000) -> bool:
     """Whether the log (its first `most` lines) is SGLang's by its shape though no line is one
-    SGLang's reader knows: a line its logger prefixed with a time and a rank tag (`[2025-09-17
-    16:23:13 TP1] `, `[… PP1 TP0] `, at the start of the line or after a log collector's prefix;
-    not `PID…`, which any custom logging config gives), or a
-    traceback through SGLang's server code. An excerpt of a disaggregation transfer error or a
+    SGLang's reader knows: a line its logger prefixed with a date, a time and a rank tag
+    (`[2025-09-17 16:23:13 TP1] `, `[… PP1 TP0] `, at the start of the line or after a log
+    collector's prefix; not `PID…`, which any custom logging config gives), or a traceback
+    through SGLang's server code. An excerpt of a disaggregation transfer error or a
     watchdog's debug dump is then read, with nothing to show, rather than refused."""
     with open(path, encoding="utf-8", errors="replace", newline="\n") as fh:
         for line in itertools.islice(fh, most):
             if _SGLANG_FRAME.match(line):
                 return True
             line = strip_wrapper(line.rstrip("\n"))
-            if line.startswith("["):
+            if line.startswith("[20"):  # dated, 0.3.4 on: `[HH:MM:SS TP0]` alone is too thin
                 time, rank, message = split_prefix(line)
                 if time is not None and is_rank_tag(rank) and message:
                     return True

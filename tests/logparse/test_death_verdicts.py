@@ -137,6 +137,28 @@ def test_a_handled_out_of_memory_fallback_is_not_a_death(line: str) -> None:
     assert summarize(log.batches, log.events).handled_ooms == 1
 
 
+ROUTINE = [
+    TP0 + "Scheduler watchdog timeout (self.watchdog_timeout=30, self.soft=True)",
+    MAIN + "DetokenizerManager watchdog timeout (self.watchdog_timeout=30, self.soft=True)",
+    TP0 + "Not enough host memory for request 3ce84ffb82764f45b028dd8e6c4beed1",
+]
+"""Lines SGLang prints and goes on serving after (0.5.23's source): a soft watchdog only dumps
+(`utils/watchdog.py`, SIGQUIT is the hard one's); a disaggregated decode server that finds no
+host room to offload one request's KV skips that offload (`decode_kvcache_offload_manager.py`)."""
+
+
+@pytest.mark.parametrize("line", ROUTINE)
+def test_a_line_sglang_serves_on_after_is_not_a_death(line: str) -> None:
+    assert parse_line(line) is None
+    log = parse_text(READY + DECODE + line + "\n" + DECODE)
+    assert classify(log.events, RunFacts(), log.batches).outcome is Outcome.READY
+
+
+def test_the_hard_watchdog_of_0_5_23_is_a_hang() -> None:
+    line = TP0 + "Scheduler watchdog timeout (self.watchdog_timeout=300, self.soft=False)"
+    assert event(line).kind is Kind.WATCHDOG_TIMEOUT
+
+
 @pytest.mark.parametrize(
     ("line", "cause"),
     [
