@@ -85,7 +85,7 @@ def log_facts(path: Path) -> LogFacts:
     starts = log.of(Kind.SERVER_ARGS)
     first_line = starts[-1].line_no if starts else 0
     events = tuple(e for e in log.events if e.line_no >= first_line)
-    ledger = build_ledger(events)
+    ledger = build_ledger(events, (b for b in log.batches if b.line_no >= first_line))
     if not starts and not log.batches and not any(e.kind in STARTUP_KINDS for e in events):
         raise UsageError(
             f"--from-log {path}: no server_args, memory or batch line SGLang prints; "

@@ -57,7 +57,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.logparse.events import POOL_AUX, POOL_MAIN, POOL_SWA, Event, Kind
+from autotune.logparse.events import POOL_AUX, POOL_MAIN, POOL_SWA, Batch, Event, Kind
 from autotune.logparse.ledger import DRAFT_PHASES, GRAPH_PHASES, Ledger
 from autotune.logparse.prefix import rank_order
 from autotune.logparse.semantics import detect
@@ -393,8 +393,10 @@ def _from_server_args(event: Event | None) -> dict[str, Any]:
     return out
 
 
-def build_ledger(events: Iterable[Event]) -> Ledger:
-    """The ledger shown by a log's events (from `logparse`); fields the log lacks stay None."""
+def build_ledger(events: Iterable[Event], batches: Iterable[Batch] = ()) -> Ledger:
+    """The ledger shown by a log's events (from `logparse`); fields the log lacks stay None.
+    The log's batch lines (`batches`) add the ranks that printed them to the rank count, for an
+    excerpt of serving lines alone."""
     events = tuple(events)
     ranks: dict[str, _Rank] = {}
     summary: Mapping[str, float] = {}
@@ -461,7 +463,7 @@ def build_ledger(events: Iterable[Event]) -> Ledger:
         max_prefill_tokens=_int(summary.get("max_prefill_tokens")),
         context_len=_int(summary.get("context_len")),
         model_type=_shared(ordered, "model_type"),
-        ranks=_ranks(events, ranks),
+        ranks=_ranks(events, ranks, batches),
         semantics=rules.name if rules else None,
         semantics_from=chosen_by or None,
         sglang_version=e.label if (e := first.get(Kind.VERSION)) else None,
@@ -525,13 +527,16 @@ def _shared(ordered: Iterable[_Rank], name: str) -> Any:
     return next((v for r in ordered if (v := getattr(r, name)) is not None), None)
 
 
-def _ranks(events: Iterable[Event], accounted: Mapping[str, _Rank]) -> int | None:
+def _ranks(
+    events: Iterable[Event], accounted: Mapping[str, _Rank], batches: Iterable[Batch] = ()
+) -> int | None:
     """How many ranks the log shows: every rank tag that printed a line SGLang's logger prefixed
     with one (`TP3`, `DP1 TP1`; not `PID…`, which a custom logging config gives every process),
     and the untagged one of a single-GPU log's accounting lines. A rank seen only in its graph
     capture or a warning counts, as the ranks with memory lines do."""
     tags = set(accounted)
     tags.update(e.rank for e in events if e.rank and not e.rank.startswith("PID"))
+    tags.update(b.rank for b in batches if b.rank and not b.rank.startswith("PID"))
     return len(tags) or None
 
 

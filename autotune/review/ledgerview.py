@@ -106,7 +106,7 @@ STARTUP_MISSING = (
 def summarize_log(log: ParsedLog) -> tuple[Ledger, Verdict, ServingSummary]:
     """A parsed log's memory ledger, verdict and serving summary: what `autotune ledger` prints."""
     verdict = classify(log.events, batches=log.batches)
-    return build_ledger(log.events), verdict, summarize(log.batches, log.events)
+    return build_ledger(log.events, log.batches), verdict, summarize(log.batches, log.events)
 
 
 def as_json(ledger: Ledger, verdict: Verdict, serving: ServingSummary, log: ParsedLog) -> str:

@@ -365,3 +365,17 @@ def test_every_rank_that_printed_a_prefixed_line_is_counted() -> None:
     ]
     lines += [f"[2025-07-02 07:41:59 DP{r} TP{r}] {cap}\n" for r in (0, 7, 6, 4, 5, 3, 1, 2)]
     assert build_ledger(parse_text("".join(lines)).events).ranks == 8
+
+
+def test_ranks_that_printed_only_batch_lines_are_counted() -> None:
+    """Four pipeline stages' Decode lines and nothing else (an excerpt of a GLM PP4 run): the
+    ledger counts four ranks, not none."""
+    log = parse_text(
+        "".join(
+            f"[2026-06-24 15:38:02 PP{r}] Decode batch, #running-req: 1, #token: 998080, token "
+            "usage: 0.59, cuda graph: True, gen throughput (token/s): 205.21, #queue-req: 0\n"
+            for r in range(4)
+        )
+    )
+    assert build_ledger(log.events).ranks is None
+    assert build_ledger(log.events, log.batches).ranks == 4
