@@ -183,6 +183,7 @@ def _words(
         f"{a.budget_per_step_gib(0.01):.2f} GiB, about {a.tokens_per_step(0.01):,} tokens.",
         f"Below f = {lowest:.3f} there is no room for a pool: SGLang stops at startup with "
         "'Not enough memory' (raise the fraction).",
+        *_cap_words(a),
         "max_running_requests does not size the pool: it sizes the request table"
         + (f" ({table:.2f} GiB here, growing with it)" if table is not None else "")
         + " and the CUDA graphs"
@@ -201,6 +202,18 @@ def _words(
             "run out of memory is not known from it: run a study with a stress phase."
         )
     return tuple(out)
+
+
+def _cap_words(a: Arithmetic) -> tuple[str, ...]:
+    """The `--max-total-tokens` cap the log's launch ran with, where it holds the pool: from
+    the fraction whose budget reaches it, a higher fraction grows only the reserve."""
+    if a.tokens_cap is None:
+        return ()
+    reach = a.fraction_for_tokens(a.tokens_cap)
+    return (
+        f"--max-total-tokens {a.tokens_cap:,} caps the pool: from f = {reach:.3f}, where the "
+        "budget reaches it, a higher fraction adds no tokens and only grows the reserve.",
+    )
 
 
 def _ceiling_missing(a: Arithmetic) -> tuple[str, ...]:

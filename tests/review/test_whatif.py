@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from autotune.logparse.ledger import Ledger
+from autotune.review.whatif import what_if
+from tests.review.fakes import ledger
 from tests.simstudy import assert_none_left
 
 pytestmark = pytest.mark.e2e
@@ -83,3 +86,19 @@ def test_one_log_predicts_the_other_fractions(no_leftovers: Path, version: str) 
     assert 0.7 < what["lowest_fraction"] < 0.85
     assert any("does not size the pool" in w for w in what["words"])
     assert_none_left(no_leftovers)
+
+
+def test_a_pool_held_by_max_total_tokens_is_said_with_the_fraction_that_reaches_it() -> None:
+    """A launch with `--max-total-tokens` below what its budget holds (SGLang's docs run
+    EAGLE-3 at 0.6 with 20,480 tokens): the table keeps the pool at the cap, and the words say
+    from which fraction the cap holds it, instead of only how the pool grows with the fraction."""
+    d = ledger(0.88)
+    d["max_total_num_tokens"] = d["max_total_tokens_cap"] = 100_000
+    w = what_if(Ledger.from_dict(d), fraction=0.88)
+    assert w is not None and max(r.tokens for r in w.rows) == 100_000
+    said = [s for s in w.words if "caps the pool" in s]
+    assert len(said) == 1 and said[0].startswith("--max-total-tokens 100,000 caps the pool: from f")
+    reach = float(said[0].split("from f = ")[1].split(",")[0])
+    assert all((r.tokens == 100_000) == (r.fraction >= reach) for r in w.rows), w.rows
+    uncapped = what_if(Ledger.from_dict(ledger(0.88)), fraction=0.88)
+    assert uncapped is not None and not any("caps the pool" in s for s in uncapped.words)
