@@ -288,7 +288,10 @@ class _Rank:
 
     def _graph(self, event: Event) -> None:
         v = event.values
-        usage = v.get("usage_gib") or 0.0
+        self.after_graphs = v.get("avail_gib", self.after_graphs)
+        usage = v.get("usage_gib")
+        if usage is None:  # 0.4.2 and before: `Capture cuda graph end. Time elapsed: 1.79 s`
+            return  # no figure, so no size: unknown, not 0 GiB
         role = event.label
         legacy_draft = not role and self.draft_loaded and not self.draft_before_pool
         phase = "draft_decode" if legacy_draft else _PHASE_OF_ROLE.get(role, "decode")
@@ -297,7 +300,6 @@ class _Rank:
             self.draft_graph = (self.draft_graph or 0.0) + usage
         else:
             self.graph = (self.graph or 0.0) + usage
-        self.after_graphs = v.get("avail_gib", self.after_graphs)
 
 
 def _low(values: Iterable[float | None]) -> float | None:

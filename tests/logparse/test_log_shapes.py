@@ -379,3 +379,25 @@ def test_ranks_that_printed_only_batch_lines_are_counted() -> None:
     )
     assert build_ledger(log.events).ranks is None
     assert build_ledger(log.events, log.batches).ranks == 4
+
+
+def test_a_capture_that_printed_no_memory_figure_has_no_size() -> None:
+    """0.4.2's `Capture cuda graph end. Time elapsed: 1.79 s` prints no memory: the graphs'
+    size is unknown, not 0 GiB; a later release's line still sizes them."""
+    old = parse_text(
+        "[2025-02-04 05:29:18 TP0] Capture cuda graph begin. This can take up to several "
+        "minutes.\n[2025-02-04 05:29:19 TP0] Capture cuda graph end. Time elapsed: 1.79 s\n"
+    )
+    assert build_ledger(old.events).graph_gib is None
+    new = parse_text(
+        "[2025-08-11 19:35:24] Capture cuda graph begin. This can take up to several minutes. "
+        "avail mem=60.15 GB\n[2025-08-11 19:35:25] Capture cuda graph end. Time elapsed: 1.11 s. "
+        "mem usage=0.54 GB. avail mem=59.60 GB.\n"
+    )
+    assert (
+        build_ledger(new.events).graph_gib,
+        build_ledger(new.events).avail_after_graphs_gib,
+    ) == (
+        0.54,
+        59.6,
+    )
