@@ -124,6 +124,13 @@ def _take_flag(taken: _Taken, name: str, value: FlagValue) -> None:
             f"the command has --{name}: its value is not copied; keep the key in an "
             "environment variable and name it in workload.api_key_env"
         )
+    elif p == "max_total_tokens":
+        taken.kept.append((name, value))
+        taken.notes.append(
+            f"--{name} {value} caps the KV pool at {value} tokens whatever the fraction: the "
+            "search cannot grow the pool past it; remove it from server.flags by hand to let "
+            "the search size the pool"
+        )
     elif not FLAG_NAME.match(name):
         taken.notes.append(f"--{name} cannot be a server.flags key; add it by hand")
     else:

@@ -364,3 +364,19 @@ def test_a_log_from_the_pool_on_is_read_with_the_command(
     assert (
         load_study(tmp_path / "configs" / "k.toml").search.baseline["mem_fraction_static"] == 0.85
     )
+
+
+def test_a_cap_on_the_kv_pool_is_kept_and_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--max-total-tokens` holds the pool at its value whatever the fraction (SGLang takes
+    `min(capacity, max_total_tokens)`): the operator's flag is kept, and init says, on stderr and
+    beside the flag, that the search cannot grow the pool past it while it stays."""
+    monkeypatch.chdir(tmp_path)
+    cmd = f"{PROGRAM} --model-path m --mem-fraction-static 0.85 --max-total-tokens 20480"
+    rc, _, err = init(tmp_path, "k", "--from-cmd", cmd, capsys=capsys)
+    assert rc == 0 and "caps the KV pool at 20480 tokens" in err, err
+    text = (tmp_path / "configs" / "k.toml").read_text()
+    assert "caps the KV pool at 20480 tokens" in text
+    flags = dict(load_study(tmp_path / "configs" / "k.toml").server.flags)
+    assert flags["max_total_tokens"] == 20480, flags
