@@ -237,8 +237,8 @@ def _high_end(arith: Arithmetic, b: float, low: float, anchor: float) -> tuple[f
     if headroom is None:
         high = _on_grid(min(HIGHEST, max(b, f0) + 0.05), anchor, up=False)
         return high, (
-            "high {high}: the log stops before the CUDA graphs, so the reserve they need is "
-            "unknown: 0.05 above the log's fraction"
+            "high {high}: the log shows no free memory after the CUDA graphs, so the reserve "
+            "they need is unknown: 0.05 above the log's fraction"
         )
     top = arith.fraction_for_free(0.0)
     high = _on_grid(HIGHEST if top is None else top, anchor, up=False)
