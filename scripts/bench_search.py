@@ -602,7 +602,8 @@ def early_end_table(
 
 
 def study_line(r: Run) -> str:
-    """One study's night: its box, seed and world, the hours by part, the soak's factor."""
+    """One study's night: its box, seed and world, the hours by part, the soak's factor; and
+    what it ended with (the most stable capacity a launch held, the export's share)."""
     n = r.night
     soak = f"{r.soak_factor:g}x soak {n.soak_s / 3600:.1f} h" if r.soak_factor else "no export"
     world = f", world seed {r.world_seed}" if r.world_seed is not None else ""
@@ -611,6 +612,7 @@ def study_line(r: Run) -> str:
         f"{n.startup_s / 3600:.1f} h, workload {n.workload_s / 3600:.1f} h, teardown "
         f"{n.teardown_s / 3600:.1f} h), {soak}"
         + (f", to the target {r.to_target.total_h:.1f} h" if r.to_target is not None else "")
+        + f"; held {r.final:.0%} of the best stable, export keeps {r.kept:.0%}"
     )
 
 
