@@ -23,9 +23,9 @@ so the search, the review, `init` and the progress line cannot drift apart: the 
 (`reserve_gib`), the pool's budget and tokens (`kv_budget_gib`, `pool_tokens`), the fraction a
 budget needs (`fraction_for_budget`, `lowest_fraction`), the free memory after CUDA-graph capture
 (`free_after_capture_gib`), the stress peak and the free memory at it (`under_load`,
-`stress_peak_gib`, `free_at_peak_gib`) and what a fraction step moves
-(`Arithmetic.per_step_gib`). The ceiling, built on one launch's `Arithmetic`, is
-`autotune.memory.ceiling`'s.
+`stress_peak_gib`, `free_at_peak_gib`), what a fraction step moves (`Arithmetic.per_step_gib`)
+and how many steps back cover missing headroom (`steps_to_cover`, `uncovered_gib`). The
+ceiling, built on one launch's `Arithmetic`, is `autotune.memory.ceiling`'s.
 """
 
 from __future__ import annotations
@@ -130,6 +130,21 @@ def peak_rise_gib(case_peaks_gib: Sequence[float], stress_peak_gib: float) -> fl
     trials' peak at the setting's demand): the most any case's peak rose beyond it, never below
     0 (no case: 0). The export's margin must hold this rise on top of the required headroom."""
     return max([0.0, *(p - stress_peak_gib for p in case_peaks_gib)])
+
+
+def steps_to_cover(missing_gib: float, per_step_gib: float) -> int:
+    """Fraction steps to back a setting off so that it gains `missing_gib` of free memory, each
+    step handing `per_step_gib` back from the KV pool (`Arithmetic.per_step_gib`): 0 where nothing
+    is missing. `per_step_gib` must be positive."""
+    if missing_gib <= 0:
+        return 0
+    return max(0, math.ceil(missing_gib / per_step_gib - 1e-9))
+
+
+def uncovered_gib(missing_gib: float, per_step_gib: float, steps: int) -> float:
+    """What of `missing_gib` backing off `steps` fraction steps of `per_step_gib` each leaves
+    missing, never below 0 (the inverse of `steps_to_cover`)."""
+    return max(0.0, missing_gib - steps * per_step_gib)
 
 
 def under_load(

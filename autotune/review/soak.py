@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from autotune.config.schema import FRACTION, Scalar
 from autotune.config.space import Space, point_key, snap
-from autotune.memory.arithmetic import peak_rise_gib
+from autotune.memory.arithmetic import peak_rise_gib, steps_to_cover
 from autotune.record.view import TrialView
 
 DEFAULT_SOAK_FACTOR = 3.0
@@ -161,7 +161,7 @@ def soak_steps(
     need = soak_need_gib(required_gib, growth_gib, factor, rise_gib)
     if step_gib <= 0:
         return 1
-    return max(1, math.ceil((need - headroom_gib) / step_gib - 1e-9))
+    return max(1, steps_to_cover(need - headroom_gib, step_gib))
 
 
 DEMAND = ("max_running_requests", "chunked_prefill_size")
@@ -362,7 +362,7 @@ def _measured_steps(
             break
         kept = min(heads)
         measured = (max(t.number for t in there), kept)
-        steps += max(1, math.ceil((need - kept) / per_step - 1e-9))
+        steps += max(1, steps_to_cover(need - kept, per_step))
     return steps, measured
 
 

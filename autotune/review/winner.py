@@ -29,7 +29,12 @@ from autotune.config import space as search_space
 from autotune.config.schema import CHUNK, FRACTION, Scalar
 from autotune.config.space import Space, point_key, snap
 from autotune.errors import UsageError
-from autotune.memory.arithmetic import held_by_cap, pool_zero_fraction
+from autotune.memory.arithmetic import (
+    held_by_cap,
+    pool_zero_fraction,
+    steps_to_cover,
+    uncovered_gib,
+)
 from autotune.memory.model import peak_fall_gib
 from autotune.record.direction import Push, direction, floor_fraction
 from autotune.record.view import TrialView
@@ -321,7 +326,7 @@ def _short(t: TrialView, plan: SoakPlan, lowest: float | None, step: float) -> f
     room = max(0, math.floor((t.fraction - lowest) / step + 1e-9))
     if room >= plan.steps:
         return 0.0
-    return max(0.0, plan.need_gib - plan.headroom_gib - room * plan.step_gib)
+    return uncovered_gib(plan.need_gib - plan.headroom_gib, plan.step_gib, room)
 
 
 def _closest_to_soak(
@@ -454,11 +459,7 @@ def _steps_back(
     if a is None or free is None:
         notes.append("no ledger to size a GiB margin from; backed off one step instead")
         return 1
-    missing = margin.headroom_gib - free
-    if missing <= 0:
-        return 0
-    per_step = a.per_step_gib(step)
-    return math.ceil(missing / per_step - 1e-9)
+    return steps_to_cover(margin.headroom_gib - free, a.per_step_gib(step))
 
 
 def _ran(

@@ -9,7 +9,8 @@ asks `autotune.memory` for them, so none can drift.
 The end-to-end test runs one trial of a small study through the simulator (`autotune run` as a
 real process, its stress phase on an EAGLE draft) and reads each surface as the operator would.
 The last tests look for the reserve's formula outside `autotune.memory`: a package that works
-`P·(1 − f)`, `1 − A/P` or the free memory after startup out again fails them.
+`P·(1 − f)`, `1 − A/P`, the free memory after startup or the fraction steps that cover missing
+headroom out again fails them.
 """
 
 from __future__ import annotations
@@ -251,6 +252,8 @@ def test_one_trials_figures_agree_on_every_surface(world: World) -> None:
 GPU_TOTAL = re.compile(r"^(p|pre|p_gib|.*_gib|avail|gpu_.*)$")
 """Names that hold a GPU total: P (`p`, `p_gib`, SGLang's `pre`), A and the other GiB figures."""
 FREE_AFTER_CAPTURE = {"available_gpu_mem_gib", "avail_after_graphs_gib"}
+PER_STEP = re.compile(r"^(per_step|.*step_gib)$")
+"""Names that hold what one fraction step hands back, GiB (`Arithmetic.per_step_gib`)."""
 EXEMPT = ("memory", "sim")
 """`autotune.memory` owns the arithmetic; `autotune.sim` plays SGLang itself (it computes the
 pool the way SGLang does and imports nothing of autotune, `.importlinter`)."""
@@ -279,11 +282,16 @@ def _gpu(node: ast.AST) -> bool:
     return any(GPU_TOTAL.match(n) for n in _names(node))
 
 
+def _per_step(node: ast.AST) -> bool:
+    return any(PER_STEP.match(n) for n in _names(node))
+
+
 def memory_arithmetic(source: str) -> list[str]:
     """The memory arithmetic a module works out itself, one line each: `X·(1 − f)` on a GPU
     total (the reserve), `1 − A/P` or `1 − (A − budget)/P` (a fraction from a budget), the
-    free memory after startup picked from the log's two figures, and a fraction step's worth of
-    free memory from the draft's ratio."""
+    free memory after startup picked from the log's two figures, a fraction step's worth of
+    free memory from the draft's ratio, and the steps back that cover missing headroom (a GiB
+    figure over a step's worth) or the headroom some steps leave missing."""
     found: list[tuple[int, str]] = []
     for node in ast.walk(ast.parse(source)):
         what = None
@@ -292,6 +300,10 @@ def memory_arithmetic(source: str) -> list[str]:
                 what = "the reserve P·(1 − f)"
             elif "draft_ratio" in _names(node) and _gpu(node):
                 what = "free memory per fraction step"
+            elif _per_step(node.left) or _per_step(node.right):
+                what = "the free memory some fraction steps hand back"
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and _per_step(node.right):
+            what = "the fraction steps that cover missing headroom"
         elif _one_minus(node):
             assert isinstance(node, ast.BinOp)
             right = node.right
@@ -326,6 +338,10 @@ def test_the_memory_arithmetic_is_worked_out_only_in_memory() -> None:
         "per_step = a.p_gib * step * (1.0 + a.draft_ratio)",
         "free = led.available_gpu_mem_gib if led.available_gpu_mem_gib is not None"
         " else led.avail_after_graphs_gib",
+        "n = max(1, math.ceil((need - headroom_gib) / step_gib - 1e-9))",
+        "n = math.ceil(missing / per_step - 1e-9)",
+        "n = math.ceil(missing / a.per_step_gib(step) - 1e-9)",
+        "short = max(0.0, plan.need_gib - plan.headroom_gib - room * plan.step_gib)",
     ],
 )
 def test_the_check_finds_the_arithmetic_as_it_was_written_before(code: str) -> None:
@@ -341,6 +357,8 @@ def test_the_check_finds_the_arithmetic_as_it_was_written_before(code: str) -> N
         "target = floor + FLOOR_SHARE * (1.0 - floor)",
         "saving = least * (1.0 - size / was)",
         "level = tokens >= top * (1 - SAME_CAPACITY)",
+        "room = max(0, math.floor((t.fraction - lowest) / step + 1e-9))",
+        "per_step = a.per_step_gib(step)",
     ],
 )
 def test_the_check_leaves_other_arithmetic_alone(code: str) -> None:
