@@ -128,7 +128,8 @@ def step_of(space: Space | None, name: str) -> float | None:
 
 FIXED_FRACTION_STEP = 0.01
 """The step of a `mem_fraction_static` the study never moves (a fixed value, or no space at
-hand): the hundredths an operator writes it in, and what the export backs off by from it."""
+hand): the hundredths an operator writes it in, and what the export backs off by from it.
+`autotune ledger`'s what-if table (one log, no space) steps by it too."""
 
 
 def fraction_step(space: Space | None) -> float:

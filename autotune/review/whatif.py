@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from autotune.config.space import FIXED_FRACTION_STEP
 from autotune.logparse.ledger import Ledger
 from autotune.memory.arithmetic import (
     Arithmetic,
@@ -22,7 +23,6 @@ from autotune.memory.arithmetic import (
 )
 from autotune.memory.ceiling import Ceiling, ceiling
 
-DEFAULT_STEP = 0.01
 SPAN = 4
 """Fractions shown each side of the log's own, one step apart (more with --fraction)."""
 
@@ -90,11 +90,13 @@ def what_if(
     a = arithmetic(ledger, f, stress_peak_gib=stress_peak_gib)
     if a is None:
         return None
-    grid = {round(f + k * DEFAULT_STEP, 4) for k in range(-SPAN, SPAN + 1)}
+    grid = {round(f + k * FIXED_FRACTION_STEP, 4) for k in range(-SPAN, SPAN + 1)}
     grid |= {round(x, 4) for x in extra}
     lowest = _lowest(a)
     rows = tuple(_row(a, x) for x in sorted(grid) if 0.0 < x < 1.0 and x > lowest)
-    highest = a.highest_fraction(0.0, DEFAULT_STEP) if a.stress_peak_gib is not None else None
+    highest = (
+        a.highest_fraction(0.0, FIXED_FRACTION_STEP) if a.stress_peak_gib is not None else None
+    )
     h = a.headroom
     table = h.request_table if h is not None else None
     graphs = h.graphs if h is not None else None
@@ -179,8 +181,9 @@ def _words(
     out = [
         f"{pool} what is free after the weights less the reserve: "
         f"{a.avail_after_weights_gib:.2f} − {a.p_gib:.2f} × (1 − f) GiB, at "
-        f"{a.cell_bytes:,.0f} bytes per token; each 0.01 of f is "
-        f"{a.budget_per_step_gib(0.01):.2f} GiB, about {a.tokens_per_step(0.01):,} tokens.",
+        f"{a.cell_bytes:,.0f} bytes per token; each {FIXED_FRACTION_STEP:g} of f is "
+        f"{a.budget_per_step_gib(FIXED_FRACTION_STEP):.2f} GiB, about "
+        f"{a.tokens_per_step(FIXED_FRACTION_STEP):,} tokens.",
         f"Below f = {lowest:.3f} there is no room for a pool: SGLang stops at startup with "
         "'Not enough memory' (raise the fraction).",
         *_cap_words(a),

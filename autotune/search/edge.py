@@ -50,7 +50,7 @@ def halfway(
     halves that bracket instead, while the model gives it at least probe_p (the host cache
     and the other axes as the safe setting has them)."""
     f0 = safe.setting.mem_fraction
-    step = st.fraction_step()
+    step = st.grid_fraction_step()
     above = [
         q.observation.setting.mem_fraction
         for q in st.known
@@ -99,7 +99,7 @@ def edge(
     if safe.headroom is None:  # no stress peak measured: the odds are a guess
         return None
     f0 = safe.setting.mem_fraction
-    step = st.fraction_step()
+    step = st.grid_fraction_step()
     above = _alongside(
         st, top, safe, better, st.goal.accept_p, lambda f: abs(f - (f0 + step)) < 0.25 * step
     )
@@ -184,9 +184,9 @@ def bisect(st: PlanState, doubtful: list[Scored]) -> Scored:
     )
     fails = [p.observation.setting.mem_fraction for p in st.bounds if p.observation is not None]
     top = max(fc.setting.mem_fraction for _, fc, _ in same)
-    hi = min([f for f in fails if f > lo], default=top + st.fraction_step())
+    hi = min([f for f in fails if f > lo], default=top + st.grid_fraction_step())
     mid = (lo + hi) / 2
-    return _nearest(same, mid, st.fraction_step())
+    return _nearest(same, mid, st.grid_fraction_step())
 
 
 def _alongside(

@@ -235,7 +235,7 @@ def below(st: PlanState, scored: list[Scored]) -> Proposal | None:
     if not st.doubt.wrong or best is None or best.observation is None:
         return None
     s = best.observation.setting
-    step = st.fraction_step()
+    step = st.grid_fraction_step()
     low = s.mem_fraction - step - 1e-9
 
     def within(o: Setting) -> bool:

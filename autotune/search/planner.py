@@ -109,7 +109,7 @@ def _run(st: PlanState) -> Proposal:
     better = [
         x
         for x in scored
-        if fc_tokens(x[1]) > st.cap + 0.5 * slope * st.fraction_step()
+        if fc_tokens(x[1]) > st.cap + 0.5 * slope * st.grid_fraction_step()
         and not any(same_gpu(x[1].setting, s) for s in st.launched_gpu)
         and not more_demand(x[1].setting, ref)
     ]

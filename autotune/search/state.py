@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import TypeAlias
 
 from autotune.config.schema import Scalar
-from autotune.config.space import PointKey, same_value
+from autotune.config.space import FIXED_FRACTION_STEP, PointKey, same_value
 from autotune.memory.fit import SPIKE_RATIO, fit
 from autotune.memory.model import Forecast, Setting
 from autotune.search.calibration import calibrate
@@ -242,10 +242,14 @@ class PlanState:
         with equal ones differ at most in their GPU memory demand."""
         return key_of(params, self.names).without((FRACTION, REQUESTS, CHUNK))
 
-    def fraction_step(self) -> float:
-        """The smallest step between two searched fractions (0.01 when fewer than two)."""
+    def grid_fraction_step(self) -> float:
+        """The smallest gap between two fractions of the candidate grid the plan walks
+        (`config.space.FIXED_FRACTION_STEP` when it holds fewer than two: the fraction does not
+        move). Not `config.space.fraction_step`: that is the lattice a range is walked on, and
+        this is the spacing of the values handed to the plan, the same for a range but wider
+        for a choice of fractions (`[0.80, 0.85, 0.90]` is walked by 0.05)."""
         fs = sorted(float(v) for v in self.axes.get(FRACTION, ()))
-        return min((b - a for a, b in itertools.pairwise(fs)), default=0.01)
+        return min((b - a for a, b in itertools.pairwise(fs)), default=FIXED_FRACTION_STEP)
 
     def steps_above_best(self, params: Mapping[str, Scalar]) -> int:
         """How many fraction steps `params` lies above the best stable launch (2 when either is
@@ -253,7 +257,9 @@ class PlanState:
         f = params.get(FRACTION)
         if not isinstance(f, float | int) or self.best is None or self.best.observation is None:
             return 2
-        return round((float(f) - self.best.observation.setting.mem_fraction) / self.fraction_step())
+        return round(
+            (float(f) - self.best.observation.setting.mem_fraction) / self.grid_fraction_step()
+        )
 
 
 def _contradicted(p: Point, known: Sequence[Point]) -> bool:
