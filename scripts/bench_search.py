@@ -70,7 +70,7 @@ from autotune.record.view import views
 from autotune.review.soak import DEFAULT_SOAK_FACTOR
 from autotune.review.winner import choose
 from autotune.sim.profiles import Mismatch, ProfileError, list_profiles, load_profile
-from autotune.study.samplers import SAMPLER_FACTORIES, make_sampler
+from autotune.study.samplers import SAMPLER_KINDS, make_sampler
 from autotune.testing.night import BENCH_WORKLOAD, Hours, launch_hours, soak_hours
 from autotune.testing.oracle import (
     MISMATCH,
@@ -676,7 +676,7 @@ def main(argv: list[str] | None = None) -> int:
     profiles = [p for p in args.profiles.split(",") if p] or default_profiles(args.more)
     samplers = []
     for name in args.samplers.split(","):
-        if name not in SAMPLER_FACTORIES:
+        if name not in SAMPLER_KINDS:
             print(f"skipping sampler {name}: not registered", file=sys.stderr)
             continue
         try:

@@ -33,6 +33,7 @@ from autotune.record.view import view
 from autotune.search.capacity import CapacityAwareSampler
 from autotune.study.objectives import constraint_values, objective_values
 from autotune.study.progress import duration
+from autotune.study.samplers import reads_seed_logs
 from autotune.study.storage import STORAGE_ERRORS, Worker, counted, first_line
 from autotune.study.workers import Coordinator
 from autotune.trial.record import Result
@@ -40,16 +41,13 @@ from autotune.trial.signals import first_received
 
 log = logging.getLogger(__name__)
 
-SEEDED_SAMPLERS = ("capacity",)
-"""The samplers that learn from seed logs, so a seed of the baseline's setting stands for it."""
-
 
 def prepare(study: optuna.Study, cfg: StudyConfig) -> int:
     """On a new study enqueue the baseline (and for `grid` every grid point); returns how many.
 
     A seed log of the baseline's own setting (`record.seeds`) has measured it already: the
-    samplers that learn from seeds (`SEEDED_SAMPLERS`) then start from the seed and the baseline
-    is not launched first (it is still the study's baseline for every review)."""
+    samplers that learn from seeds (`samplers.reads_seed_logs`) then start from the seed and the
+    baseline is not launched first (it is still the study's baseline for every review)."""
     if study.get_trials(deepcopy=False):
         return 0
     queued: list[dict[str, Scalar]] = []
@@ -57,7 +55,7 @@ def prepare(study: optuna.Study, cfg: StudyConfig) -> int:
     baseline = {k: v for k, v in cfg.search.baseline.items() if k in searched}
     if baseline:
         study.set_user_attr(keys.BASELINE, dict(baseline))
-        seeded = cfg.sampler.name in SEEDED_SAMPLERS and seeded_baseline(study, baseline)
+        seeded = reads_seed_logs(cfg.sampler.name) and seeded_baseline(study, baseline)
         if not seeded:
             queued.append(baseline)
     if cfg.sampler.name == "grid":

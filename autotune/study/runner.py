@@ -63,7 +63,7 @@ from autotune.study.records import (
     reconcile,
     trial_dir,
 )
-from autotune.study.samplers import make_sampler
+from autotune.study.samplers import is_memory_sampler, make_sampler
 from autotune.study.storage import (
     STORAGE_ERRORS,
     Worker,
@@ -120,7 +120,7 @@ def run(
         clock=clock,
         notify=night.progress.message,
         rng=random.Random(seed),
-        random_after_duplicate=cfg.sampler.name not in ("capacity", "walkdown"),
+        random_after_duplicate=not is_memory_sampler(cfg.sampler.name),
     )
     try:
         end = run_loop(
