@@ -55,6 +55,13 @@ class ServerFacts:
         """The facts a launched server's ledger (`Ledger.to_dict()`) shows."""
         return cls(**{f.name: _count(ledger.get(f.name)) for f in fields(cls)})
 
+    @classmethod
+    def of(cls, source: object) -> ServerFacts:
+        """The facts an object holds as attributes named like the fields (the simulator's
+        startup plan, which the night's time model reads instead of a log): every field by
+        name, like `from_ledger`, so a new one reaches it too (a source without it fails)."""
+        return cls(**{f.name: _count(getattr(source, f.name)) for f in fields(cls)})
+
     @property
     def pool_limits_input(self) -> bool:
         """Whether the KV pool, not the context length, caps a request's prompt: SGLang refuses

@@ -192,13 +192,7 @@ def phase_s(profile: Profile, plan: StartupPlan, spec: WorkloadSpec, phase: Phas
             return early + ABORT_SETTLE_S
         drain = request_s(profile, plan, inp, out, b) * (0.5 + max(clients - b, 0) / b)
         return phase.duration_s + min(drain, spec.drain_timeout_s)
-    facts = ServerFacts(
-        max_running_requests=plan.max_running_requests,
-        chunked_prefill_size=plan.chunked_prefill_size,
-        context_len=plan.context_len,
-        max_total_num_tokens=plan.max_total_num_tokens,
-    )
-    sized = stress_plan(phase, facts)
+    sized = stress_plan(phase, ServerFacts.of(plan))
     if spec.end_early.enabled:  # the model's peak repeats: the third round onwards is skipped
         sized["rounds"] = min(sized["rounds"], 2)
     n, length = sized["requests"], sized["input_len"]

@@ -1,15 +1,18 @@
-"""The live trial hands the workload driver every fact the ledger has: unit and end to end."""
+"""The live trial hands the workload driver every fact the ledger has: unit and end to end; the
+night's time model hands it every fact the simulator's startup plan has, the same way."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from autotune.loadgen import ServerFacts
 from autotune.logparse.ledger import Ledger
+from autotune.sim.startupplan import StartupPlan
 from tests import simstudy
 
 
@@ -24,6 +27,15 @@ def test_every_server_fact_is_a_ledger_field_and_is_wired_from_it() -> None:
     assert ServerFacts.from_ledger({"context_len": True, "max_total_num_tokens": "x"}) == (
         ServerFacts()
     )
+
+
+def test_every_server_fact_is_a_startup_plan_field_and_is_wired_from_it() -> None:
+    names = [f.name for f in dataclasses.fields(ServerFacts)]
+    assert set(names) <= {f.name for f in dataclasses.fields(StartupPlan)}
+    source = SimpleNamespace(**{name: 1000 + i for i, name in enumerate(names)})
+    assert dataclasses.asdict(ServerFacts.of(source)) == vars(source)
+    with pytest.raises(AttributeError):
+        ServerFacts.of(SimpleNamespace())
 
 
 @pytest.mark.e2e
