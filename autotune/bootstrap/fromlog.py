@@ -22,7 +22,7 @@ from autotune.logparse.lines import parse_lines
 from autotune.logparse.outcome import Verdict, classify
 from autotune.logparse.serverargs import read_server_args
 from autotune.logparse.serving import ServingSummary, summarize
-from autotune.memory.arithmetic import implied_fraction
+from autotune.memory.cell import implied_fraction
 
 
 @dataclass(frozen=True)

@@ -28,12 +28,8 @@ from dataclasses import dataclass
 from autotune.config.schema import Scalar
 from autotune.logparse.ledger import Ledger
 from autotune.logparse.semantics import rules
-from autotune.memory.arithmetic import (
-    Arithmetic,
-    arithmetic,
-    free_after_capture_gib,
-    lowest_fraction,
-)
+from autotune.memory.arithmetic import Arithmetic, arithmetic, free_after_capture_gib
+from autotune.memory.pool import lowest_fraction
 
 STEP = 0.01
 LOWEST, HIGHEST = 0.05, 0.99

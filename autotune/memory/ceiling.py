@@ -5,23 +5,18 @@ One launch's arithmetic (`autotune.memory.arithmetic.Arithmetic`) says where its
 `P·(1 − f)` went and what its stress peak took; what the reserve must hold (`ReserveNeeds`: the
 request table, the draft's part, the CUDA graphs, the workspaces, the stress peak and the
 export's margin) and the largest pool that leaves (`Ceiling`, worked out by `ceiling`) are
-built on it here, in the same formulas (`kv_budget_gib`, `reserve_gib`, `tokens_for`), so the
-ceiling every review surface prints cannot drift from the pool the search sizes. It is a
-reading of a finished launch, not part of one launch's pool sizing: nothing in
-`autotune.memory.arithmetic` depends on it.
+built on it here, in the same formulas (`autotune.memory.pool`'s `kv_budget_gib`, `reserve_gib`,
+`tokens_for`), so the ceiling every review surface prints cannot drift from the pool the search
+sizes. It is a reading of a finished launch, not part of one launch's pool sizing: nothing in
+`autotune.memory.arithmetic`, `pool` or `cell` depends on it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.memory.arithmetic import (
-    Arithmetic,
-    held_by_cap,
-    kv_budget_gib,
-    reserve_gib,
-    tokens_for,
-)
+from autotune.memory.arithmetic import Arithmetic
+from autotune.memory.pool import held_by_cap, kv_budget_gib, reserve_gib, tokens_for
 
 
 @dataclass(frozen=True)

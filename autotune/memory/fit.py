@@ -8,7 +8,7 @@ names of `autotune.logparse.ledger.Ledger`), in the rules of the SGLang version 
 
 * The pool line `N(f)`: with two launches at different f the slope and offset come straight
   from their token counts; with one, the slope is `P·2^30 / cell` and the cell is the version's
-  (`arithmetic.sizing_cell`).
+  (`cell.sizing_cell`).
 * The GPU bytes per pool token are measured from the KV lines, never derived from the sizing
   cell.
 * The overhead after the pool: the CUDA graphs as a line against the captured batch, the request
@@ -28,7 +28,7 @@ import numpy as np
 
 from autotune.logparse.outcome import Outcome
 from autotune.logparse.semantics import Semantics, rules
-from autotune.memory.arithmetic import gpu_cell, held_by_cap, pool_tokens, sizing_cell
+from autotune.memory.cell import gpu_cell, sizing_cell
 from autotune.memory.model import (
     CHUNK_SLOPE_REL_SD,
     MAX_GRAPH_BATCH,
@@ -41,6 +41,7 @@ from autotune.memory.model import (
     PeakModel,
     Setting,
 )
+from autotune.memory.pool import held_by_cap, pool_tokens
 
 LOG_ROUNDING_GIB = 0.005
 """SGLang prints GiB with two decimals."""

@@ -9,7 +9,7 @@ priors both the forecast and the fit use. In the rules of the SGLang version the
 
 * The KV pool is `N(f) = ⌊(f·P − W)·2^30 / cell⌋`, linear in `mem_fraction_static` f; `cell` is
   the *sizing* cell, what SGLang divides the budget by: the target's KV line up to 0.5.9, that
-  plus the folded EAGLE draft from 0.5.18 (`arithmetic.sizing_cell`).
+  plus the folded EAGLE draft from 0.5.18 (`cell.sizing_cell`).
 * Each pool token takes `kv_cell_bytes` of GPU memory: the target's and the draft's KV lines
   together, so the draft is counted once in either version (up to 0.5.9 it is outside the
   sizing cell, from 0.5.18 inside it).
@@ -38,12 +38,8 @@ from autotune.logparse.events import POOL_OOM_KINDS
 from autotune.logparse.ledger import Ledger
 from autotune.logparse.outcome import Outcome, cause_of
 from autotune.logparse.semantics import Semantics, rules
-from autotune.memory.arithmetic import (
-    GIB,
-    free_after_capture_gib,
-    kv_gib,
-    stress_peak_gib,
-)
+from autotune.memory.arithmetic import free_after_capture_gib
+from autotune.memory.pool import GIB, kv_gib, stress_peak_gib
 
 GiB = GIB
 MAX_GRAPH_BATCH = 512

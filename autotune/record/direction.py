@@ -37,7 +37,7 @@ from autotune.config.schema import Constraint
 from autotune.logparse.events import POOL_OOM_KINDS
 from autotune.logparse.ledger import Ledger
 from autotune.logparse.outcome import Outcome, cause_of
-from autotune.memory.arithmetic import lowest_fraction
+from autotune.memory.pool import lowest_fraction
 from autotune.record.view import TrialView
 
 __all__ = ["Push", "direction", "floor_fraction", "push_of"]

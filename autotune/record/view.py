@@ -7,8 +7,8 @@ from that reading and keeps it (`TrialView.stored`). Every figure is None when t
 got that far, so a study that is still running, or one whose records are older, still reads.
 
 Each figure that the review prints in more than one place is one property here, computed by the
-functions of `autotune.memory.arithmetic`, and every surface (status, explain, export, the report)
-reads it from the view:
+functions of `autotune.memory.arithmetic` and `autotune.memory.pool`, and every surface (status,
+explain, export, the report) reads it from the view:
 
 * `capacity_tokens`: the KV pool, `max_total_num_tokens`;
 * `reserve_gib`: `P·(1 − f)`, what SGLang leaves outside the static budget (docs/sglang-memory.md);
@@ -37,14 +37,8 @@ from autotune.logparse.clamps import Clamps
 from autotune.logparse.ledger import Ledger
 from autotune.logparse.outcome import Outcome, cause_of
 from autotune.masking import masked_argv, scrub
-from autotune.memory.arithmetic import (
-    Arithmetic,
-    AtFraction,
-    arithmetic,
-    free_after_capture_gib,
-    reserve_gib,
-    under_load,
-)
+from autotune.memory.arithmetic import Arithmetic, AtFraction, arithmetic, free_after_capture_gib
+from autotune.memory.pool import reserve_gib, under_load
 from autotune.record.stored import Stored, StudyRecord, stored
 
 KINDS = ("feasible", "infeasible", "oom", "failed", "running", "skipped")

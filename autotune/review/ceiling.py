@@ -31,8 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.config.schema import FRACTION
-from autotune.memory.arithmetic import reserve_gib
 from autotune.memory.ceiling import Ceiling, ReserveNeeds, ceiling
+from autotune.memory.pool import reserve_gib
 from autotune.record.view import TrialView
 from autotune.review import figures as fig
 from autotune.review.source import Review

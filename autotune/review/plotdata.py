@@ -17,7 +17,8 @@ import numpy as np
 
 from autotune.config.schema import FRACTION, REQUESTS
 from autotune.memory import fit as memory_fit
-from autotune.memory.arithmetic import cell_from_fit, startup_parts
+from autotune.memory.arithmetic import startup_parts
+from autotune.memory.cell import cell_from_fit
 from autotune.record.view import TrialView
 from autotune.review import figures as fig
 from autotune.search.records import observation_of

@@ -10,7 +10,7 @@ fraction off until the headroom the trials kept covers the required headroom, th
 the soak and how far the soak's worst peak may rise; `soak_plan` puts the three together from
 the trials, for `export`'s default margin and `confirm`'s default length. Where a confirmation
 ran worst cases at the exported setting (`WorstCases`), the rise is at least how far their peaks
-rose beyond the trials' (`memory.arithmetic.peak_rise_gib`), and a case that failed there backs
+rose beyond the trials' (`memory.pool.peak_rise_gib`), and a case that failed there backs
 the setting off one step beyond it (`WorstFound` says what they did).
 """
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from autotune.config.schema import FRACTION, Scalar
 from autotune.config.space import Space, point_key, snap
-from autotune.memory.arithmetic import peak_rise_gib, steps_to_cover
+from autotune.memory.pool import peak_rise_gib, steps_to_cover
 from autotune.record.view import TrialView
 
 DEFAULT_SOAK_FACTOR = 3.0
@@ -297,7 +297,7 @@ def soak_plan(
 
     With `worst` (a confirmation's worst cases at the exported point), the rise is at least how
     far the cases' peaks rose beyond the trials' stress peak at this demand
-    (`memory.arithmetic.peak_rise_gib`), and a case that failed there backs the setting off one
+    (`memory.pool.peak_rise_gib`), and a case that failed there backs the setting off one
     step beyond the confirmed one (its peak was cut short by the failure: no measurement covers
     it)."""
     held = [t for t in trials if t.feasible]

@@ -15,13 +15,10 @@ from dataclasses import asdict, dataclass
 
 from autotune.config.space import FIXED_FRACTION_STEP
 from autotune.logparse.ledger import Ledger
-from autotune.memory.arithmetic import (
-    Arithmetic,
-    arithmetic,
-    implied_fraction,
-    lowest_fraction,
-)
+from autotune.memory.arithmetic import Arithmetic, arithmetic
 from autotune.memory.ceiling import Ceiling, ceiling
+from autotune.memory.cell import implied_fraction
+from autotune.memory.pool import lowest_fraction
 
 SPAN = 4
 """Fractions shown each side of the log's own, one step apart (more with --fraction)."""

@@ -29,13 +29,8 @@ from autotune.config import space as search_space
 from autotune.config.schema import CHUNK, FRACTION, Scalar
 from autotune.config.space import Space, point_key, snap
 from autotune.errors import UsageError
-from autotune.memory.arithmetic import (
-    held_by_cap,
-    pool_zero_fraction,
-    steps_to_cover,
-    uncovered_gib,
-)
 from autotune.memory.model import peak_fall_gib
+from autotune.memory.pool import held_by_cap, pool_zero_fraction, steps_to_cover, uncovered_gib
 from autotune.record.direction import Push, direction, floor_fraction
 from autotune.record.view import TrialView
 from autotune.review.soak import SoakPlan, WorstCases, WorstFound, soak_plan
@@ -419,9 +414,9 @@ def lowest_startable(trials: Sequence[TrialView], step: float) -> float | None:
     """The lowest mem_fraction_static the trials say can start: above every fraction that
     failed for want of room for the KV pool, and a step above the `1 − A/P` of every ledger
     (where the pool's budget turns positive; a step more for ranks the log does not show) and
-    above where the pools the launches sized fall to zero (`memory.arithmetic.
-    pool_zero_fraction`: that line knows a short rank the printed figures miss), on the grid of
-    `step`; never above a fraction a trial started at. None when nothing says."""
+    above where the pools the launches sized fall to zero (`memory.pool.pool_zero_fraction`:
+    that line knows a short rank the printed figures miss), on the grid of `step`; never above a
+    fraction a trial started at. None when nothing says."""
 
     def above(floor: float) -> float:
         """The grid's fraction a step above the one at or below `floor`."""

@@ -43,7 +43,8 @@ from autotune.config.schema import (
 )
 from autotune.config.space import fraction_step, snap
 from autotune.config.workload import Poisson, Steady, Stress, Warmup, WorkloadSpec
-from autotune.memory.arithmetic import cell_from_geometry, pool_tokens
+from autotune.memory.cell import cell_from_geometry
+from autotune.memory.pool import pool_tokens
 from autotune.record.view import TrialView
 from autotune.sim.profiles import Profile
 

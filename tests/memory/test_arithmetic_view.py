@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from autotune.logparse.ledger import Ledger
-from autotune.memory.arithmetic import arithmetic, cell_from_fit, pool_zero_fraction
+from autotune.memory.arithmetic import arithmetic
+from autotune.memory.cell import cell_from_fit
+from autotune.memory.pool import pool_zero_fraction
 from tests.review.fakes import CELL, GIB, A, P, ledger, tokens
 
 

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from autotune.logparse.ledger import Ledger
-from autotune.memory.arithmetic import GIB, Arithmetic, arithmetic
+from autotune.memory.arithmetic import Arithmetic, arithmetic
 from autotune.memory.ceiling import ceiling
+from autotune.memory.pool import GIB
 from tests.review.fakes import CELL, ledger
 
 PEAK = 2.5

@@ -18,7 +18,8 @@ import pytest
 from autotune.logparse.accounting import build_ledger
 from autotune.logparse.ledger import Ledger
 from autotune.logparse.lines import parse_text
-from autotune.memory.arithmetic import arithmetic, sizing_cell
+from autotune.memory.arithmetic import arithmetic
+from autotune.memory.cell import sizing_cell
 from autotune.memory.fit import fit
 from autotune.memory.model import Observation, Setting
 

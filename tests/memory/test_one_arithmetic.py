@@ -25,13 +25,9 @@ import optuna
 import pytest
 
 from autotune.config.studyfile import load_study
-from autotune.memory.arithmetic import (
-    arithmetic,
-    free_after_capture_gib,
-    reserve_gib,
-    stress_peak_gib,
-)
+from autotune.memory.arithmetic import arithmetic, free_after_capture_gib
 from autotune.memory.ceiling import ceiling as memory_ceiling
+from autotune.memory.pool import reserve_gib, stress_peak_gib
 from autotune.record.view import view
 from autotune.review import ceiling, page
 from autotune.review import figures as fig
@@ -324,7 +320,7 @@ def test_the_memory_arithmetic_is_worked_out_only_in_memory() -> None:
         if rel.parts[0] in EXEMPT:
             continue
         found += [f"autotune/{rel}: {x}" for x in memory_arithmetic(path.read_text())]
-    assert found == [], "call autotune.memory.arithmetic instead:\n" + "\n".join(found)
+    assert found == [], "call autotune.memory instead:\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize(

@@ -11,13 +11,8 @@ from __future__ import annotations
 import pytest
 
 from autotune.logparse.ledger import Ledger
-from autotune.memory.arithmetic import (
-    arithmetic,
-    implied_fraction,
-    pool_budget_gib,
-    startup_parts,
-    state_ratio,
-)
+from autotune.memory.arithmetic import arithmetic, startup_parts
+from autotune.memory.cell import implied_fraction, pool_budget_gib, state_ratio
 
 LEDGER = Ledger(
     p_gib=22.93,
