@@ -451,7 +451,7 @@ monotonic clock too, so what autotune reads of them does not jump."""
 
 
 def test_wall_clock_jumps_fire_no_timeout(world: World) -> None:
-    """Every time limit (startup_s 30, stall_s 1.5, the workload's 30 s, stop_grace_s, the
+    """Every time limit (startup_s 30, stall_s 3, the workload's 30 s, stop_grace_s, the
     teardown budget, the readiness check) is measured on the monotonic clock: with the wall
     clock jumping hours and months both ways all through two trials, both end `ok` and every
     phase took what it took."""
@@ -460,7 +460,7 @@ def test_wall_clock_jumps_fire_no_timeout(world: World) -> None:
     (site / "sitecustomize.py").write_text(CLOCK_JUMPS)
     seen = world.folder / "clock-jumps-seen"
     world.foreign_sleep()
-    world.study(duration=3, n_trials=2, stall_s=1.5)
+    world.study(duration=3, n_trials=2, stall_s=3)
     env = {"PYTHONPATH": str(site), "REL_CLOCK_JUMPS": "1", "REL_CLOCK_SEEN": str(seen)}
     done = world.run(env=env, timeout=180)
     assert done.rc == 0, done.out + done.err

@@ -32,6 +32,9 @@ from autotune.trial.trialfile import TrialRecord
 from tests.reliability.helpers import EAGLE, STRESS, World, server_record, wait_for_log
 
 pytestmark = pytest.mark.e2e
+STALL_S = 3.0
+"""The silence the tests about stalls judge a hang by: short, so they end soon, and past a loaded
+machine's pause in a launch (1.5 s read a slow simulator's launch as the hang)."""
 
 
 def _run(world: World, env: dict[str, str] | None = None, **study: object) -> None:
@@ -53,7 +56,7 @@ def _only_trial(world: World, state: TrialState, outcome: str) -> dict[str, obje
 
 
 def test_hang_in_weight_load(world: World) -> None:
-    _run(world, flags='sim-fault = "hang-weight-load"', stall_s=1.5)
+    _run(world, flags='sim-fault = "hang-weight-load"', stall_s=STALL_S)
     record = _only_trial(world, TrialState.FAIL, "hang")
     assert "weight_load" in str(record["reason"])
 
@@ -176,9 +179,9 @@ def test_gpu_memory_never_released_stops_the_run_clearly(world: World) -> None:
 
 def test_server_frozen_with_sigstop_while_serving_is_a_hang(world: World) -> None:
     """SIGSTOP to the whole server mid-workload: alive, silent. Judged a hang within stall_s
-    (1.5 s) of the last answer, recorded as such, killed (SIGKILL ends a stopped process)."""
+    (STALL_S) of the last answer, recorded as such, killed (SIGKILL ends a stopped process)."""
     world.foreign_sleep()
-    world.study(duration=30, stall_s=1.5)
+    world.study(duration=30, stall_s=STALL_S)
     proc = world.start(*world.run_args())
     wait_for_log(world, proc, "Decode batch")
     record = server_record(world)
@@ -192,8 +195,8 @@ def test_server_frozen_with_sigstop_while_serving_is_a_hang(world: World) -> Non
     assert "no answer to the workload" in str(trial["reason"])
     assert "state T: stopped" in str(trial["evidence"]), trial["evidence"]
     # stall_s after the freeze, then the 1.5 s grace for SIGTERM (pending while stopped), SIGKILL
-    assert ended < 1.5 + 1.5 + 5, ended
-    assert trial["phases"]["workload"] < 1.5 + 3, trial["phases"]
+    assert ended < STALL_S + 1.5 + 5, ended
+    assert trial["phases"]["workload"] < STALL_S + 3, trial["phases"]
     assert any("state T: stopped" in w for w in trial["teardown"]), trial["teardown"]
 
 
@@ -331,7 +334,9 @@ def test_scheduler_killed_while_the_http_front_answers_is_a_hang(world: World) -
     # SGLang's own watchdog (300 s, 10 ms at this time scale) pushed out of the way: the rule
     # tested is autotune's.
     world.study(
-        flags='sim-fault = "oom-kill=1"\nwatchdog-timeout = 100000000', duration=30, stall_s=1.5
+        flags='sim-fault = "oom-kill=1"\nwatchdog-timeout = 100000000',
+        duration=30,
+        stall_s=STALL_S,
     )
     done = world.run()
     assert done.rc == 0, done.out + done.err
@@ -354,7 +359,7 @@ def test_a_rank_that_dies_mid_load_is_a_crash_not_the_hang_it_causes(
         server=f'sim_version = "{version}"',
         flags='sim-fault = "rank-dies=1"\nwatchdog-timeout = 15000',
         duration=30,
-        stall_s=1.5,  # the stall is seen first: the rank's crash must still decide
+        stall_s=STALL_S,  # the stall is seen first: the rank's crash must still decide
     )
     done = world.run()
     assert done.rc == 0, done.out + done.err

@@ -179,7 +179,7 @@ def test_fault_crash_mid_load_is_a_startup_error(tmp_path: Path, guard: Guard) -
 
 
 def test_fault_hang_weight_load_is_a_hang(tmp_path: Path, guard: Guard) -> None:
-    spec = sim_spec(tmp_path, "--sim-fault", "hang-weight-load", stall_s=1.5)
+    spec = sim_spec(tmp_path, "--sim-fault", "hang-weight-load", stall_s=3.0)
     server = launch(guard, spec)
     report = server.wait_ready()
     assert (report.outcome, report.cause) == (Outcome.HANG, "stall:weight_load")
