@@ -253,8 +253,9 @@ def study_run(
         launch = run_trial(study, bench, trial, seed * 1000 + trial.number)
         launches.append(launch)
         plan = plan_for(bench, launch.params, seed * 1000 + trial.number)
-        night += launch_hours(bench.profile, plan, timed, launch.outcome)
-        night_off += launch_hours(bench.profile, plan, off, launch.outcome)
+        repeats = launch.stress_repeats
+        night += launch_hours(bench.profile, plan, timed, launch.outcome, repeats)
+        night_off += launch_hours(bench.profile, plan, off, launch.outcome, repeats)
         if reached is None and launch.feasible and launch.stable and launch.tokens >= 0.99 * best:
             reached = len(launches)
             clock = now

@@ -11,7 +11,7 @@ import dataclasses
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 
@@ -214,6 +214,19 @@ class WorkloadSpec:
                 f"environment variable {self.api_key_env} is not set; export it or remove the key",
             )
         return value
+
+    def with_stress_repeats(self, times: int) -> WorkloadSpec:
+        """The workload with each stress phase run `times` times in a row (the copies named
+        `NAME #2`, `NAME #3`, …): what a launch runs where the search asks a setting to hold
+        again (`keys.STRESS_REPEATS`); each pass has its own rounds and its own early end."""
+        if times <= 1:
+            return self
+        phases: list[Phase] = []
+        for ph in self.phases:
+            phases.append(ph)
+            if isinstance(ph, Stress):
+                phases += [replace(ph, name=f"{ph.name} #{k}") for k in range(2, times + 1)]
+        return replace(self, phases=tuple(phases))
 
     def max_wall_s(self) -> float:
         """An upper bound on how long `run_workload` can take, from the phase limits."""

@@ -56,6 +56,10 @@ SEARCH_RULE = "search_rule"
 """A trial attribute: the capacity search's rule that chose the trial's point."""
 SEARCH_WHY = "search_why"
 """A trial attribute: why the capacity search chose the point, in a sentence."""
+STRESS_REPEATS = "stress_repeats"
+"""A trial attribute: how many times the trial runs its workload's stress phases, back to back on
+the one launch (set by the capacity search where a setting must hold again: each pass that holds
+counts as one hold, at a stress phase's cost instead of a launch's). Absent: once."""
 RUNS_AS = "runs_as"
 """A trial attribute: the number of the measured trial a skipped trial was not launched for,
 because SGLang would run its point as that trial's (the effective setting is equal)."""

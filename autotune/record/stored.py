@@ -83,6 +83,8 @@ class Stored:
     """The capacity search's rule that chose the point (`keys.SEARCH_RULE`); None when none."""
     search_done: str | None = None
     """Why the capacity search had nothing left after this trial (`keys.SEARCH_STOP`)."""
+    stress_repeats: int = 1
+    """How many times the trial ran its stress phases (`keys.STRESS_REPEATS`); 1 when unset."""
     kappa: float | None = None
     """How far the capacity search had widened its margins (`keys.FORECAST`'s `kappa`)."""
     queued: Mapping[str, object] = field(default_factory=dict)
@@ -144,6 +146,7 @@ def stored(t: FrozenTrial) -> Stored:
         seeded_from=tuple(str(o) for o in a.get(keys.SEEDED_FROM, ()) or ()),
         search_rule=None if rule is None else str(rule),
         search_done=str(done) if done else None,
+        stress_repeats=max(1, n) if isinstance(n := a.get(keys.STRESS_REPEATS), int) else 1,
         kappa=_num(_mapping(t.system_attrs.get(keys.FORECAST)).get("kappa")),
         queued=internals.fixed_params(t),
         enqueued=internals.is_enqueued(t),

@@ -200,6 +200,8 @@ class CapacityAwareSampler(MemorySampler):
         self, study: optuna.Study, trial: FrozenTrial, p: Proposal, seeds: Seeds | None
     ) -> None:
         record_rule(study, trial, p.rule, p.why, p.done)
+        if p.repeats > 1 and not p.done:
+            internals.set_user_attr(study, trial, keys.STRESS_REPEATS, p.repeats)
         if seeds is not None:
             origin = [s.origin for s in seeds.points]
             internals.set_user_attr(study, trial, keys.SEEDED_FROM, origin)

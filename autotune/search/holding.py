@@ -111,7 +111,8 @@ def recheck(st: PlanState) -> Proposal | None:
     """Run the best setting again while its margin is thin and it has held fewer than
     RECHECKS times: one lucky stress phase at the edge is not stability. Where the launches
     contradict the model (`doubt`), also while it has held fewer than REPEATS times, however
-    wide the model says its margin is."""
+    wide the model says its margin is. The holds still wanting, up to RECHECKS, are the
+    launch's stress passes (`Proposal.repeats`): one launch, not one per hold."""
     best = st.best
     if best is None or best.observation is None:
         return None
@@ -131,7 +132,9 @@ def recheck(st: PlanState) -> Proposal | None:
         if doubted and p >= st.goal.safe_p
         else f"held {runs} time(s) with a thin margin, p(stable) {p:.2f}"
     )
-    return propose(st, params, fc, "recheck", note)
+    # a stress pass costs a minute where a launch costs its startup: the recheck asks for every
+    # hold the thin rule could still want (RECHECKS ≥ REPEATS), not only the one wanted now
+    return propose(st, params, fc, "recheck", note, repeats=max(1, RECHECKS - runs))
 
 
 def keep(st: PlanState) -> Proposal | None:
@@ -145,14 +148,16 @@ def keep(st: PlanState) -> Proposal | None:
     if key_of(params, st.names) in {key_of(p, st.names) for p in st.pending}:
         return None
     fc = st.forecast(target.observation.setting)
+    held = st.holds(target)
     return propose(
         st,
         params,
         fc,
         "recheck",
         f"no setting the model expects to be stable is left, and trial {target.number} "
-        f"held {st.holds(target)} time(s): once more, so that the study keeps a setting, "
+        f"held {held} time(s): once more, so that the study keeps a setting, "
         f"p(stable) {st.p_stable(fc):.2f}",
+        repeats=max(1, REPEATS - held),
     )
 
 

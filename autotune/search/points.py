@@ -62,6 +62,9 @@ class Point:
     throughput: float = 0.0
     violated: frozenset[str] = frozenset()
     """Names of the constraints it broke."""
+    repeats: int = 1
+    """How many stress passes the launch ran (`keys.STRESS_REPEATS`): a launch that held counts
+    as that many holds."""
 
     @property
     def feasible(self) -> bool:

@@ -43,3 +43,6 @@ class Proposal:
     model: MemoryModel | None = field(default=None, compare=False)
     kappa: float = 1.0
     """How much wider than the model's own the margins were (`calibration`)."""
+    repeats: int = 1
+    """How many times the launch runs the workload's stress phases (`keys.STRESS_REPEATS`): a
+    setting that must hold again holds again within one launch, at a stress phase's cost."""

@@ -83,6 +83,7 @@ def point_of(t: FrozenTrial) -> Point | None:
         observation=obs,
         throughput=s.throughput_tok_s or 0.0,
         violated=frozenset(v.violated),
+        repeats=s.stress_repeats,
     )
 
 

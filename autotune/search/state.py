@@ -219,10 +219,11 @@ class PlanState:
         return False
 
     def holds(self, p: Point) -> int:
-        """How many launches of `p`'s GPU setting held."""
+        """How many times `p`'s GPU setting held: one for each stress pass of each launch of it
+        that held (a launch that ran its stress phases `repeats` times held that often)."""
         s = p.observation.setting if p.observation else None
         return sum(
-            1
+            q.repeats
             for q in self.known
             if s is not None and q.feasible and q.observation and same_gpu(q.observation.setting, s)
         )

@@ -22,10 +22,16 @@ from autotune.search.state import PlanState, Scored
 
 
 def propose(
-    st: PlanState, params: dict[str, Scalar], fc: Forecast, rule: str, note: str
+    st: PlanState,
+    params: dict[str, Scalar],
+    fc: Forecast,
+    rule: str,
+    note: str,
+    repeats: int = 1,
 ) -> Proposal:
     """A launch of `params` by `rule`, with its why: where, the forecast, `note`, the edge the
-    model sees, the widened margins and the doubt, and the best stable so far."""
+    model sees, the widened margins and the doubt, and the best stable so far; `repeats` stress
+    passes on the launch (each that holds is one hold)."""
     at = where(st, params)
     best = (
         f"best stable so far {st.cap:,} tokens (trial {st.best.number})"
@@ -36,7 +42,11 @@ def propose(
         f"{rule} to {at}: {fc.describe()}, {st.goal.min_headroom_gib:g} GiB required; "
         f"{note}{_edge_text(st, fc)}{st.cal.describe()}{st.doubt.describe()}; {best}"
     )
-    return Proposal(params, rule, why, forecast=fc, model=st.model, kappa=st.cal.kappa)
+    if repeats > 1:
+        why += f"; its stress phases run {repeats} times on the launch, each pass one hold"
+    return Proposal(
+        params, rule, why, forecast=fc, model=st.model, kappa=st.cal.kappa, repeats=repeats
+    )
 
 
 def _edge_text(st: PlanState, fc: Forecast) -> str:

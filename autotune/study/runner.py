@@ -258,6 +258,7 @@ class _Night:
             number=trial.number,
             trial_dir=where,
             extra=self.launcher.extra_args(),
+            stress_repeats=stored(internals.fresh(self.study, trial)).stress_repeats,
         )
         trial.set_user_attr(keys.TRIAL_DIR, str(plan.trial_dir))
         self.shown_k = self.tally.done + 1

@@ -260,12 +260,16 @@ def workload_s(
     return min(total, limit_s)
 
 
-def launch_hours(profile: Profile, plan: StartupPlan, cfg: StudyConfig, outcome: str) -> Hours:
-    """One trial's cost: its startup, its workload if it started, its teardown."""
+def launch_hours(
+    profile: Profile, plan: StartupPlan, cfg: StudyConfig, outcome: str, stress_repeats: int = 1
+) -> Hours:
+    """One trial's cost: its startup, its workload if it started (its stress phases run
+    `stress_repeats` times, as the search asked), its teardown."""
     work = 0.0
     if plan.ok:
-        limit = cfg.server.limits.workload_s
-        work = workload_s(profile, plan, cfg.workload, limit, ooms=outcome == "runtime_oom")
+        limit = cfg.server.limits.workload_s * stress_repeats
+        spec = cfg.workload.with_stress_repeats(stress_repeats)
+        work = workload_s(profile, plan, spec, limit, ooms=outcome == "runtime_oom")
     return Hours(startup_s(profile, plan), work, TEARDOWN_S, 0.0, 1)
 
 

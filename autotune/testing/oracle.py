@@ -37,7 +37,8 @@ from autotune.config.schema import (
 from autotune.config.space import grid, settings_for
 from autotune.config.workload import WorkloadSpec
 from autotune.logparse.ledger import Ledger
-from autotune.record import keys
+from autotune.record import internals, keys
+from autotune.record.stored import stored
 from autotune.sim.flags import ServerSettings
 from autotune.sim.memplan import plan_startup
 from autotune.sim.profiles import Mismatch, Profile
@@ -266,6 +267,8 @@ class Launch:
     stable: bool
     crashed: bool
     throughput: float = 0.0
+    stress_repeats: int = 1
+    """How many stress passes the launch ran (what the search asked)."""
 
 
 def stable(bench: Bench, params: Mapping[str, Scalar]) -> tuple[bool, int]:
@@ -346,10 +349,15 @@ def covered(front_points: list[tuple[int, float]], launches: list[Launch]) -> fl
 
 
 def launch(
-    bench: Bench, params: Mapping[str, Scalar], seed: int, soak: float = 1.0
+    bench: Bench,
+    params: Mapping[str, Scalar],
+    seed: int,
+    soak: float = 1.0,
+    stress_repeats: int = 1,
 ) -> tuple[Launch, Result]:
     """Run one simulated trial and build the result `autotune.study.storage.tell` stores;
-    `soak` makes the workload that many times a trial's (confirm's soak)."""
+    `soak` makes the workload that many times a trial's (confirm's soak); `stress_repeats`
+    runs its stress phase that many times (the peak is the largest over every pass)."""
     prof = bench.profile
     plan = _plan(bench, params, seed)
     ledger = ledger_of(plan, plan.p_per_rank[0] - plan.p_gib)
@@ -367,7 +375,7 @@ def launch(
         return _done(bench, params, outcome, reason, tokens, measured, record, truth)
     rng = random.Random(seed * 7 + 3)
     r = plan.max_running_requests or 1
-    peak = _stress_peak(bench, plan, rng, soak)
+    peak = max(_stress_peak(bench, plan, rng, soak) for _ in range(max(1, stress_repeats)))
     growth = growth_gib(prof, round(TRIAL_REQUESTS * soak))
     free = plan.avail_final_gib or 0.0
     if peak + growth > free:
@@ -426,8 +434,10 @@ def _done(
 
 
 def run_trial(study: optuna.Study, bench: Bench, trial: optuna.trial.Trial, seed: int) -> Launch:
-    """Ask-side already done: suggest through the study's space, launch, tell."""
+    """Ask-side already done: suggest through the study's space, launch (its stress phase as
+    many times as the search asked, `keys.STRESS_REPEATS`), tell."""
     settings = settings_for(trial, bench.search)
-    result_launch, result = launch(bench, settings.params, seed)
+    repeats = stored(internals.fresh(study, trial)).stress_repeats
+    result_launch, result = launch(bench, settings.params, seed, stress_repeats=repeats)
     tell(study, trial, result, bench.study_config)
-    return result_launch
+    return replace(result_launch, stress_repeats=repeats)

@@ -148,13 +148,14 @@ class LiveLauncher:
             foreign_gpu="wait" if self.limits.foreign_wait_s > 0 else "refuse",
             foreign_wait_s=self.limits.foreign_wait_s,
         )
-        return _LiveRun(Server.launch(spec, self.probe), self)
+        return _LiveRun(Server.launch(spec, self.probe), self, plan.stress_repeats)
 
 
 class _LiveRun:
-    def __init__(self, server: Server, launcher: LiveLauncher) -> None:
+    def __init__(self, server: Server, launcher: LiveLauncher, stress_repeats: int = 1) -> None:
         self.server = server
         self.launcher = launcher
+        self.stress_repeats = stress_repeats
 
     def wait_ready(self) -> Startup:
         r = self.server.wait_ready()
@@ -169,7 +170,11 @@ class _LiveRun:
         )
 
     def drive(self, ledger: Mapping[str, object]) -> Load:
-        return self.drive_workload(ledger, self.launcher.workload, self.launcher.limits.workload_s)
+        """The study's workload, its stress phases run as many times as the plan asks, within
+        `workload_s` for each pass (the limit watches for a workload that never ends)."""
+        n = self.stress_repeats
+        workload = self.launcher.workload.with_stress_repeats(n)
+        return self.drive_workload(ledger, workload, self.launcher.limits.workload_s * n)
 
     def rest(self) -> str:
         """The server brought to rest between two workloads on one launch: alive, its cache

@@ -29,6 +29,8 @@ class TrialPlan:
     trial_dir: Path
     limits: Limits
     backend: str
+    stress_repeats: int = 1
+    """How many times the workload's stress phases run on this launch (`keys.STRESS_REPEATS`)."""
 
     @property
     def log_path(self) -> Path:
@@ -43,9 +45,11 @@ def plan_trial(
     number: int,
     trial_dir: Path,
     extra: Sequence[str] = (),
+    stress_repeats: int = 1,
 ) -> TrialPlan:
     """The plan for one launch of `settings` under the study `cfg`: the command line (with the
-    launcher's `extra` arguments), the environment, a port (the fixed one, or one free now)."""
+    launcher's `extra` arguments), the environment, a port (the fixed one, or one free now), and
+    how many times its stress phases run (`stress_repeats`, what the search asked)."""
     argv = server_argv(cfg.server, settings, backend=cfg.server.backend, extra=extra)
     return TrialPlan(
         number=number,
@@ -57,4 +61,5 @@ def plan_trial(
         trial_dir=trial_dir,
         limits=cfg.server.limits,
         backend=cfg.server.backend,
+        stress_repeats=stress_repeats,
     )

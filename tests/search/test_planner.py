@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from autotune.memory.model import Setting
+from autotune.search.holding import RECHECKS
 from autotune.search.planner import Goal, plan
 from autotune.search.points import FRACTION, Point
 from tests.search.helpers import AXES, DEEPSEEK, KIMI, QWEN, point
@@ -238,6 +239,12 @@ def test_rechecks_a_best_setting_that_held_with_a_thin_margin() -> None:
     assert p.params == kimi(0.9)
     again = [*done, dataclasses.replace(done[2], number=6), dataclasses.replace(done[2], number=7)]
     assert plan(only48, again, [], goal).rule == "confirm"
+    # the holds still wanting run as stress passes of one launch, not as launches: held once,
+    # the recheck asks for RECHECKS − 1 passes, and that launch holding is RECHECKS holds
+    assert p.repeats == RECHECKS - 1 and f"run {RECHECKS - 1} times on the launch" in p.why
+    passes = dataclasses.replace(done[2], number=6, repeats=p.repeats)
+    assert plan(only48, [*done, passes], [], goal).rule == "confirm"
+    assert plan(only48, [*done, dataclasses.replace(passes, repeats=1)], [], goal).rule == "recheck"
 
 
 def test_secures_a_safe_fraction_of_the_same_demand_before_rechecking_a_thin_best() -> None:
