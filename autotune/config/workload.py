@@ -228,6 +228,11 @@ class WorkloadSpec:
                 phases += [replace(ph, name=f"{ph.name} #{k}") for k in range(2, times + 1)]
         return replace(self, phases=tuple(phases))
 
+    def stress_passes(self, workload_s: float, times: int) -> tuple[WorkloadSpec, float]:
+        """What a launch asked for `times` stress passes drives, and its time limit: the
+        workload `with_stress_repeats(times)`, within `workload_s` for each pass."""
+        return self.with_stress_repeats(times), workload_s * max(1, times)
+
     def max_wall_s(self) -> float:
         """An upper bound on how long `run_workload` can take, from the phase limits."""
         total = 0.0

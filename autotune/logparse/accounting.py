@@ -53,6 +53,7 @@ against this ledger.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -537,8 +538,8 @@ def _ranks(
     and the untagged one of a single-GPU log's accounting lines. A rank seen only in its graph
     capture or a warning counts, as the ranks with memory lines do."""
     tags = set(accounted)
-    tags.update(e.rank for e in events if e.rank and not e.rank.startswith("PID"))
-    tags.update(b.rank for b in batches if b.rank and not b.rank.startswith("PID"))
+    seen = itertools.chain((e.rank for e in events), (b.rank for b in batches))
+    tags.update(rank for rank in seen if rank and not rank.startswith("PID"))
     return len(tags) or None
 
 

@@ -267,8 +267,7 @@ def launch_hours(
     `stress_repeats` times, as the search asked), its teardown."""
     work = 0.0
     if plan.ok:
-        limit = cfg.server.limits.workload_s * stress_repeats
-        spec = cfg.workload.with_stress_repeats(stress_repeats)
+        spec, limit = cfg.workload.stress_passes(cfg.server.limits.workload_s, stress_repeats)
         work = workload_s(profile, plan, spec, limit, ooms=outcome == "runtime_oom")
     return Hours(startup_s(profile, plan), work, TEARDOWN_S, 0.0, 1)
 

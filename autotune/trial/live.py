@@ -172,9 +172,10 @@ class _LiveRun:
     def drive(self, ledger: Mapping[str, object]) -> Load:
         """The study's workload, its stress phases run as many times as the plan asks, within
         `workload_s` for each pass (the limit watches for a workload that never ends)."""
-        n = self.stress_repeats
-        workload = self.launcher.workload.with_stress_repeats(n)
-        return self.drive_workload(ledger, workload, self.launcher.limits.workload_s * n)
+        workload, limit_s = self.launcher.workload.stress_passes(
+            self.launcher.limits.workload_s, self.stress_repeats
+        )
+        return self.drive_workload(ledger, workload, limit_s)
 
     def rest(self) -> str:
         """The server brought to rest between two workloads on one launch: alive, its cache

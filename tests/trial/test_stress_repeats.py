@@ -27,6 +27,9 @@ def test_each_stress_phase_runs_again_under_its_own_name() -> None:
     assert spec.with_stress_repeats(1) is spec
     names = [p.name for p in spec.with_stress_repeats(3).phases]
     assert names == ["traffic", "burst", "burst #2", "burst #3"]
+    repeated, limit_s = spec.stress_passes(600.0, 3)
+    assert repeated == spec.with_stress_repeats(3) and limit_s == 1800.0
+    assert spec.stress_passes(600.0, 1) == (spec, 600.0)
 
 
 def test_the_stored_count_is_read_back_and_defaults_to_once() -> None:
