@@ -60,7 +60,7 @@ from pathlib import Path
 import optuna
 
 from autotune.config.schema import FRACTION, Choices, SamplerConfig, Scalar, StudyConfig
-from autotune.config.space import grid, settings_for
+from autotune.config.space import fraction_step, grid, settings_for, snap
 from autotune.config.studyfile import read_study
 from autotune.config.workload import EarlyEnd
 from autotune.errors import UsageError
@@ -306,14 +306,22 @@ def kept(bench: Bench, params: dict[str, Scalar], best: int) -> float:
 
 def export_share(bench: Bench, params: dict[str, Scalar], factor: float) -> float | None:
     """How much of the capacity a soak `factor` trials long allows the export kept: its
-    capacity over the most any fraction of the space holds through that soak at the export's
-    other parameters (exhaustive, `p_stable` ≥ `STABLE_P`); None where no fraction does. A
-    margin wider than the soak needs shows here, one too narrow in the soak's verdict."""
-    values = {pt[FRACTION] for pt in grid(bench.search) or [] if FRACTION in pt}
+    capacity over the most any fraction of the space, or between the export's and the space's
+    low end, holds through that soak at the export's other parameters (exhaustive, `p_stable`
+    ≥ `STABLE_P`); None where no fraction does. A margin wider than the soak needs shows here,
+    one too narrow in the soak's verdict."""
+    own = float(params[FRACTION])
+    values = {float(pt[FRACTION]) for pt in grid(bench.search) or [] if FRACTION in pt}
+    # a margin may back the export off below the space's low end: every step between counts
+    step = fraction_step(bench.search)
+    low, f = min(values, default=own), own
+    while f < low - 1e-9:
+        values.add(snap(f, step))
+        f += step
     best = exported = 0
-    for f in values | {params[FRACTION]}:
+    for f in values | {own}:
         p, tokens = p_stable(bench, {**params, FRACTION: f}, soak=factor)
-        if f == params[FRACTION]:
+        if f == own:
             exported = tokens
         if p >= STABLE_P:
             best = max(best, tokens)

@@ -12,6 +12,11 @@ the trials, for `export`'s default margin and `confirm`'s default length. Where 
 ran worst cases at the exported setting (`WorstCases`), the rise is at least how far their peaks
 rose beyond the trials' (`memory.pool.peak_rise_gib`), and a case that failed there backs
 the setting off one step beyond it (`WorstFound` says what they did).
+
+The rise is read from the peaks alone. The setting's own headroom and growth are measured, so how
+far the memory model's forecasts missed (the search's kappa: a short rank, a leak) is already in
+them; and a peak that grows with the pool (the live context of a fuller pool) is a line in the
+pool's size, not a spread: within a demand the peaks are taken about that line.
 """
 
 from __future__ import annotations
@@ -71,8 +76,6 @@ def soak_margin_gib(growth_gib: float | None, factor: float) -> float:
 PEAK_NOISE = 0.05
 """The least run-to-run spread (sd, a share of it) a stress peak is given where the trials at
 one setting's demand did not measure it three times."""
-MAX_TAIL = 2.0
-"""The most a model's misses widen the peak's tail for the soak's margin."""
 MAX_RISE = 1.0
 """The most a soak's worst peak is taken to rise, as a share of the trials' median peak: a
 forward's transient memory is the activations of the batch it runs, bounded by the largest
@@ -88,26 +91,42 @@ def soak_peak_rise_gib(
     peaks: Sequence[float],
     peak_gib: float,
     factor: float,
-    kappa: float = 1.0,
     groups: Sequence[Sequence[float]] = (),
+    lines: int = 0,
 ) -> float:
     """How far above the stress peak of the trial it was judged by the worst peak of a soak
     `factor` trials long may rise: a soak meets about the worst of that many trials. The spread
     is the run-to-run sd of the trials' peaks, pooled over `peaks` and `groups` (the peaks at
     each other demand the trials ran) as a share of each group's median, `PEAK_NOISE` at
-    least; a heavy tail (`heavy_tail_z`) puts the worst of `factor` draws `z` spreads up
-    (`SOAK_RISK`), one more for the judged trial having been a lucky one, and where the memory
-    model missed its forecasts (`kappa` > 1, the search's calibration) the world differs from
-    it, so the tail is taken kappa times wider (at most `MAX_TAIL`), up to `MAX_RISE` times
-    the peak. Never less than the worst rise the trials at this setting's
-    demand (`peaks`) saw."""
+    least; `lines` of the groups were taken about a line in the pool (`peaks_about_pool`), each
+    one degree of freedom fewer. A heavy tail (`heavy_tail_z`) puts the worst of `factor`
+    draws `z` spreads up (`SOAK_RISK`), one more for the judged trial having been a lucky one,
+    up to `MAX_RISE` times the peak. Never less than the worst rise the trials at this
+    setting's demand (`peaks`) saw."""
     rows = sorted(peaks)
-    share = _pooled_share([*groups, rows])
+    share = _pooled_share([*groups, rows], lines)
     sd = max(share, PEAK_NOISE) * peak_gib
     z = heavy_tail_z(1.0 - SOAK_RISK / max(factor, 1.0)) + 1.0
-    tail = min(max(kappa, 1.0), MAX_TAIL)
     worst = rows[-1] - statistics.median(rows) if len(rows) >= 2 else 0.0
-    return max(worst, min(z * sd * tail, MAX_RISE * peak_gib))
+    return max(worst, min(z * sd, MAX_RISE * peak_gib))
+
+
+def peaks_about_pool(rows: Sequence[tuple[float, float]]) -> tuple[list[float], bool]:
+    """The stress peaks of one demand, `(pool tokens, peak GiB)` each, as they would be at the
+    rows' median pool, and whether a line was taken out: a stress phase fills the pool, so a
+    transient that grows with the live context grows with the fraction, and read as spread it
+    would size the soak's margin by the fractions the search tried. The line (least squares, at
+    least three peaks over two pools) comes out only where the peak rises with the pool."""
+    xs = [x for x, _ in rows]
+    ys = [y for _, y in rows]
+    if len(rows) < 3 or len(set(xs)) < 2:
+        return ys, False
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in rows) / sum((x - mx) ** 2 for x in xs)
+    if slope <= 0:
+        return ys, False
+    mid = statistics.median(xs)
+    return [y - slope * (x - mid) for x, y in rows], True
 
 
 def heavy_tail_z(q: float) -> float:
@@ -124,9 +143,9 @@ def heavy_tail_z(q: float) -> float:
     return 2.0 * math.sqrt(max(c - 1.0, 0.0)) / math.sqrt(2.0)
 
 
-def _pooled_share(groups: Sequence[Sequence[float]]) -> float:
+def _pooled_share(groups: Sequence[Sequence[float]], lines: int = 0) -> float:
     """The run-to-run sd of a stress peak as a share of its median, pooled over the groups of
-    peaks measured at one demand (groups of one say nothing)."""
+    peaks measured at one demand (groups of one say nothing), `lines` of them about a line."""
     squares: list[float] = []
     for g in groups:
         if len(g) < 2:
@@ -134,7 +153,7 @@ def _pooled_share(groups: Sequence[Sequence[float]]) -> float:
         med = statistics.median(g)
         if med > 0:
             squares += [((x - med) / med) ** 2 for x in g]
-    n = len(squares) - sum(1 for g in groups if len(g) >= 2)
+    n = len(squares) - sum(1 for g in groups if len(g) >= 2) - lines
     return math.sqrt(sum(squares) / n) if n > 0 else 0.0
 
 
@@ -291,9 +310,9 @@ def soak_plan(
     worst: WorstCases | None = None,
 ) -> SoakPlan | None:
     """The soak for the setting `params` that held, sized from the trials: its worst headroom,
-    the growth they measured, the spread of their stress peaks by demand, and how much the
-    capacity search had widened its margins (`kappa`); None when no trial that held at `params`
-    (the same point of `space`) kept a measured headroom or its launch logged no P.
+    the growth they measured and the spread of their stress peaks by demand; None when no trial
+    that held at `params` (the same point of `space`) kept a measured headroom or its launch
+    logged no P.
 
     With `worst` (a confirmation's worst cases at the exported point), the rise is at least how
     far the cases' peaks rose beyond the trials' stress peak at this demand
@@ -312,14 +331,16 @@ def soak_plan(
     per_step = a.per_step_gib(step)
     growth = growth_per_trial(trials)
     factor = soak_factor(growth, head - required_gib, default_factor)
-    groups: dict[tuple[object, ...], list[float]] = {}
+    by_demand: dict[tuple[object, ...], list[tuple[float, float]]] = {}
     for t in held:
         if t.stress_peak_gib is not None:
-            groups.setdefault(tuple(t.params.get(k) for k in DEMAND), []).append(t.stress_peak_gib)
-    peaks = groups.pop(tuple(params.get(k) for k in DEMAND), [])
-    kappa = max((t.kappa for t in trials if t.kappa is not None), default=1.0)
-    peak = statistics.median(peaks) if peaks else 0.0
-    rise = soak_peak_rise_gib(peaks, peak, factor, kappa, list(groups.values()))
+            row = (float(t.capacity_tokens or 0), t.stress_peak_gib)
+            by_demand.setdefault(tuple(t.params.get(k) for k in DEMAND), []).append(row)
+    own = by_demand.pop(tuple(params.get(k) for k in DEMAND), [])
+    peak = statistics.median(y for _, y in own) if own else 0.0
+    about = [peaks_about_pool(rows) for rows in [own, *by_demand.values()]]
+    lines = sum(sloped for _, sloped in about)
+    rise = soak_peak_rise_gib(about[0][0], peak, factor, [g for g, _ in about[1:]], lines)
     found = None
     if worst is not None and (worst.peaks or worst.failed or worst.unrun):
         before = soak_steps(head, required_gib, growth, factor, per_step, rise)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 
 import optuna
 import pytest
@@ -20,6 +23,7 @@ from autotune.review.soak import (
     SoakPlan,
     growth_per_trial,
     heavy_tail_z,
+    peaks_about_pool,
     soak_factor,
     soak_margin_gib,
     soak_peak_rise_gib,
@@ -30,6 +34,8 @@ from autotune.sim.profiles import load_profile
 from autotune.study.samplers import make_sampler
 from autotune.testing.oracle import MISMATCH, bench_for, launch, p_stable
 from tests.search.helpers import study_with
+
+UNSEEN = Path(__file__).resolve().parents[2] / "scripts" / "bench_profiles" / "unseen"
 
 
 def grown(*gib: float | None) -> list[TrialView]:
@@ -92,12 +98,10 @@ def test_the_peak_tail_is_as_heavy_as_students_t_with_four_degrees_of_freedom() 
         assert heavy_tail_z(q) > 1.3 * normal.inv_cdf(q)
 
 
-def test_a_longer_soak_meets_a_higher_peak_and_a_model_that_missed_a_heavier_tail() -> None:
+def test_a_longer_soak_meets_a_higher_peak() -> None:
     one = soak_peak_rise_gib([4.0], 4.0, 3.0)
     assert one > 0.05 * 4.0 * 3  # at least PEAK_NOISE's spread, several of them up
     assert soak_peak_rise_gib([4.0], 4.0, 12.0) > one  # a longer soak: a higher worst peak
-    assert soak_peak_rise_gib([4.0], 4.0, 3.0, kappa=2.0) == pytest.approx(2 * one)
-    assert soak_peak_rise_gib([4.0], 4.0, 3.0, kappa=9.0) == pytest.approx(2 * one)  # capped
     # the spread pooled over the demands the trials ran, as a share of each one's median
     noisy = soak_peak_rise_gib([4.0], 4.0, 3.0, groups=[[2.0, 2.4, 1.6], [1.0, 1.1, 0.9]])
     assert noisy > one
@@ -158,6 +162,37 @@ def test_the_soaks_worst_peak_is_taken_at_most_twice_the_peak() -> None:
     """A heavy tail widened by a model that missed must not size a margin past what the
     activations can take: the rise stops at MAX_RISE times the peak (a measured worse rise
     still counts)."""
-    wide = soak_peak_rise_gib([5.0], 5.0, 8.0, kappa=2.0, groups=[[4.0, 5.0, 6.0]])
+    wide = soak_peak_rise_gib([5.0], 5.0, 8.0, groups=[[3.0, 5.0, 7.0]])
     assert wide == pytest.approx(MAX_RISE * 5.0)
-    assert soak_peak_rise_gib([5.0, 5.0, 11.0], 5.0, 8.0, kappa=2.0) == pytest.approx(6.0)
+    assert soak_peak_rise_gib([5.0, 5.0, 11.0], 5.0, 8.0) == pytest.approx(6.0)
+
+
+def test_a_peak_that_grows_with_the_pool_is_a_line_not_a_spread() -> None:
+    """Peaks that rise with the pool the fraction buys (the live context of a fuller pool) are
+    taken about their line: the spread left is the run-to-run one."""
+    rows = [(60_000.0, 6.0), (74_000.0, 6.5), (46_000.0, 5.5), (60_000.0, 6.02), (74_000.0, 6.48)]
+    about, sloped = peaks_about_pool(rows)
+    assert sloped
+    assert max(about) - min(about) < 0.05
+    flat = soak_peak_rise_gib([6.0, 6.02], 6.0, 4.0, [about], lines=1)
+    assert flat < soak_peak_rise_gib([6.0, 6.02], 6.0, 4.0, [[y for _, y in rows]])
+    # a peak that falls with the pool is noise, not a line; so are two pools alone
+    assert peaks_about_pool([(1.0, 3.0), (2.0, 2.0), (3.0, 1.0)]) == ([3.0, 2.0, 1.0], False)
+    assert peaks_about_pool([(1.0, 3.0), (2.0, 4.0)]) == ([3.0, 4.0], False)
+
+
+def test_the_margin_is_sized_by_the_peaks_not_by_the_models_misses(
+    load_script: Callable[[str], ModuleType],
+) -> None:
+    """DeepSeek-V3 with a NEXTN draft on 8 × H20 (a box no rule was tuned on) in a world drawn
+    at random (the last rank 1.8 GiB short, peaks 0.3 MiB higher per 1,000 live tokens, t4
+    tails): the model's misses came from the short rank, which the measured headroom already
+    holds. Before, they widened the peak's tail twice over and the export kept 6% of the best
+    stable capacity; it keeps more than half, and passes its soak."""
+    bench_search = load_script("bench_search")
+    profile = load_profile(str(UNSEEN / "deepseek-v3-tp8-h20-nextn.toml"))
+    bench = bench_for(profile, min_headroom_gib=0.5)
+    box = bench_search.Box(profile.name, bench, bench.study_config, 30)
+    world = bench_search.world_for(box, "random", 0, 8)
+    run = bench_search.study_run("capacity", world.bench, world.best, 8, 30, 1, world.pareto)
+    assert run.soak_ok and run.kept > 0.5, run
