@@ -28,7 +28,7 @@ import gc
 from collections.abc import Iterable
 
 from autotune.logparse.batchline import read_batch, read_common_batch
-from autotune.logparse.events import Batch, Event, Parsed, ParsedLog
+from autotune.logparse.events import Batch, Event, Kind, Parsed, ParsedLog
 from autotune.logparse.failures import failure, serving_frame
 from autotune.logparse.messages import startup_event, uvicorn_event
 from autotune.logparse.prefix import split_prefix
@@ -64,12 +64,54 @@ def parse_line(line: str, line_no: int = 0) -> Parsed | None:
     return failure(message, ctx)
 
 
+_TARGET_POOL = frozenset(
+    {
+        Kind.KV_ALLOCATED,
+        Kind.MEMORY_POOL_END,
+        Kind.GRAPH_CAPTURE_BEGIN,
+        Kind.GRAPH_CAPTURING,
+        Kind.GRAPH_CAPTURE_END,
+    }
+)
+"""Lines that show a rank's first (target) model already has its KV pool or its CUDA graphs."""
+
+
+class DraftProfile:
+    """Reads `max_total_tokens=R is larger than the profiled value P` with P at or below zero as
+    the failure it is only for a rank's first model. A speculative draft model profiles the
+    memory again after the target's pool and graphs, and there P is what the reserve leaves, often
+    negative; the release that prints it then sizes the draft's pool from the target's
+    (`ModelRunnerKVCacheMixin.init_memory`: `max_total_num_tokens = draft_runner_cache_size`)
+    before its `<= 0` check, so the start goes on (the EAGLE section of SGLang's own
+    `speculative_decoding` docs notebook prints `… profiled value -89624` and serves). After a
+    pool or capture line of the same rank, or an unprefixed tqdm capture bar, the line is
+    `Kind.KV_CAP_IGNORED`. 0.4.x set the draft's size before the warning, so its draft never
+    printed a negative value."""
+
+    def __init__(self) -> None:
+        self._pooled: set[str] = set()
+
+    def settle(self, event: Event) -> Event:
+        """`event`, or the draft's profile line it turns out to be."""
+        kind = event.kind
+        if kind in _TARGET_POOL:
+            self._pooled.add(event.rank)
+        elif (
+            kind is Kind.NO_KV_ROOM
+            and "profiled" in event.values
+            and (event.rank in self._pooled or "" in self._pooled)
+        ):
+            return event._replace(kind=Kind.KV_CAP_IGNORED, label="draft")
+        return event
+
+
 def parse_lines(lines: Iterable[str], first_line_no: int = 1) -> ParsedLog:
     """Every line of a log; line numbers start at `first_line_no`."""
     events: list[Event] = []
     batches: list[Batch] = []
     line_no = first_line_no - 1
     parse = parse_line
+    settle = DraftProfile().settle
     collecting = gc.isenabled()
     gc.disable()  # the cyclic collector would rescan the growing lists of tuples again and again
     try:
@@ -80,7 +122,7 @@ def parse_lines(lines: Iterable[str], first_line_no: int = 1) -> ParsedLog:
             if type(item) is Batch:
                 batches.append(item)
             else:
-                events.append(item)  # type: ignore[arg-type]
+                events.append(settle(item))  # type: ignore[arg-type]
     finally:
         if collecting:
             gc.enable()

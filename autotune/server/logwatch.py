@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from autotune.logparse.events import FAILURE_KINDS, Batch, Event, Kind
-from autotune.logparse.lines import parse_line
+from autotune.logparse.lines import DraftProfile, parse_line
 from autotune.logparse.phase import Phase, PhaseClock
 from autotune.server.logtail import LogTail
 
@@ -53,6 +53,7 @@ class LogWatch:
         self.failure_at: float | None = None
         """When the first line that ends the run (`ENDS_RUN`) was read; None while none was."""
         self._recent: deque[str] = deque(maxlen=5)
+        self._draft = DraftProfile()
 
     @property
     def phase(self) -> Phase:
@@ -79,6 +80,7 @@ class LogWatch:
                 if item.phase == "decode":
                     self.last_decode_at = now
                 continue
+            item = self._draft.settle(item)
             self.events.append(item)
             self.phases.feed(item, now)
             if item.kind is Kind.READY and self.ready_line_at is None:

@@ -265,3 +265,44 @@ def test_a_kubernetes_pod_log_keeps_its_traceback() -> None:
     assert Kind.SERVING_FRAME in {e.kind for e in log.events}
     verdict = classify(log.events, batches=log.batches)
     assert verdict.outcome is Outcome.CRASH
+
+
+# -- A speculative draft's own memory profile ------------------------------------------------------
+
+# SGLang's docs notebook `speculative_decoding` (EAGLE, `--max-total-tokens` unset, run
+# 2026-02-11, output committed with the docs; log level warning): after the target's graphs the
+# draft profiles the memory again, finds nothing left and says so; the release then sizes the
+# draft's pool from the target's (`model_runner_kv_cache_mixin.py` `init_memory`:
+# `max_total_num_tokens = draft_runner_cache_size`) and the server answered its request.
+_DRAFT_PROFILE = """\
+Capturing batches (bs=1 avail_mem=47.13 GB): 100%|██████████| 4/4 [00:41<00:00, 10.46s/it]
+[2026-02-11 06:44:58] SPECULATIVE_MOE_RUNNER_BACKEND is not initialized, using auto backend
+Loading pt checkpoint shards: 100% Completed | 1/1 [00:01<00:00,  1.39s/it]
+[2026-02-11 06:45:01] max_total_tokens=20480 is larger than the profiled value -89624. Use the \
+profiled value instead.
+Capturing batches (bs=4 avail_mem=1.85 GB):  25%|██▌       | 1/4 [00:05<00:16,  5.51s/it]
+Capturing batches (bs=1 avail_mem=53.94 GB): 100%|██████████| 4/4 [00:11<00:00,  2.88s/it]
+"""
+
+
+def test_a_draft_s_negative_profile_after_the_target_s_graphs_is_not_a_failure() -> None:
+    parsed = parse_text(_DRAFT_PROFILE)
+    kinds = [e.kind for e in parsed.events]
+    assert Kind.NO_KV_ROOM not in kinds
+    assert Kind.KV_CAP_IGNORED in kinds
+    verdict = classify(parsed.events, None, parsed.batches)
+    assert verdict.outcome is Outcome.UNKNOWN
+
+
+def test_the_target_s_negative_profile_still_ends_the_start() -> None:
+    # sgl-project/sglang#7691 (0.4.8.post1, ROCm, DP attention): the target's own profile, before
+    # any pool; 0.4.8's `init_memory_pool` raises `Not enough memory` right after it
+    text = (
+        "[2025-07-02 07:41:58 DP0 TP0] Load weight end. type=DeepseekV3ForCausalLM, "
+        "dtype=torch.bfloat16, avail mem=21.73 GB, mem usage=166.59 GB.\n"
+        "[2025-07-02 07:41:59 DP0 TP0] max_total_tokens=131072 is larger than the profiled "
+        "value -561981. Use the profiled value instead.\n"
+    )
+    parsed = parse_text(text)
+    verdict = classify(parsed.events, None, parsed.batches)
+    assert (verdict.outcome, verdict.cause) == (Outcome.STARTUP_OOM, "no_kv_room")
