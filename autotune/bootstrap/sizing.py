@@ -168,6 +168,7 @@ def fraction_knob(
     if arith is not None and arith.tokens:
         return _fraction_from_ledger(current, arith, ledger, failed)  # type: ignore[arg-type]
     comments: list[str] = []
+    around = False
     if ledger is not None and ledger.p_gib and ledger.avail_after_weights_gib is not None:
         floor = lowest_fraction(ledger.p_gib, ledger.avail_after_weights_gib)
         anchor = grid_anchor(b) or 0.0
@@ -182,10 +183,7 @@ def fraction_knob(
         a = grid_anchor(b) or 0.0
         low = _on_grid(max(0.5, b - 0.08), a, up=True)
         high = _on_grid(min(0.97, b + 0.06), a, up=False)
-        comments.append(
-            "no log to size it from: from 0.08 below to 0.06 above the current value "
-            "(autotune init --from-log server.log sizes it from the memory ledger)"
-        )
+        around = True
     else:
         low, high = 0.80, 0.94
         comments.append(
@@ -197,6 +195,12 @@ def fraction_knob(
     low, high = _bounded(low, high, anchor)
     if b is not None:
         low, high = min(low, b), max(high, b)
+    if around and b is not None:
+        comments.append(
+            f"no log to size it from: {low:g}–{high:g} around the current {b:g} (0.08 below to "
+            "0.06 above it, kept within 0.5–0.97; autotune init --from-log server.log sizes it "
+            "from the memory ledger)"
+        )
     low, high, b, why = _exclude(low, high, b, failed, anchor)
     if why:
         comments.append(why)

@@ -143,6 +143,26 @@ def test_from_a_command_line(
     assert "SGLang does not import in /opt/venv/bin/python: flags kept as spelled" in text
 
 
+def test_without_a_log_the_comment_gives_the_range_it_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Around the current value, kept within 0.5–0.97: a server run at 0.01 (a 0.3.x log of a
+    small model with DP 8 did) gets the range written, not "0.08 below to 0.06 above"."""
+    monkeypatch.chdir(tmp_path)
+    for current, want in ((0.88, (0.8, 0.94)), (0.01, None)):
+        argv = kimi_argv()
+        argv[argv.index("--mem-fraction-static") + 1] = str(current)
+        out = tmp_path / f"k{current}.toml"
+        cmd = f"{PROGRAM} {shlex.join(argv)}"
+        rc, _, err = init(tmp_path, "k", "--from-cmd", cmd, "--out", str(out), capsys=capsys)
+        assert rc == 0, err
+        low, high = mem_range(load_study(out))
+        assert want is None or (low, high) == want
+        assert f"no log to size it from: {low:g}–{high:g} around the current {current:g}" in (
+            out.read_text()
+        )
+
+
 @pytest.mark.e2e
 def test_a_log_with_the_command_sizes_the_command(
     kimi_log: Path,
