@@ -198,8 +198,8 @@ def fraction_knob(
     if around and b is not None:
         comments.append(
             f"no log to size it from: {low:g}–{high:g} around the current {b:g} (0.08 below to "
-            "0.06 above it, kept within 0.5–0.97; autotune init --from-log server.log sizes it "
-            "from the memory ledger)"
+            "0.06 above it within 0.5–0.97, and the current value itself; autotune init "
+            "--from-log server.log sizes it from the memory ledger)"
         )
     low, high, b, why = _exclude(low, high, b, failed, anchor)
     if why:
