@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from autotune.config.schema import FRACTION, Scalar
 from autotune.config.space import Space, point_key, snap
+from autotune.memory.fit import fit_line
 from autotune.memory.pool import peak_rise_gib, steps_to_cover
 from autotune.record.view import TrialView
 
@@ -121,8 +122,7 @@ def peaks_about_pool(rows: Sequence[tuple[float, float]]) -> tuple[list[float], 
     ys = [y for _, y in rows]
     if len(rows) < 3 or len(set(xs)) < 2:
         return ys, False
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    slope = sum((x - mx) * (y - my) for x, y in rows) / sum((x - mx) ** 2 for x in xs)
+    slope = fit_line(xs, ys, prior_slope=0.0, prior_slope_sd=0.0, floor_sd=0.0).slope
     if slope <= 0:
         return ys, False
     mid = statistics.median(xs)
