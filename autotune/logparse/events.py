@@ -81,6 +81,8 @@ class Kind(StrEnum):
     RANK_DEAD = "rank_dead"
     SUBPROCESS_CRASHED = "subprocess_crashed"
     WATCHDOG_TIMEOUT = "watchdog_timeout"
+    LOAD_BARRIER = "load_barrier"
+    LEAK_CHECK = "memory_leak_check"
     FATAL_SIGNAL = "fatal_signal"
     WARMUP_FAILED = "warmup_failed"
     HICACHE_TOO_SMALL = "hicache_too_small"
@@ -142,6 +144,8 @@ FAILURE_KINDS = frozenset(
         Kind.RANK_DEAD,
         Kind.SUBPROCESS_CRASHED,
         Kind.WATCHDOG_TIMEOUT,
+        Kind.LOAD_BARRIER,
+        Kind.LEAK_CHECK,
         Kind.FATAL_SIGNAL,
         Kind.WARMUP_FAILED,
         Kind.HICACHE_TOO_SMALL,
@@ -165,11 +169,13 @@ SERVING_KINDS = frozenset(
         Kind.RETRACT,
         Kind.REQUEST_OOM_ABORT,
         Kind.SERVING_FRAME,
+        Kind.LEAK_CHECK,
     }
 )
 """Lines only a serving server prints: the scheduler's allocator running out for a batch, a
 retraction, the subprocess watchdog (started once every scheduler reported ready), a traceback
-frame of the event loop or the forward pass. They place a failure at serving time even when the
+frame of the event loop or the forward pass, the pools' leak check (it runs in the event loop,
+once requests have come and gone). They place a failure at serving time even when the
 "fired up" line is outside the excerpt."""
 
 

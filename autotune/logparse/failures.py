@@ -185,6 +185,18 @@ def failure(line: str, ctx: Ctx) -> Event | None:
         # torch's ProcessGroupNCCL watchdog: a collective waited past its timeout for a rank
         # that never joined it; a hang like SGLang's own watchdog's, below any rank's own death
         return Event(Kind.WATCHDOG_TIMEOUT, *ctx)
+    if "could finish the model loading, but there are other ranks" in line or (
+        "reached monitoredBarrier, but received errors" in line
+    ):
+        # the barrier after the weights load (`load_model_utils.dist_barrier_after_load`, 480 s
+        # in 0.5.23) timed out on this rank, which loaded: another rank is slow or gone; its own
+        # line, where the log has one, explains it (an OOM ranks above this)
+        return Event(Kind.LOAD_BARRIER, *ctx)
+    if "memory leak detected!" in line and _looks_like_exception(line):
+        # the pools' invariant check in the event loop (`InvariantChecker._report_leak`,
+        # `raise_error_or_warn`: a ValueError where `SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE`
+        # is on, its default; a warning otherwise, which is not a death)
+        return Event(Kind.LEAK_CHECK, *ctx)
     if _looks_like_exception(line) or ": error: " in line:  # the latter: argparse usage errors
         return Event(Kind.ERROR, *ctx)
     v = _VERSION.search(line) if "glang" in line or "GLang" in line or "GLANG" in line else None

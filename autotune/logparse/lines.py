@@ -56,8 +56,8 @@ def parse_line(line: str, line_no: int = 0) -> Parsed | None:
     ctx = (line_no, time, rank, line)
     if c == "I" and message.startswith("INFO:"):
         return uvicorn_event(message, ctx)
-    if c == " " and message.startswith("  File "):
-        return serving_frame(message, ctx)
+    if (c == " " and message.startswith("  File ")) or (c == "F" and message.startswith('File "')):
+        return serving_frame(message, ctx)  # the latter: a collector that strips indentation
     event = startup_event(message, ctx)
     if event is not None:
         return event

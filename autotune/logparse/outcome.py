@@ -242,8 +242,9 @@ _STARTUP_MEMORY_KINDS = frozenset(
 # ranks print when their peer vanishes (an NCCL remote error); a rank that died otherwise ranks
 # below the line that explains why. A rank's own crash (faulthandler's `Fatal Python error:
 # Segmentation fault`) explains its peers' watchdog timeouts, waiting in a collective it never
-# joined, and the watchdog's report of its exit code. A request failed with the OOM error is
-# below every death.
+# joined, and the watchdog's report of its exit code; a rank's own failure explains its peers'
+# timeout at the barrier after the weights load. A request failed with the OOM error is below
+# every death.
 _PRIORITY = (
     Kind.NO_KV_ROOM,
     Kind.POOL_TOO_SMALL,
@@ -267,12 +268,14 @@ _PRIORITY = (
     Kind.HOST_FAULT,
     Kind.FATAL_SIGNAL,
     Kind.WATCHDOG_TIMEOUT,
+    Kind.LOAD_BARRIER,
     Kind.HICACHE_TOO_SMALL,
     Kind.WARMUP_FAILED,
     Kind.NCCL_FAULT,
     Kind.RANK_DEAD,
     Kind.SUBPROCESS_CRASHED,
     Kind.REQUEST_OOM_ABORT,
+    Kind.LEAK_CHECK,
     Kind.ERROR,
     Kind.SCHEDULER_EXCEPTION,
     Kind.SIGQUIT,
@@ -310,12 +313,16 @@ def _host_oom_killed(deciding: Event, events: Sequence[Event]) -> bool:
     return killed and summary is not None and summary.line_no < deciding.line_no
 
 
+_TRACEBACK_KINDS = FAILURE_KINDS | {Kind.SERVING_FRAME}
+
+
 def _serving(deciding: Event, events: Sequence[Event], batches: Sequence[Batch]) -> bool:
     """Whether the server was serving when `deciding` was printed, shown by the log itself: the
     line is one only a serving scheduler prints (`Prefill out of memory`, the subprocess
     watchdog, …), a Prefill/Decode batch line or a retraction came before it, or a traceback
-    frame of the serving loop or forward pass sits before it or in the traceback that follows
-    it (up to the next line with a prefix)."""
+    frame of the serving loop or forward pass sits before it or in the tracebacks that follow
+    it (up to the next line with a prefix that is not another failure line: each rank prints its
+    own traceback, and an excerpt may cut one rank's frames but keep the next's)."""
     if deciding.kind in SERVING_KINDS:
         return True
     first = next(iter(batches), None)  # batches come in line order (a list, tuple or deque)
@@ -327,8 +334,8 @@ def _serving(deciding: Event, events: Sequence[Event], batches: Sequence[Batch])
             if e.kind in SERVING_KINDS:
                 return True
         elif e.line_no > deciding.line_no:
-            if e.time is not None and e.kind is not Kind.SERVING_FRAME:
-                break  # the next prefixed line ends the traceback
+            if e.time is not None and e.kind not in _TRACEBACK_KINDS:
+                break  # the next prefixed line that is no failure ends the tracebacks
             after = after or e.kind is Kind.SERVING_FRAME
     return after
 
@@ -457,8 +464,8 @@ def _from_failure_lines(
         return Verdict(
             Outcome.MACHINE_ERROR, str(deciding.kind), (evidence + facts.host)[:_MAX_EVIDENCE]
         )
-    if deciding.kind is Kind.WATCHDOG_TIMEOUT:
-        return Verdict(Outcome.HANG, "watchdog_timeout", evidence)
+    if deciding.kind in (Kind.WATCHDOG_TIMEOUT, Kind.LOAD_BARRIER):
+        return Verdict(Outcome.HANG, str(deciding.kind), evidence)
     after_ready = ready is not None and deciding.line_no > ready.line_no
     serving = after_ready or _serving(deciding, events, batches)
     if _host_oom_killed(deciding, events):

@@ -117,11 +117,16 @@ _WRAPPER = re.compile(
     r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [^\s\[:]+(?:\[\d+\])?: "
     r"|\w[\w.-]* +\| "
     r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d) std(?:out|err) [FP] "
+    r"|(?:DEFAULT|DEBUG|INFO|NOTICE|WARNING|ERROR|CRITICAL|ALERT|EMERGENCY) "
+    r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z "
+    r"|\([\w.:-]+ pid=\d+(?:, ip=[\w.:-]+)?\) "
 )
 """What a log collector writes before each line it passes on: an ISO time in brackets
 (`[2025-11-06T02:08:28.503Z] `), journald's `Feb 24 11:52:01 host python3[48211]: `, docker
 compose's service column (`llm0-1  | `), the container runtime's line under Kubernetes
-(`2025-07-25T07:53:08.21748708+08:00 stdout F `, as kubelet keeps it in `/var/log/pods`).
+(`2025-07-25T07:53:08.21748708+08:00 stdout F `, as kubelet keeps it in `/var/log/pods`), Google
+Cloud Logging's export (`ERROR 2026-06-15T14:10:59.392125190Z `: the severity and the receive
+time), a Ray actor's (`(SGLangEngine pid=206831) `, `(WorkerDict pid=1, ip=10.0.0.1) `).
 SGLang's own lines carry their prefix after it; its
 tracebacks, tqdm bars and torch's warnings, which have none, carry only the collector's."""
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from autotune.logparse.accounting import build_ledger
-from autotune.logparse.events import Event, Kind
+from autotune.logparse.events import FAILURE_KINDS, Event, Kind
 from autotune.logparse.lines import parse_line, parse_text
 from autotune.logparse.outcome import Outcome, classify
 from autotune.logparse.prefix import split_prefix
@@ -306,3 +306,120 @@ def test_the_target_s_negative_profile_still_ends_the_start() -> None:
     parsed = parse_text(text)
     verdict = classify(parsed.events, None, parsed.batches)
     assert (verdict.outcome, verdict.cause) == (Outcome.STARTUP_OOM, "no_kv_room")
+
+
+# -- The barrier after the weights load ----------------------------------------------------------
+
+# sgl-project/sglang#5602 (0.4.5.post1, TP4): Gloo's monitored barrier names the rank it waited
+# on; kvcache-ai/ktransformers#1666 (SGLang inside, TP4): SGLang's own ValueError from
+# `ModelRunner.load_model` (0.5.23: `load_model_utils.dist_barrier_after_load`, 480 s)
+_LOAD_BARRIER = """\
+[2025-04-21 04:13:43] Received sigquit from a child process. It usually means the child failed.
+[rank3]:[E421 04:13:43.426633564 ProcessGroupGloo.cpp:143] Rank 3 successfully reached \
+monitoredBarrier, but received errors while waiting for send/recv from rank 0. Please check rank \
+0 logs for faulty rank.
+[2025-12-04 07:44:24 TP2] Scheduler hit an exception: Traceback (most recent call last):
+  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/model_executor/model_runner.py", \
+line 849, in load_model
+    raise ValueError(
+ValueError: TP rank 1 could finish the model loading, but there are other ranks that didn't \
+finish loading. It is likely due to unexpected failures (e.g., OOM) or a slow node.
+"""
+
+
+def test_a_rank_that_loaded_and_timed_out_at_the_barrier_waited_on_a_peer() -> None:
+    """The rank that prints it loaded its weights; a slow or vanished peer is no setting's
+    result (it read as `startup_error`, a parameter result, before)."""
+    for text in (_LOAD_BARRIER, "\n".join(_LOAD_BARRIER.splitlines()[2:])):
+        parsed = parse_text(text)
+        verdict = classify(parsed.events, None, parsed.batches)
+        assert (verdict.outcome, verdict.cause) == (Outcome.HANG, "load_barrier")
+        assert not verdict.outcome.is_parameter_result
+
+
+def test_a_peer_s_own_oom_explains_the_barrier() -> None:
+    text = _LOAD_BARRIER + (
+        "[2025-12-04 07:44:20 TP0] Scheduler hit an exception: Traceback (most recent call "
+        "last):\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB.\n"
+    )
+    parsed = parse_text(text)
+    verdict = classify(parsed.events, None, parsed.batches)
+    assert verdict.outcome is Outcome.STARTUP_OOM
+
+
+# -- The pools' leak check -------------------------------------------------------------------------
+
+
+def test_the_pools_leak_check_is_a_crash_while_serving() -> None:
+    """sgl-project/sglang#6888 (0.4.6): the check runs only in the event loop, once requests have
+    freed their slots (0.5.23: `InvariantChecker._report_leak` through `raise_error_or_warn`, a
+    ValueError by default); it read as a failed start."""
+    text = (
+        "ValueError: token_to_kv_pool_allocator memory leak detected! available_size=3189424, "
+        "protected_size=0, self.max_total_num_tokens=3185200\n"
+        "self.token_to_kv_pool_allocator.available_size()=2864304\n"
+        "[2025-06-06 01:56:27] Received sigquit from a child process. It usually means the child "
+        "failed.\n"
+    )
+    parsed = parse_text(text)
+    verdict = classify(parsed.events, None, parsed.batches)
+    assert (verdict.outcome, verdict.cause) == (Outcome.CRASH, "memory_leak_check")
+    # with the strict check off it is a warning, and the server serves on
+    warned = parse_line(
+        "[2025-06-06 01:56:27 TP0] token_to_kv_pool_allocator memory leak detected! "
+        "available_size=3189424, protected_size=0, self.max_total_num_tokens=3185200"
+    )
+    assert warned is None or warned.kind not in FAILURE_KINDS
+
+
+# -- Google Cloud Logging's export, a Ray actor's prefix -------------------------------------------
+
+# sgl-project/sglang#28702 (TP8): every line behind the severity and the receive time, the frames'
+# indentation gone; the traceback's frames (TP7's) show the serving loop
+_CLOUD_LOGGING = """\
+ERROR 2026-06-15T14:10:59.392125190Z AssertionError: Committed KV cache already freed \
+(self.kv_committed_len=1)
+ERROR 2026-06-15T14:10:59.392128409Z [2026-06-15 14:10:59 TP7] Scheduler hit an exception: \
+Traceback (most recent call last):
+ERROR 2026-06-15T14:10:59.392130317Z File "/sgl-workspace/sglang/python/sglang/srt/managers/\
+scheduler.py", line 2704, in run_scheduler_process
+ERROR 2026-06-15T14:10:59.392132236Z scheduler.event_loop_overlap()
+ERROR 2026-06-15T14:10:59.392141727Z File "/sgl-workspace/sglang/python/sglang/srt/managers/\
+scheduler.py", line 1024, in event_loop_overlap
+ERROR 2026-06-15T14:10:59.392143362Z batch = self.get_next_batch_to_run()
+"""
+
+
+def test_a_cloud_logging_export_keeps_its_traceback() -> None:
+    """It read as a failed start with only the generic scheduler line as evidence."""
+    parsed = parse_text(_CLOUD_LOGGING)
+    assert Kind.SERVING_FRAME in {e.kind for e in parsed.events}
+    verdict = classify(parsed.events, None, parsed.batches)
+    assert verdict.outcome is Outcome.CRASH
+    assert "AssertionError: Committed KV cache already freed" in verdict.evidence[0]
+    oom = parse_text(
+        _CLOUD_LOGGING.replace(
+            "AssertionError: Committed KV cache already freed (self.kv_committed_len=1)",
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+        )
+    )
+    assert classify(oom.events, None, oom.batches).outcome is Outcome.RUNTIME_OOM
+
+
+@pytest.mark.parametrize(
+    "prefix", ["(SGLangEngine pid=206831) ", "(WorkerDict pid=1834, ip=10.0.0.12) "]
+)
+def test_a_ray_actor_s_prefix_is_cut_off(prefix: str) -> None:
+    """A LoRA launch under Ray (public notes, gpt-oss-20b, 2026-02): the exception line behind
+    the actor's prefix is the evidence, not the generic scheduler line."""
+    frame = '  File "/root/sglang/python/sglang/srt/managers/scheduler.py", line 3116, in x'
+    assert split_prefix(prefix + frame) == (None, "", frame)
+    text = (
+        f"{prefix}[2026-02-26 12:02:18] Scheduler hit an exception: Traceback (most recent call "
+        f"last):\n{prefix}{frame}\n"
+        f"{prefix}AttributeError: 'FusedMoE' object has no attribute 'w13_weight'\n"
+    )
+    parsed = parse_text(text)
+    verdict = classify(parsed.events, None, parsed.batches)
+    assert verdict.outcome is Outcome.STARTUP_ERROR
+    assert "AttributeError" in verdict.evidence[0]
