@@ -94,6 +94,7 @@ def soak_peak_rise_gib(
     factor: float,
     groups: Sequence[Sequence[float]] = (),
     lines: int = 0,
+    growth_gib: float | None = None,
 ) -> float:
     """How far above the stress peak of the trial it was judged by the worst peak of a soak
     `factor` trials long may rise: a soak meets about the worst of that many trials. The spread
@@ -102,14 +103,18 @@ def soak_peak_rise_gib(
     least; `lines` of the groups were taken about a line in the pool (`peaks_about_pool`), each
     one degree of freedom fewer. A heavy tail (`heavy_tail_z`) puts the worst of `factor`
     draws `z` spreads up (`SOAK_RISK`), one more for the judged trial having been a lucky one,
-    up to `MAX_RISE` times the peak. Never less than the worst rise the trials at this
-    setting's demand (`peaks`) saw."""
+    up to `MAX_RISE` times the peak's transient part: a stress peak is measured from the
+    workload's start, so it holds what the server kept meanwhile (`growth_gib`, the trials'
+    growth per trial), which the soak's margin counts on its own (`soak_margin_gib`) and no
+    forward's activations double. Never less than the worst rise the trials at this setting's
+    demand (`peaks`) saw."""
     rows = sorted(peaks)
     share = _pooled_share([*groups, rows], lines)
     sd = max(share, PEAK_NOISE) * peak_gib
     z = heavy_tail_z(1.0 - SOAK_RISK / max(factor, 1.0)) + 1.0
     worst = rows[-1] - statistics.median(rows) if len(rows) >= 2 else 0.0
-    return max(worst, min(z * sd, MAX_RISE * peak_gib))
+    transient = max(peak_gib - max(growth_gib or 0.0, 0.0), 0.0)
+    return max(worst, min(z * sd, MAX_RISE * transient))
 
 
 def peaks_about_pool(rows: Sequence[tuple[float, float]]) -> tuple[list[float], bool]:
@@ -340,7 +345,8 @@ def soak_plan(
     peak = statistics.median(y for _, y in own) if own else 0.0
     about = [peaks_about_pool(rows) for rows in [own, *by_demand.values()]]
     lines = sum(sloped for _, sloped in about)
-    rise = soak_peak_rise_gib(about[0][0], peak, factor, [g for g, _ in about[1:]], lines)
+    groups = [g for g, _ in about[1:]]
+    rise = soak_peak_rise_gib(about[0][0], peak, factor, groups, lines, growth)
     found = None
     if worst is not None and (worst.peaks or worst.failed or worst.unrun):
         before = soak_steps(head, required_gib, growth, factor, per_step, rise)
