@@ -16,7 +16,7 @@ import pytest
 from autotune.logparse.accounting import build_ledger
 from autotune.logparse.events import FAILURE_KINDS, Event, Kind
 from autotune.logparse.lines import parse_line, parse_text
-from autotune.logparse.outcome import Outcome, classify
+from autotune.logparse.outcome import Outcome, Verdict, classify
 from autotune.logparse.prefix import split_prefix
 from autotune.logparse.serving import summarize
 from autotune.review.ledgerview import as_text
@@ -37,6 +37,12 @@ def _ledger_json(path: Path) -> dict[str, object]:
     doc = json.loads(done.stdout)
     assert isinstance(doc, dict)
     return doc
+
+
+def _verdict(text: str) -> Verdict:
+    """How a log held in one string is read after the fact (no harness facts)."""
+    parsed = parse_text(text)
+    return classify(parsed.events, None, parsed.batches)
 
 
 # -- A log collector's prefix before every line ---------------------------------------------------
@@ -303,8 +309,7 @@ def test_the_target_s_negative_profile_still_ends_the_start() -> None:
         "[2025-07-02 07:41:59 DP0 TP0] max_total_tokens=131072 is larger than the profiled "
         "value -561981. Use the profiled value instead.\n"
     )
-    parsed = parse_text(text)
-    verdict = classify(parsed.events, None, parsed.batches)
+    verdict = _verdict(text)
     assert (verdict.outcome, verdict.cause) == (Outcome.STARTUP_OOM, "no_kv_room")
 
 
@@ -331,8 +336,7 @@ def test_a_rank_that_loaded_and_timed_out_at_the_barrier_waited_on_a_peer() -> N
     """The rank that prints it loaded its weights; a slow or vanished peer is no setting's
     result (it read as `startup_error`, a parameter result, before)."""
     for text in (_LOAD_BARRIER, "\n".join(_LOAD_BARRIER.splitlines()[2:])):
-        parsed = parse_text(text)
-        verdict = classify(parsed.events, None, parsed.batches)
+        verdict = _verdict(text)
         assert (verdict.outcome, verdict.cause) == (Outcome.HANG, "load_barrier")
         assert not verdict.outcome.is_parameter_result
 
@@ -342,8 +346,7 @@ def test_a_peer_s_own_oom_explains_the_barrier() -> None:
         "[2025-12-04 07:44:20 TP0] Scheduler hit an exception: Traceback (most recent call "
         "last):\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB.\n"
     )
-    parsed = parse_text(text)
-    verdict = classify(parsed.events, None, parsed.batches)
+    verdict = _verdict(text)
     assert verdict.outcome is Outcome.STARTUP_OOM
 
 
@@ -361,8 +364,7 @@ def test_the_pools_leak_check_is_a_crash_while_serving() -> None:
         "[2025-06-06 01:56:27] Received sigquit from a child process. It usually means the child "
         "failed.\n"
     )
-    parsed = parse_text(text)
-    verdict = classify(parsed.events, None, parsed.batches)
+    verdict = _verdict(text)
     assert (verdict.outcome, verdict.cause) == (Outcome.CRASH, "memory_leak_check")
     # with the strict check off it is a warning, and the server serves on
     warned = parse_line(
@@ -392,18 +394,15 @@ ERROR 2026-06-15T14:10:59.392143362Z batch = self.get_next_batch_to_run()
 
 def test_a_cloud_logging_export_keeps_its_traceback() -> None:
     """It read as a failed start with only the generic scheduler line as evidence."""
-    parsed = parse_text(_CLOUD_LOGGING)
-    assert Kind.SERVING_FRAME in {e.kind for e in parsed.events}
-    verdict = classify(parsed.events, None, parsed.batches)
+    assert Kind.SERVING_FRAME in {e.kind for e in parse_text(_CLOUD_LOGGING).events}
+    verdict = _verdict(_CLOUD_LOGGING)
     assert verdict.outcome is Outcome.CRASH
     assert "AssertionError: Committed KV cache already freed" in verdict.evidence[0]
-    oom = parse_text(
-        _CLOUD_LOGGING.replace(
-            "AssertionError: Committed KV cache already freed (self.kv_committed_len=1)",
-            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
-        )
+    oom = _CLOUD_LOGGING.replace(
+        "AssertionError: Committed KV cache already freed (self.kv_committed_len=1)",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
     )
-    assert classify(oom.events, None, oom.batches).outcome is Outcome.RUNTIME_OOM
+    assert _verdict(oom).outcome is Outcome.RUNTIME_OOM
 
 
 @pytest.mark.parametrize(
@@ -419,7 +418,6 @@ def test_a_ray_actor_s_prefix_is_cut_off(prefix: str) -> None:
         f"last):\n{prefix}{frame}\n"
         f"{prefix}AttributeError: 'FusedMoE' object has no attribute 'w13_weight'\n"
     )
-    parsed = parse_text(text)
-    verdict = classify(parsed.events, None, parsed.batches)
+    verdict = _verdict(text)
     assert verdict.outcome is Outcome.STARTUP_ERROR
     assert "AttributeError" in verdict.evidence[0]
