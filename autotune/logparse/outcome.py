@@ -316,6 +316,20 @@ def _host_oom_killed(deciding: Event, events: Sequence[Event]) -> bool:
 _TRACEBACK_KINDS = FAILURE_KINDS | {Kind.SERVING_FRAME}
 
 
+_STOP_SIGNALS = frozenset({-float(signal.SIGTERM), -float(signal.SIGHUP), -float(signal.SIGINT)})
+
+
+def _stop_signal(deciding: Event) -> str:
+    """The stop signal a scheduler died of (`Subprocess scheduler_0 (pid=…) crashed with exit
+    code -15`, `Rank 0 scheduler died during initialization (exit code: -15)`), "" otherwise: a
+    scheduler handles none of them (only the main process's tokenizer manager handles SIGTERM),
+    so the signal's default action ended it."""
+    code = deciding.values.get("code")
+    if deciding.kind not in (Kind.SUBPROCESS_CRASHED, Kind.RANK_DEAD) or code not in _STOP_SIGNALS:
+        return ""
+    return signal_name(int(code))
+
+
 def _serving(deciding: Event, events: Sequence[Event], batches: Sequence[Batch]) -> bool:
     """Whether the server was serving when `deciding` was printed, shown by the log itself: the
     line is one only a serving scheduler prints (`Prefill out of memory`, the subprocess
@@ -402,6 +416,12 @@ def classify(
     ready = next((e for e in events if e.kind is Kind.READY), None)
     foreign = None if log_only else _foreign_sigterm(events, facts)
     cut = facts.stop_line
+    if log_only:
+        # read after the fact, a logged SIGTERM is the stop: a SIGTERM to the whole process
+        # group (`systemctl stop`, `kill -- -PGID`) also ends each scheduler, and 0.5.23's
+        # subprocess watchdog reports that as a crash (`… crashed with exit code -15`)
+        sigterm = next((e for e in events if e.kind is Kind.SIGTERM_RECEIVED), None)
+        cut = sigterm.line_no if sigterm is not None else None
     if foreign is not None:
         cut = foreign.line_no if cut is None else min(cut, foreign.line_no)
     failures = [
@@ -466,6 +486,10 @@ def _from_failure_lines(
         )
     if deciding.kind in (Kind.WATCHDOG_TIMEOUT, Kind.LOAD_BARRIER):
         return Verdict(Outcome.HANG, str(deciding.kind), evidence)
+    stop = _stop_signal(deciding)
+    if stop:
+        # a scheduler ended by a stop signal it does not handle: someone stopped it
+        return Verdict(Outcome.KILLED, f"signal:{stop}", (evidence + facts.host)[:_MAX_EVIDENCE])
     after_ready = ready is not None and deciding.line_no > ready.line_no
     serving = after_ready or _serving(deciding, events, batches)
     if _host_oom_killed(deciding, events):

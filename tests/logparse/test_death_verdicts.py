@@ -417,6 +417,41 @@ def test_failure_lines_after_a_foreign_sigterm_are_its_noise_but_ooms_are_not() 
     assert verdict.outcome is Outcome.CRASH
 
 
+GROUP_SIGTERM = (
+    MAIN + "SIGTERM received. signum=15 frame=None. Draining requests and shutting down...\n"
+    + MAIN + "Subprocess scheduler_0 (pid=14599) crashed with exit code -15. Triggering SIGQUIT "
+    "for cleanup...\n"
+    + MAIN + "SIGQUIT received. signum=None, frame=None. It usually means one child failed.\n"
+)  # fmt: skip
+"""A SIGTERM to the whole process group (`systemctl stop`, `kill -- -PGID`) on 0.5.23: the
+tokenizer manager logs it, each scheduler dies of it (it has no handler), and the subprocess
+watchdog reports that exit (`utils/watchdog.py`) and sends SIGQUIT."""
+
+
+def test_a_stop_of_the_whole_process_group_read_from_its_log_is_a_stop() -> None:
+    """Read after the fact (`autotune ledger`, `init --from-log`) it was `crash
+    (subprocess_crashed)`, and init set aside a good log."""
+    log = parse_text(READY + DECODE + GROUP_SIGTERM)
+    verdict = classify(log.events, batches=log.batches)
+    assert (verdict.outcome, verdict.cause) == (Outcome.STOPPED, "sigterm")
+    # an OOM while it drains is still the parameters'
+    log = parse_text(READY + DECODE + GROUP_SIGTERM + OOM)
+    assert classify(log.events, batches=log.batches).outcome is Outcome.RUNTIME_OOM
+
+
+def test_a_scheduler_ended_by_a_stop_signal_is_killed_not_a_crash() -> None:
+    """A scheduler SIGTERMed on its own (no `SIGTERM received` from the main process): someone
+    stopped it; a segfault's -11 stays the rank's own crash."""
+    alone = "".join(line + "\n" for line in GROUP_SIGTERM.splitlines()[1:])
+    for facts in (None, RunFacts(exited=True, exit_code=-9)):
+        log = parse_text(READY + DECODE + alone)
+        verdict = classify(log.events, facts, log.batches)
+        assert (verdict.outcome, verdict.cause) == (Outcome.KILLED, "signal:SIGTERM")
+        assert not verdict.outcome.is_parameter_result
+    log = parse_text(READY + DECODE + alone.replace("code -15", "code -11"))
+    assert classify(log.events, batches=log.batches).outcome is Outcome.CRASH
+
+
 def test_the_oom_killer_is_the_host_oom_rule() -> None:
     serving = log_of("v0_5_9_kimi_tp8_eagle3.log")
     facts = RunFacts(
