@@ -5,8 +5,10 @@
   search tries and, where the pool holds a known number of requests at the sketched length,
   cut to the more of the two: clients past both would only queue;
 * prompt lengths: each Prefill line's tokens per new sequence (`#new-token` + `#cached-token`
-  over `#new-seq`). A prompt longer than one prefill chunk shows as several lines, so long
-  prompts read short: the sketch says so when the lengths reach the chunk;
+  over `#new-seq`). SGLang cuts the last prompt of a batch that fills the prefill chunk and
+  goes on with it first in the rank's next batch, where `#new-seq` counts it again
+  (`PrefillAdder`: the cut request stays in `can_run_list`); a line whose new tokens fill the
+  chunk is read with the next one as one run of prompts, one sequence fewer;
 * answer lengths: a Decode line's `#token` over `#running-req` is the mean context of the
   running requests, about prompt + half the answer, so the answer is about twice the difference;
 * the prefix cache's share of prompt tokens says whether the traffic reuses prefixes.
@@ -58,16 +60,34 @@ class Traffic:
     comments: tuple[str, ...]
 
 
-def _prompt_sizes(batches: Sequence[Batch]) -> tuple[list[float], float | None]:
+CHUNK_SLACK = 64
+"""Tokens short of the prefill chunk at which a Prefill line still counts as having filled it:
+a cut is rounded down to a hybrid model's kernel grid (`PrefillAdder.floor_chunked_tokens`)."""
+
+
+def _prompt_sizes(
+    batches: Sequence[Batch], chunk: int | None = None
+) -> tuple[list[float], float | None]:
+    """Each prompt's length as the Prefill lines show it (a run of lines joined by a prompt cut
+    at the chunk counts that prompt once), and the prefix cache's share of prompt tokens."""
     sizes: list[float] = []
     new = cached = 0
+    open_runs: dict[str, tuple[int, int]] = {}  # by rank: (tokens, prompts) of a cut run
     for b in batches:
         if b.phase != "prefill" or not b.new_seq or b.new_tokens is None:
             continue
-        total = b.new_tokens + (b.cached_tokens or 0)
-        sizes += [total / b.new_seq] * b.new_seq
+        tokens, prompts = b.new_tokens + (b.cached_tokens or 0), b.new_seq
         new += b.new_tokens
         cached += b.cached_tokens or 0
+        before = open_runs.pop(b.rank, None)
+        if before is not None:  # its first sequence is the cut prompt going on
+            tokens, prompts = tokens + before[0], prompts + before[1] - 1
+        if chunk and chunk > CHUNK_SLACK and b.new_tokens >= chunk - CHUNK_SLACK:
+            open_runs[b.rank] = (tokens, prompts)
+            continue
+        sizes += [tokens / prompts] * prompts
+    for tokens, prompts in open_runs.values():  # the log ends inside a cut prompt
+        sizes += [tokens / prompts] * prompts
     share = cached / (new + cached) if new + cached else None
     return sizes, share
 
@@ -127,12 +147,12 @@ def _input_lengths(sizes: Sequence[float], chunk: int | None, comments: list[str
     comments.append(
         f"prompts: {len(sizes)} requests in the Prefill lines, {inputs.mean:,} tokens each "
         f"on average ({inputs.low:,} to {inputs.high:,} per line)"
-    )
-    if chunk and chunk > 0 and inputs.high >= 0.9 * chunk:
-        comments.append(
-            f"prompts longer than one prefill chunk ({chunk:,}) span several lines, so the "
-            "real prompts may be longer"
+        + (
+            f"; a prompt cut at the {chunk:,}-token prefill chunk counted once"
+            if chunk
+            else "; the prefill chunk is not in the log, so a prompt cut at it counts twice"
         )
+    )
     return inputs
 
 
@@ -197,7 +217,7 @@ def lengths(
 ) -> tuple[Lengths, Lengths, list[str]]:
     """The prompt and answer lengths the serving lines show (else a generic chat mix), cut to
     the context, and the comments saying where they came from."""
-    sizes, _ = _prompt_sizes(batches)
+    sizes, _ = _prompt_sizes(batches, chunk)
     comments: list[str] = []
     inputs = _input_lengths(sizes, chunk, comments)
     outputs = _output_lengths(_contexts(batches), sizes, inputs, comments)
