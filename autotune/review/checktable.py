@@ -5,7 +5,10 @@ The plan (`night_plan`): the trial's phases as the check timed them (launch, sta
 teardown), the study's workload phases (steady and Poisson phases by their durations, each
 stress phase by the check's own round times its rounds; a warm-up is not timed by the check and
 counts nothing, so the hours are a lower bound by it; with `[workload] end_early` a phase that
-settles ends sooner, so its duration is at most what it takes), the search's expected and worst
+settles ends sooner, so its duration is at most what it takes, and drains nothing; one that
+runs its whole duration then drains its requests in flight, up to `drain_timeout_s`, which the
+plan names and does not count: how long it takes is the answers' length, which the check, with
+its short answers, cannot time), the search's expected and worst
 launches (`search.estimate.launch_estimate`; the check's launch is the first), and the confirm
 soak the winner will need (`review.soak`: its length in trials from what the check measured, the
 default `DEFAULT_SOAK_FACTOR` when it measured no growth) → the expected and the worst hours.
@@ -109,8 +112,11 @@ def plan_rows(cfg: StudyConfig, report: CheckReport) -> list[Row]:
     if plan is None or t is None:
         return [Row("night plan", "not made: the check timed no launch", False, "see above")]
     early = cfg.workload.end_early.enabled
+    drains = {p.name for p in cfg.workload.phases if isinstance(p, Steady | Poisson)}
+    drain = duration(cfg.workload.drain_timeout_s)
     steps = ", ".join(
         f"{name} {('≤ ' if early else '') + duration(s) if s is not None else '? (not timed)'}"
+        + (f" + drain ≤ {drain}" if name in drains else "")
         for name, s in plan.phases
     )
     timeout = cfg.budget.timeout_s
@@ -133,9 +139,14 @@ def plan_rows(cfg: StudyConfig, report: CheckReport) -> list[Row]:
             f"expected {bound}{plan.expected_s / 3600:.1f} h, worst {bound}"
             f"{plan.worst_s / 3600:.1f} h{capped}"
             + (
-                "; phases that settle end sooner ([workload] end_early), so the trials' part is "
-                "at most this"
-                if early
+                f"; each steady or Poisson phase that runs its whole duration then drains the "
+                f"requests still in flight (up to {drain}), which this does not count"
+                if drains
+                else ""
+            )
+            + (
+                "; a phase that settles ends sooner and drains nothing ([workload] end_early)"
+                if early and drains
                 else ""
             ),
         ),

@@ -33,6 +33,9 @@ def test_go_prints_the_plan_and_no_go_one_line_per_reason_with_its_fix() -> None
     assert verdict(good) == 0
     assert text.rstrip().splitlines()[-1].startswith("GO:")
     assert "\nnight " in text and "expected ≥ " in text and "launches" in text
+    # the steady phase's drain after its duration is named, not passed over as if it were none
+    assert "agents ≤ 15m00s + drain ≤ 10m00s" in text
+    assert "drains the requests still in flight (up to 10m00s), which this does not count" in text
     bad = CheckReport(
         rows=[Row("server port", "port 30000 is in use", False, "free it or choose another port")],
         timings=TIMINGS,
