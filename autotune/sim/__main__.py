@@ -35,7 +35,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if release is not None and release.launch_warning:
         sys.stderr.write(LAUNCH_WARNING + "\n")
         sys.stderr.flush()
-    cmd = parse_command_line(args, env=os.environ, default_version=profile.sglang_version)
+    cmd = parse_command_line(
+        args,
+        env=os.environ,
+        default_version=profile.sglang_version,
+        architecture=profile.model.architecture,
+    )
     return SimServer(cmd, profile, os.environ).run()
 
 

@@ -512,17 +512,42 @@ _COMMON_DESTS = {
 }
 
 
+BUNDLED_DRAFT_ARCHITECTURES = frozenset(
+    {
+        "DeepseekV32ForCausalLM",
+        "DeepseekV3ForCausalLM",
+        "DeepseekV4ForCausalLM",
+        "Glm4MoeForCausalLM",
+        "Glm4MoeLiteForCausalLM",
+        "GlmMoeDsaForCausalLM",
+        "BailingMoeForCausalLM",
+        "BailingMoeV2ForCausalLM",
+        "BailingMoeV2_5ForCausalLM",
+        "MistralLarge3ForCausalLM",
+        "PixtralForConditionalGeneration",
+        "HYV3ForCausalLM",
+        "HYV4ForCausalLM",
+        "Qwen4ExpForConditionalGeneration",
+    }
+)
+"""Targets whose checkpoint carries its own draft layers (MTP): with an EAGLE-family algorithm
+and no `--speculative-draft-model-path`, SGLang takes the model path as the draft's
+(0.5.23 `arg_groups/speculative_hook.py`, `_handle_eagle_family`)."""
+
+
 def parse_command_line(
     argv: Sequence[str],
     version: VersionLike | None = None,
     env: Mapping[str, str] | None = None,
     *,
     default_version: VersionLike | None = None,
+    architecture: str | None = None,
 ) -> CommandLine:
     """Parse like SGLang: bad flags print argparse's message and raise SystemExit(2).
 
     The release is `version` if given, else `--sim-version`, else `default_version` (the
-    profile's), else 0.5.9.
+    profile's), else 0.5.9. `architecture` is the served model's (the profile's): an EAGLE-family
+    draft of a target that carries its own draft layers needs no draft path.
     """
     if version is None:
         _, named = preparse(argv)
@@ -539,7 +564,9 @@ def parse_command_line(
     kwargs, noted = _settings_values(values, release)
     algo = kwargs.get("speculative_algorithm")
     if algo and algo not in ("NGRAM", "NEXTN") and not kwargs.get("speculative_draft_model_path"):
-        parser.error("--speculative-draft-model-path is required with --speculative-algorithm")
+        if architecture not in BUNDLED_DRAFT_ARCHITECTURES:
+            parser.error("--speculative-draft-model-path is required with --speculative-algorithm")
+        kwargs["speculative_draft_model_path"] = values["model_path"]
     settings = ServerSettings(**kwargs, noted=noted)
     environ = env if env is not None else {}
     gpu_dir = values["sim_gpu_dir"] or environ.get("AUTOTUNE_SIM_GPU_DIR") or None

@@ -192,3 +192,15 @@ def test_kimi_profile_speaks_059_on_the_operators_gpus() -> None:
     assert prof.sglang_version == "0.5.9"
     assert prof.hardware.gpu_name.startswith("NVIDIA RTX PRO 6000 Blackwell")
     assert prof.hardware.gpu_memory_mib == 97_887
+
+
+def test_a_target_that_carries_its_draft_layers_needs_no_draft_path() -> None:
+    """SGLang's GLM-4.5 recipe (`--speculative-algorithm EAGLE`, no draft path): 0.5.23 takes the
+    model path as the draft's for the architectures whose checkpoint holds the MTP layers; for any
+    other the flag is required, as before."""
+    argv = ["--model-path", "zai-org/GLM-4.5-Air-FP8", "--speculative-algorithm", "EAGLE"]
+    cmd = parse_command_line(argv, version="0.5.23", architecture="Glm4MoeForCausalLM")
+    assert cmd.settings.speculative_draft_model_path == "zai-org/GLM-4.5-Air-FP8"
+    with pytest.raises(SystemExit) as exc:
+        parse_command_line(argv, version="0.5.23", architecture="LlamaForCausalLM")
+    assert exc.value.code == 2
