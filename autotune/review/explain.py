@@ -17,7 +17,9 @@ from collections.abc import Sequence
 
 from autotune.config.schema import FRACTION
 from autotune.config.space import PointKey, point_key, same_value, snap
+from autotune.logparse.semantics import rules
 from autotune.memory.arithmetic import Arithmetic, AtFraction
+from autotune.memory.cell import folds_draft
 from autotune.record.remedy import remedy
 from autotune.record.view import TrialView
 from autotune.review import figures as fig
@@ -26,6 +28,10 @@ from autotune.review.headline import headline
 from autotune.review.source import Review
 
 NEIGHBOURS = 3
+
+CELL_SHARE_BYTES = 16
+"""Bytes per token beyond the target's KV line at which the sizing cell holds something else too
+(a folded draft's KV, a state pool's share): the cell is snapped to 16 bytes."""
 
 
 def explain(review: Review, t: TrialView, *, extra: Sequence[float] = ()) -> str:
@@ -168,10 +174,24 @@ def _pool(a: Arithmetic, t: TrialView) -> list[str]:
     )
     if t.capacity_tokens is not None:
         logged = f"{a.kv_logged_gib:.2f} GiB" if a.kv_logged_gib is not None else "?"
-        out.append(
-            f"  the log says {fig.tokens(t.capacity_tokens)} tokens, KV {logged} (P and A are "
-            "printed with two decimals; the pool has one padding page)"
-        )
+        said = f"  the log says {fig.tokens(t.capacity_tokens)} tokens, KV {logged}"
+        own = a.kv_cell_bytes
+        if own is not None and a.cell_bytes - own >= CELL_SHARE_BYTES:
+            # the cell holds more than the target's KV: a folded draft's or a state pool's share
+            extra = a.cell_bytes - own
+            whose = (
+                "the draft's KV, which 0.5.18+ sizes inside each token's cell"
+                if folds_draft(led, rules(led.semantics))
+                else "the state pool's share of each token"
+            )
+            out.append(
+                f"{said} for the target's own, about {own:,.0f} B/token; the other {extra:,.0f} "
+                f"B/token ({t.capacity_tokens * extra / 2**30:.2f} GiB) is {whose}"
+            )
+        else:
+            out.append(
+                f"{said} (P and A are printed with two decimals; the pool has one padding page)"
+            )
     return out
 
 
@@ -185,7 +205,11 @@ def _reserve(a: Arithmetic, t: TrialView, min_headroom: float | None) -> list[st
         ]
     started = not t.ending.fails_at_startup
     parts = [f"request table {h.request_table:.2f}"]
-    if h.draft:
+    if h.draft and not (h.draft_weights or h.draft_kv):
+        parts.append(
+            f"draft graphs {h.draft_graphs:.2f} (its weights are in A, its KV in the pool)"
+        )
+    elif h.draft:
         parts.append(
             f"draft {h.draft:.2f} (weights {h.draft_weights:.2f}, KV {h.draft_kv:.2f}, "
             f"graphs {h.draft_graphs:.2f})"

@@ -5,15 +5,20 @@ from __future__ import annotations
 import json
 import shlex
 
+import optuna
 import pytest
 
 from autotune.config.schema import StudyConfig
+from autotune.config.space import settings_for
 from autotune.errors import UsageError
 from autotune.review.explain import explain
 from autotune.review.export import build_export, round_trip
 from autotune.review.exportformats import render
 from autotune.review.source import Review, build_review
+from autotune.sim.profiles import load_profile
+from autotune.testing.oracle import bench_for, run_trial
 from tests.review.fakes import trial, walk
+from tests.review.test_soak import UNSEEN
 
 KEY = "sk-very-secret-0123"
 
@@ -162,3 +167,23 @@ def test_a_passed_confirmation_labels_the_winner_confirmed(cfg: StudyConfig) -> 
     failed = {**ok, "passed": False, "reason": "runtime_oom"}
     assert _review(cfg, confirmation=failed).confirmed is False
     assert "FAILED" in _review(cfg, confirmation=failed).confirmed_label()
+
+
+def test_explain_names_a_folded_draft_s_share_of_the_pool() -> None:
+    """GLM-4.5-Air with its MTP layer as an EAGLE draft on 0.5.23 (a box no rule was tuned on):
+    the pool is sized with the draft's KV inside each token's cell, so the log's KV line (the
+    target's layers) is short of the budget by the draft's share; it was put down to rounding,
+    and the reserve listed the draft's weights and KV as 0.00."""
+    bench = bench_for(load_profile(str(UNSEEN / "glm-4.5-air-fp8-tp2-h100-mtp.toml")))
+    study = optuna.create_study(directions=["maximize", "maximize"])
+    study.enqueue_trial(
+        {"mem_fraction_static": 0.88, "max_running_requests": 48, "hicache_size": 0}
+    )
+    asked = study.ask()
+    settings_for(asked, bench.search)
+    run_trial(study, bench, asked, 1)
+    review = build_review("t", "sqlite:///x.db", study.trials, cfg=None, study_attrs={})
+    text = explain(review, review.trial(0))
+    assert "the draft's KV, which 0.5.18+ sizes inside each token's cell" in text
+    assert "padding page" not in text
+    assert "draft graphs 0.09 (its weights are in A, its KV in the pool)" in text
