@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +18,7 @@ from pathlib import Path
 from autotune.config.schema import BACKENDS, SAMPLERS, StudyConfig
 from autotune.config.studyfile import SHIPPED_STUDIES, find_study_file, load_study
 from autotune.errors import UsageError
+from autotune.masking import redact
 from autotune.review.source import Review, Source, open_source, review_of
 from autotune.review.winner import DEFAULT_TOLERANCE, Margin, parse_margin, parse_tolerance
 from autotune.study.runner import study_lock
@@ -275,7 +277,19 @@ def locate(args: argparse.Namespace, *, need_config: bool = False) -> Source:
         url = storage_url(args, cfg, folder)
     else:
         url = str(args.storage or default_storage_url(folder))
-    return open_source(name, url, folder, cfg)
+    return open_source(name, url, folder, cfg, addressed(args, name))
+
+
+def addressed(args: argparse.Namespace, name: str) -> str:
+    """The arguments that name the study as the operator named it (`--config PATH`, a
+    `--results-dir` other than the default, `--storage` with its password masked), for the
+    commands autotune tells them to run next; `--study NAME` alone where that is all it took."""
+    parts = ["--config", str(args.config)] if args.config is not None else ["--study", name]
+    if Path(args.results_dir) != Path("results"):
+        parts += ["--results-dir", str(args.results_dir)]
+    if args.storage:
+        parts += ["--storage", redact(str(args.storage))]
+    return shlex.join(parts)
 
 
 def winner_rule(args: argparse.Namespace) -> tuple[float, Margin]:

@@ -9,7 +9,13 @@ from pathlib import Path
 
 import optuna
 
-from autotune.cli.common import add_study_command, resolve_config, storage_url, study_dir
+from autotune.cli.common import (
+    add_study_command,
+    addressed,
+    resolve_config,
+    storage_url,
+    study_dir,
+)
 from autotune.config.schema import StudyConfig
 from autotune.errors import UsageError
 from autotune.masking import redact
@@ -72,6 +78,7 @@ def _locate(args: argparse.Namespace) -> tuple[str, str]:
     url = storage_url(args, cfg, folder)
     if url == default_storage_url(folder) and not (folder / STUDY_DB).is_file():
         raise UsageError(
-            f"study {cfg.name} has no results in {folder}; run `autotune run --study {cfg.name}`"
+            f"study {cfg.name} has no results in {folder}; run "
+            f"`autotune run {addressed(args, cfg.name)}`"
         )
     return cfg.name, url

@@ -48,6 +48,9 @@ class Source:
     study: optuna.Study
     cfg: StudyConfig | None
     folder: Path
+    addressed: str = ""
+    """The arguments that named the study on the command line (`--study NAME`, or `--config PATH`
+    with `--results-dir`, `--storage`), for the commands the review tells the operator to run."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,14 @@ class Review:
     space: Space | None = None
     """The search space (the study file's, else the one the trials were stored with): a
     point's identity (`config.space.point_key`) and the fraction's step."""
+    addressed: str = ""
+    """The arguments that name the study in a command the review suggests (`Source.addressed`;
+    `--study NAME` when empty)."""
+
+    @property
+    def study_args(self) -> str:
+        """`--study NAME`, or the arguments the operator named the study with."""
+        return self.addressed or f"--study {self.name}"
 
     @property
     def baseline_trial(self) -> TrialView | None:
@@ -120,7 +131,7 @@ class Review:
         """How the exported setting (or `params`) fared in a soak, in words."""
         c = self.confirmation if params is None else self.confirmation_of(params)
         if c is None:
-            return f"UNCONFIRMED (run `autotune confirm --study {self.name}`)"
+            return f"UNCONFIRMED (run `autotune confirm {self.study_args}`)"
         worst = f"; {c.worst_line()}" if c.cases else ""
         if c.passed:
             cases = f" and {len(c.cases)} worst cases" if c.cases else ""
@@ -138,13 +149,17 @@ class Review:
         raise UsageError(f"--trial {number}: study {self.name} has no such trial (trials {span})")
 
 
-def open_source(name: str, url: str, folder: Path, cfg: StudyConfig | None) -> Source:
-    """The study `name` in the storage at `url`; a clear error when it has no results yet."""
+def open_source(
+    name: str, url: str, folder: Path, cfg: StudyConfig | None, addressed: str = ""
+) -> Source:
+    """The study `name` in the storage at `url`; a clear error when it has no results yet.
+    `addressed`: the arguments that named it (`Source.addressed`)."""
     if url == default_storage_url(folder) and not (folder / STUDY_DB).is_file():
-        raise UsageError(f"study {name} has no results in {folder}; run `autotune run --study "
-                         f"{name}` first or pass --results-dir")  # fmt: skip
+        run = f"autotune run {addressed or '--study ' + name}"
+        raise UsageError(f"study {name} has no results in {folder}; run `{run}` first or pass "
+                         "--results-dir")  # fmt: skip
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return Source(name, url, load_existing(name, url), cfg, folder)
+    return Source(name, url, load_existing(name, url), cfg, folder, addressed)
 
 
 def build_review(
@@ -156,6 +171,7 @@ def build_review(
     study_attrs: StudyRecord | Mapping[str, object],
     tolerance: float = DEFAULT_TOLERANCE,
     margin: Margin | None = None,
+    addressed: str = "",
 ) -> Review:
     """Read the trials and choose the winner (pure). `study_attrs`: the study's record
     (`record.stored.study_record`), or its attributes as stored."""
@@ -197,6 +213,7 @@ def build_review(
         baseline=baseline_of(held, cfg),
         search_end=search_end(held, trials),
         space=space,
+        addressed=addressed,
     )
 
 
@@ -207,7 +224,8 @@ def review_of(
     trials = source.study.get_trials(deepcopy=False)
     if not any(t.state != TrialState.WAITING for t in trials):
         raise UsageError(
-            f"study {source.name} has no trials yet; run `autotune run --study {source.name}`"
+            f"study {source.name} has no trials yet; run "
+            f"`autotune run {source.addressed or '--study ' + source.name}`"
         )
     return build_review(
         source.name,
@@ -217,6 +235,7 @@ def review_of(
         study_attrs=study_record(source.study),
         tolerance=tolerance,
         margin=margin,
+        addressed=source.addressed,
     )
 
 
