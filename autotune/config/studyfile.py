@@ -72,7 +72,11 @@ def is_env_name(name: str) -> bool:
 def check_study_name(study: str) -> str:
     """A study name doubles as a folder name: letters, digits, '-', '_' and inner dots only."""
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", study) or ".." in study:
-        raise UsageError(f"--study {study!r}: use letters, digits, '-', '_' and '.' only")
+        file = "/" in study or study.endswith(".toml")
+        raise UsageError(
+            f"--study {study!r}: use letters, digits, '-', '_' and '.' only"
+            + ("; for a study file, pass --config PATH" if file else "")
+        )
     return study
 
 

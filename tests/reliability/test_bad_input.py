@@ -214,3 +214,12 @@ def test_the_study_file_itself_missing(world: World, capsys: pytest.CaptureFixtu
     assert main(["run", "--config", str(world.folder / "none.toml")]) == 2
     assert "none.toml" in one_line(capsys.readouterr().err)
     assert not Path(world.folder / "results").exists()
+
+
+def test_a_study_file_given_as_a_name_points_at_config(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["check", "--study", str(world.folder / "glm.toml"), "--backend", "sim"]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert "glm.toml" in line and "pass --config PATH" in line, line
+    assert not Path(world.folder / "results").exists()
