@@ -48,6 +48,10 @@ SEEDS = "seeds"
 CHECK = "check"
 """A study attribute: what `autotune check` measured of its one launch, for the night's ETA:
 `{"trial": N or None, "launch_s": …, "startup_s": …, "teardown_s": …, "log_bytes": …}`."""
+SHORT_LOAD = "short_load"
+"""A trial attribute: the trial ran `autotune check`'s short load (a few seconds of short answers
+and one stress round), so its throughput and growth are not the study workload's; its pool,
+ledger and stress peak are (`record.stored`)."""
 CONFIRMATION = "confirmation"
 """A study attribute: the latest verdict of `autotune confirm`."""
 CONFIRMATIONS = "confirmations"

@@ -115,6 +115,7 @@ def stored(t: FrozenTrial) -> Stored:
     recorded = rec.get("params")
     done = a.get(keys.SEARCH_STOP)
     rule = a.get(keys.SEARCH_RULE)
+    short = bool(a.get(keys.SHORT_LOAD))  # the check's short load: not the workload's figures
     return Stored(
         outcome=_text(a.get(keys.OUTCOME)),
         reason=_text(a.get(keys.REASON)),
@@ -125,10 +126,12 @@ def stored(t: FrozenTrial) -> Stored:
         ledger=Ledger.from_dict(led) if isinstance(led, Mapping) else Ledger(),
         evidence=tuple(str(e) for e in rec.get("evidence", ()) or ()),
         capacity_tokens=_num(a.get(keys.CAPACITY, rec.get("capacity_tokens"))),
-        throughput_tok_s=_num(a.get(keys.THROUGHPUT, rec.get("throughput_tok_s"))),
+        throughput_tok_s=None
+        if short
+        else _num(a.get(keys.THROUGHPUT, rec.get("throughput_tok_s"))),
         headroom_gib=_num(a.get(keys.HEADROOM, rec.get("headroom_gib"))),
         stress_peak_gib=_num(rec.get("stress_peak_gib", a.get(keys.STRESS_PEAK))),
-        growth_gib=_num(rec.get(keys.GROWTH)),
+        growth_gib=None if short else _num(rec.get(keys.GROWTH)),
         error_rate=_num(rec.get("error_rate")),
         p99_ttft_ms=_num(rec.get("p99_ttft_ms")),
         p99_itl_ms=_num(rec.get("p99_itl_ms")),

@@ -212,6 +212,7 @@ def run_check(
     _queue_baseline(study, cfg)
     trial = study.ask()
     trial.set_user_attr(keys.WORKER, current_worker(worker_gpus(cfg)).to_dict())
+    trial.set_user_attr(keys.SHORT_LOAD, True)
     settings = settings_for(trial, cfg.search)
     where = claim(folder, trial.number)
     plan = plan_trial(

@@ -18,6 +18,7 @@ import pytest
 
 from autotune.config.studyfile import load_study
 from autotune.record.stored import study_record
+from autotune.record.view import view
 from autotune.review.checktable import check_text
 from autotune.server.gpu import GiB
 from autotune.server.hostmem import HostBound
@@ -216,6 +217,12 @@ def test_run_after_check_does_not_launch_the_baseline_again_and_times_its_eta_by
     assert len(trials) == 2
     baseline = trials[0].params
     assert [t.number for t in trials if t.params == baseline] == [0]
+    # the check's short load gave the baseline its pool, ledger and stress peak, but not a
+    # throughput or a growth of the study's workload: the search and the review leave them out
+    checked, night = (view(t) for t in trials)
+    assert checked.capacity_tokens and checked.stress_peak_gib is not None
+    assert checked.throughput_tok_s is None and checked.growth_gib is None
+    assert night.throughput_tok_s
     assert "trial 1/2" not in ran.stdout  # the check's launch counts: the run starts at 2/2
     started = re.search(r"trial 2/2 \(#1\) startup \S+ \(expected (\S+)\)", ran.stdout)
     assert started is not None, ran.stdout
