@@ -244,7 +244,14 @@ class SoakPlan:
         elif w is not None and w.measured and not w.uncovered:
             rise += f", set by the soak: the worst case {w.case} rose {w.case_rise_gib:.2f} GiB"
         parts.append(rise)
-        if self.measured is not None:
+        if self.measured is not None and self.measured[1] >= self.need_gib - 1e-9:
+            number, kept = self.measured
+            parts.append(
+                f"trial {number} ran the point it lands on and kept {kept:.2f} GiB, the "
+                f"{self.need_gib:.2f} GiB needed: its measurement stands for the arithmetic's "
+                "forecast"
+            )
+        elif self.measured is not None:
             number, kept = self.measured
             parts.append(
                 f"trial {number} ran a point fewer steps back and kept {kept:.2f} GiB of the "
@@ -360,6 +367,11 @@ def soak_plan(
         steps = max(steps, worst.confirmed_steps + 1)
     need = soak_need_gib(required_gib, growth, factor, rise)
     steps, measured = _measured_steps(held, params, steps, need, per_step, step, space)
+    if worst is None or not worst.failed:
+        steps, measured = _fewer_steps(trials, params, steps, need, step, space) or (
+            steps,
+            measured,
+        )
     return SoakPlan(
         factor, steps, growth, rise, head, required_gib, need, per_step, found, measured
     )
@@ -393,12 +405,45 @@ def _measured_steps(
     return steps, measured
 
 
+def _fewer_steps(
+    trials: Sequence[TrialView],
+    params: Mapping[str, Scalar],
+    steps: int,
+    need: float,
+    step: float,
+    space: Space | None,
+) -> tuple[int, tuple[int, float]] | None:
+    """Fewer steps back, where every trial that ran a point fewer steps back held and kept the
+    soak's need: the arithmetic's step is a forecast from the chosen trial's headroom (a thin
+    one, often), and a trial at the point is a measurement. The fewest such steps, with the last
+    of those trials and the least it kept; None where no point fewer steps back ran so."""
+    f0 = params.get(FRACTION)
+    if not isinstance(f0, float):
+        return None
+    for k in range(1, steps):
+        there = _held_at(trials, {**params, FRACTION: snap(f0 - k * step, step)}, space, True)
+        heads = [_headroom(t) for t in there]
+        if there and all(t.feasible for t in there) and None not in heads:
+            kept = min(h for h in heads if h is not None)
+            if kept >= need - 1e-9:
+                return k, (max(t.number for t in there), kept)
+    return None
+
+
 def _held_at(
-    held: Sequence[TrialView], params: Mapping[str, Scalar], space: Space | None
+    held: Sequence[TrialView],
+    params: Mapping[str, Scalar],
+    space: Space | None,
+    finished: bool = False,
 ) -> list[TrialView]:
-    """The trials of `held` that ran the point `params` of `space`."""
+    """The trials of `held` that ran the point `params` of `space` (with `finished`, the ones
+    stored as the parameters' result, COMPLETE: feasible or not)."""
     key = point_key(params, space)
-    return [t for t in held if point_key(t.params, space) == key]
+    return [
+        t
+        for t in held
+        if point_key(t.params, space) == key and (not finished or t.state == "complete")
+    ]
 
 
 def _headroom(t: TrialView) -> float | None:

@@ -211,3 +211,22 @@ def test_a_trial_at_the_backed_off_point_that_kept_less_than_the_soak_needs_back
     assert w is not None and w.soak is not None and w.soak.measured == (1, pytest.approx(kept))
     assert w.soak.need_gib > kept and w.steps_back == k + 1 and w.predicted
     assert f"trial 1 ran a point fewer steps back and kept {kept:.2f} GiB" in w.describe()
+
+
+def test_a_trial_fewer_steps_back_that_kept_the_soak_s_need_stands_for_the_forecast() -> None:
+    """The chosen setting held thin, so the arithmetic's forecast backs off several steps; a
+    trial that ran a point fewer steps back and kept what the soak needs is a measurement, and
+    the export stops there (the demo: 0.91 kept 0.01 GiB, 0.90 kept 1.14 GiB of the 0.97 GiB
+    needed, and the export went to 0.89). Not where a trial there failed."""
+    ran = [trial(0, 0.91, least_free=0.55), trial(2, 0.86, peak=2.0), trial(3, 0.86, peak=3.2)]
+    alone = choose(views(ran), fraction_step=0.01)
+    assert alone is not None and alone.soak is not None and alone.steps_back >= 2
+    need = alone.soak.need_gib
+    held = trial(1, 0.90, least_free=need + 0.05)
+    w = choose(views([*ran, held]), fraction_step=0.01)
+    assert w is not None and w.soak is not None and w.steps_back == 1 and w.trial == 1
+    assert w.soak.measured == (1, pytest.approx(need + 0.05))
+    assert "trial 1 ran the point it lands on and kept" in w.describe()
+    failed = trial(4, 0.90, outcome="runtime_oom")
+    w = choose(views([*ran, held, failed]), fraction_step=0.01)
+    assert w is not None and w.steps_back == alone.steps_back
