@@ -414,16 +414,15 @@ def classify(
     log_only = facts is None
     facts = facts or RunFacts()
     ready = next((e for e in events if e.kind is Kind.READY), None)
-    foreign = None if log_only else _foreign_sigterm(events, facts)
+    sigterm = _foreign_sigterm(events, facts)
+    # Live, a SIGTERM autotune did not send is a death from outside. Read after the fact, a
+    # logged SIGTERM is the stop: a SIGTERM to the whole process group (`systemctl stop`,
+    # `kill -- -PGID`) also ends each scheduler, and 0.5.23's subprocess watchdog reports that
+    # as a crash (`… crashed with exit code -15`). Either way the lines after it are its noise.
+    foreign = None if log_only else sigterm
     cut = facts.stop_line
-    if log_only:
-        # read after the fact, a logged SIGTERM is the stop: a SIGTERM to the whole process
-        # group (`systemctl stop`, `kill -- -PGID`) also ends each scheduler, and 0.5.23's
-        # subprocess watchdog reports that as a crash (`… crashed with exit code -15`)
-        sigterm = next((e for e in events if e.kind is Kind.SIGTERM_RECEIVED), None)
-        cut = sigterm.line_no if sigterm is not None else None
-    if foreign is not None:
-        cut = foreign.line_no if cut is None else min(cut, foreign.line_no)
+    if sigterm is not None:
+        cut = sigterm.line_no if cut is None else min(cut, sigterm.line_no)
     failures = [
         e
         for e in events

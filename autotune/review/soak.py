@@ -421,7 +421,8 @@ def _fewer_steps(
     if not isinstance(f0, float):
         return None
     for k in range(1, steps):
-        there = _held_at(trials, {**params, FRACTION: snap(f0 - k * step, step)}, space, True)
+        point = {**params, FRACTION: snap(f0 - k * step, step)}
+        there = [t for t in _held_at(trials, point, space) if t.state == "complete"]
         heads = [_headroom(t) for t in there]
         if there and all(t.feasible for t in there) and None not in heads:
             kept = min(h for h in heads if h is not None)
@@ -431,19 +432,11 @@ def _fewer_steps(
 
 
 def _held_at(
-    held: Sequence[TrialView],
-    params: Mapping[str, Scalar],
-    space: Space | None,
-    finished: bool = False,
+    held: Sequence[TrialView], params: Mapping[str, Scalar], space: Space | None
 ) -> list[TrialView]:
-    """The trials of `held` that ran the point `params` of `space` (with `finished`, the ones
-    stored as the parameters' result, COMPLETE: feasible or not)."""
+    """The trials of `held` that ran the point `params` of `space`."""
     key = point_key(params, space)
-    return [
-        t
-        for t in held
-        if point_key(t.params, space) == key and (not finished or t.state == "complete")
-    ]
+    return [t for t in held if point_key(t.params, space) == key]
 
 
 def _headroom(t: TrialView) -> float | None:

@@ -84,7 +84,7 @@ class Review:
     @property
     def study_args(self) -> str:
         """`--study NAME`, or the arguments the operator named the study with."""
-        return self.addressed or f"--study {self.name}"
+        return study_args(self.name, self.addressed)
 
     @property
     def baseline_trial(self) -> TrialView | None:
@@ -149,15 +149,20 @@ class Review:
         raise UsageError(f"--trial {number}: study {self.name} has no such trial (trials {span})")
 
 
+def study_args(name: str, addressed: str = "") -> str:
+    """The arguments a suggested command names the study `name` with: as the operator named it
+    (`addressed`), else `--study NAME`."""
+    return addressed or f"--study {name}"
+
+
 def open_source(
     name: str, url: str, folder: Path, cfg: StudyConfig | None, addressed: str = ""
 ) -> Source:
     """The study `name` in the storage at `url`; a clear error when it has no results yet.
     `addressed`: the arguments that named it (`Source.addressed`)."""
     if url == default_storage_url(folder) and not (folder / STUDY_DB).is_file():
-        run = f"autotune run {addressed or '--study ' + name}"
-        raise UsageError(f"study {name} has no results in {folder}; run `{run}` first or pass "
-                         "--results-dir")  # fmt: skip
+        raise UsageError(f"study {name} has no results in {folder}; run `autotune run "
+                         f"{study_args(name, addressed)}` first or pass --results-dir")  # fmt: skip
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return Source(name, url, load_existing(name, url), cfg, folder, addressed)
 
@@ -225,7 +230,7 @@ def review_of(
     if not any(t.state != TrialState.WAITING for t in trials):
         raise UsageError(
             f"study {source.name} has no trials yet; run "
-            f"`autotune run {source.addressed or '--study ' + source.name}`"
+            f"`autotune run {study_args(source.name, source.addressed)}`"
         )
     return build_review(
         source.name,
