@@ -7,8 +7,8 @@
 * prompt lengths: each Prefill line's tokens per new sequence (`#new-token` + `#cached-token`
   over `#new-seq`). SGLang cuts the last prompt of a batch that fills the prefill chunk and
   goes on with it first in the rank's next batch, where `#new-seq` counts it again
-  (`PrefillAdder`: the cut request stays in `can_run_list`); a line whose new tokens fill the
-  chunk is read with the next one as one run of prompts, one sequence fewer;
+  (`PrefillAdder`: the cut request stays in `can_run_list`); after a line whose new tokens fill
+  the chunk, the next line's first sequence is the same prompt, counted once;
 * answer lengths: a Decode line's `#token` over `#running-req` is the mean context of the
   running requests, about prompt + half the answer, so the answer is about twice the difference;
 * the prefix cache's share of prompt tokens says whether the traffic reuses prefixes.
@@ -68,26 +68,23 @@ a cut is rounded down to a hybrid model's kernel grid (`PrefillAdder.floor_chunk
 def _prompt_sizes(
     batches: Sequence[Batch], chunk: int | None = None
 ) -> tuple[list[float], float | None]:
-    """Each prompt's length as the Prefill lines show it (a run of lines joined by a prompt cut
-    at the chunk counts that prompt once), and the prefix cache's share of prompt tokens."""
+    """Each prompt's length as the Prefill lines show it, a line's tokens shared among its
+    sequences; a prompt cut at the chunk is one prompt of its pieces' shares (its lines keep
+    their own spread), and the prefix cache's share of prompt tokens."""
     sizes: list[float] = []
     new = cached = 0
-    open_runs: dict[str, tuple[int, int]] = {}  # by rank: (tokens, prompts) of a cut run
+    cut: dict[str, float] = {}  # by rank: the share so far of a prompt cut at the chunk
     for b in batches:
         if b.phase != "prefill" or not b.new_seq or b.new_tokens is None:
             continue
-        tokens, prompts = b.new_tokens + (b.cached_tokens or 0), b.new_seq
+        line = [(b.new_tokens + (b.cached_tokens or 0)) / b.new_seq] * b.new_seq
         new += b.new_tokens
         cached += b.cached_tokens or 0
-        before = open_runs.pop(b.rank, None)
-        if before is not None:  # its first sequence is the cut prompt going on
-            tokens, prompts = tokens + before[0], prompts + before[1] - 1
+        line[0] += cut.pop(b.rank, 0.0)  # its first sequence: the cut prompt going on
         if chunk and chunk > CHUNK_SLACK and b.new_tokens >= chunk - CHUNK_SLACK:
-            open_runs[b.rank] = (tokens, prompts)
-            continue
-        sizes += [tokens / prompts] * prompts
-    for tokens, prompts in open_runs.values():  # the log ends inside a cut prompt
-        sizes += [tokens / prompts] * prompts
+            cut[b.rank] = line.pop()  # its last prompt goes on in the rank's next line
+        sizes += line
+    sizes += cut.values()  # the log ends inside a cut prompt
     share = cached / (new + cached) if new + cached else None
     return sizes, share
 

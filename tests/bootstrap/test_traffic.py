@@ -31,9 +31,20 @@ def test_a_prompt_cut_at_the_chunk_is_one_prompt() -> None:
     """Counted once per line it spans, the eight read as nine of 1,334 tokens, and the answers
     as 762 (twice the context over a prompt read short)."""
     inputs, outputs, comments = lengths(EIGHT, chunk=8192, context_len=131072)
-    assert inputs.mean == 1501 and inputs.low == inputs.high == 1501
+    assert inputs.mean == 1501
     assert 380 <= outputs.mean <= 420
     assert any("8 requests" in c and "counted once" in c for c in comments)
+
+
+def test_prompts_of_many_lengths_keep_their_spread_across_a_cut() -> None:
+    """Sixteen prompts of 300 to 900 tokens in one burst: fourteen and the start of the fifteenth
+    fill the 8,192-token chunk, the rest of it and the last come next. Read as one run of equal
+    shares they came out as a fixed length."""
+    burst = [_prefill(1, 15, 8192), _prefill(2, 2, 1408)]
+    inputs, _, comments = lengths(burst, chunk=8192, context_len=131072)
+    assert inputs.mean == 600 and inputs.std > 0 and inputs.low < inputs.high
+    assert 'dist = "lognormal"' in inputs.toml()
+    assert any("16 requests" in c for c in comments)
 
 
 def test_the_cut_is_followed_on_its_own_rank() -> None:
