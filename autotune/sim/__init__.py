@@ -2,8 +2,8 @@
 
 It imports nothing from the rest of autotune and speaks one of several SGLang releases
 (`--sim-version`, else the profile's `sglang_version`). The pure side: `versions` (the releases
-and their rules, as data), `flagspec` and `flagtable_*` (each release's parser as data, written
-by `flagdump` from SGLang's own), `flags` (the parser built from them), `profiles`
+and their rules, as data), `flagspec` and `flagtables/*.json` (each release's parser as data,
+written by `flagdump` from SGLang's own), `flags` (the parser built from them), `profiles`
 (hardware/model profiles), `sizing` (SGLang's per-quantity startup formulas), `planbase` (the
 sizes a launch settles before its first stage), `memplan` (the startup memory plan in the
 release's order), `startupplan` (the plan it returns, as data), `runtime` (forward peaks, the

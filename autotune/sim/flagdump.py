@@ -1,9 +1,8 @@
-"""Write a flag table (`flagtable_X_Y_Z.py`) from a real SGLang's own parser.
+"""Write a flag table (`flagtables/X.Y.Z.json`) from a real SGLang's own parser.
 
 Run it with the Python that has that SGLang installed (it imports nothing of autotune):
 
-    /path/to/sglang-venv/bin/python autotune/sim/flagdump.py > autotune/sim/flagtable_0_5_23.py
-    .venv/bin/ruff format autotune/sim/flagtable_0_5_23.py
+    /path/to/sglang-venv/bin/python autotune/sim/flagdump.py > autotune/sim/flagtables/0.5.23.json
 
 `--stub-torchvision` installs an empty `torchvision` package first, for a CPU-only venv where
 no torchvision matches torch (SGLang's VLM configs import it; the parser does not use it).
@@ -22,6 +21,7 @@ import dataclasses
 import importlib.abc
 import importlib.machinery
 import importlib.metadata
+import json
 import sys
 import types
 from typing import Any
@@ -108,42 +108,46 @@ ACTIONS = {
 }
 
 
+_FLAG_DEFAULTS = {"action": "store", "type": None, "nargs": None, "choices": None}
+
+
 def flag_entry(action: argparse.Action) -> str:
-    """One argparse action as its flag table line, `Flag(options, dest, …)`: only what differs from
-    a plain store is written, set choices sorted (SGLang's order would be the hash order)."""
+    """One argparse action as its flag table line, a JSON object of the `Flag` fields: only what
+    differs from a plain store is written, set choices sorted (SGLang's order would be the hash
+    order)."""
     kind = ACTIONS.get(type(action).__name__)
     if kind is None:
         raise SystemExit(f"flagdump: unknown action {type(action).__name__} for {action.dest}")
-    parts = [repr(tuple(action.option_strings)), repr(action.dest)]
-    if kind != "store":
-        parts.append(f"action={kind!r}")
+    entry: dict[str, Any] = {"names": list(action.option_strings), "dest": action.dest}
+    entry["action"] = kind
     if action.type is not None:
-        parts.append(f"type={getattr(action.type, '__name__', repr(action.type))!r}")
-    if action.nargs is not None:
-        parts.append(f"nargs={action.nargs!r}")
+        entry["type"] = getattr(action.type, "__name__", repr(action.type))
+    entry["nargs"] = action.nargs
     if action.choices is not None:
         choices = [plain(c) for c in action.choices]
         if isinstance(action.choices, set | frozenset):  # SGLang's order is the hash order
             choices.sort(key=repr)
-        parts.append(f"choices={tuple(choices)!r}")
+        entry["choices"] = choices
+    entry = {k: v for k, v in entry.items() if _FLAG_DEFAULTS.get(k, ...) != v}
     default = plain(action.default)
     if default is not None:
-        parts.append(f"default={default!r}")
+        entry["default"] = default
     const = getattr(action, "const_value", None) if kind == "deprecated_const" else action.const
     if const is not None and kind not in ("store_true", "store_false", "deprecated_true"):
-        parts.append(f"const={plain(const)!r}")
+        entry["const"] = plain(const)
     new_flag = getattr(action, "new_flag", None)
     if new_flag:
-        parts.append(f"new_flag={new_flag!r}")
+        entry["new_flag"] = new_flag
     error = getattr(action, "error_message", None)
     if error:
-        parts.append(f"error_message={error!r}")
-    return f"    Flag({', '.join(parts)}),"
+        entry["error_message"] = error
+    return json.dumps(entry, ensure_ascii=False)
 
 
 def main() -> int:
-    """Print the flag table module of the SGLang installed in this Python: every action of
-    `ServerArgs.add_cli_args` and the fields of `ServerArgs` with their raw defaults."""
+    """Print the flag table of the SGLang installed in this Python as JSON, a flag or field a
+    line: every action of `ServerArgs.add_cli_args`, the fields of `ServerArgs` with their raw
+    defaults."""
     if "--stub-torchvision" in sys.argv[1:]:
         stub_torchvision()
     from sglang.srt.server_args import ServerArgs, prepare_server_args
@@ -158,26 +162,17 @@ def main() -> int:
     except Exception:  # an older release resolves at construction and needs an accelerator
         fields = [(name, plain(value)) for name, value in field_defaults(ServerArgs)]
     fields = [(name, None if name == "model_path" else value) for name, value in fields]
+    rows = ",\n".join(json.dumps([name, value], ensure_ascii=False) for name, value in fields)
     out = [
-        f'"""SGLang {version}\'s launch_server flags and ServerArgs fields, from its own parser.',
-        "",
-        "Written by `autotune/sim/flagdump.py`; regenerate it rather than editing it.",
-        '"""',
-        "",
-        "# ruff: noqa: E501",
-        "# fmt: off",
-        "from autotune.sim.flagspec import Flag",
-        "",
-        f"VERSION = {version!r}",
-        "",
-        "FLAGS: tuple[Flag, ...] = (",
-        *(flag_entry(a) for a in actions),
-        ")",
-        "",
-        "FIELDS: tuple[tuple[str, object], ...] = (",
-        *(f"    ({name!r}, {value!r})," for name, value in fields),
-        ")",
-        "# fmt: on",
+        "{",
+        f'"version": {json.dumps(version)},',
+        '"flags": [',
+        ",\n".join(flag_entry(a) for a in actions),
+        "],",
+        '"fields": [',
+        rows,
+        "]",
+        "}",
         "",
     ]
     sys.stdout.write("\n".join(out))

@@ -1,14 +1,18 @@
 """One SGLang command-line flag as data: what `ServerArgs.add_cli_args` declares for it.
 
-The tables `flagtable_*.py` (one per SGLang version the simulator speaks) are lists of these,
-written by `flagdump.py` from the real parser of that version; `flags.py` builds an argparse
-parser from a table that behaves like SGLang's (same option strings in the same order, value
-types, nargs, choices, defaults), so abbreviations, ambiguities and bad values are argparse's own.
+The tables `flagtables/<release>.json` (one per SGLang version the simulator speaks) hold these
+and ServerArgs' fields, written by `flagdump.py` from the real parser of that version;
+`flags.py` builds an argparse parser from a table that behaves like SGLang's (same option
+strings in the same order, value types, nargs, choices, defaults), so abbreviations, ambiguities
+and bad values are argparse's own.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from functools import cache
+from importlib import resources
 
 
 @dataclass(frozen=True)
@@ -42,3 +46,30 @@ class Flag:
     def is_bool(self) -> bool:
         """A flag that takes no value."""
         return self.nargs == 0 or self.action in ("store_true", "store_false", "bool_optional")
+
+
+@dataclass(frozen=True)
+class ReleaseTable:
+    """One release's parser as data: its flags in SGLang's order and ServerArgs' fields in
+    declaration order with their raw defaults (what `server_args=` and `/server_info` list)."""
+
+    version: str
+    flags: tuple[Flag, ...]
+    fields: tuple[tuple[str, object], ...]
+
+
+@cache
+def release_table(version: str) -> ReleaseTable:
+    """Read `flagtables/<version>.json`, shipped with the package. JSON has no tuples: option
+    strings and choices come back as tuples, defaults as written (SGLang's list defaults stay
+    lists)."""
+    text = resources.files("autotune.sim").joinpath(f"flagtables/{version}.json").read_text()
+    data = json.loads(text)
+    flags = []
+    for entry in data["flags"]:
+        entry["names"] = tuple(entry["names"])
+        if entry.get("choices") is not None:
+            entry["choices"] = tuple(entry["choices"])
+        flags.append(Flag(**entry))
+    fields = tuple((name, value) for name, value in data["fields"])
+    return ReleaseTable(version=data["version"], flags=tuple(flags), fields=fields)

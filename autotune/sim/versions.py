@@ -1,7 +1,7 @@
 """The SGLang releases the simulator speaks, as data: one `SglangVersion` per release.
 
-Each entry names its flag table (`flagtable_*.py`, written from that release's own parser) and
-says, rule by rule, how the release differs where the simulator models it: the GPU-class
+Each entry's flag table is `flagtables/<release>.json`, written from that release's own parser;
+the entry says, rule by rule, how the release differs where the simulator models it: the GPU-class
 defaults and the automatic `--mem-fraction-static`, the memory order (draft weights before or
 after the KV profile, the draft folded into the per-token cell), the request table's padding
 row, prefill CUDA graphs, post-capture KV sizing, the HiCache host-RAM rules, the death paths,
@@ -13,13 +13,11 @@ entry here, and where its log text changed, a `loglines.Lines` subclass.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cache
-from types import MappingProxyType, ModuleType
+from types import MappingProxyType
 
-from autotune.sim.flagspec import Flag
+from autotune.sim.flagspec import Flag, ReleaseTable, release_table
 
 # (GiB limit, chunked_prefill_size, decode max_bs below TP 4, decode max_bs at TP 4+): the first
 # row whose limit the GPU is under applies; `top` applies above the last.
@@ -36,7 +34,6 @@ class SglangVersion:
     0.5.9's behaviour, so a release's entry names only the rules where it departs from it."""
 
     name: str
-    table_module: str
     gpu_classes: GpuClasses
     top_class: tuple[int, int]
     spec_reserve_mib: Mapping[str, object]
@@ -98,20 +95,17 @@ class SglangVersion:
 
     @property
     def flags(self) -> tuple[Flag, ...]:
-        """The release's flag table, imported when first asked for."""
-        flags: tuple[Flag, ...] = _table(self.table_module).FLAGS
-        return flags
+        """The release's flags, read from its table when first asked for."""
+        return self._table.flags
 
     @property
     def fields(self) -> tuple[tuple[str, object], ...]:
         """ServerArgs' fields in declaration order with their raw defaults."""
-        fields: tuple[tuple[str, object], ...] = _table(self.table_module).FIELDS
-        return fields
+        return self._table.fields
 
-
-@cache
-def _table(module: str) -> ModuleType:
-    return importlib.import_module(f"autotune.sim.{module}")
+    @property
+    def _table(self) -> ReleaseTable:
+        return release_table(self.name)
 
 
 def parse_version(text: str) -> tuple[int, ...]:
@@ -127,7 +121,6 @@ def parse_version(text: str) -> tuple[int, ...]:
 
 V0_5_9 = SglangVersion(
     name="0.5.9",
-    table_module="flagtable_0_5_9",
     gpu_classes=(
         (20, 2048, 8, 8),
         (35, 2048, 24, 80),
@@ -141,7 +134,6 @@ V0_5_9 = SglangVersion(
 
 V0_5_23 = SglangVersion(
     name="0.5.23",
-    table_module="flagtable_0_5_23",
     gpu_classes=(
         (20, 2048, 8, 8),
         (35, 4096, 48, 160),
