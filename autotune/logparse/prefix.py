@@ -66,6 +66,8 @@ def split_prefix(line: str) -> tuple[float | None, str, str]:
       runs past midnight steps back once there).
     * `SGLANG_LOGGING_CONFIG_PATH` with the format of SGLang's example (`_LOGGING_CONFIG`):
       `2025-12-04 20:34:02 INFO 147907 [scheduler_metrics_mixin.py:287] `, rank tag `PID147907`.
+    * `[TP0] `, `[DP0 TP0] `: the prefix with its time cut away (a log pasted without its
+      times); the rank tag is read, the time is None.
     * 0.2.x: `logging.basicConfig(format="%(message)s")`, no prefix, but the worker's lines name
       their GPU: `[gpu=0] Decode batch. …` (`managers/tp_worker.py`, `model_runner.py`). The GPU
       index is the tensor-parallel rank there (`controller_single.py` gives rank i GPU i of its
@@ -92,6 +94,10 @@ def split_prefix(line: str) -> tuple[float | None, str, str]:
         return time, rank, line[end + 2 :] if line[end + 1 : end + 2] == " " else line[end + 1 :]
     if line.startswith("[gpu="):
         return _gpu_prefix(None, line)
+    if line.startswith("[") and line[1:2].isupper():
+        m = _RANK_ONLY.match(line)
+        if m is not None and is_rank_tag(m.group(1)):
+            return None, m.group(1), line[m.end() :]
     if line[:2] == "20" and line[4:5] == "-":
         m = _LOGGING_CONFIG.match(line)
         if m is not None:
@@ -116,7 +122,7 @@ _WRAPPER = re.compile(
     r"\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?\] ?"
     r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [^\s\[:]+(?:\[\d+\])?: "
     r"|\w[\w.-]* +\| "
-    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d) std(?:out|err) [FP] "
+    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)(?: std(?:out|err) [FP])? "
     r"|(?:DEFAULT|DEBUG|INFO|NOTICE|WARNING|ERROR|CRITICAL|ALERT|EMERGENCY) "
     r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z "
     r"|\([\w.:-]+ pid=\d+(?:, ip=[\w.:-]+)?\) "
@@ -124,7 +130,9 @@ _WRAPPER = re.compile(
 """What a log collector writes before each line it passes on: an ISO time in brackets
 (`[2025-11-06T02:08:28.503Z] `), journald's `Feb 24 11:52:01 host python3[48211]: `, docker
 compose's service column (`llm0-1  | `), the container runtime's line under Kubernetes
-(`2025-07-25T07:53:08.21748708+08:00 stdout F `, as kubelet keeps it in `/var/log/pods`), Google
+(`2025-07-25T07:53:08.21748708+08:00 stdout F `, as kubelet keeps it in `/var/log/pods`), the
+time alone that `docker logs -t` and `kubectl logs --timestamps` write
+(`2025-11-10T09:50:25.136422568Z `), Google
 Cloud Logging's export (`ERROR 2026-06-15T14:10:59.392125190Z `: the severity and the receive
 time), a Ray actor's (`(SGLangEngine pid=206831) `, `(WorkerDict pid=1, ip=10.0.0.1) `).
 SGLang's own lines carry their prefix after it; its
@@ -148,6 +156,9 @@ _PREFIX = re.compile(
 must look like SGLang's (`TP0`, `DP1`, `EP3`), so tqdm's `[01:02<00:00, …]` and torch's
 `[W1203 10:00:00.123 file.cpp:119]` are not prefixes."""
 _GPU = re.compile(r"\[gpu=(\d+)\] ?")
+_RANK_ONLY = re.compile(r"\[([A-Z][A-Z_]*\d+(?: [A-Z][A-Z_]*\d+)*)\] ")
+"""SGLang's prefix with its time cut away (`[TP0] `, `[DP0 TP0 EP0] `), as a log pasted with
+its times removed shows it: the rank tag stands, the line has no time."""
 
 
 def _other_prefix(line: str) -> tuple[float | None, str, str]:

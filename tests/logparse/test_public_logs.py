@@ -48,6 +48,11 @@ def _verdict(text: str) -> Verdict:
 # -- A log collector's prefix before every line ---------------------------------------------------
 
 
+# `docker logs -t` and `kubectl logs --timestamps` put the time alone before every line
+# (sgl-project/sglang#13016, 0.5.5): `2025-11-10T09:50:25.136422568Z Fatal Python error: Aborted`
+DOCKER_T = "2025-11-10T09:50:25.136422568Z "
+
+
 @pytest.mark.parametrize(
     ("line", "timed", "message"),
     [
@@ -85,6 +90,12 @@ def _verdict(text: str) -> Verdict:
             False,
             '  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 772, in '
             "event_loop_normal",
+        ),
+        # `docker logs -t`'s time alone (sgl-project/sglang#13016) before a faulthandler line
+        (
+            DOCKER_T + "Fatal Python error: Segmentation fault",
+            False,
+            "Fatal Python error: Segmentation fault",
         ),
         # journald before a traceback's exception line
         (
@@ -131,15 +142,17 @@ COMPOSE_CRASH = [
 ]
 
 
-def test_a_compose_log_keeps_its_traceback() -> None:
-    """The frames and the exception line behind compose's column: the crash came from the
-    serving loop, so it is a runtime crash; without them it read as a failed start."""
-    log = parse_text("\n".join(COMPOSE + line for line in COMPOSE_CRASH))
+@pytest.mark.parametrize("prefix", [COMPOSE, DOCKER_T], ids=["compose", "docker-t"])
+def test_a_collector_s_log_keeps_its_traceback(prefix: str) -> None:
+    """The frames and the exception line behind compose's column or the runtime's time: the
+    crash came from the serving loop, so it is a runtime crash; without them it read as a
+    failed start."""
+    log = parse_text("\n".join(prefix + line for line in COMPOSE_CRASH))
     assert {e.kind for e in log.events} >= {Kind.SERVING_FRAME, Kind.ERROR}
     verdict = classify(log.events, batches=log.batches)
     assert verdict.outcome is Outcome.CRASH
     torch_warning = parse_line(
-        COMPOSE + "[W1203 10:00:00.123 CUDAGuardImpl.h:119] Warning: CUDA warning: out of memory"
+        prefix + "[W1203 10:00:00.123 CUDAGuardImpl.h:119] Warning: CUDA warning: out of memory"
     )
     assert isinstance(torch_warning, Event) and torch_warning.kind is Kind.OOM_HANDLED
 
@@ -372,6 +385,28 @@ def test_the_pools_leak_check_is_a_crash_while_serving() -> None:
         "available_size=3189424, protected_size=0, self.max_total_num_tokens=3185200"
     )
     assert warned is None or warned.kind not in FAILURE_KINDS
+
+
+def test_a_log_pasted_without_its_times_keeps_its_ranks_and_frames() -> None:
+    """sgl-project/sglang#26265: `[TP0] Scheduler hit an exception: …` with the time cut from
+    SGLang's prefix; the serving loop's frames (`event_loop_overlap` down to the pool's
+    `alloc_paged_token_slots_extend`) went unread and the log read as no ready line."""
+    frames = [
+        '  File ".../sglang/srt/managers/scheduler.py", line 1702, in event_loop_overlap',
+        "    batch = self.get_next_batch_to_run()",
+        '  File ".../sglang/srt/mem_cache/common.py", line 412, in alloc_paged_token_slots_extend',
+    ]
+    text = "[TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+    text += "\n".join(frames) + "\n"
+    assert split_prefix("[DP0 TP0 EP0] Load weight end.") == (
+        None,
+        "DP0 TP0 EP0",
+        "Load weight end.",
+    )
+    assert split_prefix("[TP] x")[1] == ""
+    verdict = _verdict(text)
+    assert verdict.outcome is Outcome.CRASH
+    assert "Scheduler hit an exception" in verdict.evidence[0]
 
 
 # -- Google Cloud Logging's export, a Ray actor's prefix -------------------------------------------
