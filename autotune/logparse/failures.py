@@ -208,7 +208,8 @@ def failure(line: str, ctx: Ctx) -> Event | None:
 # Machine faults and the host's memory, each from its own message (see `_machine`).
 _MACHINE_HINT = re.compile(
     r"Errno|in use|No space|quota|ECC|NVLink|CUDA|GPU|NVIDIA|NVRM|bus|ncclSystem|ncclRemote|"
-    r"system error|remote process|shared memory segment|Cannot allocate memory|not available in"
+    r"system error|remote process|shared memory segment|Cannot allocate memory|not available in|"
+    r"gloo"
 )
 _MACHINE: tuple[tuple[Kind, re.Pattern[str]], ...] = (
     (
@@ -249,7 +250,10 @@ _MACHINE: tuple[tuple[Kind, re.Pattern[str]], ...] = (
         re.compile(
             r"unhandled system error|ncclSystemError|ncclRemoteError|"
             r"remote process exited or there was a network error|"
-            r"Error while creating shared memory segment"
+            r"Error while creating shared memory segment|"
+            # gloo's TCP transport (the CPU group's collectives: custom all-reduce's graph
+            # buffers, broadcasts): a peer that closed its connection or never answered
+            r"gloo/transport/tcp/"
         ),
     ),
 )
@@ -277,7 +281,9 @@ def _machine(line: str, ctx: Ctx) -> Event | None:
     left on device`), asyncio through uvicorn (`ERROR:    [Errno 98] error while attempting to
     bind on address (…): address already in use`), SGLang's port checks, torch's TCPStore
     (`EADDRINUSE`), the CUDA runtime and driver, NCCL (`unhandled system error`, `remote process
-    exited or there was a network error`)."""
+    exited or there was a network error`), gloo's TCP transport (`[…/gloo/transport/tcp/
+    unbound_buffer.cc:133] Timed out waiting 1800000ms for send operation to complete`, `…/pair.cc:534]
+    Connection closed by peer`)."""
     if "in use" in line and any(wait in line for wait in _PORT_WAIT):
         return Event(Kind.PORT_WAIT, *ctx)
     for kind, pattern in _MACHINE:

@@ -263,6 +263,19 @@ MACHINE_LINES = [
         "process exited or there was a network error, NCCL version 2.21.5",
         Kind.NCCL_FAULT,
     ),
+    # gloo's TCP transport under the graph capture's CPU-group collectives (custom all-reduce's
+    # `register_graph_buffers`): a peer that never answered (sgl-project/sglang#5883, two nodes)
+    # or closed its connection (#4205); the capture only wraps it
+    (
+        "Exception: Capture cuda graph failed: [/pytorch/third_party/gloo/gloo/transport/tcp/"
+        "unbound_buffer.cc:133] Timed out waiting 1800000ms for send operation to complete",
+        Kind.NCCL_FAULT,
+    ),
+    (
+        "Exception: Capture cuda graph failed: [../third_party/gloo/gloo/transport/tcp/pair.cc:534]"
+        " Connection closed by peer [10.0.0.2]:48213",
+        Kind.NCCL_FAULT,
+    ),
 ]
 
 
