@@ -54,6 +54,7 @@ against this ledger.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,6 +67,11 @@ from autotune.logparse.serverargs import read_server_args
 
 # A capture line's role (`logparse.lines`) -> SGLang's phase name. 0.5.9's unlabelled decode
 # capture is "decode", its piecewise (prefill) capture "prefill".
+_DRAFT_TYPE = re.compile(r"NextN|MTP|Eagle|Draft")
+"""A draft model's class as `Load weight end. type=…` names it (0.5.23 `models/`:
+`DeepseekV3ForCausalLMNextN`, `Glm5NextForConditionalGenerationNextN`, `MiMoMTP`,
+`LlamaForCausalLMEagle3`, `DFlashDraftModel`): an excerpt may begin at the draft's load."""
+
 _PHASE_OF_ROLE = {
     "target prefill": "prefill",
     "target decode": "decode",
@@ -201,6 +207,10 @@ class _Rank:
                 self.draft_weights = v.get("usage_gib")
             self.draft_loaded = True
             return
+        if self.loads_done == 1 and _DRAFT_TYPE.search(event.label):
+            # the rank's first load in this log is a draft's: the excerpt begins after the
+            # target's load, which is not in it
+            self.loads_done = 2
         if self.loads_done == 1:
             self.weights, self.after_weights = v.get("usage_gib"), v.get("avail_gib")
             if self.weights is None and self.p is not None and self.after_weights is not None:

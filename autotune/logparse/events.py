@@ -59,6 +59,7 @@ class Kind(StrEnum):
     OOM_HANDLED = "oom_handled"
     PORT_WAIT = "port_wait"
     SERVING_FRAME = "serving_frame"
+    RELEASE_LINE = "release_line"
     HEALTH_CHECK_FAILED = "health_check_failed"
     # Failure lines.
     NO_KV_ROOM = "no_kv_room"

@@ -282,8 +282,8 @@ def _machine(line: str, ctx: Ctx) -> Event | None:
     bind on address (…): address already in use`), SGLang's port checks, torch's TCPStore
     (`EADDRINUSE`), the CUDA runtime and driver, NCCL (`unhandled system error`, `remote process
     exited or there was a network error`), gloo's TCP transport (`[…/gloo/transport/tcp/
-    unbound_buffer.cc:133] Timed out waiting 1800000ms for send operation to complete`, `…/pair.cc:534]
-    Connection closed by peer`)."""
+    unbound_buffer.cc:133] Timed out waiting 1800000ms for send operation to complete`,
+    `…/pair.cc:534] Connection closed by peer`)."""
     if "in use" in line and any(wait in line for wait in _PORT_WAIT):
         return Event(Kind.PORT_WAIT, *ctx)
     for kind, pattern in _MACHINE:

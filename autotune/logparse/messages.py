@@ -87,6 +87,16 @@ def _plain(kind: Kind) -> Builder:
     return lambda message, ctx: Event(kind, *ctx)
 
 
+def _release_line(marker: str) -> Builder:
+    """A line only later releases print, which says nothing else the ledger reads: its
+    `marker` (the part that is the release's) tells `logparse.semantics` the release."""
+
+    def build(message: str, ctx: Ctx) -> Event | None:
+        return Event(Kind.RELEASE_LINE, *ctx, label=marker) if marker in message else None
+
+    return build
+
+
 def _memory(kind: Kind, label: re.Pattern[str] | None = None) -> Builder:
     """Events with `avail mem=`, `mem usage=`, `elapsed=` figures (and a regex-read label)."""
 
@@ -450,6 +460,10 @@ _STARTS: tuple[tuple[str, Builder], ...] = (
     ("Post-capture KV sizing: ", _post_capture),
     ("Engine startup timings", _timings),
     ("server_args=", _server_args),
+    # lines 0.5.18 and later print and 0.5.9 does not (both wheels checked)
+    ("Disable prefill CUDA graph", _release_line("Disable prefill CUDA graph")),
+    ("Tree cache initialized", _release_line("Tree cache initialized")),
+    ("Reserving ", _release_line("of the KV budget")),
     ("Scheduler hit an exception", _plain(Kind.SCHEDULER_EXCEPTION)),
     # 0.2.x–0.3.x's form of it: `ModelTpServer.exposed_step` (`managers/[controller/]tp_worker.py`)
     # logs `Exception in ModelTpServer:\n{traceback}` and raises

@@ -94,6 +94,8 @@ def _since_0_5_23(e: Event) -> str | None:
 def _since_0_5_18(e: Event) -> str | None:
     if e.kind in _SINCE_0_5_18:
         return e.kind.value
+    if e.kind is Kind.RELEASE_LINE:
+        return e.label
     if e.kind is Kind.RANK_DEAD and "died during initialization" in e.text:
         return "scheduler died during initialization"
     if e.kind is Kind.HOST_CACHE and e.label not in ("", "other"):

@@ -456,3 +456,52 @@ def test_a_ray_actor_s_prefix_is_cut_off(prefix: str) -> None:
     verdict = _verdict(text)
     assert verdict.outcome is Outcome.STARTUP_ERROR
     assert "AttributeError" in verdict.evidence[0]
+
+
+# -- An excerpt that begins at the draft's load ----------------------------------------------------
+
+# sgl-project/sglang#40558 (GLM-5 FP8 with its MTP layer, TP4, 2026): the excerpt begins after the
+# target's load; the first `Load weight end` of each rank is the NextN draft's
+_DRAFT_FIRST = """\
+[2026-09-21 13:38:18 TP3] Load weight end. elapsed=3.86 s, \
+type=Glm5NextForConditionalGenerationNextN, quant=fp8, fmt=e4m3, avail mem=16.18 GB, \
+mem usage=2.39 GB.
+[2026-09-21 13:38:18 TP1] Load weight end. elapsed=3.96 s, \
+type=Glm5NextForConditionalGenerationNextN, quant=fp8, fmt=e4m3, avail mem=16.20 GB, \
+mem usage=2.39 GB.
+"""
+
+
+def test_a_draft_s_load_is_the_draft_s_where_the_excerpt_begins_with_it() -> None:
+    """It was read as the model's weights (2.39 GiB) and the model class as the draft's."""
+    ledger = build_ledger(parse_text(_DRAFT_FIRST).events)
+    assert (ledger.weights_gib, ledger.draft_weights_gib) == (None, 2.39)
+    assert ledger.model_type is None
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # sgl-project/sglang PR #29853 (Grok-2, TP16, 2026): `cuda_graph_setup.py`
+        "[2026-07-01 15:19:55 TP5] Disable prefill CUDA graph because cuda_graph_config resolved "
+        "prefill.backend='disabled' (e.g. via --cuda-graph-backend-prefill=disabled or "
+        "auto-disable rules).",
+        # the same: `mem_cache/registry.py`
+        "[2026-07-01 15:19:55 TP5] Tree cache initialized: source=default impl=ChunkCache "
+        "hybrid_swa=False hybrid_ssm=False hierarchical=False streaming_wrapped=False",
+        # sgl-project/sglang#40558: `mem_cache/kv_cache_configurator.py`
+        "[2026-09-21 13:38:19 TP0] Reserving 0.10 GB of the KV budget for post-sizing multimodal "
+        "allocations (feature-transport pools + embedding cache).",
+    ],
+)
+def test_a_line_0_5_9_never_prints_reads_the_later_rules(line: str) -> None:
+    """An excerpt without a version line was read with 0.5.9's rules (the draft out of the
+    reserve) though it holds a line 0.5.9 does not print; its rank counts too."""
+    kv = (
+        "[2026-07-01 15:19:55 TP10] KV Cache is allocated. #tokens: 387968, K size: 5.92 GB, "
+        "V size: 5.92 GB"
+    )
+    ledger = build_ledger(parse_text(line + "\n" + kv).events)
+    assert ledger.semantics == "0.5.18"
+    assert ledger.ranks == 2
+    assert build_ledger(parse_text(kv).events).semantics == "0.5.9"
