@@ -256,12 +256,13 @@ def study_run(
         repeats = launch.stress_repeats
         night += launch_hours(bench.profile, plan, timed, launch.outcome, repeats)
         night_off += launch_hours(bench.profile, plan, off, launch.outcome, repeats)
-        if reached is None and launch.feasible and launch.stable and launch.tokens >= 0.99 * best:
+        held_best = launch.truth_tokens >= 0.99 * best
+        if reached is None and launch.feasible and launch.stable and held_best:
             reached = len(launches)
             clock = now
             at_target, at_target_off = night, night_off
     upto = launches[:reached] if reached else launches
-    held = [x.tokens for x in launches if x.feasible and x.stable]
+    held = [x.truth_tokens for x in launches if x.feasible and x.stable]
     soaked = exported_soak(bench, study, seed)
     if soaked is not None:
         _, factor, params = soaked
