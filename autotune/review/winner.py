@@ -240,7 +240,9 @@ def choose(
         figures = _predicted(chosen, params, steps, chunk, cell_bytes)
         unrun = [f"{FRACTION}={params[FRACTION]}"] if steps else []
         unrun += [f"{CHUNK}={chunk.to}"] if chunk is not None else []
-        notes.append(f"no trial ran {' with '.join(unrun)}; its figures are predicted")
+        rest = [f"{k}={v}" for k, v in params.items() if k not in (FRACTION, CHUNK)]
+        at = f" at {', '.join(rest)}" if rest and unrun else ""
+        notes.append(f"no trial ran {' with '.join(unrun)}{at}; its figures are predicted")
     return Winner(
         chosen=chosen,
         params=params,

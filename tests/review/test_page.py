@@ -82,7 +82,8 @@ def test_summary(cfg: StudyConfig) -> None:
     text = summary(review)
     assert "3 trials finished, 2 feasible, 1 out of memory, 1 running" in text
     assert "export: mem_fraction_static=0.89 max_running_requests=48 → 173,647 tokens" in text
-    assert "its figures are predicted" in text
+    # 0.89 ran nowhere at 48 requests: the note names the whole point, not the fraction alone
+    assert "no trial ran mem_fraction_static=0.89 at max_running_requests=48" in text
     assert "UNCONFIRMED" in text
 
 
