@@ -130,11 +130,16 @@ def _heading(review: Review, t: TrialView) -> str:
     text = f"trial {t.number} ({params}): {t.outcome or t.state}, {verdict}"
     w = review.winner
     if w is not None and w.trial == t.number:
-        if w.predicted:
+        if w.predicted or w.soaked:
             f = w.params.get(FRACTION)
+            how = (
+                "run by its confirmation soak alone, whose figures these are"
+                if w.soaked
+                else "never run; its figures are predicted"
+            )
             text += (
                 f"\nthe exported setting is this trial backed off to {FRACTION}={f} "
-                f"(never run; its figures are predicted), {review.confirmed_label()}"
+                f"({how}), {review.confirmed_label()}"
             )
         else:
             text += f"\nthis is the exported setting, {review.confirmed_label()}"

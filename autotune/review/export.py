@@ -199,10 +199,6 @@ def build_export(
     argv = launch_argv(cfg, params, backend=backend)
     soaked = review.confirmation_of(params)
     confirmed = soaked.passed if soaked is not None else None
-    if soaked is not None and soaked.passed and figures[3]:
-        # a setting that never ran in the search was measured by its confirmation soak
-        figures = (soaked.capacity_tokens, soaked.throughput_tok_s, soaked.headroom_gib, False)
-        notes = (*notes, "figures measured by the confirmation soak")
     key_env = _api_key_env(cfg)
     answer = Answer(params, figures[0], figures[2], figures[3], trial=trial, forced=forced)
     if trial is None:

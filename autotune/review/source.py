@@ -203,6 +203,7 @@ def build_review(
     worst = _worst_cases(winner, confirmations, space)
     if worst is not None:
         winner = chosen(worst)
+    winner = _soaked(winner, confirmations, space)
     return Review(
         name=name,
         storage=storage,
@@ -278,6 +279,21 @@ def _served(case: CaseResult) -> bool:
     machine (those say nothing of the setting's peak)."""
     o = Outcome.of(case.outcome)
     return case.passed or not (o.fails_at_startup or o.requeued or o is Outcome.UNKNOWN)
+
+
+def _soaked(
+    winner: Winner | None, confirmations: Sequence[Verdict], space: Space
+) -> Winner | None:
+    """A winner backed off to a point no trial ran, with the figures of the latest confirmation
+    soak of that point where it passed: what ran, on every surface."""
+    if winner is None or not winner.predicted:
+        return winner
+    latest = next((c for c in reversed(confirmations) if c.covers(winner.params, space)), None)
+    if latest is None or not latest.passed or latest.capacity_tokens is None:
+        return winner
+    return winner.measured_by_soak(
+        latest.capacity_tokens, latest.throughput_tok_s, latest.headroom_gib
+    )
 
 
 def _confirmations(study: StudyRecord) -> tuple[Verdict, ...]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from autotune.config import space as search_space
 from autotune.config.schema import CHUNK, FRACTION, Scalar
@@ -102,6 +102,10 @@ def parse_tolerance(text: str) -> float:
     return value
 
 
+_UNRUN = "no trial ran "
+"""How the note on a point no trial ran begins (dropped once a confirmation soak ran it)."""
+
+
 @dataclass(frozen=True)
 class Winner:
     """The exported setting and where it came from."""
@@ -125,6 +129,24 @@ class Winner:
     notes: tuple[str, ...] = field(default=())
     soak: SoakPlan | None = None
     """The soak the margin was sized for (the default margin)."""
+    soaked: bool = False
+    """The figures are those of the confirmation soak that ran `params`, which no trial ran."""
+
+    def measured_by_soak(
+        self, capacity_tokens: int, throughput_tok_s: float | None, free_at_peak_gib: float | None
+    ) -> Winner:
+        """This winner with the figures its passed confirmation soak measured at `params` in
+        place of the predicted ones: every surface then shows what ran."""
+        notes = tuple(n for n in self.notes if not n.startswith(_UNRUN))
+        return replace(
+            self,
+            capacity_tokens=capacity_tokens,
+            throughput_tok_s=throughput_tok_s,
+            free_at_peak_gib=free_at_peak_gib,
+            predicted=False,
+            soaked=True,
+            notes=(*notes, "figures measured by the confirmation soak"),
+        )
 
     @property
     def trial(self) -> int:
@@ -242,7 +264,7 @@ def choose(
         unrun += [f"{CHUNK}={chunk.to}"] if chunk is not None else []
         rest = [f"{k}={v}" for k, v in params.items() if k not in (FRACTION, CHUNK)]
         at = f" at {', '.join(rest)}" if rest and unrun else ""
-        notes.append(f"no trial ran {' with '.join(unrun)}{at}; its figures are predicted")
+        notes.append(f"{_UNRUN}{' with '.join(unrun)}{at}; its figures are predicted")
     return Winner(
         chosen=chosen,
         params=params,

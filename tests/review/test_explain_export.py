@@ -153,6 +153,13 @@ def test_a_soak_measures_a_predicted_export(cfg: StudyConfig) -> None:
     ex = build_export(review, cfg)
     assert not ex.predicted and ex.capacity_tokens == 173_683 and ex.throughput_tok_s == 140.5
     assert "figures measured by the confirmation soak" in ex.notes
+    assert not any(n.startswith("no trial ran") for n in ex.notes)
+    # every surface shows what the soak measured: status, report and explain lead with the
+    # export's own headline (they showed the prediction, marked CONFIRMED)
+    assert review.winner is not None and review.winner.capacity_tokens == 173_683
+    text = explain(review, review.trial(0))
+    assert text.splitlines()[0] == ex.headline and "predicted" not in ex.headline
+    assert "run by its confirmation soak alone" in text
 
 
 def test_a_passed_confirmation_labels_the_winner_confirmed(cfg: StudyConfig) -> None:
