@@ -281,9 +281,7 @@ def _served(case: CaseResult) -> bool:
     return case.passed or not (o.fails_at_startup or o.requeued or o is Outcome.UNKNOWN)
 
 
-def _soaked(
-    winner: Winner | None, confirmations: Sequence[Verdict], space: Space
-) -> Winner | None:
+def _soaked(winner: Winner | None, confirmations: Sequence[Verdict], space: Space) -> Winner | None:
     """A winner backed off to a point no trial ran, with the figures of the latest confirmation
     soak of that point where it passed: what ran, on every surface."""
     if winner is None or not winner.predicted:
