@@ -32,9 +32,8 @@ OWNED = frozenset({"host", "port", "api_key", "admin_api_key"})
 
 RESOLVED = frozenset(
     {
-        # filled from another argument
-        "tokenizer_path",
-        "served_model_name",
+        # filled from another argument (`tokenizer_path` and `served_model_name` are filled with
+        # the model path, and kept as flags where the operator named another)
         "speculative_draft_model_revision",
         # chosen for the box and the model (0.5.9 `ServerArgs._handle_*`, 0.5.23's resolution)
         "random_seed",

@@ -400,3 +400,17 @@ def test_a_cap_on_the_kv_pool_is_kept_and_said(
     assert "caps the KV pool at 20480 tokens" in text
     flags = dict(load_study(tmp_path / "configs" / "k.toml").server.flags)
     assert flags["max_total_tokens"] == 20480, flags
+
+
+def test_a_served_model_name_of_the_operator_s_own_is_kept() -> None:
+    """`--served-model-name llama70b` is what the clients ask for: it was written commented out,
+    as a value SGLang fills in, and the export lost it; the one SGLang fills (the model path)
+    is still left out."""
+    table = sim_table("0.5.23")
+    args = {"model_path": "m/llama", "served_model_name": "llama70b", "tokenizer_path": "m/llama"}
+    split = split_args(args, table)
+    assert ("served-model-name", "llama70b") in split.flags
+    assert not any("served-model-name" in line for line in split.resolved)
+    filled = split_args({**args, "served_model_name": "m/llama"}, table)
+    assert not any(name == "served-model-name" for name, _ in filled.flags)
+    assert not any("tokenizer-path" in name for name, _ in split.flags)
