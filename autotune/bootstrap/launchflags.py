@@ -117,7 +117,7 @@ def _take_flag(taken: _Taken, name: str, value: FlagValue) -> None:
     elif p in ADDRESS:
         taken.notes.append(
             f"the command sets --{name} {value}; autotune binds each trial's server to "
-            "server.host and a free port itself"
+            f"server.host and a free port itself, and the export serves on server.export_{name}"
         )
     elif p in SECRETS:
         taken.notes.append(

@@ -275,6 +275,19 @@ def _knobs_for(
     return knobs, arith, pool_holds(pool, per_request)
 
 
+def operator_address(launch: Launch, facts: LogFacts | None) -> tuple[str | None, int | None]:
+    """The `--host` and `--port` the operator's command gives, else its log's `server_args=`
+    shows: what the exported command serves on."""
+    given = dict(launch.flags)
+    args = facts.args if facts is not None else {}
+    host = given.get("host", args.get("host"))
+    port = given.get("port", args.get("port"))
+    number = int(port) if isinstance(port, str) and port.isdigit() else port
+    ok_host = isinstance(host, str) and bool(host) and not any(c.isspace() for c in host)
+    ok = isinstance(number, int) and not isinstance(number, bool) and 0 < number < 65536
+    return (str(host) if ok_host else None, number if ok and isinstance(number, int) else None)
+
+
 def _server_lines(
     src: Sources, launch: Launch, facts: LogFacts | None, notes_all: Sequence[str]
 ) -> list[str]:
@@ -288,6 +301,14 @@ def _server_lines(
         'host = "127.0.0.1"',
         "port = 0",
     ]
+    host, port = operator_address(launch, facts)
+    if host is not None or port is not None:
+        lines += t.comment(
+            f"the address {launch.origin} serves on: the exported command keeps it (the trials "
+            "bind their own)"
+        )
+        lines += [f"export_host = {t.string(host)}"] if host is not None else []
+        lines += [f"export_port = {port}"] if port is not None else []
     lines += t.comment(
         "the simulator's profile for a rehearsal (--backend sim); docs/sim-profiles.md lists them"
     )

@@ -79,6 +79,12 @@ class ServerConfig:
     sim_version: str | None
     """The SGLang release the simulator speaks (`--sim-version`); None: the profile's."""
     limits: Limits
+    export_host: str | None = None
+    """The address the exported command serves on (the operator's `--host`): trials bind their
+    own, so it is the export's alone; None: `host` where `port` is fixed, else none."""
+    export_port: int | None = None
+    """The port the exported command serves on (the operator's `--port`); None: `port` where it
+    is fixed, else SGLang's default."""
 
 
 @dataclass(frozen=True)

@@ -202,6 +202,8 @@ def _server(t: Table) -> ServerConfig:
         "sim_seed",
         "sim_version",
         "limits",
+        "export_host",
+        "export_port",
     )
     backend: Backend = (
         "sim" if t.choice("backend", BACKENDS, default="sglang") == "sim" else "sglang"
@@ -220,6 +222,12 @@ def _server(t: Table) -> ServerConfig:
     if not host or any(c.isspace() for c in host):
         raise ConfigError(t.key("host"), f"{host!r} is not a host name; use e.g. 127.0.0.1")
     port = t.integer("port", default=0, low=0, high=65535)
+    export_host = t.string("export_host") if "export_host" in t else None
+    if export_host is not None and (not export_host or any(c.isspace() for c in export_host)):
+        raise ConfigError(
+            t.key("export_host"), f"{export_host!r} is not a host name; use e.g. 0.0.0.0"
+        )
+    export_port = t.integer("export_port", low=1, high=65535) if "export_port" in t else None
     for reserved in ("host", "port", "api_key"):
         if any(name == reserved for name, _ in flags):
             raise ConfigError(
@@ -257,6 +265,8 @@ def _server(t: Table) -> ServerConfig:
         sim_seed=t.integer("sim_seed", default=0, low=0),
         sim_version=_sim_version(t),
         limits=limits,
+        export_host=export_host,
+        export_port=export_port,
     )
 
 

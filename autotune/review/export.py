@@ -12,7 +12,9 @@ forced; a forced export carries the marker flag `--autotune-forced-export=trial-
 command, which SGLang rejects as an unknown argument, so it cannot start by accident, and `json`
 says so in `forced` as well.
 
-Host and port are the study file's when it names a port (trials pick free ports). An API key is
+Host and port are the operator's (`server.export_host`, `server.export_port`, which `init` copies
+from their command or log), else the study file's when it names a port (trials pick free ports).
+An API key is
 never written: when the workload reads one from an environment variable, the command refers to
 that variable instead.
 """
@@ -284,7 +286,9 @@ def _origins(cfg: StudyConfig) -> dict[str, str]:
     """Flag → the study-file key it comes from."""
     out = {flag_of(name): f"server.flags.{name.replace('_', '-')}" for name, _ in cfg.server.flags}
     out.update({flag_of(p.name): f"search.{p.name}" for p in cfg.search.params})
-    out.update({"--host": "server.host", "--port": "server.port", FORCED_FLAG: "--force"})
+    host = "server.export_host" if cfg.server.export_host is not None else "server.host"
+    port = "server.export_port" if cfg.server.export_port is not None else "server.port"
+    out.update({"--host": host, "--port": port, FORCED_FLAG: "--force"})
     return out
 
 
@@ -301,12 +305,19 @@ def _int(v: object) -> int | None:
 
 
 def launch_argv(cfg: StudyConfig, params: Mapping[str, Scalar], *, backend: str) -> list[str]:
-    """Base command + fixed flags + tuned flags (+ host and port when the study fixes them)."""
+    """Base command + fixed flags + tuned flags + the address it serves on: the study's export
+    address (`server.export_host`, `server.export_port`, the operator's own), else its fixed
+    trial address; none where the trials took free ports and the study names no other."""
     settings = settings_of(params, cfg.search)
-    extra: list[str] = []
-    if cfg.server.port:
-        extra = ["--host", cfg.server.host, "--port", str(cfg.server.port)]
-    return server_argv(cfg.server, settings, backend=backend, extra=extra)
+    return server_argv(cfg.server, settings, backend=backend, extra=export_address(cfg))
+
+
+def export_address(cfg: StudyConfig) -> list[str]:
+    """`--host H --port P` of the exported command (see `launch_argv`)."""
+    s = cfg.server
+    host = s.export_host if s.export_host is not None else (s.host if s.port else None)
+    port = s.export_port if s.export_port is not None else (s.port or None)
+    return [*(["--host", host] if host else []), *(["--port", str(port)] if port else [])]
 
 
 def round_trip(argv: Sequence[str], cfg: StudyConfig) -> dict[str, Scalar]:

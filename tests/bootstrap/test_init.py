@@ -414,3 +414,22 @@ def test_a_served_model_name_of_the_operator_s_own_is_kept() -> None:
     filled = split_args({**args, "served_model_name": "m/llama"}, table)
     assert not any(name == "served-model-name" for name, _ in filled.flags)
     assert not any("tokenizer-path" in name for name, _ in split.flags)
+
+
+def test_the_operator_s_address_is_the_export_s(tmp_path: Path) -> None:
+    """`--host 0.0.0.0 --port 8000` of the operator's command (or the log's `server_args=`) was
+    left in a comment: the trials bind their own, and the export served on SGLang's default
+    port. It is now `server.export_host`/`export_port`, and the exported command ends with it."""
+    from autotune.review.export import launch_argv
+
+    cmd = f"{PROGRAM} --model-path m --tp-size 2 --host 0.0.0.0 --port 8000"
+    draft = _hermetic(bootstrap.Sources(name="s", from_cmd=cmd))
+    cfg = bootstrap.write_study(draft, tmp_path / "s.toml", name="s", force=True)
+    assert (cfg.server.port, cfg.server.export_host, cfg.server.export_port) == (0, "0.0.0.0", 8000)
+    point = {p.name: cfg.search.baseline.get(p.name, mem_range(cfg)[0]) for p in cfg.search.params}
+    argv = launch_argv(cfg, point, backend="sglang")
+    assert argv[-4:] == ["--host", "0.0.0.0", "--port", "8000"]
+    log = Path(__file__).parents[1] / "fixtures" / "logs" / "v0_4_qwq32b_tp4_l4.log"
+    from_log = _hermetic(bootstrap.Sources(name="s", from_log=log))
+    cfg = bootstrap.write_study(from_log, tmp_path / "l.toml", name="s", force=True)
+    assert (cfg.server.export_host, cfg.server.export_port) == ("0.0.0.0", 8000)
