@@ -103,7 +103,7 @@ def _check_flags(cfg: StudyConfig) -> list[str]:
             raise ConfigError(where if name else "server.flags", f"{problem}; fix the flag")
         canonical.update(report.canonical)
     return [
-        f"{_where(cfg, given)}: the server reads {given} as {full}; exports spell it {full}"
+        f"{_where(cfg, given)}: the server reads {given} as {full}"
         for given, full in canonical.items()
     ]
 

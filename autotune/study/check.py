@@ -345,13 +345,19 @@ def _preflight(cfg: StudyConfig, rows: list[Row], host: HostProbe | None) -> Non
         rows.append(Row("host RAM for the host cache", reason, False, "lower " + fix))
         return
     else:
-        value = (
-            f"up to {max(sizes):g} GB per rank asked, within the bound of "
-            f"{bound.per_rank_gb:.1f} GB per rank ({bound.source()}, less the 10 GiB reserve, "
-            f"÷ {bound.ranks} ranks)"
+        fit = [x for x in sizes if bound.fits(float(x))]
+        over = [x for x in sizes if not bound.fits(float(x))]
+        limit = (
+            f"the bound of {bound.per_rank_gb:.1f} GB per rank ({bound.source()}, less the "
+            f"10 GiB reserve, ÷ {bound.ranks} ranks)"
         )
-        if ram_notes:
-            value += "; " + "; ".join(ram_notes)
+        value = (
+            f"up to {max(fit):g} GB per rank asked, within {limit}"
+            if fit and not over
+            else f"{', '.join(f'{x:g}' for x in fit) or 'none'} GB per rank within {limit}; "
+            f"{', '.join(f'{x:g}' for x in over)} GB over it: those trials are refused before "
+            "launch"
+        )
         rows.append(Row("host RAM for the host cache", value))
 
 

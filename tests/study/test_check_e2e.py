@@ -240,3 +240,34 @@ def test_a_preflight_no_go_writes_nothing(no_leftovers: Path) -> None:
     assert done.returncode == 1, done.stdout + done.stderr
     _no_go(done.stdout, "preflight")
     assert not (no_leftovers / "results").exists()
+
+
+def test_host_cache_sizes_over_the_bound_are_named_beside_those_within(
+    no_leftovers: Path,
+) -> None:
+    """The row said every size was "within the bound" and, in the same breath, that 96 GB was
+    over it: the sizes within and those over are now named apart."""
+    search = (
+        "[search]\nmem_fraction_static = { low = 0.88, high = 0.94, step = 0.03 }\n"
+        "max_running_requests = 48\nhicache_size = { choices = [24, 96] }\n\n"
+        "[baseline]\nmem_fraction_static = 0.88\nhicache_size = 24"
+    )
+    config = no_leftovers / "chk.toml"
+    config.write_text(sim_study(n_trials=3, flags=simstudy.KIMI_FLAGS, search=search))
+    cfg = load_study(config)
+    study_folder = no_leftovers / "results" / cfg.name
+    study_folder.mkdir(parents=True)
+    bound = HostBound(int(8 * 60e9 + 11 * 2**30), "this machine's", None, 8, "0.5.23")
+    assert bound.fits(24) and not bound.fits(96)
+    report = run_check(
+        cfg,
+        study_folder,
+        default_storage_url(study_folder),
+        live_launcher,
+        lambda launcher: launcher.probe if isinstance(launcher, LiveLauncher) else None,
+        host=lambda: bound,
+    )
+    text = check_text(cfg, report)
+    row = next(x for x in text.splitlines() if x.startswith("host RAM for the host cache"))
+    assert "24 GB per rank within the bound" in row and "96 GB over it" in row
+    assert "up to 96" not in row and " go " in row
