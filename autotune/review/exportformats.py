@@ -238,6 +238,15 @@ def systemd(ex: Export) -> str:
         *head[1:],
         "[Service]",
     ]
+    if ex.program and not ex.program[0].startswith("/"):
+        out.insert(
+            len(out) - 1,
+            comment(
+                f"note: {ex.program[0]} is not an absolute path: systemd looks it up in its own "
+                "search path, not the shell's or a venv's; set server.command to the full path "
+                "of the Python that has SGLang"
+            ),
+        )
     out += [f"Environment={_sd_env(k, v)}" for k, v in ex.env.items()]
     words = [_sd_word(a) for a in ex.command]
     if ex.api_key_env:

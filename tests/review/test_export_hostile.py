@@ -328,6 +328,16 @@ def test_systemd_refuses_a_program_it_would_run_another_way(
     assert "\n" not in text and "--format shell" in text
 
 
+def test_systemd_says_a_program_without_a_path_is_looked_up_in_its_own_path(
+    tmp_path: Path,
+) -> None:
+    """`init` writes `python -m sglang.launch_server` where the log does not name the program:
+    under systemd a bare `python` is another Python, or none."""
+    note = "is not an absolute path: systemd looks it up in its own search path"
+    assert note in render(_export("plain", tmp_path, program="python"), "systemd")
+    assert note not in render(_export("plain", tmp_path, program="/opt/v/bin/python"), "systemd")
+
+
 def test_shell_refuses_a_program_exec_reads_as_an_option(tmp_path: Path) -> None:
     ex = _export("plain", tmp_path, program="-prog")
     with pytest.raises(UsageError, match=r"^server\.command: the program '-prog' starts with '-'"):
