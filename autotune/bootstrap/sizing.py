@@ -30,6 +30,7 @@ from autotune.logparse.ledger import Ledger
 from autotune.logparse.semantics import rules
 from autotune.memory.arithmetic import Arithmetic, arithmetic, free_after_capture_gib
 from autotune.memory.pool import lowest_fraction
+from autotune.server.hostmem import HostBound, Limit
 
 STEP = 0.01
 LOWEST, HIGHEST = 0.05, 0.99
@@ -490,11 +491,29 @@ def _device_pool_limits(
     return options
 
 
+def log_host_budget_gb(ledger: Ledger | None) -> float | None:
+    """The host budget per rank the log shows, GB: 0.5.23's auto-sizing line states it; else
+    its `HiCache memory headroom: host H GiB, cgroup C GiB` line gives what the budget is
+    worked out from (`HostBound`: (min(H, C) − 10 GiB) ÷ the ranks on the host)."""
+    if ledger is None:
+        return None
+    if ledger.host_budget_gb:
+        return ledger.host_budget_gb
+    host, cgroup = ledger.host_available_gib, ledger.cgroup_headroom_gib
+    # a log without rank tags is a single GPU's (a count it cannot tell leaves fewer out)
+    ranks = ledger.host_ranks or ledger.ranks or ledger.tp_size or 1
+    if host is None:
+        return None
+    limit = Limit("the log's cgroup headroom", int(cgroup * 2**30)) if cgroup else None
+    bound = HostBound(int(host * 2**30), "the log's", limit, ranks, ledger.semantics)
+    return bound.per_rank_gb
+
+
 def _host_budget_limit(
     options: set[int | float], comments: list[str], ledger: Ledger | None
 ) -> set[int | float]:
     """Leave out the sizes above the host budget per rank the log shows."""
-    budget = ledger.host_budget_gb if ledger is not None else None
+    budget = log_host_budget_gb(ledger)
     if budget:
         over = sorted(v for v in options if v > budget)
         if over:

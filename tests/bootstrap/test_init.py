@@ -433,3 +433,22 @@ def test_the_operator_s_address_is_the_export_s(tmp_path: Path) -> None:
     from_log = _hermetic(bootstrap.Sources(name="s", from_log=log))
     cfg = bootstrap.write_study(from_log, tmp_path / "l.toml", name="s", force=True)
     assert (cfg.server.export_host, cfg.server.export_port) == ("0.0.0.0", 8000)
+
+
+def test_host_cache_sizes_over_the_log_s_headroom_line_are_left_out() -> None:
+    """0.5.23's `HiCache memory headroom: host 48.4 GiB, cgroup 40.0 GiB` bounds each rank's
+    pool at (40 − 10) GiB = 32.2 GB; init still offered 48, which every launch refuses."""
+    from autotune.bootstrap.sizing import _host_budget_limit, log_host_budget_gb
+    from autotune.logparse.accounting import build_ledger
+    from autotune.logparse.lines import parse_text
+
+    text = (
+        "[2026-12-07 07:12:06] HiCache memory headroom: host 48.4 GiB, cgroup 40.0 GiB\n"
+        "[2026-12-07 07:12:06] Allocating kv hierarchical KV host pool: 418527 tokens, "
+        "24.00 GB host memory.\n"
+    )
+    ledger = build_ledger(parse_text(text).events)
+    assert log_host_budget_gb(ledger) == pytest.approx(30 * 2**30 / 1e9)
+    comments: list[str] = []
+    assert _host_budget_limit({0, 12, 24, 48}, comments, ledger) == {0, 12, 24}
+    assert "left out 48: above the host budget of 32 GB per rank" in comments
