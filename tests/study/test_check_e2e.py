@@ -168,9 +168,10 @@ def test_a_server_refusing_every_request_is_no_go_with_its_answer(no_leftovers: 
     assert "Internal Server Error" in line, line
 
 
-def _in_process(folder: Path, **kw: object) -> str:
-    config = _study(folder)
-    cfg = load_study(config)
+def _in_process(folder: Path, *, config: Path | None = None, go: bool = False, **kw: object) -> str:
+    """`check` run in this process on the study at `config` (the default study when None); its
+    report's text, the go it expects asserted."""
+    cfg = load_study(config or _study(folder))
     study_folder = folder / "results" / cfg.name
     study_folder.mkdir(parents=True)
     report = run_check(
@@ -181,7 +182,7 @@ def _in_process(folder: Path, **kw: object) -> str:
         lambda launcher: launcher.probe if isinstance(launcher, LiveLauncher) else None,
         **kw,  # type: ignore[arg-type]
     )
-    assert not report.go
+    assert report.go is go
     return check_text(cfg, report)
 
 
@@ -254,20 +255,9 @@ def test_host_cache_sizes_over_the_bound_are_named_beside_those_within(
     )
     config = no_leftovers / "chk.toml"
     config.write_text(sim_study(n_trials=3, flags=simstudy.KIMI_FLAGS, search=search))
-    cfg = load_study(config)
-    study_folder = no_leftovers / "results" / cfg.name
-    study_folder.mkdir(parents=True)
     bound = HostBound(int(8 * 60e9 + 11 * 2**30), "this machine's", None, 8, "0.5.23")
     assert bound.fits(24) and not bound.fits(96)
-    report = run_check(
-        cfg,
-        study_folder,
-        default_storage_url(study_folder),
-        live_launcher,
-        lambda launcher: launcher.probe if isinstance(launcher, LiveLauncher) else None,
-        host=lambda: bound,
-    )
-    text = check_text(cfg, report)
+    text = _in_process(no_leftovers, config=config, go=True, host=lambda: bound)
     row = next(x for x in text.splitlines() if x.startswith("host RAM for the host cache"))
     assert "24 GB per rank within the bound" in row and "96 GB over it" in row
     assert "up to 96" not in row and " go " in row
