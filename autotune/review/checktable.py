@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 from autotune.config.schema import StudyConfig
 from autotune.config.space import fraction_step
-from autotune.config.workload import Poisson, Steady, Stress, Warmup, WorkloadSpec
+from autotune.config.workload import Poisson, Steady, Stress, WorkloadSpec
 from autotune.review.soak import DEFAULT_SOAK_FACTOR, soak_plan
 from autotune.search.estimate import launch_estimate
-from autotune.study.progress import duration
+from autotune.study.progress import duration, workload_plan
 from autotune.study.readings import CheckReport, Row
 
 
@@ -91,18 +91,10 @@ def _kinds(spec: WorkloadSpec) -> list[str]:
 def _phases(
     spec: WorkloadSpec, checked: Mapping[str, float]
 ) -> tuple[tuple[str, float | None], ...]:
-    """Each workload phase with its expected seconds: a steady or Poisson phase its duration, a
-    stress phase the check's round times its rounds, a warm-up None (not timed)."""
-    out: list[tuple[str, float | None]] = []
-    for p in spec.phases:
-        if isinstance(p, Steady | Poisson):
-            out.append((p.name, p.duration_s))
-        elif isinstance(p, Stress):
-            one = checked.get(p.name)
-            out.append((p.name, one * p.rounds if one is not None else None))
-        elif isinstance(p, Warmup):
-            out.append((p.name, None))
-    return tuple(out)
+    """Each workload phase with its expected seconds (`study.progress.workload_plan`): a steady
+    or Poisson phase its duration, a stress phase the check's round times its rounds, a warm-up
+    None (not timed)."""
+    return tuple((p.name, p.seconds) for p in workload_plan(spec, checked))
 
 
 def plan_rows(cfg: StudyConfig, report: CheckReport) -> list[Row]:

@@ -63,16 +63,21 @@ class Planned(NamedTuple):
     seconds: float | None
 
 
-def workload_plan(spec: WorkloadSpec) -> tuple[Planned, ...]:
-    """The workload's phases as the progress line plans them: steady and Poisson phases with their
-    durations, warmup and stress phases whose length only a timed trial tells."""
+def workload_plan(
+    spec: WorkloadSpec, checked: Mapping[str, float] | None = None
+) -> tuple[Planned, ...]:
+    """The workload's phases as the progress line and the check's night plan plan them: steady
+    and Poisson phases with their durations, a stress phase with the round `autotune check`
+    timed (`checked`, seconds by phase name) times its rounds, warmup and stress phases whose
+    length only a timed trial tells."""
     out = []
     for ph in spec.phases:
         if isinstance(ph, Steady | Poisson):
             out.append(Planned(ph.name, "steady" if isinstance(ph, Steady) else "poisson",
                                ph.duration_s))  # fmt: skip
         elif isinstance(ph, Stress):
-            out.append(Planned(ph.name, "stress", None))
+            one = (checked or {}).get(ph.name)
+            out.append(Planned(ph.name, "stress", one * ph.rounds if one is not None else None))
         elif isinstance(ph, Warmup):
             out.append(Planned(ph.name, "warmup", None))
     return tuple(out)

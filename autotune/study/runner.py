@@ -205,6 +205,11 @@ class _Night:
         check = study_record(study).check
         if check is not None:  # `autotune check` timed the launch before the night
             self.tally.seed(check.phases)
+            # and a round of each stress phase: the plan times its rounds as check's plan does
+            ran = next((t for t in trials if t.number == check.trial), None)
+            if ran is not None:
+                checked = dict(view(ran).workload_phases)
+                self.tally.plan = workload_plan(cfg.workload, checked)
         for t in trials:
             if t.state.is_finished():
                 _tally_add(self.tally, t, timed=check is None or t.number != check.trial)

@@ -228,6 +228,12 @@ def test_run_after_check_does_not_launch_the_baseline_again_and_times_its_eta_by
     started = re.search(r"trial 2/2 \(#1\) startup \S+ \(expected (\S+)\)", ran.stdout)
     assert started is not None, ran.stdout
     assert started.group(1) == duration(check.startup_s)
+    # the first ETA is the check's own trial (its stress rounds timed by the check's round, as
+    # the check's plan times them): it was a lower bound that left the stress phase out
+    one = re.search(r"^one trial +go +(\S+)$", done.stdout, re.M)
+    eta = re.search(r"trial 2/2 \(#1\) launch .* ETA (\S+)$", ran.stdout, re.M)
+    assert one is not None and eta is not None, done.stdout + ran.stdout
+    assert eta.group(1) == one.group(1)
 
 
 def test_a_preflight_no_go_writes_nothing(no_leftovers: Path) -> None:
