@@ -218,15 +218,9 @@ def _server(t: Table) -> ServerConfig:
         if not is_env_name(key):
             raise ConfigError(env_table.key(key), "is not a valid environment variable name")
         env[key] = env_table.string(key, required=True)
-    host = t.string("host", default="127.0.0.1")
-    if not host or any(c.isspace() for c in host):
-        raise ConfigError(t.key("host"), f"{host!r} is not a host name; use e.g. 127.0.0.1")
+    host = _host_name(t, "host", "127.0.0.1")
     port = t.integer("port", default=0, low=0, high=65535)
-    export_host = t.string("export_host") if "export_host" in t else None
-    if export_host is not None and (not export_host or any(c.isspace() for c in export_host)):
-        raise ConfigError(
-            t.key("export_host"), f"{export_host!r} is not a host name; use e.g. 0.0.0.0"
-        )
+    export_host = _host_name(t, "export_host", "0.0.0.0") if "export_host" in t else None
     export_port = t.integer("export_port", low=1, high=65535) if "export_port" in t else None
     for reserved in ("host", "port", "api_key"):
         if any(name == reserved for name, _ in flags):
@@ -268,6 +262,14 @@ def _server(t: Table) -> ServerConfig:
         export_host=export_host,
         export_port=export_port,
     )
+
+
+def _host_name(t: Table, key: str, example: str) -> str:
+    """`key`'s host name (`example` when absent): not empty, no whitespace."""
+    host = t.string(key, default=example)
+    if not host or any(c.isspace() for c in host):
+        raise ConfigError(t.key(key), f"{host!r} is not a host name; use e.g. {example}")
+    return host
 
 
 def node_count(flags: Iterable[tuple[str, FlagValue]]) -> int:

@@ -65,13 +65,13 @@ from autotune.logparse.prefix import rank_order
 from autotune.logparse.semantics import detect
 from autotune.logparse.serverargs import read_server_args
 
-# A capture line's role (`logparse.lines`) -> SGLang's phase name. 0.5.9's unlabelled decode
-# capture is "decode", its piecewise (prefill) capture "prefill".
 _DRAFT_TYPE = re.compile(r"NextN|MTP|Eagle|Draft")
 """A draft model's class as `Load weight end. type=…` names it (0.5.23 `models/`:
 `DeepseekV3ForCausalLMNextN`, `Glm5NextForConditionalGenerationNextN`, `MiMoMTP`,
 `LlamaForCausalLMEagle3`, `DFlashDraftModel`): an excerpt may begin at the draft's load."""
 
+# A capture line's role (`logparse.lines`) -> SGLang's phase name. 0.5.9's unlabelled decode
+# capture is "decode", its piecewise (prefill) capture "prefill".
 _PHASE_OF_ROLE = {
     "target prefill": "prefill",
     "target decode": "decode",

@@ -116,10 +116,7 @@ class Review:
 
     def confirmation_of(self, params: Mapping[str, Scalar]) -> Verdict | None:
         """The latest soak of the point `params`."""
-        for c in reversed(self.confirmations):
-            if c.covers(params, self.space):
-                return c
-        return None
+        return latest_confirmation(self.confirmations, params, self.space)
 
     @property
     def confirmed(self) -> bool | None:
@@ -281,12 +278,19 @@ def _served(case: CaseResult) -> bool:
     return case.passed or not (o.fails_at_startup or o.requeued or o is Outcome.UNKNOWN)
 
 
+def latest_confirmation(
+    confirmations: Sequence[Verdict], params: Mapping[str, Scalar], space: Space | None
+) -> Verdict | None:
+    """The latest of `confirmations` that soaked the point `params` (of `space`)."""
+    return next((c for c in reversed(confirmations) if c.covers(params, space)), None)
+
+
 def _soaked(winner: Winner | None, confirmations: Sequence[Verdict], space: Space) -> Winner | None:
     """A winner backed off to a point no trial ran, with the figures of the latest confirmation
     soak of that point where it passed: what ran, on every surface."""
     if winner is None or not winner.predicted:
         return winner
-    latest = next((c for c in reversed(confirmations) if c.covers(winner.params, space)), None)
+    latest = latest_confirmation(confirmations, winner.params, space)
     if latest is None or not latest.passed or latest.capacity_tokens is None:
         return winner
     return winner.measured_by_soak(
