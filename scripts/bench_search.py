@@ -621,8 +621,13 @@ def study_line(r: Run) -> str:
         f"{n.total_h:.1f} h, {r.profile} seed {r.seed}{world}: {n.launches} launches (startup "
         f"{n.startup_s / 3600:.1f} h, workload {n.workload_s / 3600:.1f} h, teardown "
         f"{n.teardown_s / 3600:.1f} h), {soak}"
-        + (f", to the target {r.to_target.total_h:.1f} h" if r.to_target is not None else "")
+        + (
+            f", to the target {r.to_target.total_h:.1f} h (launch {r.launches})"
+            if r.to_target is not None
+            else ""
+        )
         + f"; held {r.final:.0%} of the best stable, export keeps {r.kept:.0%}"
+        + ("" if r.soak_ok is not False else "; its soak fails")
     )
 
 

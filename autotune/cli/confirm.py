@@ -12,8 +12,16 @@ from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from autotune.cli import common
+from autotune.config.workload import Poisson, Steady
 from autotune.errors import UsageError
-from autotune.review.confirm import keep_verdict, run_confirm, soak, soak_factor_for, with_cases
+from autotune.review.confirm import (
+    ended_early,
+    keep_verdict,
+    run_confirm,
+    soak,
+    soak_factor_for,
+    with_cases,
+)
 from autotune.review.export import build_export
 from autotune.review.soak import DEFAULT_SOAK_FACTOR
 from autotune.review.verdict import CaseResult
@@ -74,13 +82,19 @@ def handle(args: argparse.Namespace) -> int:
     if problems:
         raise UsageError("; ".join(problems))
     factor, why = soak_factor_for(args.soak_factor, ex.margin)
-    soak_cfg = soak(cfg, factor)
+    ran = ended_early(review.trial(ex.trial))
+    soak_cfg = soak(cfg, factor, ran)
     out = sys.stdout
     out.write(f"{ex.headline}\n")
     out.write(
         f"confirming {' '.join(f'{k}={v}' for k, v in ex.params.items())} "
         f"(trial {ex.trial}) with a {factor:g}× soak{why}\n"
     )
+    for ph in soak_cfg.workload.phases:
+        if isinstance(ph, Steady | Poisson) and ph.name in ran:
+            one = f"{ran[ph.name]:,.0f} s trial {ex.trial} ran it before it ended early"
+            out.write(f"  phase {ph.name}: {ph.duration_s:,.0f} s, {factor:g}× the {one}\n")
+
     out.flush()
     planner = None if names is None else case_planner(cfg, names, review.trial(ex.trial).ledger)
 

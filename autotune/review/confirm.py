@@ -36,6 +36,7 @@ from autotune.errors import HarnessError
 from autotune.logparse.ledger import Ledger
 from autotune.record import keys
 from autotune.record.stored import study_record
+from autotune.record.view import TrialView
 from autotune.review.soak import DEFAULT_SOAK_FACTOR
 from autotune.review.verdict import CaseResult, Verdict
 from autotune.review.worstcase import Case, run_order
@@ -51,16 +52,23 @@ from autotune.trial.trialfile import TrialRecord, write_record
 MAX_HISTORY = 20
 
 
-def soak(cfg: StudyConfig, factor: float) -> StudyConfig:
-    """The study with its workload lengthened: steady and Poisson phases `factor`× longer,
-    stress rounds `ceil(factor)`× as many, the workload time limit scaled to match. No phase of
-    a soak ends early (`[workload] end_early` is off): a soak exists to run long."""
+def soak(cfg: StudyConfig, factor: float, ran: Mapping[str, float] | None = None) -> StudyConfig:
+    """The study with its workload lengthened to `factor` trials: steady and Poisson phases
+    `factor`× as long as a trial ran them (`ran`: the seconds, by phase name, of the phases the
+    trial the soak counts from ended early, `ended_early`; the phase's `duration_s` for every
+    other), stress rounds `ceil(factor)`× as many, the workload time limit scaled to match. The
+    soak's factor is counted in trials as they ran (the growth it is sized for was measured over
+    them), so a trial that ended its steady phase at 600 s of 900 makes a 3× soak 1,800 s long,
+    not 2,700. No phase of a soak ends early (`[workload] end_early` is off): a soak exists to
+    run long."""
 
     w = cfg.workload
+    lengths = ran or {}
     phases = []
     for ph in w.phases:
         if isinstance(ph, Steady | Poisson):
-            ph = dataclasses.replace(ph, duration_s=ph.duration_s * factor)
+            one = min(lengths.get(ph.name, ph.duration_s), ph.duration_s)
+            ph = dataclasses.replace(ph, duration_s=round(one * factor, 1))
         elif isinstance(ph, Stress):
             ph = dataclasses.replace(ph, rounds=ph.rounds * math.ceil(factor))
         phases.append(ph)
@@ -72,6 +80,16 @@ def soak(cfg: StudyConfig, factor: float) -> StudyConfig:
         workload=dataclasses.replace(w, phases=tuple(phases), end_early=EarlyEnd(enabled=False)),
         server=dataclasses.replace(cfg.server, limits=limits),
     )
+
+
+def ended_early(view: TrialView) -> dict[str, float]:
+    """The seconds a trial ran each workload phase it ended early (`[workload] end_early`), by
+    name: the trial's length `soak` counts a soak's factor in."""
+    return {
+        name: view.workload_phases[name]
+        for name in view.stored.ended_early
+        if view.workload_phases.get(name, 0.0) > 0.0
+    }
 
 
 def soak_factor_for(given: float | None, margin: Mapping[str, object]) -> tuple[float, str]:

@@ -274,8 +274,14 @@ def launch_hours(
 
 def soak_hours(profile: Profile, plan: StartupPlan, cfg: StudyConfig, factor: float) -> Hours:
     """The confirm soak's cost: one launch of the exported setting, its workload lengthened by
-    the soak's factor (`autotune.review.confirm.soak`), its teardown."""
-    soaked = soak(cfg, factor)
+    the soak's factor (`autotune.review.confirm.soak`) over its steady phases as a trial of the
+    setting ran them (ended early where the rule fires), its teardown."""
+    ran = {}
+    for phase in cfg.workload.phases:
+        early = early_end_s(profile, plan, cfg.workload, phase)
+        if early is not None:
+            ran[phase.name] = early
+    soaked = soak(cfg, factor, ran)
     work = 0.0
     if plan.ok:
         work = workload_s(profile, plan, soaked.workload, soaked.server.limits.workload_s)

@@ -50,6 +50,20 @@ def test_a_settled_steady_phase_ends_early_and_the_trial_says_why(no_leftovers: 
     explained = simstudy.run(no_leftovers / "early.toml", "explain", "--trial", "0", timeout=60)
     assert explained.returncode == 0, explained.stderr
     assert f"workload phase {steady['name']} {why}" in explained.stdout
+    # the confirm soak counts its factor in trials as they ran: twice the seconds the trial's
+    # steady phase ran before it ended early, not twice the 90 s it was planned for
+    confirmed = simstudy.run(no_leftovers / "early.toml", "confirm", "--cases", "none",
+                             "--soak-factor", "2", timeout=200)  # fmt: skip
+    assert confirmed.returncode == 0, confirmed.stdout + confirmed.stderr
+    ran = float(steady["duration_s"])
+    assert f"phase {steady['name']}: {2 * ran:,.0f} s, 2× the {ran:,.0f} s trial 0 ran it" in (
+        confirmed.stdout
+    )
+    record = next((no_leftovers / "results/early/confirm").glob("*/trial.json"))
+    soaked = json.loads(record.read_text())
+    soak_steady = soaked["workload"]["phases"][0]
+    assert soak_steady["ended_by"] == "completed"  # a soak never ends early
+    assert 2 * ran - 1 <= float(soak_steady["duration_s"]) < 90
 
 
 def test_a_noisy_steady_phase_runs_its_whole_duration(no_leftovers: Path) -> None:

@@ -13,13 +13,16 @@ import pytest
 
 from autotune.config.workload import EarlyEnd, Steady, Stress
 from autotune.loadgen.driver import ABORT_SETTLE_S
+from autotune.review.confirm import soak
 from autotune.sim.profiles import Mismatch, load_profile
 from autotune.testing.night import (
     BENCH_WORKLOAD,
     SETTLE_WAVES,
+    TEARDOWN_S,
     early_end_s,
     phase_s,
     request_s,
+    soak_hours,
     startup_s,
     workload_s,
 )
@@ -139,6 +142,25 @@ def test_the_night_ends_a_phase_where_the_drivers_rule_would_fire() -> None:
     two = phase_s(kimi, plan, off, replace(stress, rounds=2))
     assert phase_s(kimi, plan, BENCH_WORKLOAD, stress) == pytest.approx(two)
     assert phase_s(kimi, plan, off, stress) == pytest.approx(1.5 * two)
+
+
+def test_the_night_soaks_a_factor_of_trials_as_they_ran() -> None:
+    """The confirm soak's steady phase is the factor times the trial's steady phase as it ran
+    (ended early by the driver's rule), then drained: a soak never ends early."""
+    kimi = load_profile("kimi-k2.5-tp8-96g")
+    bench = bench_for(kimi)
+    plan = plan_for(bench, bench.search.baseline)
+    cfg = replace(bench.study_config, workload=BENCH_WORKLOAD)
+    steady = BENCH_WORKLOAD.phases[1]
+    at = early_end_s(kimi, plan, BENCH_WORKLOAD, steady)
+    assert at is not None and at < 900
+    soaked = soak(cfg, 3.0, {steady.name: at})
+    expected = startup_s(kimi, plan) + workload_s(kimi, plan, soaked.workload, 1e9) + TEARDOWN_S
+    assert soak_hours(kimi, plan, cfg, 3.0).soak_s == pytest.approx(expected)
+    # against the whole planned duration three times over, it is shorter by 3 × (900 − at)
+    whole = soak(cfg, 3.0)
+    longer = startup_s(kimi, plan) + workload_s(kimi, plan, whole.workload, 1e9) + TEARDOWN_S
+    assert longer - expected == pytest.approx(3 * (900 - at))
 
 
 def _run(module: ModuleType, capsys: pytest.CaptureFixture[str], *extra: str) -> str:
