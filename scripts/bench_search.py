@@ -59,7 +59,7 @@ from pathlib import Path
 
 import optuna
 
-from autotune.config.schema import FRACTION, Choices, SamplerConfig, Scalar, StudyConfig
+from autotune.config.schema import CHUNK, FRACTION, Choices, SamplerConfig, Scalar, StudyConfig
 from autotune.config.space import fraction_step, grid, settings_for, snap
 from autotune.config.studyfile import read_study
 from autotune.config.workload import EarlyEnd
@@ -206,6 +206,9 @@ class Run:
     export_share: float | None = None
     # the exported capacity over the best stable one where the export is stable, else 0
     kept: float = 0.0
+    # where the export failed its soak: the most any setting of the space holds through a soak
+    # as long (`soak_best`); None where the soak passed or nothing was exported
+    soak_best: int | None = None
 
 
 def study_run(
@@ -293,6 +296,9 @@ def study_run(
         soak_factor=soaked[1] if soaked is not None else None,
         export_share=export_share(bench, soaked[2], soaked[1]) if soaked is not None else None,
         kept=kept(bench, soaked[2], best) if soaked is not None else 0.0,
+        soak_best=soak_best(bench, soaked[2], soaked[1])
+        if soaked is not None and not soaked[0]
+        else None,
     )
 
 
@@ -303,6 +309,19 @@ def kept(bench: Bench, params: dict[str, Scalar], best: int) -> float:
     what the operator takes away."""
     p, tokens = p_stable(bench, params)
     return tokens / best if best and p >= STABLE_P else 0.0
+
+
+def soak_best(bench: Bench, params: dict[str, Scalar], factor: float) -> int:
+    """The most capacity any setting of the space holds through a soak `factor` trials long
+    (`p_stable` ≥ `STABLE_P`), each also at the prefill chunk the export traded to where it did;
+    0 where none does: a world where no export can pass its soak."""
+    best = 0
+    for pt in grid(bench.search) or []:
+        for q in ({**pt}, {**pt, **{k: v for k, v in params.items() if k == CHUNK}}):
+            p, tokens = p_stable(bench, q, soak=factor)
+            if p >= STABLE_P:
+                best = max(best, tokens)
+    return best
 
 
 def export_share(bench: Bench, params: dict[str, Scalar], factor: float) -> float | None:
@@ -460,6 +479,24 @@ def outcomes(runs: list[Run], budget: int) -> list[str]:
             f"{_launches(max(steps), budget):>6} "
             f"{statistics.median(r.crashes for r in rs):>11g} {ratio:>7} "
             f"{statistics.median(r.front for r in rs):>9.0%} {_export(rs)}"
+        )
+    for name, rs in by.items():
+        failed = [r for r in rs if r.soak_ok is False]
+        if not failed:
+            continue
+        closed = [r for r in failed if not r.soak_best]
+        slim = [r for r in failed if r.soak_best and r.soak_best < 0.5 * r.best]
+        lines.append(
+            f"({name}: {len(failed)} exports failed their soak; in {len(closed)} of those worlds "
+            "no setting of the space passes a soak that long"
+            + (f" ({', '.join(f'{r.profile} seed {r.seed}' for r in closed)})" if closed else "")
+            + (
+                f", in {len(slim)} one does with less than half the best stable capacity "
+                f"({', '.join(f'{r.profile} seed {r.seed}: {r.soak_best:,} tokens' for r in slim)})"
+                if slim
+                else ""
+            )
+            + ")"
         )
     none = [r for r in runs if r.best == 0]
     if none:

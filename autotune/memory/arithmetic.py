@@ -33,6 +33,10 @@ from autotune.memory.pool import (
     tokens_for,
 )
 
+ROUNDING_GIB = 0.02
+"""How far a launch's pool may depart from the formula by the rounding of the figures SGLang
+prints (P and A to 0.01 GB) before the departure counts as the box's own (`pool_offset_tokens`)."""
+
 
 def free_after_capture_gib(ledger: Ledger) -> float | None:
     """Free GPU memory once startup allocated everything, CUDA graphs included: the summary
@@ -210,10 +214,28 @@ class Arithmetic:
             return None
         return self.fraction + (self.headroom.free - free_gib) / per_f
 
+    @property
+    def pool_offset_tokens(self) -> int:
+        """How far the pool the launch's log counted departs from the formula at its own
+        fraction, beyond what the printed figures' rounding explains (`ROUNDING_GIB`); 0 where it
+        does not, or where `--max-total-tokens` held the pool. SGLang sizes the pool from the
+        least free memory of every rank (0.5.23 `get_available_gpu_memory(distributed=True)`
+        reduces it with MIN), while A is one rank's figure: a rank short of the others shows
+        here, and it does not move with the fraction."""
+        if self.tokens is None or self.tokens <= 0:
+            return 0
+        if self.tokens_cap is not None and self.tokens >= self.tokens_cap:
+            return 0
+        own = pool_tokens(self.p_gib, self.avail_after_weights_gib, self.fraction, self.cell_bytes)
+        off = self.tokens - own
+        return off if abs(off) * self.cell_bytes / GIB > ROUNDING_GIB else 0
+
     def at(self, fraction: float) -> AtFraction:
         """What `fraction` would give, all else equal. `kv_gib` is the target pool as its KV line
-        would print it."""
+        would print it. The pool moves from the one the launch counted (`pool_offset_tokens`):
+        what made it depart from the formula is part of "all else"."""
         tokens = pool_tokens(self.p_gib, self.avail_after_weights_gib, fraction, self.cell_bytes)
+        tokens = max(tokens + self.pool_offset_tokens, 0)
         if self.tokens_cap is not None:
             tokens = min(tokens, self.tokens_cap)
         pool_cell = self.kv_cell_bytes or self.cell_bytes

@@ -71,3 +71,23 @@ def test_the_pools_launches_sized_fall_to_zero_where_the_least_rank_has_no_room(
     assert zero > 1 - A / P + 0.015
     assert pool_zero_fraction(pools[:1]) is None  # one fraction: no line
     assert pool_zero_fraction([(0.85, 1000), (0.88, 1000)]) is None  # the cap held both
+
+
+def test_another_fraction_moves_from_the_pool_the_least_rank_left() -> None:
+    """A rank 1.5 GiB short of the one that printed A: SGLang sized the pool from it, so another
+    fraction's pool moves from the pool the log counted, and at the launch's own fraction the
+    prediction is the launch itself (no free memory moved)."""
+    short = 1.5
+    d = ledger(0.88)
+    d["max_total_num_tokens"] = int((A - short - P * 0.12) * GIB) // CELL
+    a = arithmetic(Ledger.from_dict(d), 0.88, stress_peak_gib=2.5, cell_bytes=CELL)
+    assert a is not None and a.headroom is not None
+    assert a.pool_offset_tokens == pytest.approx(-short * GIB / CELL, abs=2)
+    assert a.at(0.88).tokens == d["max_total_num_tokens"]
+    assert a.at(0.88).static_free_gib == pytest.approx(a.headroom.free)
+    below = a.at(0.86)
+    assert below.tokens == pytest.approx(d["max_total_num_tokens"] - 0.02 * P * GIB / CELL, abs=2)
+    assert below.tokens < d["max_total_num_tokens"]
+    # a pool the printed figures' rounding explains moves on the formula alone
+    plain = arithmetic(Ledger.from_dict(ledger(0.88)), 0.88, cell_bytes=CELL)
+    assert plain is not None and plain.pool_offset_tokens == 0
