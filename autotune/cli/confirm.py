@@ -45,7 +45,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=float,
         default=None,
         metavar="X",
-        help="steady phases X times longer, stress repeated as often (default: as long as "
+        help="steady phases X times as long as the exported trial ran them, stress repeated "
+        "as often (default: as long as "
         "the export's margin was sized for, long enough for the growth the trials measured "
         f"to eat the spare headroom; {DEFAULT_SOAK_FACTOR:g} where they measured none)",
     )
