@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.bootstrap.traffic import DECODE_LOG_INTERVAL
 from autotune.errors import UsageError
 from autotune.logparse.accounting import build_ledger
 from autotune.logparse.events import STARTUP_KINDS, Batch, Kind, ParsedLog
@@ -48,6 +49,15 @@ class LogFacts:
     def release(self) -> str | None:
         """The simulated SGLang release whose formats the log's `server_args=` line has."""
         return {"dict": "0.5.23", "ServerArgs": "0.5.9"}.get(self.args_format)
+
+    @property
+    def decode_log_interval(self) -> int:
+        """`--decode-log-interval` as the log's `server_args=` line shows it, else SGLang's
+        default: the decode forwards each Decode line closes."""
+        value = self.args.get("decode_log_interval")
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+        return DECODE_LOG_INTERVAL
 
     @property
     def shown_fraction(self) -> float | None:

@@ -36,7 +36,7 @@ from autotune.bootstrap.sizing import (
     pool_holds,
 )
 from autotune.bootstrap.sources import Launch, launch_from_command, launch_from_unit
-from autotune.bootstrap.traffic import lengths, sketch
+from autotune.bootstrap.traffic import DECODE_LOG_INTERVAL, lengths, sketch
 from autotune.config.schema import FlagValue, StudyConfig, param_name
 from autotune.config.studyfile import check_study_name, load_study, nodes_refusal, read_study
 from autotune.errors import AutotuneError, ConfigError, HarnessError, UsageError
@@ -136,6 +136,7 @@ def _workload(
         context_len=ledger.context_len if ledger is not None else None,
         most_slots=most_slots,
         holds=holds,
+        log_interval=facts.decode_log_interval if facts is not None else DECODE_LOG_INTERVAL,
     )
     where = (
         f"sketched from {facts.path.name}'s serving lines"
@@ -244,6 +245,7 @@ def _per_request(facts: LogFacts | None) -> int:
         facts.batches if facts is not None else (),
         chunk=ledger.chunked_prefill_size if ledger is not None else None,
         context_len=ledger.context_len if ledger is not None else None,
+        log_interval=facts.decode_log_interval if facts is not None else DECODE_LOG_INTERVAL,
     )
     return inputs.mean + outputs.mean
 

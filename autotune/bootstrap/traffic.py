@@ -9,8 +9,14 @@
   goes on with it first in the rank's next batch, where `#new-seq` counts it again
   (`PrefillAdder`: the cut request stays in `can_run_list`); after a line whose new tokens fill
   the chunk, the next line's first sequence is the same prompt, counted once;
-* answer lengths: a Decode line's `#token` over `#running-req` is the mean context of the
-  running requests, about prompt + half the answer, so the answer is about twice the difference;
+* answer lengths: a Decode line closes `--decode-log-interval` decode forwards, each adding
+  `accept len` tokens (1 without a draft) to each of its `#running-req`, so the lines add up to
+  the answer tokens generated, shared among the requests the Prefill lines admitted. (A Decode
+  line's `#token` over `#running-req`, about prompt + half the answer, reads the answer only as
+  twice a small difference of two large numbers where answers are much shorter than prompts: it
+  is the fallback with fewer than three Decode lines, where their `gen throughput` and times
+  show lines missing between them, or where the Prefill lines do not account for the requests
+  the Decode lines run.)
 * the prefix cache's share of prompt tokens says whether the traffic reuses prefixes.
 
 Without serving lines it is a generic chat load around the request slots, and says so. Either
@@ -26,6 +32,8 @@ from dataclasses import dataclass
 from autotune.logparse.events import Batch
 
 MAX_CONCURRENCY = 4096
+DECODE_LOG_INTERVAL = 40
+"""SGLang's default `--decode-log-interval`: a Decode line every this many decode forwards."""
 
 
 @dataclass(frozen=True)
@@ -153,10 +161,85 @@ def _input_lengths(sizes: Sequence[float], chunk: int | None, comments: list[str
     return inputs
 
 
+def _generated(batches: Sequence[Batch], interval: int) -> tuple[float, int] | None:
+    """The answer tokens the decode forwards made over the log, and the Decode lines that show
+    them: SGLang prints a Decode line every `interval` decode forwards (`--decode-log-interval`;
+    0.5.23 `metrics_reporter.report_decode_stats`), each forward adds `accept len` tokens to every
+    running request (1 without a draft: the line's mean of the round's generated tokens per
+    request), so a line stands for `interval × #running-req × accept len` tokens. None below three
+    lines."""
+    lines = [b for b in batches if b.phase == "decode" and b.running]
+    if len(lines) < 3 or _gaps(lines, interval) or _unadmitted(batches):
+        return None
+    made = sum(interval * (b.running or 0) * (b.accept_len or 1.0) for b in lines)
+    return made, len(lines)
+
+
+def _unadmitted(batches: Sequence[Batch]) -> bool:
+    """Whether the Prefill lines leave out requests the answers were made for: a rank's first
+    serving line finds requests already running (an excerpt that begins mid-serving), a Decode
+    line runs more than the rank's Prefill lines admitted (lines dropped), or the requests still
+    running at the last Decode line are more than a third of those admitted (a log too short for
+    the answers it cut off to average out)."""
+    admitted: dict[str, int] = {}
+    last = 0
+    for b in batches:
+        if b.rank not in admitted:
+            admitted[b.rank] = 0
+            if (b.running or 0) > 0:
+                return True
+        if b.phase == "prefill":
+            admitted[b.rank] += b.new_seq or 0
+        elif (b.running or 0) > admitted[b.rank]:
+            return True
+        else:
+            last = b.running or 0
+    return 3 * last > sum(admitted.values())
+
+
+def _gaps(lines: Sequence[Batch], interval: int) -> bool:
+    """Whether Decode lines are missing between the ones the log shows (an excerpt, a collector
+    that drops lines): each line's `gen throughput` is the tokens made since the rank's last
+    Decode line over the time since it, so over a rank's lines it adds up, with their times, to
+    the tokens made, which lines missing in between leave far beyond what the shown lines count
+    (more than half again, past a second of the fastest line's rounding)."""
+    made = counted = 0.0
+    fastest = 0.0
+    last: dict[str, Batch] = {}
+    for b in lines:
+        before = last.get(b.rank)
+        last[b.rank] = b
+        if before is None or b.time is None or before.time is None or b.gen_throughput is None:
+            continue
+        made += b.gen_throughput * max(b.time - before.time, 0.0)
+        counted += interval * (b.running or 0) * (b.accept_len or 1.0)
+        fastest = max(fastest, b.gen_throughput)
+    return made > 1.5 * counted + 2.0 * fastest
+
+
 def _output_lengths(
-    contexts: Sequence[float], sizes: Sequence[float], inputs: Lengths, comments: list[str]
+    batches: Sequence[Batch],
+    sizes: Sequence[float],
+    inputs: Lengths,
+    comments: list[str],
+    interval: int = DECODE_LOG_INTERVAL,
 ) -> Lengths:
-    """The answer lengths from the Decode lines' contexts, else 512 tokens on average."""
+    """The answer lengths: the tokens the Decode lines' forwards made over the requests the
+    Prefill lines admitted (each answer's first token comes with its prefill); where fewer than
+    three Decode lines show, lines are missing between them (`_gaps`) or the Prefill lines miss
+    requests (`_unadmitted`), twice the Decode lines' mean context over the prompt; else 512
+    tokens on average."""
+    generated = _generated(batches, interval)
+    if generated is not None and len(sizes) >= 3:
+        made, lines = generated
+        mean_out = round(min(made / len(sizes) + 1, 16384))
+        comments.append(
+            f"answers: about {mean_out:,} tokens, the {made:,.0f} tokens the decode forwards of "
+            f"{lines} Decode lines made ({interval} forwards a line, --decode-log-interval) over "
+            f"the {len(sizes)} requests the Prefill lines admitted"
+        )
+        return _answers(mean_out)
+    contexts = _contexts(batches)
     if contexts and len(sizes) >= 3:
         answer = 2.0 * (statistics.median(contexts) - inputs.mean)
         if answer >= 16:
@@ -165,14 +248,16 @@ def _output_lengths(
                 f"answers: about {mean_out:,} tokens, from the Decode lines' tokens per running "
                 "request (prompt + half the answer)"
             )
-            return Lengths(
-                mean=mean_out,
-                std=max(mean_out // 4, 1),
-                low=max(mean_out // 4, 1),
-                high=mean_out * 2,
-            )
+            return _answers(mean_out)
     comments.append("answers: the log does not show their length; 512 tokens on average")
     return Lengths(mean=512, std=128, low=64, high=2048)
+
+
+def _answers(mean_out: int) -> Lengths:
+    """Answers of `mean_out` tokens on average, a quarter of that spread."""
+    return Lengths(
+        mean=mean_out, std=max(mean_out // 4, 1), low=max(mean_out // 4, 1), high=mean_out * 2
+    )
 
 
 def _fit_context(inputs: Lengths, outputs: Lengths, context_len: int | None) -> Lengths:
@@ -210,14 +295,19 @@ def _fill(
 
 
 def lengths(
-    batches: Sequence[Batch], *, chunk: int | None, context_len: int | None
+    batches: Sequence[Batch],
+    *,
+    chunk: int | None,
+    context_len: int | None,
+    log_interval: int = DECODE_LOG_INTERVAL,
 ) -> tuple[Lengths, Lengths, list[str]]:
     """The prompt and answer lengths the serving lines show (else a generic chat mix), cut to
-    the context, and the comments saying where they came from."""
+    the context, and the comments saying where they came from; `log_interval` is the server's
+    `--decode-log-interval`."""
     sizes, _ = _prompt_sizes(batches, chunk)
     comments: list[str] = []
     inputs = _input_lengths(sizes, chunk, comments)
-    outputs = _output_lengths(_contexts(batches), sizes, inputs, comments)
+    outputs = _output_lengths(batches, sizes, inputs, comments, log_interval)
     return _fit_context(inputs, outputs, context_len), outputs, comments
 
 
@@ -230,6 +320,7 @@ def sketch(
     context_len: int | None,
     most_slots: int = 0,
     holds: int | None = None,
+    log_interval: int = DECODE_LOG_INTERVAL,
 ) -> Traffic:
     """The workload sketched from the log's serving lines; its clients can fill `most_slots`
     request slots (the most the search tries), so throughput can tell the slot counts apart,
@@ -239,7 +330,9 @@ def sketch(
     comments: list[str] = []
     concurrency = _concurrency(batches, peak_running, slots if holds is None else None, comments)
     concurrency = _fill(concurrency, most_slots, holds, _busiest(batches), comments)
-    inputs, outputs, said = lengths(batches, chunk=chunk, context_len=context_len)
+    inputs, outputs, said = lengths(
+        batches, chunk=chunk, context_len=context_len, log_interval=log_interval
+    )
     comments += said
     if cached_share is not None and cached_share >= 0.2:
         comments.append(

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -75,8 +76,16 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     raise AssertionError(f"the simulator's process group {proc.pid} outlived SIGKILL")
 
 
-def simulator_log(folder: Path, *, version: str | None = None, requests: int = 16) -> Path:
-    """Start the simulator, drive `requests` concurrent requests, stop it; its log."""
+def simulator_log(
+    folder: Path,
+    *,
+    version: str | None = None,
+    requests: int = 16,
+    prompt: Callable[[int], int] = lambda i: 300 + 40 * i,
+    answer: int = 400,
+) -> Path:
+    """Start the simulator, drive `requests` concurrent requests (request i: `prompt(i)` tokens,
+    `answer` tokens of answer), stop it; its log."""
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / "server.log"
     port = free_port("127.0.0.1")
@@ -100,8 +109,8 @@ def simulator_log(folder: Path, *, version: str | None = None, requests: int = 1
 
         def one(i: int) -> None:
             body: dict[str, object] = {
-                "input_ids": [7] * (300 + 40 * i),
-                "sampling_params": {"max_new_tokens": 400, "ignore_eos": True},
+                "input_ids": [7 + i] * prompt(i),
+                "sampling_params": {"max_new_tokens": answer, "ignore_eos": True},
             }
             try:
                 _post(url, body)
