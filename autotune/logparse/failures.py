@@ -24,18 +24,32 @@ _VERSION = re.compile(r"\bsglang(?:\s+version)?\s*(?:==|:|=|-|\s)\s*v?(\d+)\.(\d
 
 _SERVING_FRAMES = (
     "in event_loop",
+    "in run_event_loop",
+    "in dispatch_event_loop",
     "in run_batch",
     "in forward_batch_generation",
     "in forward_thread_func",
     "in process_batch_result",
     "in get_next_batch_to_run",
+    "in process_input_requests",
+    "in get_new_batch_prefill",
+    "in _get_new_batch_prefill_raw",
+    "in update_running_batch",
+    "in get_ready_grammar_requests",
+    "in move_ready_grammar_requests",
     "in exposed_step",
 )
 """Traceback frames of the scheduler's serving loop and forward pass (`event_loop_overlap`,
-`event_loop_normal`, `event_loop_pp`, …, `run_batch`, `forward_batch_generation`; the overlap
-worker's `forward_thread_func` in releases that had one; 0.2.x–0.3.x's `ModelTpServer.
-exposed_step`, the step the controller calls for each batch). Startup never runs them: graph
-capture and profiling call the model runner directly."""
+`event_loop_normal`, `event_loop_pp`, …; 0.5.18+'s `run_event_loop` and `dispatch_event_loop`,
+which `run_scheduler_process` calls only once the scheduler sent its init info, graph capture and
+warm-ups done; `run_batch`, `forward_batch_generation`; the steps that build a batch from the
+requests received: `process_input_requests`, `get_new_batch_prefill` and its
+`_get_new_batch_prefill_raw`, the grammar queue's `get_ready_grammar_requests` (earlier
+`move_ready_grammar_requests`), `update_running_batch`; the overlap worker's
+`forward_thread_func` in releases that had one; 0.2.x–0.3.x's `ModelTpServer.exposed_step`, the
+step the controller calls for each batch). Startup never runs them: graph capture and profiling
+call the model runner directly (and `prepare_for_extend`, which a pipeline's chunk-size
+profiling calls at startup, is left out)."""
 
 
 _ANY_OOM = re.compile(

@@ -468,6 +468,9 @@ _STARTS: tuple[tuple[str, Builder], ...] = (
     # 0.2.x–0.3.x's form of it: `ModelTpServer.exposed_step` (`managers/[controller/]tp_worker.py`)
     # logs `Exception in ModelTpServer:\n{traceback}` and raises
     ("Exception in ModelTpServer", _plain(Kind.SCHEDULER_EXCEPTION)),
+    # the overlap worker's thread (0.4.x–0.5.0 `tp_worker_overlap_thread.py`
+    # `forward_thread_func`) logs it, then signals its scheduler (SIGQUIT, SIGUSR1 in some)
+    ("TpModelWorkerClient hit an exception", _plain(Kind.SCHEDULER_EXCEPTION)),
     ("TokenizerManager hit an exception", _plain(Kind.SCHEDULER_EXCEPTION)),
     ("DetokenizerManager hit an exception", _plain(Kind.SCHEDULER_EXCEPTION)),
     ("DataParallelController hit an exception", _plain(Kind.SCHEDULER_EXCEPTION)),

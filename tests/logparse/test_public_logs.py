@@ -505,3 +505,58 @@ def test_a_line_0_5_9_never_prints_reads_the_later_rules(line: str) -> None:
     assert ledger.semantics == "0.5.18"
     assert ledger.ranks == 2
     assert build_ledger(parse_text(kv).events).semantics == "0.5.9"
+
+
+# -- Tracebacks through the steps that build a batch, the overlap worker's thread ------------------
+
+
+def test_a_traceback_through_0_5_18_s_event_loop_is_a_crash_while_serving() -> None:
+    """sgl-project/sglang#40797 (0.5.17, docker compose): a multimodal request's token mismatch
+    ends the scheduler inside `run_event_loop` → `dispatch_event_loop`, which 0.5.23's
+    `run_scheduler_process` calls only after the scheduler sent its init info; it read as a
+    failed start."""
+    text = (
+        "sglang_service-1  | [2026-09-15 13:53:07 TP0] Scheduler hit an exception: Traceback "
+        "(most recent call last):\n"
+        'sglang_service-1  |   File "/sgl-workspace/sglang/python/sglang/srt/managers/'
+        'scheduler.py", line 4947, in run_scheduler_process\n'
+        "sglang_service-1  |     scheduler.run_event_loop()\n"
+        'sglang_service-1  |   File "/sgl-workspace/sglang/python/sglang/srt/managers/'
+        'scheduler.py", line 1662, in run_event_loop\n'
+        "sglang_service-1  |     dispatch_event_loop(self)\n"
+    )
+    verdict = _verdict(text)
+    assert verdict.outcome is Outcome.CRASH, verdict
+
+
+def test_a_grammar_queue_s_index_error_is_a_crash_while_serving() -> None:
+    """sgl-project/sglang#6229 (0.4.x): the frame pasted without its indentation; the grammar
+    queue is read when a prefill batch is built from the requests received (0.5.23:
+    `grammar_manager.get_ready_grammar_requests` from `_get_new_batch_prefill_raw`)."""
+    text = (
+        "[TP1] Scheduler hit an exception:\n"
+        "IndexError: list index out of range\n"
+        'File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 1761, in '
+        "move_ready_grammar_requests\n"
+        "self.grammar_queue[i].grammar = self.grammar_queue[i].grammar.result()\n"
+    )
+    assert _verdict(text).outcome is Outcome.CRASH
+
+
+def test_the_overlap_worker_s_exception_is_a_failure_line() -> None:
+    """sgl-project/sglang#6027 (0.4.x, DP attention): the overlap worker's thread logs
+    `TpModelWorkerClient hit an exception` and signals its scheduler (`tp_worker_overlap_thread.py`
+    `forward_thread_func`); the line read as nothing, and the log as a start without its ready
+    line."""
+    text = (
+        "[2025-07-07 19:00:30 DP4 TP4] TpModelWorkerClient hit an exception: Traceback (most "
+        "recent call last):\n"
+        '  File "/sgl-workspace/sglang/python/sglang/srt/managers/tp_worker_overlap_thread.py", '
+        "line 127, in forward_thread_func\n"
+        "    self.forward_thread_func_()\n"
+        '  File "/sgl-workspace/sglang/python/sglang/srt/managers/tp_worker.py", line 212, in '
+        "forward_batch_generation\n"
+        "    logits_output, can_run_cuda_graph = self.model_runner.forward(\n"
+    )
+    verdict = _verdict(text)
+    assert (verdict.outcome, verdict.cause) == (Outcome.CRASH, "scheduler_exception"), verdict
