@@ -206,7 +206,8 @@ ROWS: list[tuple[str, Outcome, str, dict[str, Any]]] = [
         "partial_tp8_kv_odd_ranks.log",
         Outcome.READY,
         "ready",
-        {"p_gib": None, "kv_gib": 50.93, "max_total_num_tokens": 1000000, "ranks": 8},
+        # P from each rank's `Load weight end` (avail + mem usage), the least: TP6's
+        {"p_gib": 78.07, "kv_gib": 50.93, "max_total_num_tokens": 1000000, "ranks": 8},
     ),
     (
         "v0_2_13_gpu_tagged_tp2.log",

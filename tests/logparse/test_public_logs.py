@@ -560,3 +560,27 @@ def test_the_overlap_worker_s_exception_is_a_failure_line() -> None:
     )
     verdict = _verdict(text)
     assert (verdict.outcome, verdict.cause) == (Outcome.CRASH, "scheduler_exception"), verdict
+
+
+# -- An excerpt that begins after `Load weight begin` ----------------------------------------------
+
+
+def test_the_free_memory_before_the_weights_is_their_usage_and_what_they_left() -> None:
+    """SemiAnalysisAI/InferenceX#2128 (DeepSeek-V4, 0.5.x): the excerpt starts at `Load weight
+    end`, whose `mem usage=` is the free memory before the load less after it (`model_runner.py`
+    `load_model`), so P is the sum: 12.25 + 125.65."""
+    text = (
+        "[2026-07-01 10:00:00 TP0] Load weight end. quant=fp8, fmt=e4m3, avail mem=12.25 GB, "
+        "mem usage=125.65 GB.\n"
+        "ValueError: Loaded weights leave no GPU memory for the KV cache under "
+        "--mem-fraction-static=0.88.\n"
+    )
+    parsed = parse_text(text)
+    ledger = build_ledger(parsed.events, parsed.batches)
+    assert (ledger.p_gib, ledger.weights_gib, ledger.avail_after_weights_gib) == (
+        137.9,
+        125.65,
+        12.25,
+    )
+    verdict = _verdict(text)
+    assert (verdict.outcome, verdict.cause) == (Outcome.STARTUP_OOM, "no_kv_room")
