@@ -34,8 +34,9 @@ refuse-generate      every generation request is answered HTTP 500 while the ser
 bad-server-info      /server_info and /get_server_info answer 200 with a JSON object that has no
                      `internal_states` and no `version` (a server of another shape)
 reword-log           the ranks print P reworded (`Weight loading begins, free memory: X GB`
-                     for `Load weight begin. avail mem=X GB`), as a release that rewords its
-                     memory lines would: the log no longer shows P
+                     for `Load weight begin. avail mem=X GB`) and the weights' usage with it
+                     (`the weights took X GB` for `mem usage=X GB`, which with A gives P), as
+                     a release that rewords its memory lines would: the log no longer shows P
 
 The host's own faults need no switch, because the simulator meets the real thing as SGLang does:
 another process listening on its port (uvicorn's `[Errno 98]` line, then the warm-up gives up:

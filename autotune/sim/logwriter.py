@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 _P_LINE = "Load weight begin. avail mem="
+_END_LINE = "Load weight end."
 
 
 def _now() -> dt.datetime:
@@ -38,7 +39,8 @@ class LogWriter:
         self.access_stream = access_stream if access_stream is not None else sys.stdout
         self.clock = clock
         self.reworded = False
-        """Print P reworded (the `reword-log` fault), as a release that rewords its lines."""
+        """Print P and the weights' usage reworded (the `reword-log` fault), as a release that
+        rewords its lines."""
         self._lock = threading.Lock()
 
     def _stamp(self) -> str:
@@ -65,6 +67,9 @@ class LogWriter:
         tag = f" TP{rank}" if self.tp > 1 else ""
         if self.reworded and message.startswith(_P_LINE):
             message = f"Weight loading begins, free memory: {message[len(_P_LINE) :]}"
+        elif self.reworded and message.startswith(_END_LINE):
+            # the usage is P less A: left as it was, it would give P back
+            message = message.replace(", mem usage=", ", the weights took ")
         text = f"[{self._stamp() if stamp is None else stamp}{tag}] {message}"
         return text if text.endswith("\n") else text + "\n"
 
