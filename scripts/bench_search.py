@@ -315,9 +315,10 @@ def soak_best(bench: Bench, params: dict[str, Scalar], factor: float) -> int:
     """The most capacity any setting of the space holds through a soak `factor` trials long
     (`p_stable` ≥ `STABLE_P`), each also at the prefill chunk the export traded to where it did;
     0 where none does: a world where no export can pass its soak."""
+    traded = {CHUNK: params[CHUNK]} if CHUNK in params else None
     best = 0
     for pt in grid(bench.search) or []:
-        for q in ({**pt}, {**pt, **{k: v for k, v in params.items() if k == CHUNK}}):
+        for q in (pt, {**pt, **traded}) if traded else (pt,):
             p, tokens = p_stable(bench, q, soak=factor)
             if p >= STABLE_P:
                 best = max(best, tokens)

@@ -171,8 +171,13 @@ def _generated(batches: Sequence[Batch], interval: int) -> tuple[float, int] | N
     lines = [b for b in batches if b.phase == "decode" and b.running]
     if len(lines) < 3 or _gaps(lines, interval) or _unadmitted(batches):
         return None
-    made = sum(interval * (b.running or 0) * (b.accept_len or 1.0) for b in lines)
-    return made, len(lines)
+    return sum(_line_tokens(b, interval) for b in lines), len(lines)
+
+
+def _line_tokens(b: Batch, interval: int) -> float:
+    """The answer tokens one Decode line stands for: `interval` forwards of its running requests,
+    `accept len` tokens each (1 without a draft)."""
+    return interval * (b.running or 0) * (b.accept_len or 1.0)
 
 
 def _unadmitted(batches: Sequence[Batch]) -> bool:
@@ -212,7 +217,7 @@ def _gaps(lines: Sequence[Batch], interval: int) -> bool:
         if before is None or b.time is None or before.time is None or b.gen_throughput is None:
             continue
         made += b.gen_throughput * max(b.time - before.time, 0.0)
-        counted += interval * (b.running or 0) * (b.accept_len or 1.0)
+        counted += _line_tokens(b, interval)
         fastest = max(fastest, b.gen_throughput)
     return made > 1.5 * counted + 2.0 * fastest
 

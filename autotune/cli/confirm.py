@@ -83,7 +83,8 @@ def handle(args: argparse.Namespace) -> int:
     if problems:
         raise UsageError("; ".join(problems))
     factor, why = soak_factor_for(args.soak_factor, ex.margin)
-    ran = ended_early(review.trial(ex.trial))
+    exported = review.trial(ex.trial)
+    ran = ended_early(exported)
     soak_cfg = soak(cfg, factor, ran)
     out = sys.stdout
     out.write(f"{ex.headline}\n")
@@ -97,7 +98,7 @@ def handle(args: argparse.Namespace) -> int:
             out.write(f"  phase {ph.name}: {ph.duration_s:,.0f} s, {factor:g}× the {one}\n")
 
     out.flush()
-    planner = None if names is None else case_planner(cfg, names, review.trial(ex.trial).ledger)
+    planner = None if names is None else case_planner(cfg, names, exported.ledger)
 
     def planned(cases: Sequence[Case]) -> None:
         out.write(f"worst cases: {len(cases)}, sharing a launch, from the least to the most "

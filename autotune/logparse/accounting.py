@@ -217,12 +217,12 @@ class _Rank:
                 # 0.2.x-0.3.x print no `mem usage=`; later releases print exactly this
                 # difference (`model_runner.py`: `weight_load_mem_usage = before - after`).
                 self.weights = round(self.p - self.after_weights, 2)
-            known = self.weights is not None and self.after_weights is not None
-            if self.p is None and not self.loads_begun and known:
+            usage, after = self.weights, self.after_weights
+            if self.p is None and not self.loads_begun and usage is not None and after is not None:
                 # an excerpt that begins after `Load weight begin`: its `mem usage=` is the free
                 # memory before the load less after it (`model_runner.py` `load_model`), so the
                 # two figures give back the one it left out
-                self.p = round((self.after_weights or 0.0) + (self.weights or 0.0), 2)
+                self.p = round(after + usage, 2)
             self.model_type = event.label or None
         elif self.loads_done == 2:
             self.draft_weights = v.get("usage_gib")
