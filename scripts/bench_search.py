@@ -66,10 +66,12 @@ from autotune.config.workload import EarlyEnd
 from autotune.errors import UsageError
 from autotune.record import internals
 from autotune.record.stored import stored
-from autotune.record.view import views
+from autotune.review.confirm import record_verdict
 from autotune.review.soak import DEFAULT_SOAK_FACTOR
-from autotune.review.winner import choose
+from autotune.review.source import build_review
+from autotune.review.verdict import Verdict
 from autotune.sim.profiles import Mismatch, ProfileError, list_profiles, load_profile
+from autotune.study.objectives import constraint_values
 from autotune.study.samplers import SAMPLER_KINDS, make_sampler
 from autotune.testing.night import BENCH_WORKLOAD, Hours, launch_hours, soak_hours
 from autotune.testing.oracle import (
@@ -88,6 +90,7 @@ from autotune.testing.oracle import (
     run_trial,
 )
 from autotune.testing.worlds import BUCKETS, bucket, departure, describe, draw_world, world_seed
+from autotune.trial.record import Result
 
 DEFAULT_SAMPLERS = ("capacity", "tpe", "random", "gp", "walkdown")
 BENCH_PROFILES = Path(__file__).resolve().parent / "bench_profiles"
@@ -192,6 +195,7 @@ class Run:
     clock: float | None  # trial-durations of wall time to the target (workers mode)
     front: float = 0.0  # share of the true (capacity, throughput) front held by the end
     soak_ok: bool | None = None  # the exported setting passes a confirm soak (None: nothing held)
+    soaks: int = 0  # the confirm soaks run (a failed one backs the export off; `MAX_SOAKS`)
     world: str = ""  # the world the study ran in (`describe`)
     world_seed: int | None = None  # its seed under `--mismatch random`
     departure: float = 0.0  # its departure score, GiB
@@ -267,9 +271,8 @@ def study_run(
     upto = launches[:reached] if reached else launches
     held = [x.truth_tokens for x in launches if x.feasible and x.stable]
     soaked = exported_soak(bench, study, seed)
-    if soaked is not None:
-        _, factor, params = soaked
-        plan = plan_for(bench, params, seed * 1000 + 999)
+    for k, (factor, params) in enumerate(soaked.soaks if soaked is not None else ()):
+        plan = plan_for(bench, params, seed * 1000 + 999 - k)
         soak_h = soak_hours(bench.profile, plan, timed, factor)
         night += soak_h
         night_off += soak_h  # the soak never ends early
@@ -286,18 +289,21 @@ def study_run(
         final=max(held, default=0) / best if best else 0.0,
         clock=clock,
         front=covered(pareto, launches) if pareto else 0.0,
-        soak_ok=soaked[0] if soaked is not None else None,
+        soak_ok=soaked.passed if soaked is not None else None,
+        soaks=len(soaked.soaks) if soaked is not None else 0,
         world=describe(bench.mismatch),
         night=night,
         to_target=at_target,
         night_off=night_off,
         to_target_off=at_target_off,
         best=best,
-        soak_factor=soaked[1] if soaked is not None else None,
-        export_share=export_share(bench, soaked[2], soaked[1]) if soaked is not None else None,
-        kept=kept(bench, soaked[2], best) if soaked is not None else 0.0,
-        soak_best=soak_best(bench, soaked[2], soaked[1])
-        if soaked is not None and not soaked[0]
+        soak_factor=soaked.factor if soaked is not None else None,
+        export_share=export_share(bench, soaked.params, soaked.factor)
+        if soaked is not None
+        else None,
+        kept=kept(bench, soaked.params, best) if soaked is not None else 0.0,
+        soak_best=soak_best(bench, soaked.params, soaked.factor)
+        if soaked is not None and not soaked.passed
         else None,
     )
 
@@ -349,30 +355,67 @@ def export_share(bench: Bench, params: dict[str, Scalar], factor: float) -> floa
     return exported / best if best else None
 
 
-def exported_passes_soak(bench: Bench, study: optuna.Study, seed: int) -> bool | None:
-    """Whether the setting `autotune export` would print passes its confirm soak (None: the
-    study held nothing to export); `exported_soak`."""
-    soaked = exported_soak(bench, study, seed)
-    return soaked[0] if soaked is not None else None
+MAX_SOAKS = 3
+"""The confirm soaks a night runs at most: where one fails, the export backs off beyond the point
+it refuted (`review.source.confirmed_choice`) and its note tells the operator to confirm again."""
 
 
-def exported_soak(
-    bench: Bench, study: optuna.Study, seed: int
-) -> tuple[bool, float, dict[str, Scalar]] | None:
-    """(whether it passes, the soak's length in trials, the exported parameters): whether the
-    setting `autotune export` would print passes `autotune confirm`'s soak on the
-    simulated machine (one soak launch, as `autotune confirm` runs it): `review.winner.choose`
-    with its default margin (`review.soak.soak_plan`: backed off for a soak as long as the
+@dataclass(frozen=True)
+class Soaked:
+    """The night's confirm soaks of what `autotune export` printed, the last one's verdict."""
+
+    passed: bool
+    factor: float
+    """The last soak's length in trials."""
+    params: dict[str, Scalar]
+    """The last soaked (exported) parameters."""
+    soaks: tuple[tuple[float, dict[str, Scalar]], ...]
+    """Each soak run, in order: its length in trials and the parameters soaked."""
+
+
+def exported_soak(bench: Bench, study: optuna.Study, seed: int) -> Soaked | None:
+    """The confirm soaks of the setting `autotune export` would print, on the simulated machine
+    (None: the study held nothing to export). Each is one soak launch, as `autotune confirm` runs
+    it: the export's default margin (`review.soak.soak_plan`: backed off for a soak as long as the
     trials' growth asks for, never below a fraction that can start, trading demand where the
-    window is too narrow), soaked as long as that margin was sized for, exactly as exported
-    (a margin may back the fraction off below the search space's own low end)."""
-    seen = views(study.trials)
-    w = choose(seen, space=bench.search, min_headroom_gib=bench.constraints.min_headroom_gib)
-    if w is None:
-        return None
-    factor = w.soak.factor if w.soak is not None else DEFAULT_SOAK_FACTOR
-    soaked, _ = launch(bench, dict(w.params), seed * 1000 + 999, soak=factor)
-    return soaked.feasible, factor, dict(w.params)
+    window is too narrow), soaked as long as that margin was sized for, exactly as exported (a
+    margin may back the fraction off below the search space's own low end). A soak that fails
+    is stored on the study as `autotune confirm` stores it, and the export read again, up to
+    `MAX_SOAKS`."""
+    runs: list[tuple[float, dict[str, Scalar]]] = []
+    for k in range(MAX_SOAKS):
+        review = build_review(
+            "bench", "", study.trials, cfg=bench.study_config, study_attrs=study.user_attrs
+        )
+        w = review.winner
+        if w is None:
+            return None
+        factor = w.soak.factor if w.soak is not None else DEFAULT_SOAK_FACTOR
+        params = dict(w.params)
+        soaked, result = launch(bench, params, seed * 1000 + 999 - k, soak=factor)
+        runs.append((factor, params))
+        if soaked.feasible or k == MAX_SOAKS - 1:
+            return Soaked(soaked.feasible, factor, params, tuple(runs))
+        record_verdict(study, soak_verdict(bench, params, factor, result))
+    raise AssertionError("unreachable: the last soak returns")
+
+
+def soak_verdict(bench: Bench, params: dict[str, Scalar], factor: float, result: Result) -> Verdict:
+    """The verdict `autotune confirm` stores for a soak launch that failed (no worst cases: the
+    soak's own failure is what backs the export off)."""
+    m = result.measured
+    assert m is not None  # a simulated launch measures what it got to
+    broken = [k for k, v in constraint_values(m, bench.constraints).items() if v > 0]
+    return Verdict(
+        params=params,
+        passed=False,
+        outcome=result.outcome,
+        reason=result.reason or f"broke {', '.join(broken)}",
+        violated=tuple(broken),
+        capacity_tokens=m.capacity_tokens,
+        headroom_gib=m.headroom_gib,
+        soak_factor=factor,
+    )
 
 
 def summarize(runs: list[Run], budget: int, workers: int) -> list[str]:
@@ -654,6 +697,8 @@ def study_line(r: Run) -> str:
     what it ended with (the most stable capacity a launch held, the export's share)."""
     n = r.night
     soak = f"{r.soak_factor:g}x soak {n.soak_s / 3600:.1f} h" if r.soak_factor else "no export"
+    if r.soaks > 1:
+        soak += f" ({r.soaks} soaks: the export backed off after each that failed)"
     world = f", world seed {r.world_seed}" if r.world_seed is not None else ""
     return (
         f"{n.total_h:.1f} h, {r.profile} seed {r.seed}{world}: {n.launches} launches (startup "

@@ -240,9 +240,9 @@ class SoakPlan:
         rise = f"the worst peak may rise {self.rise_gib:.2f} GiB"
         w = self.worst
         if w is not None and w.set_rise:
-            rise += f", set by the worst case {w.case}"
+            rise += f", set by {the_case(w.case)}"
         elif w is not None and w.measured and not w.uncovered:
-            rise += f", set by the soak: the worst case {w.case} rose {w.case_rise_gib:.2f} GiB"
+            rise += f", set by the soak: {the_case(w.case)} rose {w.case_rise_gib:.2f} GiB"
         parts.append(rise)
         if self.measured is not None and self.measured[1] >= self.need_gib - 1e-9:
             number, kept = self.measured
@@ -259,11 +259,11 @@ class SoakPlan:
             )
         if w is not None and w.uncovered:
             parts.append(
-                f"not covered: worst case {', '.join(w.uncovered)} failed at the confirmed "
-                "setting, backed off one step more"
+                f"not covered: {case_words(w.uncovered)} failed at the confirmed setting, "
+                "backed off one step more"
             )
         if w is not None and w.unrun:
-            parts.append(f"not covered: worst case {', '.join(w.unrun)} did not serve")
+            parts.append(f"not covered: {case_words(w.unrun)} did not serve")
         n = f"{self.steps} step{'s' if self.steps != 1 else ''}"
         return f"{n} for a {self.factor:g}× soak ({', '.join(parts)})"
 
@@ -279,6 +279,41 @@ class WorstCases:
     failed: tuple[str, ...] = ()
     confirmed_steps: int = 0
     unrun: tuple[str, ...] = ()
+
+    def joined(self, later: WorstCases) -> WorstCases:
+        """What two confirmations found, this one's point and then `later`'s (a point the margin
+        backed off to after this one): every measured peak and failure counts, and a failure
+        keeps the margin a step beyond the deepest point that failed."""
+        deepest = max(
+            (w.confirmed_steps for w in (self, later) if w.failed), default=later.confirmed_steps
+        )
+        return WorstCases(
+            peaks=(*self.peaks, *later.peaks),
+            failed=tuple(dict.fromkeys((*self.failed, *later.failed))),
+            confirmed_steps=deepest,
+            unrun=later.unrun,
+        )
+
+
+SOAK_CASE = "soak"
+"""The name the confirmation soak itself goes by among the cases the margin is told of, where
+the soak failed serving at the exported point (`review.source`)."""
+
+
+def the_case(name: str) -> str:
+    """`the worst case longest-context`, or `the soak` for the soak itself."""
+    words = case_words([name])
+    return words if name == SOAK_CASE else f"the {words}"
+
+
+def case_words(names: Sequence[str], article: bool = True) -> str:
+    """`worst case longest-context, max-running`, `the soak` (`soak` without the article, after
+    a possessive), or `the soak and worst case max-running`: the cases a note names."""
+    cases = [n for n in names if n != SOAK_CASE]
+    words = [f"worst case {', '.join(cases)}"] if cases else []
+    if SOAK_CASE in names:
+        words.insert(0, "the soak" if article else "soak")
+    return " and ".join(words)
 
 
 @dataclass(frozen=True)

@@ -12,15 +12,15 @@ trials in, a `Review` out.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config.schema import Fixed, Scalar, StudyConfig
-from autotune.config.space import Space, fraction_step, point_key, stored_space
+from autotune.config.schema import MEMORY_CONSTRAINTS, Fixed, Scalar, StudyConfig
+from autotune.config.space import PointKey, Space, fraction_step, point_key, stored_space
 from autotune.errors import UsageError
 from autotune.logparse.outcome import Outcome
 from autotune.masking import redact, scrub
@@ -28,7 +28,7 @@ from autotune.record.stored import StudyRecord, study_record
 from autotune.record.stored import required_headroom as stored_headroom
 from autotune.record.view import SearchEnd, TrialView, search_end, views
 from autotune.review.plotdata import study_cell_bytes
-from autotune.review.soak import WorstCases
+from autotune.review.soak import SOAK_CASE, WorstCases
 from autotune.review.verdict import CaseResult, Verdict
 from autotune.review.winner import (
     DEFAULT_TOLERANCE,
@@ -196,11 +196,7 @@ def build_review(
             worst=worst,
         )
 
-    winner = chosen()
-    worst = _worst_cases(winner, confirmations, space)
-    if worst is not None:
-        winner = chosen(worst)
-    winner = _soaked(winner, confirmations, space)
+    winner = _soaked(confirmed_choice(chosen, confirmations, space), confirmations, space)
     return Review(
         name=name,
         storage=storage,
@@ -253,21 +249,75 @@ def baseline_of(study: StudyRecord, cfg: StudyConfig | None) -> dict[str, Scalar
     return {k: v for k, v in cfg.search.baseline.items() if k in searched} or None
 
 
+MAX_BACKOFFS = 8
+"""The most confirmations of successive backed-off points one review hears out."""
+
+
+def confirmed_choice(
+    chosen: Callable[[WorstCases | None], Winner | None],
+    confirmations: Sequence[Verdict],
+    space: Space | None,
+) -> Winner | None:
+    """The winner `chosen` gives once every confirmation of the points it lands on is heard.
+    A confirmation at the exported point that measured a peak above the soak's margin, or
+    whose soak or worst case failed serving, moves the margin (`review.soak.soak_plan`); where
+    the point it moves to was confirmed too and failed as well, that moves it again, each
+    finding kept: a soak that failed is a peak the trials never showed, so the export backs
+    off beyond it and says so rather than print a setting its confirmation refuted."""
+    winner = chosen(None)
+    found: WorstCases | None = None
+    heard: set[PointKey] = set()
+    while winner is not None and len(heard) < MAX_BACKOFFS:
+        heard.add(point_key(winner.params, space))
+        worst = _worst_cases(winner, confirmations, space)
+        if worst is None:
+            break
+        found = worst if found is None else found.joined(worst)
+        winner = chosen(found)
+        if winner is None or point_key(winner.params, space) in heard:
+            break
+    return winner
+
+
 def _worst_cases(
     winner: Winner | None, confirmations: Sequence[Verdict], space: Space | None
 ) -> WorstCases | None:
-    """What the latest confirmation with worst cases of the point the soak's margin exports
-    found there, for the margin to cover (None: no such confirmation, or another margin)."""
+    """What the latest confirmation of the point the soak's margin exports found there that
+    ran worst cases or whose soak failed serving, for the margin to cover (None: no such
+    confirmation, or another margin)."""
     if winner is None or winner.soak is None:
         return None
     for c in reversed(confirmations):
-        if c.cases and c.covers(winner.params, space):
-            served = [x for x in c.cases if _served(x)]
+        soak = _soak_failure(c)
+        cases = (soak, *c.cases) if soak is not None else c.cases
+        if cases and c.covers(winner.params, space):
+            served = [x for x in cases if _served(x)]
             peaks = tuple((x.name, x.peak_gib) for x in served if x.peak_gib is not None)
             failed = tuple(x.name for x in served if not x.passed)
-            unrun = tuple(x.name for x in c.cases if not _served(x))
+            unrun = tuple(x.name for x in cases if not _served(x))
             return WorstCases(peaks, failed, winner.steps_back, unrun)
     return None
+
+
+def _soak_failure(c: Verdict) -> CaseResult | None:
+    """The confirmation's soak itself as a failed case, where it failed for its memory: it ran
+    out of memory or crashed serving, or it broke a memory constraint (the headroom); None where
+    the soak passed (whatever its worst cases did) or failed otherwise (at startup, cut short,
+    a latency limit: no fraction a step lower answers those)."""
+    if c.passed:
+        return None
+    ending = Outcome.of(c.outcome)
+    memory = ending.fails_at_runtime or (
+        ending is Outcome.OK and any(v in MEMORY_CONSTRAINTS for v in c.violated)
+    )
+    if not memory:
+        return None
+    sent = f"{c.soak_factor:g}× the trials' workload" if c.soak_factor else "the soak"
+    # no peak: a soak's is measured from its workload's start, so it holds the growth over the
+    # soak, which the margin counts on its own; the failure backs off a step beyond the point
+    return CaseResult(
+        SOAK_CASE, sent, False, c.outcome, None, c.headroom_gib, c.reason, c.folder, c.folder
+    )
 
 
 def _served(case: CaseResult) -> bool:

@@ -33,7 +33,13 @@ from autotune.memory.model import peak_fall_gib
 from autotune.memory.pool import held_by_cap, pool_zero_fraction, steps_to_cover, uncovered_gib
 from autotune.record.direction import Push, direction, floor_fraction
 from autotune.record.view import TrialView
-from autotune.review.soak import SoakPlan, WorstCases, WorstFound, soak_plan
+from autotune.review.soak import (
+    SoakPlan,
+    WorstCases,
+    WorstFound,
+    case_words,
+    soak_plan,
+)
 
 DEFAULT_TOLERANCE = 0.05
 SAME_CAPACITY = 0.99
@@ -287,8 +293,8 @@ def _worst_note(plan: SoakPlan) -> str:
     w = plan.worst
     assert w is not None
     unrun = (
-        f"; worst case {', '.join(w.unrun)} did not serve at the confirmed setting (its launch "
-        "failed or was cut short), so nothing covers it: run autotune confirm again"
+        f"; {case_words(w.unrun)} did not serve at the confirmed setting (its launch failed or "
+        "was cut short), so nothing covers it: run autotune confirm again"
         if w.unrun
         else ""
     )
@@ -300,16 +306,21 @@ def _worst_note(plan: SoakPlan) -> str:
 def _worst_finding(plan: SoakPlan, w: WorstFound) -> str:
     steps = f"{plan.steps} step{'s' if plan.steps != 1 else ''} instead of {w.steps_before}"
     if w.uncovered:
+        more = (
+            f"so the margin backs off one step more ({steps})"
+            if plan.steps > w.steps_before
+            else f"and the margin's {plan.steps} step{'s' if plan.steps != 1 else ''} already "
+            "go beyond it"
+        )
         return (
-            f"the confirmation's worst case {', '.join(w.uncovered)} failed at the confirmed "
-            f"setting: no measured peak covers it, so the margin backs off one step more "
-            f"({steps}); run autotune confirm again"
+            f"the confirmation's {case_words(w.uncovered, article=False)} failed at the "
+            f"confirmed setting: no measured peak covers it, {more}; run autotune confirm again"
         )
     if w.set_rise:
         return (
-            f"the confirmation's worst case {w.case} peaked {w.case_rise_gib:.2f} GiB above the "
-            f"study's stress peak (the soak's own rise was {w.rise_before_gib:.2f} GiB): the "
-            f"margin covers it ({steps})"
+            f"the confirmation's {case_words([w.case], article=False)} peaked "
+            f"{w.case_rise_gib:.2f} GiB above the study's stress peak (the soak's own rise was "
+            f"{w.rise_before_gib:.2f} GiB): the margin covers it ({steps})"
         )
     return (
         f"the confirmation's worst cases stayed within the soak's margin (the worst, {w.case}, "
@@ -345,7 +356,12 @@ def _short(t: TrialView, plan: SoakPlan, lowest: float | None, step: float) -> f
     room = max(0, math.floor((t.fraction - lowest) / step + 1e-9))
     if room >= plan.steps:
         return 0.0
-    return uncovered_gib(plan.need_gib - plan.headroom_gib, plan.step_gib, room)
+    short = uncovered_gib(plan.need_gib - plan.headroom_gib, plan.step_gib, room)
+    if plan.worst is not None and plan.worst.uncovered:
+        # what failed at the confirmed point asks for steps the window does not have: each
+        # is short a step's worth of memory
+        short = max(short, (plan.steps - room) * plan.step_gib)
+    return short
 
 
 def _closest_to_soak(

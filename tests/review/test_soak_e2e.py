@@ -76,6 +76,41 @@ def test_a_leak_that_passes_the_trials_fails_the_soak_and_the_margin_covers_it(
     assert "confirmation PASSED" in soaked.stdout
 
 
+@pytest.mark.e2e
+def test_a_soak_that_fails_at_the_export_backs_it_off_and_the_next_soak_confirms_it(
+    no_leftovers: Path,
+) -> None:
+    """The operator's loop when a confirmation fails: the exported setting's soak meets a leak
+    faster than the trials measured (the box's profile leaks 20× as fast from the confirm on) and
+    runs out of memory; the export then backs off a step more, names the failed soak, and the
+    next confirm, at the trials' leak, soaks the new point and passes."""
+    config = _study(no_leftovers)
+    _run_two_ok(config)
+    first = json.loads(simstudy.run(config, "export", "--format", "json").stdout)
+    profile = no_leftovers / "kimi-leak.toml"
+    as_run = profile.read_text()
+    profile.write_text(as_run.replace(f"= {GROWTH_MIB}", f"= {20 * GROWTH_MIB}"))
+    long = simstudy.run(config, "confirm", "--cases", "none")
+    profile.write_text(as_run)
+    assert long.returncode == 1, long.stdout + long.stderr
+    assert "confirmation FAILED" in long.stdout and "runtime_oom" in long.stdout
+    after = json.loads(simstudy.run(config, "export", "--format", "json").stdout)
+    assert after["params"]["mem_fraction_static"] == pytest.approx(
+        first["params"]["mem_fraction_static"] - 0.02
+    )
+    assert after["margin"]["steps"] == first["margin"]["steps"] + 1
+    assert after["margin"]["uncovered"] == ["soak"]
+    assert "not covered: the soak failed at the confirmed setting" in after["margin"]["soak_plan"]
+    assert any("the confirmation's soak failed at the confirmed setting" in n
+               for n in after["notes"])  # fmt: skip
+    assert after["confirmed"] is None  # the new point has not been soaked yet
+    again = simstudy.run(config, "confirm", "--cases", "none")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "confirmation PASSED" in again.stdout
+    last = json.loads(simstudy.run(config, "export", "--format", "json").stdout)
+    assert last["params"] == after["params"] and last["confirmed"] is True
+
+
 MIXTRAL = (
     Path(__file__).resolve().parents[2] / "scripts" / "bench_profiles" / "mixtral-8x7b-tp2-48g.toml"
 )

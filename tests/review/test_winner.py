@@ -11,6 +11,8 @@ from autotune.config.space import stored_space
 from autotune.errors import UsageError
 from autotune.memory.model import CHUNK_SLOPE_REL_SD
 from autotune.record.view import views
+from autotune.review.source import build_review
+from autotune.review.verdict import Verdict
 from autotune.review.winner import (
     Margin,
     choose,
@@ -153,6 +155,31 @@ def test_the_chunk_trade_counts_on_the_least_fall_the_chunk_prior_allows() -> No
     assert fall == pytest.approx(
         peak * (1 - chunk / 8192) * (1 - 2 * CHUNK_SLOPE_REL_SD), abs=0.01
     ), note
+
+
+def test_a_failed_soak_at_the_lowest_fraction_that_starts_trades_the_prefill_chunk() -> None:
+    """0.84 held with room for its soak's margin a step lower; 0.82 cannot start. The soak of
+    0.83 fails: the export would back off a step more, to 0.82, which cannot start, so it stays
+    at 0.83 and halves the chunk for the step the window lacks, and says why."""
+    free = ledger(0.84)["available_gpu_mem_gib"]
+    trials = [
+        trial(0, 0.84, peak=free - 3.0, chunk=8192),
+        trial(1, 0.82, outcome="startup_oom", reason=NO_ROOM),
+    ]
+    before = choose(views(trials), fraction_step=0.01, min_headroom_gib=0.5)
+    assert before is not None and before.params["mem_fraction_static"] == 0.83, before
+    assert "chunked_prefill_size" not in before.params
+    failed = Verdict(params=dict(before.params), passed=False, outcome="runtime_oom")
+    after = build_review(
+        "t", "sqlite://", trials, cfg=None, study_attrs={"confirmations": [failed.to_attr()]}
+    ).winner
+    assert after is not None and after.params["mem_fraction_static"] == 0.83, after.params
+    chunk = after.params["chunked_prefill_size"]
+    assert isinstance(chunk, int) and chunk < 8192
+    assert any(f"chunked_prefill_size {chunk} instead of 8192" in n for n in after.notes)
+    assert any("the confirmation's soak failed at the confirmed setting" in n
+               for n in after.notes), after.notes  # fmt: skip
+    assert any("the KV pool finds no room" in n for n in after.notes), after.notes
 
 
 def test_the_chunk_stays_where_backing_off_gives_the_margin() -> None:

@@ -252,3 +252,59 @@ def test_the_cases_run_from_the_least_to_the_most_likely_to_fail_by_their_planne
     by_forward = run_order(case_plan(cfg, small))
     assert [c.forward_tokens for c in by_forward] == sorted(c.forward_tokens for c in by_forward)
     assert by_forward[-1].name == "longest-context"
+
+
+def _soak(params: dict, passed: bool, outcome: str, **kw: object) -> Verdict:  # type: ignore[type-arg]
+    return Verdict(params=dict(params), passed=passed, outcome=outcome, soak_factor=3.0, **kw)  # type: ignore[arg-type]
+
+
+def test_a_soak_that_failed_serving_backs_the_export_off_a_step_more_and_says_so() -> None:
+    before = choose(views(_trials()), fraction_step=0.01)
+    assert before is not None
+    oom = _soak(before.params, False, "runtime_oom", reason="runtime_oom (torch_oom)")
+    w = _review([oom]).winner  # type: ignore[attr-defined]
+    assert w is not None and w.soak is not None and w.soak.worst is not None
+    assert w.soak.worst.uncovered == ("soak",)
+    assert w.steps_back == before.steps_back + 1
+    assert w.params["mem_fraction_static"] == pytest.approx(
+        before.params["mem_fraction_static"] - 0.01
+    )
+    assert "not covered: the soak failed at the confirmed setting" in w.soak.describe()
+    assert any("the confirmation's soak failed at the confirmed setting" in n for n in w.notes)
+    # a soak that kept too little headroom failed for its memory too, and its peak counts
+    thin = _soak(before.params, False, "ok", violated=("headroom_gib",), stress_peak_gib=2.9)
+    w2 = _review([thin]).winner  # type: ignore[attr-defined]
+    assert w2 is not None and w2.steps_back == before.steps_back + 1
+
+
+def test_each_failed_soak_of_a_backed_off_point_backs_off_again_and_a_pass_there_holds() -> None:
+    before = choose(views(_trials()), fraction_step=0.01)
+    assert before is not None
+    f0 = float(before.params["mem_fraction_static"])
+    first = _soak(before.params, False, "runtime_oom")
+    once = _review([first]).winner  # type: ignore[attr-defined]
+    assert once is not None and once.params["mem_fraction_static"] == pytest.approx(f0 - 0.01)
+    second = _soak(once.params, False, "runtime_oom")
+    twice = _review([first, second]).winner  # type: ignore[attr-defined]
+    assert twice is not None and twice.steps_back == before.steps_back + 2
+    assert twice.params["mem_fraction_static"] == pytest.approx(f0 - 0.02)
+    # the point a step lower passed its soak: the export stays there, not back at the first
+    passed = _soak(once.params, True, "ok", cases=CASES)
+    held = _review([first, passed]).winner  # type: ignore[attr-defined]
+    assert held is not None and held.params == once.params
+    assert held.soak is not None and held.soak.worst is not None
+    assert held.soak.worst.uncovered == ("soak",)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "violated"),
+    [("startup_error", ()), ("killed", ()), ("ok", ("p99_ttft_ms",))],
+)
+def test_a_soak_that_failed_for_other_reasons_than_its_memory_moves_nothing(
+    outcome: str, violated: tuple[str, ...]
+) -> None:
+    before = choose(views(_trials()), fraction_step=0.01)
+    assert before is not None
+    v = _soak(before.params, False, outcome, violated=violated)
+    w = _review([v]).winner  # type: ignore[attr-defined]
+    assert w is not None and w.params == before.params and w.steps_back == before.steps_back
