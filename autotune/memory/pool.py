@@ -119,10 +119,15 @@ def steps_to_cover(missing_gib: float, per_step_gib: float) -> int:
     return max(0, math.ceil(missing_gib / per_step_gib - 1e-9))
 
 
+def steps_gib(steps: int, per_step_gib: float) -> float:
+    """What backing off `steps` fraction steps of `per_step_gib` each hands back, GiB."""
+    return steps * per_step_gib
+
+
 def uncovered_gib(missing_gib: float, per_step_gib: float, steps: int) -> float:
     """What of `missing_gib` backing off `steps` fraction steps of `per_step_gib` each leaves
     missing, never below 0 (the inverse of `steps_to_cover`)."""
-    return max(0.0, missing_gib - steps * per_step_gib)
+    return max(0.0, missing_gib - steps_gib(steps, per_step_gib))
 
 
 def under_load(

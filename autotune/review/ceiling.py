@@ -28,6 +28,7 @@ of a number. Pure.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from autotune.config.schema import FRACTION
@@ -54,6 +55,9 @@ class Share:
     ceiling: Ceiling | None
     missing: tuple[str, ...] = ()
     """The figures the ceiling needs that were not measured (empty when `ceiling` is set)."""
+    above: tuple[int, int] | None = None
+    """A trial that held more than the ceiling (its number, its tokens): it kept less free at
+    its stress peak than the margin the ceiling keeps, which the line then says."""
 
     @property
     def share(self) -> float | None:
@@ -108,7 +112,14 @@ class Share:
             if c.capped_at is not None
             else ""
         )
-        return f"{head}; {tail} (it needs {_needs(needs)}){capped}"
+        above = ""
+        if self.above is not None and self.above[1] > c.tokens:
+            number, held = self.above
+            above = (
+                f"; trial {number} held {fig.tokens(held)} tokens, above the ceiling: it kept "
+                f"less than the {fig.gib(needs.margin)} GiB margin free at its stress peak"
+            )
+        return f"{head}; {tail} (it needs {_needs(needs)}){capped}{above}"
 
     def to_dict(self) -> dict[str, object]:
         """The share as JSON values (the `ceiling` field of `export --format json`)."""
@@ -146,7 +157,7 @@ def of_winner(review: Review) -> Share:
     basis = w.source if w.source is not None and w.source.feasible else w.chosen
     f = w.params.get(FRACTION)
     fraction = float(f) if isinstance(f, int | float) and not isinstance(f, bool) else None
-    return share_of(
+    share = share_of(
         review,
         basis,
         who="winner",
@@ -154,6 +165,11 @@ def of_winner(review: Review) -> Share:
         fraction=fraction,
         margin_gib=winner_margin_gib(review),
     )
+    held = [t for t in review.trials if t.feasible and t.capacity_tokens is not None]
+    top = max(held, key=lambda t: (t.capacity_tokens or 0, -t.number), default=None)
+    if top is None or top.capacity_tokens is None:
+        return share
+    return dataclasses.replace(share, above=(top.number, top.capacity_tokens))
 
 
 def of_trial(review: Review, t: TrialView) -> Share:

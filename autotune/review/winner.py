@@ -30,7 +30,13 @@ from autotune.config.schema import CHUNK, FRACTION, Scalar
 from autotune.config.space import Space, point_key, snap
 from autotune.errors import UsageError
 from autotune.memory.model import peak_fall_gib
-from autotune.memory.pool import held_by_cap, pool_zero_fraction, steps_to_cover, uncovered_gib
+from autotune.memory.pool import (
+    held_by_cap,
+    pool_zero_fraction,
+    steps_gib,
+    steps_to_cover,
+    uncovered_gib,
+)
 from autotune.record.direction import Push, direction, floor_fraction
 from autotune.record.view import TrialView
 from autotune.review.soak import (
@@ -360,7 +366,7 @@ def _short(t: TrialView, plan: SoakPlan, lowest: float | None, step: float) -> f
     if plan.worst is not None and plan.worst.uncovered:
         # what failed at the confirmed point asks for steps the window does not have: each
         # is short a step's worth of memory
-        short = max(short, (plan.steps - room) * plan.step_gib)
+        short = max(short, steps_gib(plan.steps - room, plan.step_gib))
     return short
 
 

@@ -27,7 +27,8 @@ LINE = re.compile(
     r"ceiling: winner ([\d,]+) tokens = (\d+)% of the ceiling ([\d,]+) tokens; ([\d.]+) GiB/GPU "
     r"of its reserve \(([\d.]+) GiB\) held nothing the trials measured \(it needs request table "
     r"0\.04, draft [\d.]+, CUDA graphs 3\.70, workspaces [\d.]+, stress peak 2\.50 \+ margin "
-    r"([\d.]+)\)"
+    r"([\d.]+)\)(?:; trial \d+ held [\d,]+ tokens, above the ceiling: it kept less than the "
+    r"[\d.]+ GiB margin free at its stress peak)?"
 )
 
 
@@ -137,3 +138,22 @@ def test_every_surface_prints_the_same_line(cfg: StudyConfig, tmp_path: Path) ->
     assert f'<p class="ceiling">{line}</p>' in html
     forced = build_export(review, cfg, trial=6, force=True)
     assert forced.ceiling["line"] == "ceiling: not known: the stress peak was not measured"
+
+
+def test_a_trial_that_held_more_than_the_ceiling_is_named_with_why(cfg: StudyConfig) -> None:
+    """A wide margin lowers the ceiling below what the best trial held: the line says which
+    trial held more and that it kept less than the margin free at its stress peak."""
+    review = _review(cfg, "3GiB")
+    wide = ceiling.of_winner(review)
+    assert wide.ceiling is not None
+    top = max((t for t in review.trials if t.feasible), key=lambda t: t.capacity_tokens or 0)
+    held = top.capacity_tokens
+    assert held is not None and held > wide.ceiling.tokens
+    assert wide.line().endswith(
+        f"; trial {top.number} held {held:,} tokens, above the ceiling: it kept less than the "
+        "3.00 GiB margin free at its stress peak"
+    ), wide.line()
+    # where no trial held more than the ceiling, the line says nothing of it
+    none = ceiling.of_winner(_review(cfg, "0"))
+    assert none.ceiling is not None and none.ceiling.tokens >= held
+    assert "above the ceiling" not in none.line()

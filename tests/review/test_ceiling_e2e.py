@@ -23,7 +23,8 @@ LINE = re.compile(
     r"ceiling: winner ([\d,]+) tokens = (\d+)% of the ceiling ([\d,]+) tokens; ([\d.]+) GiB/GPU "
     r"of its reserve \(([\d.]+) GiB\) held nothing the trials measured \(it needs request table "
     r"[\d.]+, draft [\d.]+, CUDA graphs [\d.]+, workspaces -?[\d.]+, stress peak [\d.]+ \+ margin "
-    r"[\d.]+\)"
+    r"[\d.]+\)(?:; trial \d+ held ([\d,]+) tokens, above the ceiling: it kept less than the "
+    r"[\d.]+ GiB margin free at its stress peak)?"
 )
 
 
@@ -48,6 +49,8 @@ def test_the_demo_shows_the_winners_share_of_the_ceiling_on_every_surface(
         tokens, share, top = (int(m[1].replace(",", "")), int(m[2]),
                               int(m[3].replace(",", "")))  # fmt: skip
         assert 0 < tokens <= top and share == round(100 * tokens / top)
+        # a trial that held more than the ceiling is named: it kept less than the margin free
+        assert m[6] is None or int(m[6].replace(",", "")) > top
         assert f"{tokens:,} tokens" in head  # the headline's exported pool is the one compared
 
         explained, _ = _ok(config, "explain")
