@@ -223,7 +223,7 @@ def failure(line: str, ctx: Ctx) -> Event | None:
 _MACHINE_HINT = re.compile(
     r"Errno|in use|No space|quota|ECC|NVLink|CUDA|GPU|NVIDIA|NVRM|bus|ncclSystem|ncclRemote|"
     r"system error|remote process|shared memory segment|Cannot allocate memory|not available in|"
-    r"gloo"
+    r"gloo|NCCL WARN"
 )
 _MACHINE: tuple[tuple[Kind, re.Pattern[str]], ...] = (
     (
@@ -267,7 +267,11 @@ _MACHINE: tuple[tuple[Kind, re.Pattern[str]], ...] = (
             r"Error while creating shared memory segment|"
             # gloo's TCP transport (the CPU group's collectives: custom all-reduce's graph
             # buffers, broadcasts): a peer that closed its connection or never answered
-            r"gloo/transport/tcp/"
+            r"gloo/transport/tcp/|"
+            # NCCL's own warnings from its network layer (`socket.c`: `socketStartConnect:
+            # Connect to … failed`, `socketProgress: Connection closed by remote peer`; the IB
+            # and socket transports): a node's network between the ranks
+            r"NCCL WARN (?:socket\w*: |NET/(?:IB|Socket) ?: |Net : )"
         ),
     ),
 )

@@ -276,6 +276,24 @@ MACHINE_LINES = [
         " Connection closed by peer [10.0.0.2]:48213",
         Kind.NCCL_FAULT,
     ),
+    # NCCL's own network warnings before the scheduler's exception, where NCCL_DEBUG is set: the
+    # connection between two nodes (sgl-project/sglang#5594) or a peer that went away
+    (
+        "h100-15:139:1092 [7] socket.c:485 NCCL WARN socketStartConnect: Connect to "
+        "10.0.0.82<38455> failed : Software caused connection abort",
+        Kind.NCCL_FAULT,
+    ),
+    (
+        "node-1:4021:4102 [3] NCCL WARN socketProgress: Connection closed by remote peer "
+        "node-2<51234>",
+        Kind.NCCL_FAULT,
+    ),
+    (
+        "node-1:4021:4102 [3] transport/net_ib.cc:1296 NCCL WARN NET/IB : Got completion from peer "
+        "10.0.0.2<40123> with "
+        "error 12, opcode 0, len 0, vendor err 129 (Recv)",
+        Kind.NCCL_FAULT,
+    ),
 ]
 
 
