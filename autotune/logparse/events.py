@@ -59,6 +59,10 @@ class Kind(StrEnum):
     OOM_HANDLED = "oom_handled"
     PORT_WAIT = "port_wait"
     SERVING_FRAME = "serving_frame"
+    ALLOC_FRAME = "alloc_frame"
+    """A traceback frame of SGLang's KV allocator (`mem_cache/allocation.py`: `in
+    alloc_paged_token_slots_extend`, …), whose only raise is its out-of-memory error: where an
+    excerpt cut the message, the frame says which pool ran out (its label: the OOM kind)."""
     RELEASE_LINE = "release_line"
     HEALTH_CHECK_FAILED = "health_check_failed"
     # Failure lines.
@@ -154,6 +158,7 @@ FAILURE_KINDS = frozenset(
         Kind.NCCL_ERROR,
         *MACHINE_KINDS,
         Kind.ERROR,
+        Kind.ALLOC_FRAME,
     }
 )
 """Lines that end a run: each one precedes a raise, an exit or SGLang killing its own tree, or

@@ -322,12 +322,29 @@ _FAULT_FRAME = re.compile(r", line \d+ (in \w+)\s*$")
 """A frame as faulthandler prints it (`  File "…", line N in event_loop_overlap`, no comma)."""
 
 
+_ALLOCATOR_FRAMES = {
+    "alloc_paged_token_slots_extend": Kind.PREFILL_OOM,
+    "alloc_paged_token_slots_decode": Kind.DECODE_OOM,
+    "alloc_token_slots": Kind.ALLOC_OOM,
+    "alloc_req_slots": Kind.REQ_SLOTS_OOM,
+}
+"""SGLang's KV allocator steps (`mem_cache/allocation.py` in 0.5.23, `mem_cache/common.py`
+before) and the out-of-memory error each raises when its pool has no free slots (`Prefill out of
+memory. …`, `Decode out of memory. …`, `Out of memory. …`, `alloc_req_slots runs out of
+memory. …`): their only raise, so a traceback an excerpt cut after such a frame still names the
+pool. Where the message is there, its own line decides (`Kind.ERROR` ranks above the frame)."""
+
+
 def serving_frame(message: str, ctx: Ctx) -> Event | None:
     """A traceback frame (`  File "…", line N, in event_loop_overlap`, or faulthandler's `…, line
-    N in event_loop_overlap`) of the serving loop."""
+    N in event_loop_overlap`) of the serving loop, or of the KV allocator (`Kind.ALLOC_FRAME`)."""
     at = message.rfind(", in ")
     if at > 0 and message[at + 2 :].startswith(_SERVING_FRAMES):
         return Event(Kind.SERVING_FRAME, *ctx, label=message[at + 5 :].strip())
+    if at > 0 and "mem_cache" in message:
+        oom = _ALLOCATOR_FRAMES.get(message[at + 5 :].strip())
+        if oom is not None:
+            return Event(Kind.ALLOC_FRAME, *ctx, label=str(oom))
     fault = _FAULT_FRAME.search(message) if at < 0 else None
     if fault is not None and fault.group(1).startswith(_SERVING_FRAMES):
         return Event(Kind.SERVING_FRAME, *ctx, label=fault.group(1)[3:])

@@ -277,6 +277,7 @@ _PRIORITY = (
     Kind.REQUEST_OOM_ABORT,
     Kind.LEAK_CHECK,
     Kind.ERROR,
+    Kind.ALLOC_FRAME,
     Kind.SCHEDULER_EXCEPTION,
     Kind.SIGQUIT,
 )
@@ -479,6 +480,9 @@ def _from_failure_lines(
 ) -> Verdict:
     deciding = min(failures, key=lambda e: (_rank(e, events), e.line_no))
     evidence = _evidence(deciding, failures)
+    if deciding.kind is Kind.ALLOC_FRAME:
+        # an excerpt cut the allocator's message: its frame names the pool that ran out
+        deciding = deciding._replace(kind=Kind(deciding.label))
     if deciding.kind in MACHINE_KINDS:
         return Verdict(
             Outcome.MACHINE_ERROR, str(deciding.kind), (evidence + facts.host)[:_MAX_EVIDENCE]

@@ -390,7 +390,9 @@ def test_the_pools_leak_check_is_a_crash_while_serving() -> None:
 def test_a_log_pasted_without_its_times_keeps_its_ranks_and_frames() -> None:
     """sgl-project/sglang#26265: `[TP0] Scheduler hit an exception: …` with the time cut from
     SGLang's prefix; the serving loop's frames (`event_loop_overlap` down to the pool's
-    `alloc_paged_token_slots_extend`) went unread and the log read as no ready line."""
+    `alloc_paged_token_slots_extend`) went unread and the log read as no ready line. The excerpt
+    ends at the allocator's frame, whose only raise is `Prefill out of memory` (what the report
+    says happened): the frame names the pool that ran out."""
     frames = [
         '  File ".../sglang/srt/managers/scheduler.py", line 1702, in event_loop_overlap',
         "    batch = self.get_next_batch_to_run()",
@@ -405,8 +407,42 @@ def test_a_log_pasted_without_its_times_keeps_its_ranks_and_frames() -> None:
     )
     assert split_prefix("[TP] x")[1] == ""
     verdict = _verdict(text)
-    assert verdict.outcome is Outcome.CRASH
-    assert "Scheduler hit an exception" in verdict.evidence[0]
+    assert (verdict.outcome, verdict.cause) == (Outcome.RUNTIME_OOM, "prefill_oom")
+    assert verdict.evidence[0] == frames[-1].strip()
+    assert "Scheduler hit an exception" in verdict.evidence[1]
+
+
+@pytest.mark.parametrize(
+    ("message", "outcome", "cause"),
+    [
+        ("", Outcome.RUNTIME_OOM, "prefill_oom"),
+        (
+            "RuntimeError: Prefill out of memory. Try to lower your batch size.",
+            Outcome.RUNTIME_OOM,
+            "prefill_oom",
+        ),
+        # a message of its own, raised below the allocator's frame: the message decides
+        (
+            "RuntimeError: CUDA error: an illegal memory access was encountered",
+            Outcome.CRASH,
+            "error",
+        ),
+    ],
+)
+def test_an_allocator_frame_names_the_pool_only_where_the_message_is_cut(
+    message: str, outcome: Outcome, cause: str
+) -> None:
+    text = (
+        "[2026-01-02 10:00:00 TP0] Scheduler hit an exception: Traceback (most recent call "
+        "last):\n"
+        '  File ".../sglang/srt/managers/scheduler.py", line 1702, in event_loop_overlap\n'
+        '  File ".../sglang/srt/mem_cache/allocation.py", line 238, in '
+        "alloc_paged_token_slots_decode\n"
+        + (message.replace("Prefill", "Decode") + "\n" if message else "")
+    )
+    verdict = _verdict(text)
+    want = cause.replace("prefill", "decode")
+    assert (verdict.outcome, verdict.cause) == (outcome, want)
 
 
 # -- Google Cloud Logging's export, a Ray actor's prefix -------------------------------------------
