@@ -276,13 +276,6 @@ def port_holders(port: int, inodes: set[int] | None = None) -> list[int]:
     )
 
 
-def _comm(pid: int) -> str:
-    try:
-        return (procs.PROC / str(pid) / "comm").read_text().strip()
-    except OSError:
-        return "?"
-
-
 def port_line(host: str, port: int, ours: Iterable[int]) -> str:
     """`port N on H is held by pid P (comm), a process autotune did not start` when a process
     that is not the server's listens on it, else ""."""
@@ -296,7 +289,7 @@ def port_line(host: str, port: int, ours: Iterable[int]) -> str:
         return ""
     if not foreign:
         return f"port {port} on {host} is held by a process autotune cannot see"
-    who = ", ".join(f"pid {p} ({_comm(p)})" for p in foreign)
+    who = ", ".join(f"pid {p} ({procs.process_name(p)})" for p in foreign)
     return f"port {port} on {host} is held by {who}, a process autotune did not start"
 
 

@@ -287,6 +287,12 @@ class Server:
         self._exit = deaths.ExitFacts(code, sender, (oom,) if oom else ())
         return self._exit
 
+    def own_pids(self) -> set[int]:
+        """The server's processes now, every one seen (the tree scanned afresh): what holds GPU
+        memory for it, where any other holder is a process autotune did not start."""
+        self._observe(force=True)
+        return self._seen.pids_now()
+
     def host_state(self) -> tuple[str, ...]:
         """What stood in the server's way on the host (a full disk under the trial folder, its
         port held by another process): as read at the death that was not our stop, or now."""

@@ -295,3 +295,11 @@ def signal_group(pgid: int, leader_start_ticks: int | None, sig: signal.Signals)
     except (ProcessLookupError, PermissionError):
         return False
     return True
+
+
+def process_name(pid: int) -> str:
+    """The command name of `pid` (`/proc/PID/comm`), "?" where it cannot be read."""
+    try:
+        return (PROC / str(pid) / "comm").read_text().strip()
+    except OSError:
+        return "?"

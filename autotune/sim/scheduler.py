@@ -173,6 +173,7 @@ class Scheduler:
         radix_cache: bool = True,
         on_oom: FatalHandler | None = None,
         on_peak: Callable[[float], None] | None = None,
+        foreign_gib: Callable[[], float] | None = None,
         lines: Lines | None = None,
     ) -> None:
         assert plan.max_total_num_tokens is not None and plan.max_running_requests is not None
@@ -192,6 +193,9 @@ class Scheduler:
         self.spec_rng = random.Random(seed * 1_000_003 + 2)
         self.time_rng = random.Random(seed * 1_000_003 + 3)
         self.on_oom = on_oom
+        self.foreign_gib = foreign_gib
+        """What other processes took on the server's GPUs since its startup planned (GiB): a
+        forward whose peak does not fit beside it runs out of memory as on a real GPU."""
         self.on_peak = on_peak
         """Told what the allocator holds above the static memory whenever that changes: a new
         high-water mark (a forward's peak), or what a flush left (the growth so far)."""
@@ -406,8 +410,9 @@ class Scheduler:
             self.profile, prefill_tokens, decode_seqs, self.peak_rng, self.used_tokens
         )
         peak += growth_gib(self.profile, self.served)
-        if forward_ooms(self.plan, peak):
-            return peak
+        taken = self.foreign_gib() if self.foreign_gib is not None else 0.0
+        if forward_ooms(self.plan, peak + taken):
+            return peak + taken
         if peak > self.max_peak:
             self.max_peak = peak
             if self.on_peak is not None:

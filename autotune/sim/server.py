@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NoReturn
@@ -52,6 +53,8 @@ from autotune.sim.versions import get_version
 
 DRAIN_POLL_S = 1.0
 HEARTBEAT_S = 0.5
+FOREIGN_READ_S = 0.25
+"""How often a serving server re-reads what other processes hold on its GPUs."""
 WATCHDOG_INTERVAL_S = 1.0
 """SubprocessWatchdog's poll (utils/watchdog.py, `interval=1.0`), in real seconds."""
 WATCHDOG_QUIT_S = 5.0
@@ -107,6 +110,9 @@ class SimServer(StartupSequence):
         self.plan: StartupPlan | None = None
         self.state: ServerState | None = None
         self.static_gib = 0.0
+        self._foreign_at_plan: list[float] = [0.0] * len(self.gpus)
+        self._foreign_taken = 0.0
+        self._foreign_read_at = float("-inf")
         self.runner: web.AppRunner | None = None
         self.stop_event: asyncio.Event | None = None
         self.exit_code = 0
@@ -206,6 +212,7 @@ class SimServer(StartupSequence):
             radix_cache=not s.disable_radix_cache,
             on_oom=self._runtime_oom,
             on_peak=self._on_peak,
+            foreign_gib=self._foreign_taken_gib if self.memory is not None else None,
             lines=self.lines,
         )
         return ServerState(
@@ -294,6 +301,20 @@ class SimServer(StartupSequence):
         self.running_phase = True
         if self.state is not None:
             self.state.first_request_seen = True
+
+    def _foreign_taken_gib(self) -> float:
+        """The most GPU memory other processes took on one of this server's GPUs since its
+        startup planned around what they held then (re-read at most every `FOREIGN_READ_S`)."""
+        now = time.monotonic()
+        if now - self._foreign_read_at < FOREIGN_READ_S:
+            return self._foreign_taken
+        self._foreign_read_at = now
+        assert self.memory is not None
+        ours = {self.pid, *self.tree.pids}
+        used = gpustate.foreign_used_bytes(self.memory.directory, self.gpus, ours)
+        rise = [b / GiB - before for b, before in zip(used, self._foreign_at_plan, strict=False)]
+        self._foreign_taken = max([0.0, *rise])
+        return self._foreign_taken
 
     def _on_peak(self, peak: float) -> None:
         """The GPU state shows the static memory plus what the allocator holds: the high-water

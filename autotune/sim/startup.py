@@ -144,6 +144,7 @@ class StartupSequence(ServerDeaths):
             ours = {self.pid, *self.tree.pids}
             used = gpustate.foreign_used_bytes(self.memory.directory, self.gpus, ours)
             foreign = [b / GiB for b in used]
+        self._foreign_at_plan = foreign or [0.0] * len(self.gpus)
         plan = plan_startup(
             self.profile,
             s,

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Collection
 
 from autotune.errors import HarnessError
-from autotune.server.gpu import GpuProbe
+from autotune.server.gpu import GpuMemory, GpuProbe
+from autotune.server.procs import process_name
 
 HEADROOM_POLL_S = 0.2
 PROBE_ERRORS = (HarnessError, OSError, ValueError)
@@ -40,18 +42,53 @@ def settled_usage(probe: GpuProbe, devices: tuple[int, ...] | None) -> dict[int,
         time.sleep(SETTLE_POLL_S)
 
 
+INTRUDER_BYTES = 256 * 2**20
+"""How much GPU memory a process autotune did not start may take while a workload runs before
+the trial's measurements are not the parameters' own: about a CUDA context's."""
+
+
 class FreeMemoryWatch:
     """Samples the GPU probe in a thread; `min_free_gib` is the least free memory seen on the
-    server's GPUs (those it holds memory on) while the workload ran: the measured headroom."""
+    server's GPUs (those it holds memory on) while the workload ran: the measured headroom.
 
-    def __init__(self, probe: GpuProbe, devices: tuple[int, ...] | None) -> None:
+    With `ours` (the server's processes, asked again whenever a pid it has not classed shows on
+    a GPU), it also keeps what every other process took on those GPUs while the workload ran
+    (`intruders`): memory that moved the free memory and the peak, and may have ended the server,
+    without the parameters having a part in it."""
+
+    def __init__(
+        self,
+        probe: GpuProbe,
+        devices: tuple[int, ...] | None,
+        ours: Callable[[], Collection[int]] | None = None,
+    ) -> None:
         self._probe = probe
         self._devices = devices
+        self._ours_now = ours
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="headroom", daemon=True)
         self.min_free_gib: float | None = None
         self._first_used: dict[int, int] = {}
         self._max_used: dict[int, int] = {}
+        self._ours: set[int] = set()
+        self._first_foreign: dict[tuple[int, int], int] = {}
+        self._max_foreign: dict[tuple[int, int], int] = {}
+        self._sampled = False
+        self._names: dict[int, str] = {}
+
+    def intruders(self) -> list[str]:
+        """One line per process autotune did not start that took more than `INTRUDER_BYTES` on
+        the server's GPUs while the workload ran (empty: none, or no `ours` to tell them by)."""
+        out = []
+        for (index, pid), top in sorted(self._max_foreign.items()):
+            took = top - self._first_foreign[(index, pid)]
+            if took > INTRUDER_BYTES:
+                name = self._names.get(pid, "?")
+                out.append(
+                    f"GPU {index}: pid {pid} ({name}), a process autotune did not start, took "
+                    f"{took / 2**30:.2f} GiB while the workload ran"
+                )
+        return out
 
     @property
     def peak_gib(self) -> float | None:
@@ -66,6 +103,8 @@ class FreeMemoryWatch:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self._sample()  # the state the workload ended in, however it ended
 
     def _run(self) -> None:
         while True:
@@ -86,3 +125,23 @@ class FreeMemoryWatch:
         if busy:
             free = min(g.free for g in busy) / 2**30
             self.min_free_gib = free if self.min_free_gib is None else min(self.min_free_gib, free)
+        if self._ours_now is not None:
+            self._foreign(busy)
+
+    def _foreign(self, gpus: list[GpuMemory]) -> None:
+        """Each other process's use of `gpus`, from the first sample it showed in (0 for one that
+        came later)."""
+        assert self._ours_now is not None
+        for g in gpus:
+            for pid, used in g.pids.items():
+                if pid in self._ours:
+                    continue
+                key = (g.index, pid)
+                if key not in self._first_foreign:
+                    self._ours = set(self._ours_now())
+                    if pid in self._ours:
+                        continue
+                    self._first_foreign[key] = 0 if self._sampled else used
+                    self._names.setdefault(pid, process_name(pid))  # while it still runs
+                self._max_foreign[key] = max(self._max_foreign.get(key, 0), used)
+        self._sampled = True

@@ -35,6 +35,9 @@ from autotune.trial.plan import TrialPlan
 from autotune.trial.seam import Load, ServerRun, Startup, Stop
 
 FLUSH_READINGS = 2
+FOREIGN_GPU = "foreign_gpu"
+"""The cause of a machine error where a process autotune did not start took memory on the
+server's GPUs while the workload ran (`trial.gpuwatch.FreeMemoryWatch.intruders`)."""
 """Flushes (each followed by a settled reading) per measurement of the flushed footprint."""
 
 
@@ -207,7 +210,8 @@ class _LiveRun:
                 return f"workload ran past server.limits.workload_s ({limit_s:g} s)"
             return reason
 
-        with FreeMemoryWatch(self.launcher.probe, self.server.spec.devices()) as watch:
+        ours = self.server.own_pids
+        with FreeMemoryWatch(self.launcher.probe, self.server.spec.devices(), ours) as watch:
             result = run_workload(
                 workload,
                 target,
@@ -234,6 +238,17 @@ class _LiveRun:
             stress_peak_gib=watch.peak_gib,
             growth_gib=footprint_growth_gib(before, after),
         )
+        intruders = watch.intruders()
+        if intruders:
+            # another process took memory on the server's GPUs: the free memory, the peak and
+            # any death under load are not the parameters' own, so the point runs again
+            ended = (f"the server then ended: {death.outcome} ({death.cause})",) if death else ()
+            return replace(
+                load,
+                outcome=str(Outcome.MACHINE_ERROR),
+                cause=FOREIGN_GPU,
+                evidence=(*intruders, *ended, *(death.evidence if death else ())),
+            )
         if death is not None:
             return replace(
                 load, outcome=str(death.outcome), cause=death.cause, evidence=death.evidence

@@ -25,6 +25,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.record import keys
 from autotune.server import pidfile
+from autotune.sim.gpustate import write_holder
 from tests.reliability.helpers import EAGLE, STRESS, World, fill_disk, one_line, wait_for_log
 
 pytestmark = pytest.mark.e2e
@@ -158,6 +159,48 @@ def test_port_taken_after_the_launch_is_a_machine_error(world: World) -> None:
     host = trial["host_state"]
     assert isinstance(host, list) and any(held in line for line in host), host
     assert listener.poll() is None
+    _requeued_and_run(world, first)
+    assert world.problems() == []
+
+
+def test_gpu_memory_taken_by_another_process_mid_load_is_a_machine_error(world: World) -> None:
+    """Another process (a `sleep` the test registers in the simulator's GPU state, as NVML would
+    list it) takes 20 GiB on the server's first GPU while the workload runs: the next forward no
+    longer fits and the server dies out of memory. FAIL `machine_error` (`foreign_gpu`) with the
+    holder named first and the OOM after it, the point queued again and run once the holder is
+    gone (before: COMPLETE `runtime_oom`, a parameter result, and the holder's memory counted in
+    the trial's stress peak)."""
+    world.foreign_sleep()
+    # the next launch waits for the GPU to be free of the holder rather than refuse
+    world.study(duration=6, n_trials=1, limits="foreign_wait_s = 60")
+    proc = world.start(*world.run_args())
+    server = _server_pid(world, proc)
+    wait_for_log(world, proc, SERVING, number=0)
+    holder = world.foreign_sleep()
+    write_holder(world.gpu_dir, holder.pid, {0: 20 << 30}, {0: 96 << 30})
+    wait_for_log(world, proc, "out of memory", number=0)
+    deadline = time.monotonic() + 60
+    while any(r.pid == server.pid for _, r in pidfile.records(world.study_dir / "run")):
+        # the holder stays until the server is torn down, as a foreign job would
+        assert time.monotonic() < deadline and proc.poll() is None, "trial 0 never ended"
+        time.sleep(0.05)
+    os.killpg(holder.pid, signal.SIGKILL)  # then it goes, and the point runs again
+    holder.wait()
+    world.foreign.remove(holder)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    first = world.trials()[0]
+    attrs = first.user_attrs
+    assert (first.state, attrs["outcome"]) == (TrialState.FAIL, "machine_error"), attrs
+    record = _record(world, 0)
+    evidence = record["evidence"]
+    assert isinstance(evidence, list), evidence
+    assert evidence[0].startswith(
+        f"GPU 0: pid {holder.pid} (sleep), a process autotune did not "
+        "start, took 20.00 GiB while the workload ran"
+    ), evidence
+    assert "the server then ended: runtime_oom" in evidence[1], evidence
+    assert "foreign_gpu" in str(attrs["reason"]), attrs["reason"]
     _requeued_and_run(world, first)
     assert world.problems() == []
 

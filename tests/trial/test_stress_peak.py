@@ -38,6 +38,51 @@ def test_no_sample_no_peak() -> None:
     assert FreeMemoryWatch(Probe([]), None).peak_gib is None
 
 
+A, B, C = 4_194_301, 4_194_302, 4_194_303
+"""Pids no process here has (the kernel's largest), so their names read as `?`."""
+
+
+class Holders:
+    """GPU 0 with the server's pid 100 and other holders, one frame per sample."""
+
+    def __init__(self, frames: list[dict[int, float]]) -> None:
+        self._frames = iter(frames)
+
+    def snapshot(self) -> list[GpuMemory]:
+        pids = {pid: int(gib * GiB) for pid, gib in next(self._frames).items()}
+        return [GpuMemory(0, 96 * GiB, sum(pids.values()), pids)]
+
+
+def test_memory_another_process_takes_while_the_workload_runs_is_named() -> None:
+    """A holder there from the start that stays put is not an intruder (the launch's check saw
+    it); one that grows, or comes later, by more than a CUDA context is; the server's own pids,
+    however many, never are, and the server is asked for them only when a pid is new."""
+    asked = []
+
+    def ours() -> set[int]:
+        asked.append(1)
+        return {100, 101}
+
+    frames = [
+        {100: 80.0, A: 2.0, B: 1.0},
+        {100: 82.0, 101: 0.5, A: 2.0, B: 3.5},
+        {100: 83.0, 101: 0.5, A: 2.1, B: 3.5, C: 6.0},
+    ]
+    watch = FreeMemoryWatch(Holders(frames), None, ours)
+    for _ in frames:
+        watch._sample()
+    lines = watch.intruders()
+    assert [line.split(",")[0] for line in lines] == [f"GPU 0: pid {B} (?)", f"GPU 0: pid {C} (?)"]
+    assert "took 2.50 GiB while the workload ran" in lines[0]
+    assert "took 6.00 GiB" in lines[1]
+    assert len(asked) == 4  # the strangers A, B at the first sample, 101, then C
+    # without the server's pids to tell them by, nothing is named
+    plain = FreeMemoryWatch(Holders(frames), None)
+    for _ in frames:
+        plain._sample()
+    assert plain.intruders() == []
+
+
 class _Run:
     def wait_ready(self) -> Startup:
         return Startup("ready", ledger={"max_total_num_tokens": 1000})
