@@ -75,18 +75,22 @@ class FreeMemoryWatch:
         self._max_foreign: dict[tuple[int, int], int] = {}
         self._sampled = False
         self._names: dict[int, str] = {}
+        self._our_gpus: set[int] = set()
 
-    def intruders(self) -> list[str]:
+    def intruders(self, while_: str = "the workload ran") -> list[str]:
         """One line per process autotune did not start that took more than `INTRUDER_BYTES` on
-        the server's GPUs while the workload ran (empty: none, or no `ours` to tell them by)."""
+        a GPU the server's processes hold memory on while the watch ran (`while_` says when, in
+        the line; empty: none, or no `ours` to tell them by)."""
         out = []
         for (index, pid), top in sorted(self._max_foreign.items()):
+            if index not in self._our_gpus:
+                continue  # a GPU the server holds nothing on: another job's own
             took = top - self._first_foreign[(index, pid)]
             if took > INTRUDER_BYTES:
                 name = self._names.get(pid, "?")
                 out.append(
                     f"GPU {index}: pid {pid} ({name}), a process autotune did not start, took "
-                    f"{took / 2**30:.2f} GiB while the workload ran"
+                    f"{took / 2**30:.2f} GiB while {while_}"
                 )
         return out
 
@@ -130,16 +134,18 @@ class FreeMemoryWatch:
 
     def _foreign(self, gpus: list[GpuMemory]) -> None:
         """Each other process's use of `gpus`, from the first sample it showed in (0 for one that
-        came later)."""
+        came later), and which GPUs the server's own processes hold memory on."""
         assert self._ours_now is not None
         for g in gpus:
             for pid, used in g.pids.items():
                 if pid in self._ours:
+                    self._our_gpus.add(g.index)
                     continue
                 key = (g.index, pid)
                 if key not in self._first_foreign:
                     self._ours = set(self._ours_now())
                     if pid in self._ours:
+                        self._our_gpus.add(g.index)
                         continue
                     self._first_foreign[key] = 0 if self._sampled else used
                     self._names.setdefault(pid, process_name(pid))  # while it still runs

@@ -161,15 +161,30 @@ class _LiveRun:
         self.stress_repeats = stress_repeats
 
     def wait_ready(self) -> Startup:
-        r = self.server.wait_ready()
+        """The start, watched for GPU memory another process takes meanwhile: it moves the free
+        memory SGLang sizes the KV pool from (or ends the start), so the start is then a machine
+        error whatever it printed, and the point runs again."""
+        devices = self.server.spec.devices()
+        with FreeMemoryWatch(self.launcher.probe, devices, self.server.own_pids) as watch:
+            r = self.server.wait_ready()
         version = r.server_info.get("version") if r.server_info else None
-        return Startup(
+        started = Startup(
             outcome=str(r.outcome),
             cause=r.cause,
             evidence=r.evidence,
             ledger=r.ledger.to_dict(),
             seconds=r.seconds,
             sglang_version=str(version) if version else self.launcher.version,
+        )
+        intruders = watch.intruders(while_="the server started")
+        if not intruders:
+            return started
+        ended = f"the start then ended: {r.outcome}" + (f" ({r.cause})" if r.cause else "")
+        return replace(
+            started,
+            outcome=str(Outcome.MACHINE_ERROR),
+            cause=FOREIGN_GPU,
+            evidence=(*intruders, ended, *r.evidence),
         )
 
     def drive(self, ledger: Mapping[str, object]) -> Load:
@@ -238,7 +253,7 @@ class _LiveRun:
             stress_peak_gib=watch.peak_gib,
             growth_gib=footprint_growth_gib(before, after),
         )
-        intruders = watch.intruders()
+        intruders = watch.intruders(while_="the workload ran")
         if intruders:
             # another process took memory on the server's GPUs: the free memory, the peak and
             # any death under load are not the parameters' own, so the point runs again

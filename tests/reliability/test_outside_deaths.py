@@ -205,6 +205,43 @@ def test_gpu_memory_taken_by_another_process_mid_load_is_a_machine_error(world: 
     assert world.problems() == []
 
 
+def test_gpu_memory_taken_by_another_process_during_the_start_is_a_machine_error(
+    world: World,
+) -> None:
+    """Another process takes 6 GiB on the server's first GPU while it starts (slowed so the test
+    can): the free memory SGLang sizes the pool from is not the parameters' own, so the start is
+    FAIL `machine_error` (`foreign_gpu`) with the holder named, whatever the start printed, and
+    the point runs again once the holder is gone."""
+    world.foreign_sleep()
+    world.study(flags='sim-fault = "slow-startup=100"', n_trials=1, limits="foreign_wait_s = 60")
+    proc = world.start(*world.run_args())
+    server = _server_pid(world, proc)
+    wait_for_log(world, proc, "Load weight begin", number=0)
+    holder = world.foreign_sleep()
+    write_holder(world.gpu_dir, holder.pid, {0: 6 << 30}, {0: 96 << 30})
+    deadline = time.monotonic() + 60
+    while any(r.pid == server.pid for _, r in pidfile.records(world.study_dir / "run")):
+        assert time.monotonic() < deadline and proc.poll() is None, "trial 0 never ended"
+        time.sleep(0.05)
+    os.killpg(holder.pid, signal.SIGKILL)
+    holder.wait()
+    world.foreign.remove(holder)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    first = world.trials()[0]
+    attrs = first.user_attrs
+    assert (first.state, attrs["outcome"]) == (TrialState.FAIL, "machine_error"), attrs
+    evidence = _record(world, 0)["evidence"]
+    assert isinstance(evidence, list), evidence
+    assert evidence[0].startswith(
+        f"GPU 0: pid {holder.pid} (sleep), a process autotune did not "
+        "start, took 6.00 GiB while the server started"
+    ), evidence
+    assert evidence[1].startswith("the start then ended: "), evidence
+    _requeued_and_run(world, first)
+    assert world.problems() == []
+
+
 @pytest.fixture
 def full_cache_disk(world: World) -> Iterator[Path]:
     """A 16 MiB tmpfs, full, for the server's kernel cache (needs root; skipped otherwise)."""

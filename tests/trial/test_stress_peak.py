@@ -43,14 +43,21 @@ A, B, C = 4_194_301, 4_194_302, 4_194_303
 
 
 class Holders:
-    """GPU 0 with the server's pid 100 and other holders, one frame per sample."""
+    """GPU 0 with the server's pid 100 and other holders, one frame per sample; GPU 1 with the
+    holders `also` (growing by 1 GiB a sample), where the server holds nothing."""
 
-    def __init__(self, frames: list[dict[int, float]]) -> None:
+    def __init__(self, frames: list[dict[int, float]], also: dict[int, float] | None = None):
         self._frames = iter(frames)
+        self._also = dict(also or {})
 
     def snapshot(self) -> list[GpuMemory]:
         pids = {pid: int(gib * GiB) for pid, gib in next(self._frames).items()}
-        return [GpuMemory(0, 96 * GiB, sum(pids.values()), pids)]
+        gpus = [GpuMemory(0, 96 * GiB, sum(pids.values()), pids)]
+        if self._also:
+            other = {pid: int(gib * GiB) for pid, gib in self._also.items()}
+            self._also = {pid: gib + 1.0 for pid, gib in self._also.items()}
+            gpus.append(GpuMemory(1, 96 * GiB, sum(other.values()), other))
+        return gpus
 
 
 def test_memory_another_process_takes_while_the_workload_runs_is_named() -> None:
@@ -76,6 +83,12 @@ def test_memory_another_process_takes_while_the_workload_runs_is_named() -> None
     assert "took 2.50 GiB while the workload ran" in lines[0]
     assert "took 6.00 GiB" in lines[1]
     assert len(asked) == 4  # the strangers A, B at the first sample, 101, then C
+    # a GPU the server holds nothing on is another job's: nothing there is named
+    other = [{100: 80.0}, {100: 81.0}]
+    elsewhere = FreeMemoryWatch(Holders(other, also={C: 9.0}), None, ours)
+    for _ in other:
+        elsewhere._sample()
+    assert elsewhere.intruders() == []
     # without the server's pids to tell them by, nothing is named
     plain = FreeMemoryWatch(Holders(frames), None)
     for _ in frames:
