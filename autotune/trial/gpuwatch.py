@@ -45,6 +45,9 @@ def settled_usage(probe: GpuProbe, devices: tuple[int, ...] | None) -> dict[int,
 INTRUDER_BYTES = 256 * 2**20
 """How much GPU memory a process autotune did not start may take while a workload runs before
 the trial's measurements are not the parameters' own: about a CUDA context's."""
+PROXIES = ("nvidia-cuda-mps",)
+"""Processes that hold GPU memory on behalf of their clients (the MPS server, which NVML lists
+with the memory of every client process under MPS): never a stranger."""
 
 
 class FreeMemoryWatch:
@@ -147,7 +150,10 @@ class FreeMemoryWatch:
                     if pid in self._ours:
                         self._our_gpus.add(g.index)
                         continue
+                    name = self._names.setdefault(pid, process_name(pid))  # while it runs
+                    if name.startswith(PROXIES):
+                        self._ours.add(pid)
+                        continue
                     self._first_foreign[key] = 0 if self._sampled else used
-                    self._names.setdefault(pid, process_name(pid))  # while it still runs
                 self._max_foreign[key] = max(self._max_foreign.get(key, 0), used)
         self._sampled = True

@@ -6,8 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from autotune.config.schema import Limits
 from autotune.server.gpu import GpuMemory
+from autotune.trial import gpuwatch
 from autotune.trial.gpuwatch import FreeMemoryWatch
 from autotune.trial.plan import TrialPlan
 from autotune.trial.run import run_trial
@@ -60,7 +63,9 @@ class Holders:
         return gpus
 
 
-def test_memory_another_process_takes_while_the_workload_runs_is_named() -> None:
+def test_memory_another_process_takes_while_the_workload_runs_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A holder there from the start that stays put is not an intruder (the launch's check saw
     it); one that grows, or comes later, by more than a CUDA context is; the server's own pids,
     however many, never are, and the server is asked for them only when a pid is new."""
@@ -89,6 +94,12 @@ def test_memory_another_process_takes_while_the_workload_runs_is_named() -> None
     for _ in other:
         elsewhere._sample()
     assert elsewhere.intruders() == []
+    # the MPS server holds its clients' memory: never a stranger
+    monkeypatch.setattr(gpuwatch, "process_name", lambda pid: "nvidia-cuda-mps-server")
+    mps = FreeMemoryWatch(Holders(frames), None, ours)
+    for _ in frames:
+        mps._sample()
+    assert mps.intruders() == []
     # without the server's pids to tell them by, nothing is named
     plain = FreeMemoryWatch(Holders(frames), None)
     for _ in frames:
