@@ -506,6 +506,10 @@ def _from_failure_lines(
     return Verdict(outcome, str(deciding.kind), evidence)
 
 
+STOPPED_FROM_OUTSIDE = "signal:stopped"
+"""The cause of a stall whose server processes a stop signal from outside (SIGSTOP, SIGTSTP)
+had stopped."""
+
 _HOST_CAUSES = (("disk", "disk_full"), ("port", "port_in_use"))
 
 
@@ -531,6 +535,9 @@ def _without_failure_lines(
         return host
     if facts.timed_out:
         return Verdict(Outcome.TIMEOUT, f"phase_timeout:{facts.timed_out}", facts.notes)
+    if facts.stalled and facts.sender == "outside":
+        # the server's processes were stopped from outside: not the parameters' hang
+        return Verdict(Outcome.KILLED, STOPPED_FROM_OUTSIDE, facts.notes)
     if facts.stalled:
         return Verdict(Outcome.HANG, f"stall:{facts.stalled}", facts.notes)
     if facts.lost:

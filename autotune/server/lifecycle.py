@@ -311,7 +311,11 @@ class Server:
             seen = self.host_state()
             notes = (*end.detail, *notes)
         facts = replace(
-            facts, exit_code=end.code, sender=end.sender, host=(*facts.host, *seen), notes=notes
+            facts,
+            exit_code=end.code,
+            sender=end.sender or facts.sender,  # the exit's, else what the stall saw
+            host=(*facts.host, *seen),
+            notes=notes,
         )
         verdict = classify(self.log.events, facts, batches=list(self.log.batches))
         if seen and self._host is None and verdict.outcome not in (Outcome.READY, Outcome.UNKNOWN):
@@ -441,7 +445,7 @@ class Server:
         output, both for `stall_s`; or, where the requests stream, nothing back for `stall_s`
         while the log moves. A `/health` that still answers proves nothing here (an HTTP front
         can answer while generation is stuck); a stopped process (SIGSTOP, a debugger) is named
-        in the evidence."""
+        in the evidence, and one stopped by a signal makes the stall a death from outside."""
         if owed_s is None or owed_s < self.spec.stall_s:
             return None
         quiet = now - self.log.last_growth
@@ -461,7 +465,24 @@ class Server:
         info = procs.read_proc(self.pid)
         if info is not None and info.state in ("T", "t", "D"):
             note += f"; pid {self.pid} is in state {procs.describe_state(info.state)}"
+        stopped = self._stopped_pids()
+        if stopped:
+            # SGLang never stops itself: a stop signal (SIGSTOP, SIGTSTP) came from outside, so
+            # the stall is not the parameters'
+            who = ", ".join(f"pid {p}" for p in stopped)
+            note += f"; {who} stopped by a signal from outside (SGLang never stops itself)"
+            return RunFacts(stalled="serving", notes=(note,), sender=deaths.OUTSIDE)
         return RunFacts(stalled="serving", notes=(note,))
+
+    def _stopped_pids(self) -> list[int]:
+        """The server's processes in state T (stopped by a signal), in pid order. A traced stop
+        (t) is left out: SGLang's own watchdog attaches py-spy to a hung scheduler."""
+        out = []
+        for pid in sorted(self._seen.pids_now()):
+            info = procs.read_proc(pid)
+            if info is not None and not info.gone and info.state == "T":
+                out.append(pid)
+        return out
 
     def _generating_unheard(self, now: float, owed_s: float) -> bool:
         """Whether the scheduler kept generating long after the client last heard a byte: a

@@ -717,3 +717,16 @@ def test_a_collective_that_timed_out_is_a_hang_unless_a_rank_s_own_death_explain
     log = parse_text(READY + DECODE + oom + "\n" + NCCL_TIMEOUT + "\n")
     verdict = classify(log.events, RunFacts(exited=True, exit_code=-6), log.batches)
     assert (verdict.outcome, verdict.cause) == (Outcome.RUNTIME_OOM, "torch_oom")
+
+
+def test_a_stall_of_processes_stopped_from_outside_is_killed_not_a_hang() -> None:
+    """A serving stall whose server processes were stopped by a signal (state T: SIGSTOP,
+    SIGTSTP) is a death from outside, queued again; the same stall otherwise is the
+    server's hang."""
+    log = parse_text(READY + DECODE)
+    note = "no answer to the workload for 3.1 s …; pid 7 stopped by a signal from outside"
+    stopped = classify(log.events, RunFacts(stalled="serving", sender="outside", notes=(note,)))
+    assert (stopped.outcome, stopped.cause) == (Outcome.KILLED, "signal:stopped")
+    assert stopped.evidence == (note,) and stopped.outcome.requeued
+    hung = classify(log.events, RunFacts(stalled="serving", notes=(note,)))
+    assert (hung.outcome, hung.cause) == (Outcome.HANG, "stall:serving")

@@ -29,7 +29,14 @@ from autotune.trial.live import LiveLauncher
 from autotune.trial.plan import TrialPlan
 from autotune.trial.run import run_trial
 from autotune.trial.trialfile import TrialRecord
-from tests.reliability.helpers import EAGLE, STRESS, World, server_record, wait_for_log
+from tests.reliability.helpers import (
+    EAGLE,
+    STRESS,
+    World,
+    server_record,
+    wait_for_log,
+    wait_for_text,
+)
 
 pytestmark = pytest.mark.e2e
 STALL_S = 3.0
@@ -177,27 +184,38 @@ def test_gpu_memory_never_released_stops_the_run_clearly(world: World) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-def test_server_frozen_with_sigstop_while_serving_is_a_hang(world: World) -> None:
-    """SIGSTOP to the whole server mid-workload: alive, silent. Judged a hang within stall_s
-    (STALL_S) of the last answer, recorded as such, killed (SIGKILL ends a stopped process)."""
+def test_server_frozen_with_sigstop_while_serving_is_killed_from_outside(world: World) -> None:
+    """SIGSTOP to the whole server mid-workload: alive, silent. Judged within stall_s (STALL_S)
+    of the last answer, and since SGLang never stops itself, FAIL `killed` (`signal:stopped`,
+    its stopped pids named), the point queued again and run; the server killed (SIGKILL ends a
+    stopped process). Before: FAIL `hang`, counted against the point as if it hung."""
     world.foreign_sleep()
-    world.study(duration=30, stall_s=STALL_S)
+    world.study(duration=8, stall_s=STALL_S)
     proc = world.start(*world.run_args())
     wait_for_log(world, proc, "Decode batch")
     record = server_record(world)
     os.killpg(record.pgid, signal.SIGSTOP)
     frozen = time.monotonic()
-    out, err = proc.communicate(timeout=60)
+    wait_for_text(world.study_dir / "trials/0000/trial.json", proc, "killed")
     ended = time.monotonic() - frozen
+    out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, out + err
-    trial = _only_trial(world, TrialState.FAIL, "hang")
-    assert "hang (stall:serving)" in str(trial["reason"]), trial["reason"]
+    first, *rest = world.trials()
+    assert (first.state, first.user_attrs["outcome"]) == (TrialState.FAIL, "killed")
+    trial = json.loads((world.study_dir / "trials/0000/trial.json").read_text())
+    assert "killed (signal:stopped)" in str(trial["reason"]), trial["reason"]
     assert "no answer to the workload" in str(trial["reason"])
     assert "state T: stopped" in str(trial["evidence"]), trial["evidence"]
+    assert f"pid {record.pid}" in str(trial["evidence"]) and "signal from outside" in str(
+        trial["evidence"]
+    )
     # stall_s after the freeze, then the 1.5 s grace for SIGTERM (pending while stopped), SIGKILL
     assert ended < STALL_S + 1.5 + 5, ended
     assert trial["phases"]["workload"] < STALL_S + 3, trial["phases"]
     assert any("state T: stopped" in w for w in trial["teardown"]), trial["teardown"]
+    # the point ran again, and held
+    assert [t.user_attrs["outcome"] for t in rest if t.state == TrialState.COMPLETE] == ["ok"]
+    assert world.problems() == []
 
 
 STUCK = (sys.executable, "-m", "autotune.testing.fakeserver", "--log", "--mode", "generate")
