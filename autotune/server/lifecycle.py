@@ -353,7 +353,7 @@ class Server:
                     return self._finish_startup(RunFacts(timed_out=timeout))
                 if now - self.log.last_growth >= spec.stall_s:
                     note = f"no log output for {now - self.log.last_growth:.0f} s in {self.phase}"
-                    return self._finish_startup(RunFacts(stalled=str(self.phase), notes=(note,)))
+                    return self._finish_startup(self._stall(str(self.phase), note))
             self._sleep(spec.poll_s)
 
     def _timeout(self, now: float) -> str:
@@ -465,14 +465,17 @@ class Server:
         info = procs.read_proc(self.pid)
         if info is not None and info.state in ("T", "t", "D"):
             note += f"; pid {self.pid} is in state {procs.describe_state(info.state)}"
+        return self._stall("serving", note)
+
+    def _stall(self, phase: str, note: str) -> RunFacts:
+        """A stall in `phase`; where a signal from outside stopped any of the server's processes
+        (SGLang never stops itself: SIGSTOP, SIGTSTP), a death from outside, named."""
         stopped = self._stopped_pids()
-        if stopped:
-            # SGLang never stops itself: a stop signal (SIGSTOP, SIGTSTP) came from outside, so
-            # the stall is not the parameters'
-            who = ", ".join(f"pid {p}" for p in stopped)
-            note += f"; {who} stopped by a signal from outside (SGLang never stops itself)"
-            return RunFacts(stalled="serving", notes=(note,), sender=deaths.OUTSIDE)
-        return RunFacts(stalled="serving", notes=(note,))
+        if not stopped:
+            return RunFacts(stalled=phase, notes=(note,))
+        who = ", ".join(f"pid {p}" for p in stopped)
+        note += f"; {who} stopped by a signal from outside (SGLang never stops itself)"
+        return RunFacts(stalled=phase, notes=(note,), sender=deaths.OUTSIDE)
 
     def _stopped_pids(self) -> list[int]:
         """The server's processes in state T (stopped by a signal), in pid order. A traced stop

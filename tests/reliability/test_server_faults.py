@@ -218,6 +218,27 @@ def test_server_frozen_with_sigstop_while_serving_is_killed_from_outside(world: 
     assert world.problems() == []
 
 
+def test_server_stopped_with_sigstop_while_it_starts_is_killed_from_outside(world: World) -> None:
+    """SIGSTOP to the whole server while it loads its weights (slowed so the test can): the log
+    goes quiet for stall_s, and since its processes are stopped by a signal, FAIL `killed`
+    (`signal:stopped`), not the startup's hang; the point runs again and holds."""
+    world.foreign_sleep()
+    world.study(flags='sim-fault = "slow-startup=100"', stall_s=STALL_S)
+    proc = world.start(*world.run_args())
+    wait_for_log(world, proc, "Load weight begin")
+    os.killpg(server_record(world).pgid, signal.SIGSTOP)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    first, *rest = world.trials()
+    assert (first.state, first.user_attrs["outcome"]) == (TrialState.FAIL, "killed")
+    trial = json.loads((world.study_dir / "trials/0000/trial.json").read_text())
+    assert "killed (signal:stopped)" in str(trial["reason"]), trial["reason"]
+    assert "no log output for" in str(trial["reason"])
+    assert "stopped by a signal from outside" in str(trial["evidence"]), trial["evidence"]
+    assert [t.user_attrs["outcome"] for t in rest if t.state == TrialState.COMPLETE] == ["ok"]
+    assert world.problems() == []
+
+
 STUCK = (sys.executable, "-m", "autotune.testing.fakeserver", "--log", "--mode", "generate")
 
 
