@@ -281,17 +281,46 @@ def _flag(info: FlagInfo, value: Any) -> tuple[str, FlagValue] | None:
     return None if converted is None else (info.name, converted)
 
 
+GATED = (
+    ("speculative_", ("speculative_algorithm",)),
+    ("hicache_", ("enable_hierarchical_cache",)),
+    ("lora_", ("enable_lora", "lora_paths")),
+)
+"""Families of arguments that do nothing while the argument that turns their feature on is off
+(prefix, the arguments that turn it on): a log prints their values anyway, and an older release
+printed its own defaults for them (`speculative_num_steps=5` without a draft), which the table's
+release may not share."""
+UNBOUNDED = 2**62
+"""An integer this large is a limit left open (`max_queued_requests=sys.maxsize`, an older
+release's default for no limit)."""
+
+
+def _inert(args: Mapping[str, Any]) -> set[str]:
+    """The arguments of `args` whose feature is off (`GATED`)."""
+    out: set[str] = set()
+    for prefix, gates in GATED:
+        if not any(args.get(g) for g in gates):
+            out.update(d for d in args if d.startswith(prefix) and d not in gates)
+    return out
+
+
 def split_args(
     args: Mapping[str, Any], table: FlagTable, *, skip: frozenset[str] = frozenset()
 ) -> SplitArgs:
-    """Flags from a `server_args=` mapping; `skip` names arguments handled elsewhere."""
+    """Flags from a `server_args=` mapping; `skip` names arguments handled elsewhere. Arguments
+    of a feature that is off (`GATED`) and open limits (`UNBOUNDED`) are left out."""
     flags: list[tuple[str, FlagValue]] = []
     resolved: list[str] = []
     unexpressible: list[str] = []
     model = args.get("model_path")
+    inert = _inert(args)
     for dest, value in args.items():
         info = table.get(dest)
         if info is None or dest in OWNED or dest in skip or _equal(value, info.default):
+            continue
+        if dest in inert:
+            continue
+        if info.default is None and isinstance(value, int) and value >= UNBOUNDED:
             continue
         if dest in ("tokenizer_path", "served_model_name") and value == model:
             continue

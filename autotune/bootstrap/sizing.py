@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from autotune.bootstrap.traffic import MAX_CONCURRENCY
 from autotune.config.schema import Scalar
 from autotune.logparse.ledger import Ledger
 from autotune.logparse.semantics import rules
@@ -36,7 +37,9 @@ STEP = 0.01
 LOWEST, HIGHEST = 0.05, 0.99
 SPAN = 0.30
 """The widest fraction range: further below the top a launch only gives up capacity."""
-MAX_SLOTS = 4096
+MAX_SLOTS = MAX_CONCURRENCY
+NEAR = 0.02
+"""A request-slot choice within this share of the current value is the same choice."""
 MRR_FACTORS = (2 / 3, 1.0, 4 / 3, 2.0, 8 / 3)
 """max_running_requests choices around the current value (48 → 32, 48, 64, 96, 128)."""
 BELOW_FACTORS = (1 / 4, 1 / 3, 1 / 2, 2 / 3)
@@ -75,7 +78,7 @@ class Knob:
 
 
 def _gib(x: float) -> str:
-    return f"{x:.2f} GiB"
+    return f"{0.0 if round(x, 2) == 0 else x:.2f} GiB"  # never "-0.00"
 
 
 def _on_grid(x: float, anchor: float, up: bool) -> float:
@@ -264,10 +267,11 @@ def _fraction_baseline_line(arith: Arithmetic, b: float, high: float) -> str:
     at_b = arith.at(b)
     tokens_b = arith.tokens if b == f0 and arith.tokens else at_b.tokens
     free_b = headroom.free if b == f0 and headroom is not None else at_b.static_free_gib
+    at_high = "" if math.isclose(b, high) else f"; at {high:g}: {arith.at(high).tokens:,} tokens"
     return (
         f"at the baseline {b:.15g}: {tokens_b:,} tokens"
         + (f", {_gib(free_b)} free after startup" if free_b is not None else "")
-        + f"; at {high:g}: {arith.at(high).tokens:,} tokens"
+        + at_high
     )
 
 
@@ -349,10 +353,13 @@ def _mrr_choices(c: int | None, cap: int) -> list[int]:
     cap, the cap itself the top), else spread below the cap (¼× … 1×); at least four where there
     is room."""
     if c is not None and c <= cap:
-        values = {_nice(c * m) for m in MRR_FACTORS} | {c}
-        values = {v for v in values if v <= cap}
-        if max(values) < _nice(c * MRR_FACTORS[-1]):
-            values.add(cap)
+        # a round value next to the current one (2048 beside SGLang's own 2049) is no other
+        # choice; above `MAX_SLOTS` (the most clients the workload runs) only the current one
+        top = min(cap, max(MAX_SLOTS, c))
+        near = {v for m in MRR_FACTORS if abs((v := _nice(c * m)) - c) > NEAR * c}
+        values = {v for v in near | {c} if v <= top}
+        if max(values) < min(_nice(c * MRR_FACTORS[-1]), top):
+            values.add(top)
         for m in reversed(BELOW_FACTORS[:-1]):
             if len(values) >= 4:
                 break

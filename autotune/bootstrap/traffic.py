@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from autotune.logparse.events import Batch
 
 MAX_CONCURRENCY = 4096
+"""The most clients a sketched workload runs at once, and so the most request slots a study
+`init` writes searches beyond the current value (`bootstrap.sizing`)."""
 DECODE_LOG_INTERVAL = 40
 """SGLang's default `--decode-log-interval`: a Decode line every this many decode forwards."""
 

@@ -124,6 +124,8 @@ def as_text(w: WhatIf) -> str:
         f"  {'fraction':>8}  {'KV tokens':>10}  {'KV GiB':>7}  {'reserve':>8}  "
         f"{'free after startup':>18}  {'free at the peak':>16}",
     ]
+    # a launch at 0.831 steps from there: its rows need the third decimal
+    places = 3 if any(abs(round(r.fraction, 2) - r.fraction) > 1e-9 for r in w.rows) else 2
     for r in w.rows:
         free = (
             f"{r.free_after_startup_gib:.2f} GiB" if r.free_after_startup_gib is not None else "-"
@@ -131,8 +133,8 @@ def as_text(w: WhatIf) -> str:
         peak = f"{r.free_at_peak_gib:.2f} GiB" if r.free_at_peak_gib is not None else "-"
         mark = "  (this log)" if r.measured else ""
         lines.append(
-            f"  {r.fraction:>8.2f}  {r.tokens:>10,}  {r.kv_gib:>7.2f}  {r.reserve_gib:>4.2f} GiB"
-            f"  {free:>18}  {peak:>16}{mark}"
+            f"  {r.fraction:>8.{places}f}  {r.tokens:>10,}  {r.kv_gib:>7.2f}  "
+            f"{r.reserve_gib:>4.2f} GiB  {free:>18}  {peak:>16}{mark}"
         )
     lines += [f"  {s}" for s in w.words]
     return "\n".join(lines) + "\n"

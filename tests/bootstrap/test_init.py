@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.bootstrap import sizing
 from autotune.bootstrap import study as bootstrap
 from autotune.bootstrap.flagtable import FlagTable, probe_sglang, sim_table, split_args
 from autotune.bootstrap.fromlog import log_facts
@@ -452,3 +453,46 @@ def test_host_cache_sizes_over_the_log_s_headroom_line_are_left_out() -> None:
     comments: list[str] = []
     assert _host_budget_limit({0, 12, 24, 48}, comments, ledger) == {0, 12, 24}
     assert "left out 48: above the host budget of 32 GB per rank" in comments
+
+
+@pytest.mark.parametrize(
+    ("current", "holds", "want"),
+    [
+        # SGLang's own 2049 slots: no 2048 beside it, none past the 4096 clients a workload runs
+        (2049, 7663, [1368, 2049, 2736, 4096]),
+        (48, 200, [32, 48, 64, 96, 128]),
+        # a current value above the workload's clients stays the top: nothing round above it
+        (5000, 9000, [1664, 2496, 3336, 5000]),
+    ],
+)
+def test_the_request_slot_choices_are_distinct_and_within_what_the_workload_fills(
+    current: int, holds: int, want: list[int]
+) -> None:
+    knob = sizing.mrr_knob(
+        sizing.Current(max_running_requests=current, mrr_by_command=True), None, holds, 1
+    )
+    assert knob.value == "{ choices = [" + ", ".join(map(str, want)) + "] }", knob.value
+
+
+def test_arguments_of_a_feature_that_is_off_and_open_limits_are_not_pinned() -> None:
+    """An older release's log prints its own defaults for a draft it does not run
+    (`speculative_num_steps=5`), a host cache it does not have and LoRA it does not load, and
+    `sys.maxsize` for no queue limit: none of them is the operator's flag. With the feature on,
+    its arguments are kept."""
+    table = sim_table("0.5.9")
+    args = {
+        "model_path": "m",
+        "speculative_algorithm": None,
+        "speculative_num_steps": 5,
+        "speculative_eagle_topk": 4,
+        "enable_hierarchical_cache": False,
+        "hicache_write_policy": "write_through_selective",
+        "lora_backend": "triton",
+        "max_queued_requests": 9223372036854775807,
+        "tp_size": 4,
+    }
+    names = [name for name, _ in split_args(args, table).flags]
+    assert names == ["model-path", "tp-size"], names
+    drafted = {**args, "speculative_algorithm": "EAGLE3"}
+    kept = [name for name, _ in split_args(drafted, table).flags]
+    assert "speculative-num-steps" in kept and "speculative-algorithm" in kept, kept

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from autotune.logparse.ledger import Ledger
-from autotune.review.whatif import what_if
+from autotune.review.whatif import as_text, what_if
 from tests.review.fakes import ledger
 from tests.simstudy import assert_none_left
 
@@ -102,3 +102,15 @@ def test_a_pool_held_by_max_total_tokens_is_said_with_the_fraction_that_reaches_
     assert all((r.tokens == 100_000) == (r.fraction >= reach) for r in w.rows), w.rows
     uncapped = what_if(Ledger.from_dict(ledger(0.88)), fraction=0.88)
     assert uncapped is not None and not any("caps the pool" in s for s in uncapped.words)
+
+
+def test_a_launch_at_a_third_decimal_prints_its_rows_to_it() -> None:
+    """A log launched at 0.831 steps its rows from there (0.791, …): each is printed to its
+    third decimal, the log's own row as 0.831, not 0.83."""
+    w = what_if(Ledger.from_dict(ledger(0.831)), fraction=0.831)
+    text = as_text(w)
+    own = next(line for line in text.splitlines() if line.endswith("(this log)"))
+    assert own.split()[0] == "0.831", own
+    rounded = as_text(what_if(Ledger.from_dict(ledger(0.88)), fraction=0.88))
+    own = next(line for line in rounded.splitlines() if line.endswith("(this log)"))
+    assert own.split()[0] == "0.88", own
