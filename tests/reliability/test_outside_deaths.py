@@ -163,6 +163,32 @@ def test_port_taken_after_the_launch_is_a_machine_error(world: World) -> None:
     assert world.problems() == []
 
 
+def _foreign_gpu_trial(
+    world: World,
+    proc: subprocess.Popen[str],
+    server: pidfile.PidRecord,
+    holder: subprocess.Popen[bytes],
+) -> tuple[FrozenTrial, list[str]]:
+    """The holder stays until trial 0's server is torn down, as a foreign job would, then goes
+    (so the point can run again); the run's end, and trial 0, FAIL `machine_error`, with its
+    evidence."""
+    deadline = time.monotonic() + 60
+    while any(r.pid == server.pid for _, r in pidfile.records(world.study_dir / "run")):
+        assert time.monotonic() < deadline and proc.poll() is None, "trial 0 never ended"
+        time.sleep(0.05)
+    os.killpg(holder.pid, signal.SIGKILL)
+    holder.wait()
+    world.foreign.remove(holder)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    first = world.trials()[0]
+    attrs = first.user_attrs
+    assert (first.state, attrs["outcome"]) == (TrialState.FAIL, "machine_error"), attrs
+    evidence = _record(world, 0)["evidence"]
+    assert isinstance(evidence, list), evidence
+    return first, [str(e) for e in evidence]
+
+
 def test_gpu_memory_taken_by_another_process_mid_load_is_a_machine_error(world: World) -> None:
     """Another process (a `sleep` the test registers in the simulator's GPU state, as NVML would
     list it) takes 20 GiB on the server's first GPU while the workload runs: the next forward no
@@ -179,28 +205,13 @@ def test_gpu_memory_taken_by_another_process_mid_load_is_a_machine_error(world: 
     holder = world.foreign_sleep()
     write_holder(world.gpu_dir, holder.pid, {0: 20 << 30}, {0: 96 << 30})
     wait_for_log(world, proc, "out of memory", number=0)
-    deadline = time.monotonic() + 60
-    while any(r.pid == server.pid for _, r in pidfile.records(world.study_dir / "run")):
-        # the holder stays until the server is torn down, as a foreign job would
-        assert time.monotonic() < deadline and proc.poll() is None, "trial 0 never ended"
-        time.sleep(0.05)
-    os.killpg(holder.pid, signal.SIGKILL)  # then it goes, and the point runs again
-    holder.wait()
-    world.foreign.remove(holder)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, out + err
-    first = world.trials()[0]
-    attrs = first.user_attrs
-    assert (first.state, attrs["outcome"]) == (TrialState.FAIL, "machine_error"), attrs
-    record = _record(world, 0)
-    evidence = record["evidence"]
-    assert isinstance(evidence, list), evidence
+    first, evidence = _foreign_gpu_trial(world, proc, server, holder)
     assert evidence[0].startswith(
         f"GPU 0: pid {holder.pid} (sleep), a process autotune did not "
         "start, took 20.00 GiB while the workload ran"
     ), evidence
     assert "the server then ended: runtime_oom" in evidence[1], evidence
-    assert "foreign_gpu" in str(attrs["reason"]), attrs["reason"]
+    assert "foreign_gpu" in str(first.user_attrs["reason"]), first.user_attrs
     _requeued_and_run(world, first)
     assert world.problems() == []
 
@@ -219,20 +230,7 @@ def test_gpu_memory_taken_by_another_process_during_the_start_is_a_machine_error
     wait_for_log(world, proc, "Load weight begin", number=0)
     holder = world.foreign_sleep()
     write_holder(world.gpu_dir, holder.pid, {0: 6 << 30}, {0: 96 << 30})
-    deadline = time.monotonic() + 60
-    while any(r.pid == server.pid for _, r in pidfile.records(world.study_dir / "run")):
-        assert time.monotonic() < deadline and proc.poll() is None, "trial 0 never ended"
-        time.sleep(0.05)
-    os.killpg(holder.pid, signal.SIGKILL)
-    holder.wait()
-    world.foreign.remove(holder)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, out + err
-    first = world.trials()[0]
-    attrs = first.user_attrs
-    assert (first.state, attrs["outcome"]) == (TrialState.FAIL, "machine_error"), attrs
-    evidence = _record(world, 0)["evidence"]
-    assert isinstance(evidence, list), evidence
+    first, evidence = _foreign_gpu_trial(world, proc, server, holder)
     assert evidence[0].startswith(
         f"GPU 0: pid {holder.pid} (sleep), a process autotune did not "
         "start, took 6.00 GiB while the server started"
