@@ -71,7 +71,7 @@ from autotune.review.soak import DEFAULT_SOAK_FACTOR
 from autotune.review.source import build_review
 from autotune.review.verdict import Verdict
 from autotune.sim.profiles import Mismatch, ProfileError, list_profiles, load_profile
-from autotune.study.objectives import constraint_values
+from autotune.study.objectives import broken_constraints
 from autotune.study.samplers import SAMPLER_KINDS, make_sampler
 from autotune.testing.night import BENCH_WORKLOAD, Hours, launch_hours, soak_hours
 from autotune.testing.oracle import (
@@ -365,12 +365,18 @@ class Soaked:
     """The night's confirm soaks of what `autotune export` printed, the last one's verdict."""
 
     passed: bool
-    factor: float
-    """The last soak's length in trials."""
-    params: dict[str, Scalar]
-    """The last soaked (exported) parameters."""
     soaks: tuple[tuple[float, dict[str, Scalar]], ...]
     """Each soak run, in order: its length in trials and the parameters soaked."""
+
+    @property
+    def factor(self) -> float:
+        """The last soak's length in trials."""
+        return self.soaks[-1][0]
+
+    @property
+    def params(self) -> dict[str, Scalar]:
+        """The last soaked (exported) parameters."""
+        return self.soaks[-1][1]
 
 
 def exported_soak(bench: Bench, study: optuna.Study, seed: int) -> Soaked | None:
@@ -395,7 +401,7 @@ def exported_soak(bench: Bench, study: optuna.Study, seed: int) -> Soaked | None
         soaked, result = launch(bench, params, seed * 1000 + 999 - k, soak=factor)
         runs.append((factor, params))
         if soaked.feasible or k == MAX_SOAKS - 1:
-            return Soaked(soaked.feasible, factor, params, tuple(runs))
+            return Soaked(soaked.feasible, tuple(runs))
         record_verdict(study, soak_verdict(bench, params, factor, result))
     raise AssertionError("unreachable: the last soak returns")
 
@@ -405,7 +411,7 @@ def soak_verdict(bench: Bench, params: dict[str, Scalar], factor: float, result:
     soak's own failure is what backs the export off)."""
     m = result.measured
     assert m is not None  # a simulated launch measures what it got to
-    broken = [k for k, v in constraint_values(m, bench.constraints).items() if v > 0]
+    broken = broken_constraints(m, bench.constraints)
     return Verdict(
         params=params,
         passed=False,

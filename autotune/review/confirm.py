@@ -41,7 +41,7 @@ from autotune.review.soak import DEFAULT_SOAK_FACTOR
 from autotune.review.verdict import CaseResult, Verdict
 from autotune.review.worstcase import Case, run_order
 from autotune.study.loop import patiently
-from autotune.study.objectives import constraint_values
+from autotune.study.objectives import broken_constraints
 from autotune.study.storage import STORAGE_ERRORS, storage_failure
 from autotune.trial.live import live_launcher
 from autotune.trial.plan import TrialPlan, plan_trial
@@ -294,7 +294,7 @@ def _judged(record: TrialRecord, cfg: StudyConfig) -> tuple[list[str], bool, str
     measured = record.measured()
     broken: list[str] = []
     if measured is not None:
-        broken = [k for k, v in constraint_values(measured, cfg.constraints).items() if v > 0]
+        broken = broken_constraints(measured, cfg.constraints)
     passed = record.state == "complete" and record.outcome == "ok" and not broken
     reason = record.reason or (f"broke {', '.join(broken)}" if broken else "")
     return broken, passed, reason

@@ -50,6 +50,11 @@ def constraint_values(m: Measured, c: Constraints) -> dict[str, float]:
     return out
 
 
+def broken_constraints(m: Measured, c: Constraints) -> list[str]:
+    """The constraints `m` broke (`constraint_values` above 0), in their order."""
+    return [k for k, v in constraint_values(m, c).items() if v > 0]
+
+
 def _over(value: float | None, limit: float, broken: bool) -> float:
     if value is None:
         return 1.0 if broken else 0.0

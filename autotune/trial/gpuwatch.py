@@ -43,8 +43,8 @@ def settled_usage(probe: GpuProbe, devices: tuple[int, ...] | None) -> dict[int,
 
 
 INTRUDER_BYTES = 256 * 2**20
-"""How much GPU memory a process autotune did not start may take while a workload runs before
-the trial's measurements are not the parameters' own: about a CUDA context's."""
+"""How much GPU memory a process autotune did not start may take while the server starts or
+serves before the trial's measurements are not the parameters' own: about a CUDA context's."""
 PROXIES = ("nvidia-cuda-mps",)
 """Processes that hold GPU memory on behalf of their clients (the MPS server, which NVML lists
 with the memory of every client process under MPS): never a stranger."""
@@ -74,6 +74,8 @@ class FreeMemoryWatch:
         self._first_used: dict[int, int] = {}
         self._max_used: dict[int, int] = {}
         self._ours: set[int] = set()
+        self._proxies: set[int] = set()
+        """Holders on behalf of others (`PROXIES`), kept across refreshes of `_ours`."""
         self._first_foreign: dict[tuple[int, int], int] = {}
         self._max_foreign: dict[tuple[int, int], int] = {}
         self._sampled = False
@@ -146,12 +148,13 @@ class FreeMemoryWatch:
                     continue
                 key = (g.index, pid)
                 if key not in self._first_foreign:
-                    self._ours = set(self._ours_now())
+                    self._ours = {*self._ours_now(), *self._proxies}
                     if pid in self._ours:
                         self._our_gpus.add(g.index)
                         continue
                     name = self._names.setdefault(pid, process_name(pid))  # while it runs
                     if name.startswith(PROXIES):
+                        self._proxies.add(pid)
                         self._ours.add(pid)
                         continue
                     self._first_foreign[key] = 0 if self._sampled else used

@@ -35,10 +35,10 @@ from autotune.trial.plan import TrialPlan
 from autotune.trial.seam import Load, ServerRun, Startup, Stop
 
 FLUSH_READINGS = 2
+"""Flushes (each followed by a settled reading) per measurement of the flushed footprint."""
 FOREIGN_GPU = "foreign_gpu"
 """The cause of a machine error where a process autotune did not start took memory on the
-server's GPUs while the workload ran (`trial.gpuwatch.FreeMemoryWatch.intruders`)."""
-"""Flushes (each followed by a settled reading) per measurement of the flushed footprint."""
+server's GPUs while it started or served (`trial.gpuwatch.FreeMemoryWatch.intruders`)."""
 
 
 def live_launcher(cfg: StudyConfig, study_dir: Path) -> LiveLauncher:

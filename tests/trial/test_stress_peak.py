@@ -100,6 +100,18 @@ def test_memory_another_process_takes_while_the_workload_runs_is_named(
     for _ in frames:
         mps._sample()
     assert mps.intruders() == []
+    # and stays so when a later stranger makes the watch ask for the server's pids again: it
+    # is asked once per new pid, not again for the MPS server at every sample
+    monkeypatch.setattr(
+        gpuwatch, "process_name", lambda pid: "nvidia-cuda-mps-server" if pid == A else "?"
+    )
+    asked.clear()
+    later = [{100: 80.0, A: 1.0}, {100: 80.0, A: 2.0, C: 3.0}, {100: 80.0, A: 3.0, C: 3.0}]
+    mixed = FreeMemoryWatch(Holders(later), None, ours)
+    for _ in later:
+        mixed._sample()
+    assert [line.split(",")[0] for line in mixed.intruders()] == [f"GPU 0: pid {C} (?)"]
+    assert len(asked) == 3  # the server and A at the first sample, C at the second
     # without the server's pids to tell them by, nothing is named
     plain = FreeMemoryWatch(Holders(frames), None)
     for _ in frames:
