@@ -312,8 +312,15 @@ def kept(bench: Bench, params: dict[str, Scalar], best: int) -> float:
     """What the study ends with: the exported setting's capacity over the best stable
     capacity of the world where the export is itself stable (`p_stable` ≥ `STABLE_P`), 0 where
     it is not; the held launches (`Run.final`) count only settings a launch ran, the export is
-    what the operator takes away."""
+    what the operator takes away. Where the export traded the prefill chunk for its margin, the
+    best counts the space's settings at that chunk too (a chunk the space does not search can
+    hold more than its best)."""
     p, tokens = p_stable(bench, params)
+    if CHUNK in params:
+        for pt in grid(bench.search) or []:
+            q, held = p_stable(bench, {**pt, CHUNK: params[CHUNK]})
+            if q >= STABLE_P:
+                best = max(best, held)
     return tokens / best if best and p >= STABLE_P else 0.0
 
 
@@ -398,6 +405,10 @@ def exported_soak(bench: Bench, study: optuna.Study, seed: int) -> Soaked | None
             return None
         factor = w.soak.factor if w.soak is not None else DEFAULT_SOAK_FACTOR
         params = dict(w.params)
+        if runs and runs[-1] == (factor, params):
+            # the margin could not move past the point its soak refuted: the export says so,
+            # and the operator would not soak the same setting again
+            return Soaked(False, tuple(runs))
         soaked, result = launch(bench, params, seed * 1000 + 999 - k, soak=factor)
         runs.append((factor, params))
         if soaked.feasible or k == MAX_SOAKS - 1:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import optuna
@@ -31,6 +31,7 @@ from autotune.review.plotdata import study_cell_bytes
 from autotune.review.soak import SOAK_CASE, WorstCases
 from autotune.review.verdict import CaseResult, Verdict
 from autotune.review.winner import (
+    CONFIRM_AGAIN,
     DEFAULT_TOLERANCE,
     Margin,
     Winner,
@@ -276,7 +277,27 @@ def confirmed_choice(
         winner = chosen(found)
         if winner is None or point_key(winner.params, space) in heard:
             break
+    if winner is not None and point_key(winner.params, space) in heard:
+        again = _worst_cases(winner, confirmations, space)
+        if again is not None and again.failed:
+            return _refuted_floor(winner)
     return winner
+
+
+REFUTED_FLOOR = (
+    "the export cannot back off beyond the setting whose confirmation failed (no lower "
+    "fraction can start, and no less demand is left to trade): no setting of the space is "
+    "known to pass a soak this long on this box"
+)
+"""The note of an export the margin could not move past a point its own confirmation refuted:
+confirming it again would soak the same setting."""
+
+
+def _refuted_floor(winner: Winner) -> Winner:
+    """`winner` where the margin landed back on a point whose confirmation failed: its notes no
+    longer send the operator to confirm the same setting again, and say why it stays."""
+    notes = tuple(n.replace(CONFIRM_AGAIN, "") for n in winner.notes)
+    return replace(winner, notes=(*notes, REFUTED_FLOOR))
 
 
 def _worst_cases(

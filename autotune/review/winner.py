@@ -209,6 +209,7 @@ def choose(
     notes: list[str] = []
     plan = None
     chunk: SmallerChunk | None = None
+    worst_at: tuple[int, SoakPlan] | None = None  # the worst cases' note and the plan it read
     if margin.soak:
         plan = soak_plan(
             trials,
@@ -219,6 +220,7 @@ def choose(
             worst=worst,
         )
         if plan is not None and plan.worst is not None:
+            worst_at = (len(notes), plan)
             notes.append(_worst_note(plan))
         if plan is None:
             notes.append("no headroom measured to size the soak's margin from; backed off 1 step")
@@ -242,6 +244,20 @@ def choose(
             if chunk is not None:
                 notes.append(chunk.note(chosen.number))
         steps = plan.steps if plan is not None else 1
+        refuted = plan is not None and plan.worst is not None and bool(plan.worst.uncovered)
+        if plan is not None and chunk is not None and chunk.left_gib <= 0 and not refuted:
+            # the smaller chunk covers part of the margin: the fraction backs off for the rest
+            # (not past a point whose confirmation failed: its shortfall was measured, the
+            # chunk's fall is predicted)
+            remaining = steps_to_cover(
+                plan.need_gib - plan.headroom_gib - chunk.covers_gib, plan.step_gib
+            )
+            if remaining < steps:
+                notes.append(
+                    f"the smaller chunk covers {chunk.covers_gib:.2f} GiB of the soak's margin: "
+                    f"backed off {remaining} step{'s' if remaining != 1 else ''} for the rest"
+                )
+                steps = remaining
     else:
         steps = _steps_back(chosen, margin, step, notes, cell_bytes)
     params = dict(chosen.params)
@@ -257,6 +273,8 @@ def choose(
                 f"{FRACTION}={snap(lowest, step)} the KV pool finds no room"
             )
             steps = room
+            if worst_at is not None:
+                notes[worst_at[0]] = _worst_note(worst_at[1], floor=True)
     if f0 is not None and steps:
         params[FRACTION] = snap(f0 - steps * step, step)
     elif f0 is None:
@@ -294,8 +312,14 @@ def choose(
     )
 
 
-def _worst_note(plan: SoakPlan) -> str:
-    """What the confirmation's worst cases did to the margin, in one sentence."""
+CONFIRM_AGAIN = "; run autotune confirm again"
+"""How a worst-case note sends the operator back to `autotune confirm` for the point the margin
+moved to."""
+
+
+def _worst_note(plan: SoakPlan, floor: bool = False) -> str:
+    """What the confirmation's worst cases did to the margin, in one sentence (`floor`: the
+    margin was cut short by the lowest fraction that can start)."""
     w = plan.worst
     assert w is not None
     unrun = (
@@ -306,21 +330,24 @@ def _worst_note(plan: SoakPlan) -> str:
     )
     if not w.measured and not w.uncovered:
         return unrun[2:].capitalize()
-    return _worst_finding(plan, w) + unrun
+    return _worst_finding(plan, w, floor) + unrun
 
 
-def _worst_finding(plan: SoakPlan, w: WorstFound) -> str:
+def _worst_finding(plan: SoakPlan, w: WorstFound, floor: bool = False) -> str:
     steps = f"{plan.steps} step{'s' if plan.steps != 1 else ''} instead of {w.steps_before}"
     if w.uncovered:
-        more = (
-            f"so the margin backs off one step more ({steps})"
-            if plan.steps > w.steps_before
-            else f"and the margin's {plan.steps} step{'s' if plan.steps != 1 else ''} already "
-            "go beyond it"
-        )
+        if floor:
+            more = "and no lower fraction can start to back the margin off to"
+        elif plan.steps > w.steps_before:
+            more = f"so the margin backs off one step more ({steps})"
+        else:
+            more = (
+                f"and the margin's {plan.steps} step{'s' if plan.steps != 1 else ''} already "
+                "go beyond it"
+            )
         return (
             f"the confirmation's {case_words(w.uncovered, article=False)} failed at the "
-            f"confirmed setting: no measured peak covers it, {more}; run autotune confirm again"
+            f"confirmed setting: no measured peak covers it, {more}{CONFIRM_AGAIN}"
         )
     if w.set_rise:
         return (
@@ -411,6 +438,9 @@ class SmallerChunk:
     """How much of the soak's margin the fractions left out."""
     left_gib: float
     """How much is still missing with the smaller chunk (0: none)."""
+    covers_gib: float = 0.0
+    """How much of the soak's margin the smaller chunk covers: its fall of the peak and of the
+    soak's rise with it."""
 
     def note(self, trial: int) -> str:
         """The sentence saying trial `trial`'s setting cannot get the soak's margin from the
@@ -449,7 +479,7 @@ def _chunk_for_soak(t: TrialView, plan: SoakPlan, short: float) -> SmallerChunk 
         saving = peak_fall_gib(peak, plan.growth_gib, was, size)
         rise_fall = plan.rise_gib * saving / peak
         left = max(0.0, short - saving - rise_fall)
-        best = SmallerChunk(was, size, saving, short, left)
+        best = SmallerChunk(was, size, saving, short, left, saving + rise_fall)
         if left <= 0:
             break
         size //= 2

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from typing import TypeAlias
 
@@ -69,11 +70,12 @@ class PlanState:
         self.known = known
         self.pending = pending
         self.goal = goal
-        self.bounds = [p for p in known if p.memory_failure and not _contradicted(p, known)]
+        self.bounds = [p for p in known if _bounds(p, known)]
         """Failures that bound the search: each rules out every setting needing at least as
         much memory of its kind. A GPU-memory failure that a launch needing at least as much
         memory contradicts (it held) is noise of the peak, not a bound: it widens the model's
-        margins instead (`calibration`)."""
+        margins instead (`calibration`), until the failures are too many for the holds
+        (`_bounds`)."""
         # a runtime OOM that a launch needing more memory contradicts says nothing of the peak
         # those settings will see (the model would take it as a floor for all of them)
         self.model = fit(
@@ -273,6 +275,49 @@ def _contradicted(p: Point, known: Sequence[Point]) -> bool:
         q.feasible and q.observation is not None and needs_more(q.observation.setting, o.setting)
         for q in known
     )
+
+
+def _bounds(p: Point, known: Sequence[Point]) -> bool:
+    """Whether a memory failure bounds the search: it is not contradicted (`_contradicted`), or
+    the failures at or below its setting are too many for the holds at or above it to stand for
+    a stable setting (`_refuted`: one failure beside a hold is a spike of the tail, a second one
+    is the edge). A refuted hold is still left out of the model's fit as a contradicted OOM is:
+    its peak is the tail's, not the setting's mean."""
+    if not p.memory_failure:
+        return False
+    o = p.observation
+    if not _contradicted(p, known) or o is None:
+        return True
+    held = failed = 0
+    for q in known:
+        x = q.observation
+        if x is None:
+            continue
+        if q.feasible and needs_more(x.setting, o.setting):
+            held += q.repeats
+        elif q.push is Push.LOWER and host_failure(x) is None and needs_more(o.setting, x.setting):
+            failed += 1
+    return _refuted(held, failed)
+
+
+STABLE_FAILS = 0.05
+"""The most often a stable setting's stress pass fails (the benchmark's stable: 95%)."""
+REFUTED = 0.05
+"""Failures a stable setting shows with less than this chance refute the holds beside them."""
+
+
+def _refuted(held: int, failed: int) -> bool:
+    """Whether `failed` GPU-memory failures at or below a setting, beside `held` holds at or
+    above it (each of which it would have held or failed alike: memory is monotone), are more
+    than a setting that fails `STABLE_FAILS` of its passes shows but with chance `REFUTED`. One
+    failure beside one hold is not (10%): a spike of the tail, which widens the margins; two
+    beside two are (1.4%): the setting is not stable, and the failures bound the search."""
+    n = held + failed
+    tail = sum(
+        math.comb(n, k) * STABLE_FAILS**k * (1 - STABLE_FAILS) ** (n - k)
+        for k in range(failed, n + 1)
+    )
+    return tail < REFUTED
 
 
 def _spike(p: Point, known: Sequence[Point]) -> bool:

@@ -13,6 +13,7 @@ a different machine.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
@@ -231,10 +232,22 @@ def _build(cls: type[T], table: Mapping[str, Any], where: str, **extra: Any) -> 
             raise ProfileError(f"{where}.{name}: expected a string, got {value!r}")
         if want == "bool" and not isinstance(value, bool):
             raise ProfileError(f"{where}.{name}: expected true or false, got {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ProfileError(f"{where}.{name}: must be a finite number, got {value!r}")
         if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
             raise ProfileError(f"{where}.{name}: must not be negative, got {value!r}")
         kwargs[name] = value
     return cls(**kwargs)
+
+
+def _positive(obj: object, where: str, *names: str, least: float = 0.0) -> None:
+    """Fields that divide or count (a TP size, a context length, a draft's steps): zero (or
+    below `least`) is not a box, and the simulator would divide by it or serve nothing."""
+    for name in names:
+        value = getattr(obj, name)
+        if value <= least:
+            bound = "positive" if least == 0.0 else f"above {least:g}"
+            raise ProfileError(f"{where}.{name}: must be {bound}, got {value!r}")
 
 
 def _table(doc: Mapping[str, Any], key: str) -> Mapping[str, Any]:
@@ -291,6 +304,8 @@ def profile_from_dict(doc: Mapping[str, Any], source: str = "") -> Profile:
         if not isinstance(att_table, dict):
             raise ProfileError("[draft.attention]: missing table")
         draft = _build(Draft, dt, "draft", attention=_attention(att_table, "draft.attention"))
+        _positive(draft, "draft", "weights_tp", "num_steps", "topk", "draft_tokens")
+        _positive(draft, "draft", "accept_length", least=0.999)
     version = doc.get("sglang_version", DEFAULT.name)
     if not isinstance(version, str) or version not in VERSIONS:
         raise ProfileError(
@@ -300,11 +315,13 @@ def profile_from_dict(doc: Mapping[str, Any], source: str = "") -> Profile:
     hardware = _build(Hardware, _table(doc, "hardware"), "hardware")
     if hardware.gpu_count <= 0 or hardware.gpu_memory_mib <= 0:
         raise ProfileError("hardware.gpu_count/gpu_memory_mib: must be positive")
+    model = _build(ModelSpec, _table(doc, "model"), "model")
+    _positive(model, "model", "weights_tp", "context_length")
     return Profile(
         name=name,
         description=str(doc.get("description", "")),
         hardware=hardware,
-        model=_build(ModelSpec, _table(doc, "model"), "model"),
+        model=model,
         attention=_attention(_table(doc, "attention"), "attention"),
         draft=draft,
         cuda_graph=_build(CudaGraph, _table(doc, "cuda_graph"), "cuda_graph"),
@@ -347,4 +364,6 @@ def load_profile(name_or_path: str | Path, directory: Path = PROFILE_DIR) -> Pro
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError(f"{path}: not valid TOML ({exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"{path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     return profile_from_dict(doc, source=str(path))

@@ -182,6 +182,26 @@ def test_a_failed_soak_at_the_lowest_fraction_that_starts_trades_the_prefill_chu
     assert any("the KV pool finds no room" in n for n in after.notes), after.notes
 
 
+def test_a_chunk_trade_that_covers_more_than_the_window_lacks_gives_steps_back() -> None:
+    """0.84 kept 0.6 GiB under an 8,192-token chunk's peak; 0.81 cannot start, so two steps are
+    all the window has and the soak's margin wants four. Halving the chunk covers 2.41 GiB of
+    the margin, more than the 1.36 GiB the window lacks: the fraction backs off one step for
+    the rest (0.83), not to the window's floor as well (0.82: the margin paid twice)."""
+    free = ledger(0.84)["available_gpu_mem_gib"]
+    trials = [
+        trial(0, 0.84, peak=free - 0.6, chunk=8192),
+        trial(1, 0.81, outcome="startup_oom", reason=NO_ROOM),
+    ]
+    w = choose(views(trials), fraction_step=0.01, min_headroom_gib=0.5)
+    assert w is not None and w.soak is not None
+    assert w.params["chunked_prefill_size"] == 4096, w.params
+    assert w.params["mem_fraction_static"] == 0.83 and w.steps_back == 1, w.params
+    covers = float(re.search(r"covers ([0-9.]+) GiB", " ".join(w.notes)).group(1))  # type: ignore[union-attr]
+    # what the steps hand back and the chunk's fall hold the soak's margin
+    assert w.soak.headroom_gib + w.steps_back * w.soak.step_gib + covers >= w.soak.need_gib
+    assert not any("the KV pool finds no room" in n for n in w.notes), w.notes
+
+
 def test_the_chunk_stays_where_backing_off_gives_the_margin() -> None:
     free = ledger(0.85)["available_gpu_mem_gib"]
     trials = [trial(0, 0.85, peak=free - 0.6, chunk=8192)]

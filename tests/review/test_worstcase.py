@@ -16,7 +16,7 @@ from autotune.config.workload import BurstOrder
 from autotune.logparse.ledger import Ledger
 from autotune.record.view import views
 from autotune.review.confirm import case_config
-from autotune.review.source import build_review
+from autotune.review.source import REFUTED_FLOOR, build_review
 from autotune.review.verdict import CaseResult, Verdict
 from autotune.review.winner import choose
 from autotune.review.worstcase import (
@@ -308,3 +308,28 @@ def test_a_soak_that_failed_for_other_reasons_than_its_memory_moves_nothing(
     v = _soak(before.params, False, outcome, violated=violated)
     w = _review([v]).winner  # type: ignore[attr-defined]
     assert w is not None and w.params == before.params and w.steps_back == before.steps_back
+
+
+def test_a_failed_soak_where_no_lower_fraction_can_start_says_so_instead_of_confirm_again() -> None:
+    """The soak refuted the exported point and the lowest fraction that can start is that point
+    (a launch a step lower found no room for the KV pool): the export stays, says that nothing
+    of the space is known to pass a soak this long, and does not send the operator to soak the
+    same setting again."""
+    no_room = "startup_oom (no_kv_room): Not enough memory. Please increase --mem-fraction-static"
+    trials = [
+        trial(0, 0.88, outcome="startup_oom", reason=no_room),
+        trial(1, 0.89, peak=2.5),
+        trial(2, 0.90, peak=2.5),
+    ]
+    before = choose(views(trials), fraction_step=0.01)
+    assert before is not None and before.params["mem_fraction_static"] == 0.89
+    oom = _soak(before.params, False, "runtime_oom", reason="runtime_oom (torch_oom)")
+    review = build_review(
+        "t", "sqlite://", trials, cfg=None, study_attrs={"confirmations": [oom.to_attr()]}
+    )
+    w = review.winner
+    assert w is not None and w.params == before.params
+    assert w.notes[-1] == REFUTED_FLOOR
+    assert not any("run autotune confirm again" in n for n in w.notes)
+    assert any("soak failed at the confirmed setting" in n and "no lower fraction can start" in n
+               for n in w.notes)  # fmt: skip

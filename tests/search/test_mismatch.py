@@ -20,6 +20,7 @@ from autotune.search import CapacityAwareSampler
 from autotune.search.calibration import Calibration, Check, calibrate
 from autotune.search.planner import Goal, plan
 from autotune.search.points import Point
+from autotune.search.state import PlanState
 from autotune.sim.flags import ServerSettings
 from autotune.sim.memplan import plan_startup
 from autotune.sim.profiles import Mismatch, ProfileError, load_profile, profile_from_dict
@@ -248,6 +249,43 @@ def test_a_failure_contradicted_by_a_launch_needing_more_is_not_a_bound() -> Non
     assert "noise" in p.why
 
 
+def _ran_out(p: Point) -> Point:
+    """`p` as a launch of its setting that ran out of memory under load."""
+    assert p.observation is not None
+    oom = dataclasses.replace(
+        p.observation,
+        outcome="runtime_oom",
+        reason="runtime_oom (torch_oom): torch.OutOfMemoryError: CUDA out of memory",
+        feasible=False,
+        headroom_gib=None,
+        stress_peak_gib=None,
+    )
+    return dataclasses.replace(p, observation=oom, violated=frozenset({"oom"}))
+
+
+def test_failures_too_many_for_the_holds_beside_them_bound_the_search() -> None:
+    """0.9/32 held once, and 0.9/48 (more memory) too; then 0.9/32 ran out of memory on a
+    recheck. One failure beside the holds is a spike of the tail (a stable setting shows one in
+    ten times); a second is the edge: 0.9/32 and everything needing as much is out, and the
+    search neither rechecks it nor stands on the holds above it."""
+
+    def kimi(f: float, r: int = 48) -> dict[str, float | int]:
+        return {"mem_fraction_static": f, "max_running_requests": r, "hicache_size": 48}
+
+    edge = point(KIMI, kimi(0.9, 32), 1)
+    failed = dataclasses.replace(_ran_out(edge), number=3)
+    done = [point(KIMI, kimi(0.88), 0), edge, point(KIMI, kimi(0.9, 48), 2), failed]
+    goal = Goal(min_headroom_gib=0.5, explore=False)
+    once = PlanState(AXES, list(AXES), done, [], goal)
+    assert once.bounds == [] and once.best is not None  # noise: not a bound yet
+    twice = [*done, dataclasses.replace(failed, number=4)]
+    st = PlanState(AXES, list(AXES), twice, [], goal)
+    assert [b.number for b in st.bounds] == [3, 4]
+    assert st.best is not None and st.best.number == 0  # the holds at 0.9 no longer stand
+    p = plan(AXES, twice, [], goal)
+    assert float(p.params["mem_fraction_static"]) < 0.9, p
+
+
 def test_held_once_at_the_edge_is_not_yet_stable() -> None:
     """A thin margin that held is proven by the model's expectation, not by one pass."""
 
@@ -304,15 +342,7 @@ def test_a_runtime_oom_far_above_the_peaks_of_its_demand_is_a_spike_not_a_bound(
     assert below.observation.measured_peak_gib is not None
     free = top.observation.static_free_gib
     assert free is not None and free > 1.25 * below.observation.measured_peak_gib
-    oom = dataclasses.replace(
-        top.observation,
-        outcome="runtime_oom",
-        reason="runtime_oom (torch_oom): torch.OutOfMemoryError: CUDA out of memory",
-        feasible=False,
-        headroom_gib=None,
-        stress_peak_gib=None,
-    )
-    spiked = dataclasses.replace(top, observation=oom, violated=frozenset({"oom"}))
+    spiked = _ran_out(top)
     done = [point(KIMI, kimi(0.84, 32), 0), below, spiked]
     p = plan(AXES, done, [], GOAL)
     assert float(p.params["mem_fraction_static"]) > 0.86, p  # not a bound: the search goes on up

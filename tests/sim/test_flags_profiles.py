@@ -187,6 +187,45 @@ def test_profile_errors_name_the_key() -> None:
         profile_from_dict(doc)
 
 
+@pytest.mark.parametrize(
+    ("table", "key", "value", "message"),
+    [
+        ("hardware", "cuda_context_gib", float("nan"), r"cuda_context_gib: must be a finite"),
+        ("model", "weights_gib", float("inf"), r"model\.weights_gib: must be a finite number"),
+        ("model", "context_length", 0, r"model\.context_length: must be positive, got 0"),
+        ("model", "weights_tp", 0, r"model\.weights_tp: must be positive, got 0"),
+    ],
+)
+def test_a_value_the_simulator_cannot_size_a_box_by_is_named(
+    table: str, key: str, value: float, message: str
+) -> None:
+    """Numbers the loader once let through to a division or an int(): each is one line naming
+    the key, not a traceback in the simulator or the benchmark."""
+    doc = tomllib.loads((PROFILE_DIR / "qwen3-32b-h200.toml").read_text())
+    doc[table][key] = value
+    with pytest.raises(ProfileError, match=message):
+        profile_from_dict(doc)
+
+
+def test_a_draft_that_accepts_less_than_a_token_per_step_is_named() -> None:
+    doc = tomllib.loads((PROFILE_DIR / "kimi-k2.5-tp8-96g.toml").read_text())
+    doc["draft"]["accept_length"] = 0.5
+    with pytest.raises(ProfileError, match=r"draft\.accept_length: must be above 0\.999"):
+        profile_from_dict(doc)
+    doc["draft"]["accept_length"] = 2.5
+    doc["draft"]["num_steps"] = 0
+    with pytest.raises(ProfileError, match=r"draft\.num_steps: must be positive"):
+        profile_from_dict(doc)
+
+
+def test_a_profile_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.toml"
+    text = (PROFILE_DIR / "qwen3-32b-h200.toml").read_text()
+    path.write_bytes(text.replace('description = "', 'description = "caf\u00e9 ').encode("latin-1"))
+    with pytest.raises(ProfileError, match="not UTF-8 text"):
+        load_profile(path)
+
+
 def test_kimi_profile_speaks_059_on_the_operators_gpus() -> None:
     prof = load_profile("kimi-k2.5-tp8-96g")
     assert prof.sglang_version == "0.5.9"
