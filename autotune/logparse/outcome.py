@@ -11,7 +11,10 @@ that speaks (`classify`):
    OOM killer) is `killed`, cause `signal:SIGKILL` (…), unless the log holds a failure line:
    SGLang SIGKILLs its own tree when a scheduler fails (`utils` `kill_process_tree`, called by
    `engine.py`'s launch-phase and `tokenizer_manager.py`'s running-phase SIGQUIT handlers), so
-   a -9 after a failure line is that line's verdict. A signal from `autotune` is our stop.
+   a -9 after a failure line is that line's verdict. A signal from `autotune` is our stop. A
+   rank that died of SIGKILL (`Subprocess scheduler_3 … crashed with exit code -9`) is the OOM
+   killer's, as SGLang's own message suggests, unless the harness watched the kernel and its
+   OOM killer killed nothing meanwhile (`RunFacts.oom_ruled_out`): then `killed` from outside.
 2. **The log's own failure lines** (`logparse.events.FAILURE_KINDS`; the most specific wins,
    `_PRIORITY`, so a traceback's exception line beats the `Scheduler hit an exception` that
    announced it and any line before it). A machine fault (`logparse.events.MACHINE_KINDS`: port
@@ -93,7 +96,9 @@ class Outcome(StrEnum):
     proxy), which no memory setting changes. Not the parameters' result."""
     DISTURBED = "disturbed"
     """autotune itself was paused (SIGSTOP, a suspended laptop, a VM migration) long enough
-    that what it measured is not the server's; not the parameters' result."""
+    that what it measured is not the server's, or the server's processes were stopped from
+    outside and resumed while its workload ran (cause `signal:stopped`); not the parameters'
+    result."""
 
     @classmethod
     def of(cls, value: object) -> Outcome:
@@ -230,6 +235,9 @@ class RunFacts:
     host: tuple[str, ...] = field(default_factory=tuple)
     """What the host showed when the server died: a full disk, its port held by another
     process; each one line, for the verdict's evidence."""
+    oom_ruled_out: bool = False
+    """The harness watched the kernel's OOM killer from the launch (its log, the server's
+    memory cgroup) and it killed no process meanwhile: a rank's SIGKILL came from elsewhere."""
 
 
 _OOM_KINDS = OOM_KINDS | {Kind.NCCL_ERROR}
@@ -496,6 +504,10 @@ def _from_failure_lines(
     after_ready = ready is not None and deciding.line_no > ready.line_no
     serving = after_ready or _serving(deciding, events, batches)
     if _host_oom_killed(deciding, events):
+        if facts.oom_ruled_out:
+            # SGLang's own hint names the OOM killer; the kernel, watched, says it was not
+            line = (evidence[0], OOM_RULED_OUT, *evidence[1:])
+            return Verdict(Outcome.KILLED, "signal:SIGKILL", (*line, *facts.host)[:_MAX_EVIDENCE])
         outcome = Outcome.RUNTIME_OOM if serving else Outcome.STARTUP_OOM
         return Verdict(outcome, "host_oom_killer", evidence)
     memory = _is_memory(deciding, failures)
@@ -506,11 +518,24 @@ def _from_failure_lines(
     return Verdict(outcome, str(deciding.kind), evidence)
 
 
+OOM_RULED_OUT = (
+    "the kernel's OOM killer, watched from the launch (its log, the server's memory cgroup), "
+    "killed no process meanwhile, and autotune did not stop the server: the SIGKILL came from "
+    "outside"
+)
+"""The evidence line of a rank SIGKILLed while the kernel's OOM killer was watched and silent."""
+
 STOPPED_FROM_OUTSIDE = "signal:stopped"
 """The cause of a stall whose server processes a stop signal from outside (SIGSTOP, SIGTSTP)
 had stopped."""
 
-_HOST_CAUSES = (("disk", "disk_full"), ("port", "port_in_use"))
+_HOST_CAUSES = (
+    ("disk", "disk_full"),
+    ("the disk", "disk_full"),
+    ("port", "port_in_use"),
+    ("the server's log", "log_unwritable"),
+)
+"""How `autotune.server.deaths.host_state`'s lines begin, and the cause each names."""
 
 
 def _host_verdict(facts: RunFacts) -> Verdict | None:

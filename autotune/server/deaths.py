@@ -26,9 +26,10 @@ the last; the log is `autotune.logparse`'s.
   killer and the server's own kill are ruled out.
 
 * `host_state`: one line per thing in the way when a server died that was not ours to stop:
-  the disk under the trial folder full (`shutil.disk_usage`, under `DISK_FULL_BYTES`), and the
+  the disk under the trial folder full (`shutil.disk_usage`, under `DISK_FULL_BYTES`), the
   server's port held by a process that is not the server's (`/proc/net/tcp*` listening
-  sockets, their inodes matched in `/proc/*/fd`).
+  sockets, their inodes matched in `/proc/*/fd`), and its log that cannot be written (a log
+  that cannot grow reads as a server gone silent).
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ class ExitFacts:
     code: int | None = None
     sender: str = ""
     detail: tuple[str, ...] = field(default_factory=tuple)
+    oom_ruled_out: bool = False
+    """The kernel's OOM killer was watched from the launch and killed nothing at all meanwhile
+    (`KernelOomWatch.silent`)."""
 
     @property
     def signal(self) -> str:
@@ -199,6 +203,26 @@ class KernelOomWatch:
             text = raw.decode("utf-8", "replace")
             self._records.append(text.partition(";")[2].strip() or text.strip())
 
+    @property
+    def watching(self) -> bool:
+        """Whether the kernel could speak: its log is open or a cgroup counter was read."""
+        return self._fd is not None or bool(self._counters)
+
+    def silent(self) -> bool:
+        """Whether the kernel could speak (`watching`) and its OOM killer killed nothing since
+        the launch: no `Killed process`/`oom-kill` record of any process (a child the scans
+        never saw has a pid the watch cannot match) and no rise of a tracked cgroup counter."""
+        if not self.watching:
+            return False
+        self._read()
+        if any(p.search(r) for r in self._records for p in (_KILLED, _OOM_KILL)):
+            return False
+        for path, before in self._counters.items():
+            now = read_oom_kills(path)
+            if now is not None and now > before:
+                return False
+        return True
+
     def killed(self, pids: Collection[int]) -> str:
         """The kernel's own line saying its OOM killer killed one of `pids`, or a rise of a
         tracked cgroup's `oom_kill` counter; "" when the kernel says neither."""
@@ -293,6 +317,23 @@ def port_line(host: str, port: int, ours: Iterable[int]) -> str:
     return f"port {port} on {host} is held by {who}, a process autotune did not start"
 
 
-def host_state(folder: Path, host: str, port: int, ours: Iterable[int]) -> tuple[str, ...]:
+def log_line(log: Path) -> str:
+    """`the server's log L cannot be written: …` when opening it to append fails (made
+    read-only or immutable, its folder gone), else "": a log that cannot grow looks like a
+    server that went silent."""
+    try:
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    except FileNotFoundError:
+        return ""  # never written yet: a startup that failed before it, not the host
+    except OSError as exc:
+        return f"the server's log {log} cannot be written: {exc.strerror or exc}"
+    os.close(fd)
+    return ""
+
+
+def host_state(
+    folder: Path, host: str, port: int, ours: Iterable[int], log: Path | None = None
+) -> tuple[str, ...]:
     """One line per thing in the host's state that stood in the server's way (none: ())."""
-    return tuple(line for line in (disk_line(folder), port_line(host, port, ours)) if line)
+    lines = (disk_line(folder), port_line(host, port, ours), log_line(log) if log else "")
+    return tuple(line for line in lines if line)

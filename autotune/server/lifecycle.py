@@ -171,7 +171,7 @@ class Server:
         self._host: tuple[str, ...] | None = None
         self._sigterm_checked = 0
         self._foreign_sigterm = False
-        self._kernel = deaths.KernelOomWatch()
+        self._kernel = deaths.KernelOomWatch(str(spec.kernel_log))
         self._kernel.track(process.pid)
 
     # -- launch ---------------------------------------------------------------------------
@@ -284,7 +284,8 @@ class Server:
             foreign_sigterm=foreign,
             own_failure=self.log.failure_at is not None,
         )
-        self._exit = deaths.ExitFacts(code, sender, (oom,) if oom else ())
+        ruled_out = not stopping and not oom and self._kernel.silent()
+        self._exit = deaths.ExitFacts(code, sender, (oom,) if oom else (), ruled_out)
         return self._exit
 
     def own_pids(self) -> set[int]:
@@ -299,7 +300,9 @@ class Server:
         if self._host is not None:
             return self._host
         spec = self.spec
-        return deaths.host_state(spec.log_path.parent, spec.host, spec.port, self._seen.pids_now())
+        return deaths.host_state(
+            spec.log_path.parent, spec.host, spec.port, self._seen.pids_now(), spec.log_path
+        )
 
     def _verdict(self, facts: RunFacts, ready: bool = False) -> Verdict:
         """The log's verdict with the harness's facts: the exit status and its sender always,
@@ -314,6 +317,7 @@ class Server:
             facts,
             exit_code=end.code,
             sender=end.sender or facts.sender,  # the exit's, else what the stall saw
+            oom_ruled_out=end.oom_ruled_out,
             host=(*facts.host, *seen),
             notes=notes,
         )
@@ -478,14 +482,9 @@ class Server:
         return RunFacts(stalled=phase, notes=(note,), sender=deaths.OUTSIDE)
 
     def _stopped_pids(self) -> list[int]:
-        """The server's processes in state T (stopped by a signal), in pid order. A traced stop
-        (t) is left out: SGLang's own watchdog attaches py-spy to a hung scheduler."""
-        out = []
-        for pid in sorted(self._seen.pids_now()):
-            info = procs.read_proc(pid)
-            if info is not None and not info.gone and info.state == "T":
-                out.append(pid)
-        return out
+        """The server's processes in state T (stopped by a signal), in pid order
+        (`procs.stopped_of`)."""
+        return procs.stopped_of(self._seen.pids_now())
 
     def _generating_unheard(self, now: float, owed_s: float) -> bool:
         """Whether the scheduler kept generating long after the client last heard a byte: a

@@ -297,6 +297,17 @@ def signal_group(pgid: int, leader_start_ticks: int | None, sig: signal.Signals)
     return True
 
 
+def stopped_of(pids: Iterable[int]) -> list[int]:
+    """Those of `pids` in state T (stopped by a signal), in pid order. A traced stop (t) is left
+    out: SGLang's own watchdog attaches py-spy to a hung scheduler."""
+    out = []
+    for pid in sorted(pids):
+        info = read_proc(pid)
+        if info is not None and not info.gone and info.state == "T":
+            out.append(pid)
+    return out
+
+
 def process_name(pid: int) -> str:
     """The command name of `pid` (`/proc/PID/comm`), "?" where it cannot be read."""
     try:

@@ -21,9 +21,10 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 
-from autotune.sim import tracebacks
+from autotune.sim import gpustate, tracebacks
 from autotune.sim.loglines import Lines, fmt_died_during_init, fmt_oom_error
 from autotune.sim.logwriter import LogWriter
 from autotune.sim.profiles import Profile
@@ -44,6 +45,8 @@ class ServerDeaths:
     pid: int
     tree: ProcessTree
     memory: RankMemory | None
+    machine_dir: Path | None
+    """The simulated machine's state directory (its GPUs, its kernel log), None without one."""
     running_phase: bool
     plan: StartupPlan | None
 
@@ -124,8 +127,11 @@ class ServerDeaths:
         scheduler is dead`; 0.5.23: `_wait_for_scheduler_ready` raises `_scheduler_died_error`,
         launch_server's `finally` kills the other children) and exits 1; 0.5.9's children die with
         it by their parent-death signal."""
+        victim = self.tree.scheduler(rank).pid
         reaped = self.tree.oom_killed(rank)
         code = -9 if reaped is None else reaped
+        if self.machine_dir is not None:  # the kernel says so in its log, as a real one does
+            gpustate.kernel_oom_kill(self.machine_dir, victim, "python")
         if self.release.subprocess_watchdog:
             self.kill_tree(include_parent=False)
             self.log.raw(

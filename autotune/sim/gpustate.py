@@ -6,6 +6,8 @@ simulated servers' memory (and foreign holders') as they would read nvidia-smi o
 Layout of a state directory (all JSON, every write atomic via a temp file and `os.replace`):
 
     gpus.json           {"gpus": [{"index": 0, "total_bytes": N}, ...]}   the inventory
+    kmsg                the simulated machine's kernel log: one `/dev/kmsg` record a line
+                        (`6,SEQ,USEC,-;TEXT`), the OOM killer's kills the simulator acts out
     proc-<pid>.json     {"pid": P, "start_time": T, "gpus": {"0": bytes, ...},
                          "totals": {"0": total_bytes, ...}, "hold_seconds": S | null,
                          "hold_until": T | null, "beat": T, "boot_id": B}
@@ -38,7 +40,29 @@ from pathlib import Path
 
 INVENTORY = "gpus.json"
 PREFIX = "proc-"
+KERNEL_LOG = "kmsg"
+"""The simulated machine's kernel log in the state directory, read as autotune reads
+`/dev/kmsg` on a real box (`autotune.server.deaths.KernelOomWatch`)."""
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def kernel_log(directory: Path) -> Path:
+    """The simulated machine's kernel log, created empty where missing: a watch opened on it
+    before the server starts reads what the simulator writes from then on."""
+    path = Path(directory) / KERNEL_LOG
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(exist_ok=True)
+    return path
+
+
+def kernel_oom_kill(directory: Path, pid: int, comm: str) -> None:
+    """Append the kernel's OOM-killer record for `pid` to the simulated kernel log, as the
+    kernel logs it (`Out of memory: Killed process PID (COMM) …`)."""
+    usec = time.monotonic_ns() // 1000
+    line = f"3,0,{usec},-;Out of memory: Killed process {pid} ({comm}) total-vm:0kB\n"
+    with contextlib.suppress(OSError), open(kernel_log(directory), "a", encoding="utf-8") as f:
+        f.write(line)
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,7 @@ class SimServer(StartupSequence):
         self.gpus = visible_gpus(env, self.s.tp_size, profile.hardware.gpu_count)
         self.tree = ProcessTree([])
         self.memory: RankMemory | None = None
+        self.machine_dir = Path(cmd.sim.gpu_dir) if cmd.sim.gpu_dir else None
         self.running_phase = False
         self.stopping = False
         self.plan: StartupPlan | None = None

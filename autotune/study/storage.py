@@ -301,6 +301,12 @@ def stale_trials(
     return [t for t, _ in stale(trials, me, (), grace_s=0, now=now or datetime.now())]
 
 
+STALE_REASON = "autotune ended mid-trial without recording it (killed, or its storage failed)"
+"""Why a trial a run left RUNNING is failed `stale` by the next run: autotune may have been
+killed, or have exited on a storage it could no longer write (a full disk), before the trial's
+end was recorded; the next run cannot tell which."""
+
+
 def recover(
     study: optuna.Study,
     *,
@@ -311,15 +317,13 @@ def recover(
     """Fail this host's stale RUNNING trials, stop their servers, enqueue their points again."""
     recovered = []
     for t in stale_trials(study.get_trials(deepcopy=False), host, machine=machine):
-        reason = "autotune was killed mid-trial; " + (
-            stop_orphans(t) or "no server was left running"
-        )
+        reason = f"{STALE_REASON}; " + (stop_orphans(t) or "no server was left running")
         if not fail(study, t.number, outcome="stale", reason=reason):
             continue
         if t.params:
             study.enqueue_trial(dict(t.params))
         recovered.append(t.number)
-        log.info("trial %d was left running by a killed autotune: %s", t.number, reason)
+        log.info("trial %d was left running by an autotune that ended: %s", t.number, reason)
     return recovered
 
 

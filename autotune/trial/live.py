@@ -20,7 +20,7 @@ from autotune.config.schema import Limits, StudyConfig
 from autotune.errors import HarnessError
 from autotune.loadgen import Activity, ServerFacts, Target, WorkloadSpec, run_workload
 from autotune.loadgen.apis import api_named
-from autotune.logparse.outcome import Outcome
+from autotune.logparse.outcome import STOPPED_FROM_OUTSIDE, Outcome
 from autotune.masking import scrub_file
 from autotune.server import pidfile
 from autotune.server.gpu import GpuProbe, NvmlProbe, SimProbe, foreign_holders, visible_devices
@@ -28,11 +28,13 @@ from autotune.server.health import flush_cache
 from autotune.server.launchspec import LaunchSpec
 from autotune.server.lifecycle import Server
 from autotune.server.teardown import stop_orphans
+from autotune.sim.gpustate import kernel_log
 from autotune.trial.gpuwatch import HEADROOM_POLL_S, FreeMemoryWatch, settled_usage
 from autotune.trial.growth import footprint_growth_gib, least_used
 from autotune.trial.judge import refusal, request_errors
 from autotune.trial.plan import TrialPlan
 from autotune.trial.seam import Load, ServerRun, Startup, Stop
+from autotune.trial.stopwatch import StopWatch
 
 FLUSH_READINGS = 2
 """Flushes (each followed by a settled reading) per measurement of the flushed footprint."""
@@ -58,6 +60,7 @@ def live_launcher(cfg: StudyConfig, study_dir: Path) -> LiveLauncher:
         version=None if sim else _installed_sglang(),
         devices=visible_devices({**os.environ, **cfg.server.env}),
         study=cfg.name,
+        kernel_log=kernel_log(gpu_dir) if sim else Path("/dev/kmsg"),
     )
 
 
@@ -85,6 +88,8 @@ class LiveLauncher:
     version: str | None
     study: str = ""
     devices: tuple[int, ...] | None = None
+    kernel_log: Path = Path("/dev/kmsg")
+    """Where the kernel's OOM killer names what it killed (the simulator's machine: its own)."""
     _api_key: str | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -150,6 +155,7 @@ class LiveLauncher:
             release_s=self.limits.release_s,
             foreign_gpu="wait" if self.limits.foreign_wait_s > 0 else "refuse",
             foreign_wait_s=self.limits.foreign_wait_s,
+            kernel_log=self.kernel_log,
         )
         return _LiveRun(Server.launch(spec, self.probe), self, plan.stress_repeats)
 
@@ -226,7 +232,10 @@ class _LiveRun:
             return reason
 
         ours = self.server.own_pids
-        with FreeMemoryWatch(self.launcher.probe, self.server.spec.devices(), ours) as watch:
+        with (
+            FreeMemoryWatch(self.launcher.probe, self.server.spec.devices(), ours) as watch,
+            StopWatch(ours()) as stops,
+        ):
             result = run_workload(
                 workload,
                 target,
@@ -263,6 +272,16 @@ class _LiveRun:
                 outcome=str(Outcome.MACHINE_ERROR),
                 cause=FOREIGN_GPU,
                 evidence=(*intruders, *ended, *(death.evidence if death else ())),
+            )
+        stopped = stops.stops()
+        if stopped and death is None:
+            # the server was paused from outside and resumed: it lived, but every figure the
+            # workload measured holds the pause, so the point runs again
+            return replace(
+                load,
+                outcome=str(Outcome.DISTURBED),
+                cause=STOPPED_FROM_OUTSIDE,
+                evidence=(*stopped, *request_errors(overall)),
             )
         if death is not None:
             return replace(

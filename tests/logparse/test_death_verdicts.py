@@ -14,7 +14,7 @@ import pytest
 
 from autotune.logparse.events import FAILURE_KINDS, MACHINE_KINDS, Event, Kind, ParsedLog
 from autotune.logparse.lines import parse_line, parse_text
-from autotune.logparse.outcome import Outcome, RunFacts, classify, signal_name
+from autotune.logparse.outcome import OOM_RULED_OUT, Outcome, RunFacts, classify, signal_name
 from autotune.logparse.serving import summarize
 from autotune.record.direction import Push, push_of
 
@@ -365,6 +365,29 @@ def test_another_ranks_oom_explains_an_nccl_remote_error() -> None:
     assert (verdict.outcome, verdict.cause) == (Outcome.MACHINE_ERROR, "nccl_fault")
 
 
+def test_a_rank_sigkilled_while_the_kernel_watched_and_named_no_oom_kill_was_killed() -> None:
+    """SGLang's watchdog reports a scheduler's -9 and its hint names the OOM killer; read alone,
+    the log is a host OOM. Where the harness watched the kernel's OOM killer from the launch
+    and it killed nothing meanwhile, the SIGKILL came from outside: `killed`, not a
+    parameter result, at startup and while serving alike."""
+    remote = MACHINE_LINES[-1][0]
+    killed = MAIN + "Subprocess scheduler_3 (pid=13221) crashed with exit code -9.\n"
+    for head in (READY + DECODE + remote + "\n", MAIN + "Load weight begin. avail mem=90.00 GB\n"):
+        log = parse_text(head + killed)
+        facts = RunFacts(exited=True, exit_code=-9, oom_ruled_out=True)
+        verdict = classify(log.events, facts, log.batches)
+        assert (verdict.outcome, verdict.cause) == (Outcome.KILLED, "signal:SIGKILL")
+        assert verdict.evidence[0] == killed.strip() and verdict.evidence[1] == OOM_RULED_OUT
+        assert not verdict.outcome.is_parameter_result
+        unwatched = classify(log.events, RunFacts(exited=True, exit_code=-9), log.batches)
+        assert unwatched.cause == "host_oom_killer"
+    # a rank that died otherwise stays what its own line says
+    crashed = MAIN + "Subprocess scheduler_3 (pid=13221) crashed with exit code -6.\n"
+    log = parse_text(READY + DECODE + crashed)
+    verdict = classify(log.events, RunFacts(exited=True, oom_ruled_out=True), log.batches)
+    assert (verdict.outcome, verdict.cause) == (Outcome.CRASH, "subprocess_crashed")
+
+
 # -- 3. The harness's facts: the signal and its sender, the host's state -------------------------
 
 
@@ -507,7 +530,12 @@ def test_our_stop_with_sigkill_is_a_stop() -> None:
     ("host", "cause"),
     [
         (("disk full: 0 B free on /results",), "disk_full"),
+        (("the disk under /results/t is full: 0.0 MiB free of 300 MiB",), "disk_full"),
         (("port 30000 is held by pid 123 (nginx)",), "port_in_use"),
+        (
+            ("the server's log /r/server.log cannot be written: Operation not permitted",),
+            "log_unwritable",
+        ),
         (("GPU 0 reports Xid 79",), "host_state"),
     ],
 )

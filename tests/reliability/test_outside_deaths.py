@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.logparse.outcome import OOM_RULED_OUT
 from autotune.record import keys
 from autotune.server import pidfile
 from autotune.sim.gpustate import write_holder
@@ -66,6 +67,18 @@ def _signal_mid_load(
     return record.pid
 
 
+def _failed(
+    world: World, proc: subprocess.Popen[str], outcome: str
+) -> tuple[FrozenTrial, dict[str, object]]:
+    """The run ended well and its first trial is FAIL `outcome`: the trial and its record."""
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    first = world.trials()[0]
+    attrs = first.user_attrs
+    assert (first.state, attrs["outcome"]) == (TrialState.FAIL, outcome), attrs
+    return first, _record(world, 0)
+
+
 def _requeued_and_run(world: World, first: FrozenTrial) -> None:
     """The point of the trial cut short is queued again (behind the grid's own queue), and the
     run went on to its budget: one trial counted, `ok`; the one cut short did not count."""
@@ -103,6 +116,73 @@ def test_a_signal_from_outside_mid_load_is_killed_and_run_again(
     else:
         assert "SIGTERM" in str(attrs["reason"]) or "SIGTERM received" in str(record["evidence"])
     _requeued_and_run(world, first)
+    assert world.problems() == []
+
+
+def _child_titled(pid: int, title: str) -> int:
+    """The pid of `pid`'s child process whose command line (its `setproctitle` title) starts
+    with `title`."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            ppid = int(stat.rpartition(")")[2].split()[1])
+            if ppid == pid and cmdline.startswith(title):
+                return int(entry.name)
+        time.sleep(0.05)
+    raise AssertionError(f"no child {title} of {pid}")
+
+
+def test_a_rank_sigkilled_from_outside_is_killed_not_the_oom_killer(world: World) -> None:
+    """Someone else's SIGKILL to one scheduler of a 0.5.23 server while it serves: SGLang's
+    watchdog reports `crashed with exit code -9` and its hint names the OOM killer, but the
+    simulated machine's kernel, watched from the launch, logged no OOM kill. FAIL `killed`
+    (signal:SIGKILL), the point queued again (before: COMPLETE `runtime_oom (host_oom_killer)`,
+    infeasible, and the search ended on it)."""
+    world.foreign_sleep()
+    world.study(server='sim_version = "0.5.23"', duration=4, n_trials=1)
+    proc = world.start(*world.run_args())
+    record = _server_pid(world, proc)
+    wait_for_log(world, proc, SERVING, number=0)
+    os.kill(_child_titled(record.pid, "sglang::scheduler_TP7"), signal.SIGKILL)
+    first, trial = _failed(world, proc, "killed")
+    reason = str(trial["reason"])
+    assert reason.startswith("killed (signal:SIGKILL): ") and "scheduler_7" in reason, reason
+    assert OOM_RULED_OUT in trial["evidence"], trial["evidence"]  # type: ignore[operator]
+    _requeued_and_run(world, first)
+    assert world.problems() == []
+
+
+def test_a_server_log_made_immutable_is_a_machine_error_not_the_servers_hang(world: World) -> None:
+    """The trial's server.log made immutable (`chattr +i`) while the server starts: the log
+    cannot grow, the stall watchdog sees a silent server, and the host's state names the log.
+    FAIL `machine_error (log_unwritable)`, not the parameters' `hang (stall:launch)`."""
+    world.foreign_sleep()
+    world.study(duration=4, n_trials=1, stall_s=3)
+    proc = world.start(*world.run_args())
+    log = wait_for_log(world, proc, "server_args=")
+    try:
+        done = subprocess.run(["chattr", "+i", str(log)], capture_output=True, check=False)
+        if done.returncode != 0:
+            proc.kill()
+            proc.communicate()
+            pytest.skip(f"chattr +i is not possible here: {done.stderr.decode().strip()}")
+        out, err = proc.communicate(timeout=120)
+    finally:
+        subprocess.run(["chattr", "-i", str(log)], capture_output=True, check=False)
+    assert proc.returncode in (0, 1), out + err
+    first = world.trials()[0]
+    attrs = first.user_attrs
+    assert (first.state, attrs["outcome"]) == (TrialState.FAIL, "machine_error"), attrs
+    trial = _record(world, 0)
+    assert str(trial["reason"]).startswith("machine_error (log_unwritable): "), trial["reason"]
+    assert any("cannot be written" in line for line in trial["host_state"]), trial  # type: ignore[attr-defined]
     assert world.problems() == []
 
 
@@ -146,12 +226,7 @@ def test_port_taken_after_the_launch_is_a_machine_error(world: World) -> None:
         stdout=subprocess.PIPE,
     )  # fmt: skip
     assert listener.stdout is not None and listener.stdout.readline().strip() == b"up"
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, out + err
-    first = world.trials()[0]
-    attrs = first.user_attrs
-    assert (first.state, attrs["outcome"]) == (TrialState.FAIL, "machine_error"), attrs
-    trial = _record(world, 0)
+    first, trial = _failed(world, proc, "machine_error")
     evidence = trial["evidence"]
     assert isinstance(evidence, list) and "[Errno 98]" in evidence[0], evidence
     assert "address already in use" in evidence[0]

@@ -218,6 +218,31 @@ def test_server_frozen_with_sigstop_while_serving_is_killed_from_outside(world: 
     assert world.problems() == []
 
 
+def test_server_paused_from_outside_and_resumed_while_serving_is_disturbed(world: World) -> None:
+    """SIGSTOP to the whole server mid-workload, SIGCONT 1.5 s later: shorter than stall_s
+    (10 s), so nothing ends, but the throughput and latencies measured hold the pause. FAIL
+    `disturbed` (`signal:stopped`), each stopped process named, the point queued again and run
+    (before: COMPLETE `ok` at a lower throughput, stored as the parameters' own figures)."""
+    world.foreign_sleep()
+    world.study(duration=6)
+    proc = world.start(*world.run_args())
+    wait_for_log(world, proc, "Decode batch")
+    record = server_record(world)
+    os.killpg(record.pgid, signal.SIGSTOP)
+    time.sleep(1.5)
+    os.killpg(record.pgid, signal.SIGCONT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    first, *rest = world.trials()
+    assert (first.state, first.user_attrs["outcome"]) == (TrialState.FAIL, "disturbed")
+    trial = json.loads((world.study_dir / "trials/0000/trial.json").read_text())
+    assert str(trial["reason"]).startswith("disturbed (signal:stopped): pid "), trial["reason"]
+    assert f"pid {record.pid} " in str(trial["evidence"]), trial["evidence"]
+    assert "stopped by a signal from outside for about" in str(trial["evidence"])
+    assert [t.user_attrs["outcome"] for t in rest if t.state == TrialState.COMPLETE] == ["ok"]
+    assert world.problems() == []
+
+
 def test_server_stopped_with_sigstop_while_it_starts_is_killed_from_outside(world: World) -> None:
     """SIGSTOP to the whole server while it loads its weights (slowed so the test can): the log
     goes quiet for stall_s, and since its processes are stopped by a signal, FAIL `killed`

@@ -30,6 +30,7 @@ from autotune.server import pidfile, procs
 from autotune.server.gpu import GiB, SimProbe
 from autotune.server.launchspec import LaunchSpec
 from autotune.server.lifecycle import Server
+from autotune.sim.gpustate import kernel_log
 
 pytestmark = pytest.mark.e2e
 
@@ -52,7 +53,8 @@ def sim_spec(tmp_path: Path, *flags: str, **overrides: Any) -> LaunchSpec:
         "--tp-size", "8", "--sim-time-scale", "30000", "--sim-gpu-dir", str(tmp_path / "gpu"),
         *flags,
     )  # fmt: skip
-    return make_spec(tmp_path, **{"argv": argv, **SIM_LIMITS, **overrides})
+    machine = {"kernel_log": kernel_log(tmp_path / "gpu")}  # as the launcher gives a sim run
+    return make_spec(tmp_path, **{"argv": argv, **machine, **SIM_LIMITS, **overrides})
 
 
 def gpu_dir(spec: LaunchSpec) -> Path:

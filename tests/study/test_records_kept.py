@@ -31,7 +31,7 @@ from autotune.study.records import (
     keep,
     rebuild_command,
 )
-from autotune.study.storage import Worker
+from autotune.study.storage import STALE_REASON, Worker
 from autotune.testing import audit
 from tests.reliability.helpers import World, one_line, wait_for_log
 from tests.study.fakes import FakeLauncher
@@ -340,7 +340,7 @@ def test_a_killed_run_shows_in_status_and_a_missing_pidfile_is_said(world: World
         reason = world.trials()[0].user_attrs[keys.REASON]
         assert "no server was left running" not in reason
         assert reason.startswith(
-            "autotune was killed mid-trial; its pidfile was missing, so its server could not be "
+            f"{STALE_REASON}; its pidfile was missing, so its server could not be "
             f"stopped: pid {server}"
         ), reason
         assert "still writes its server.log and was left running" in reason, reason
