@@ -168,14 +168,22 @@ class KernelOomWatch:
         self._fd: int | None = None
         self._records: list[str] = []
         self._counters: dict[Path, int] = {}
-        with contextlib.suppress(OSError):
+        self._later: str | None = None
+        """A simulated machine's kernel log that did not exist at the launch: read from its
+        start once it does (all it holds came after the launch)."""
+        try:
             fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK)
-            try:
-                os.lseek(fd, 0, os.SEEK_END)  # only what the kernel logs from now on
-            except OSError:
-                os.close(fd)
-                raise
-            self._fd = fd
+        except FileNotFoundError:
+            self._later = kmsg if kmsg != "/dev/kmsg" else None
+            return
+        except OSError:
+            return
+        try:
+            os.lseek(fd, 0, os.SEEK_END)  # only what the kernel logs from now on
+        except OSError:
+            os.close(fd)
+            return
+        self._fd = fd
 
     def track(self, pid: int) -> None:
         """Note the `oom_kill` counters of `pid`'s memory cgroups the first time each is seen
@@ -187,6 +195,10 @@ class KernelOomWatch:
                     self._counters[path] = count
 
     def _read(self) -> None:
+        if self._fd is None and self._later is not None:
+            with contextlib.suppress(OSError):
+                self._fd = os.open(self._later, os.O_RDONLY | os.O_NONBLOCK)
+                self._later = None
         if self._fd is None:
             return
         for _ in range(_KMSG_MAX_RECORDS):
@@ -205,8 +217,9 @@ class KernelOomWatch:
 
     @property
     def watching(self) -> bool:
-        """Whether the kernel could speak: its log is open or a cgroup counter was read."""
-        return self._fd is not None or bool(self._counters)
+        """Whether the kernel could speak: its log is open (or is a simulated machine's, to come)
+        or a cgroup counter was read."""
+        return self._fd is not None or self._later is not None or bool(self._counters)
 
     def silent(self) -> bool:
         """Whether the kernel could speak (`watching`) and its OOM killer killed nothing since

@@ -46,9 +46,10 @@ class LaunchSpec:
     unhealthy_s: float = 60.0
     stop_grace_s: float = 30.0
     release_s: float = 120.0
-    kernel_log: Path = Path("/dev/kmsg")
-    """The kernel's log, where its OOM killer names what it killed (`deaths.KernelOomWatch`); the
-    simulator's machine keeps its own in its state folder."""
+    kernel_log: Path | None = None
+    """A simulated machine's kernel log, where its OOM killer names what it killed (the
+    simulator keeps it in its state folder); None: the host's own kernel (`/dev/kmsg` and the
+    server's memory cgroup, `deaths.KernelOomWatch`)."""
     gpu_indices: tuple[int, ...] | None = None
     foreign_gpu: str = "refuse"
     foreign_wait_s: float = 600.0

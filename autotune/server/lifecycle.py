@@ -171,8 +171,11 @@ class Server:
         self._host: tuple[str, ...] | None = None
         self._sigterm_checked = 0
         self._foreign_sigterm = False
-        self._kernel = deaths.KernelOomWatch(str(spec.kernel_log))
-        self._kernel.track(process.pid)
+        if spec.kernel_log is None:
+            self._kernel = deaths.KernelOomWatch()
+            self._kernel.track(process.pid)
+        else:  # a simulated machine: its kernel log alone, not the host's cgroups
+            self._kernel = deaths.KernelOomWatch(str(spec.kernel_log))
 
     # -- launch ---------------------------------------------------------------------------
 

@@ -47,13 +47,9 @@ DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 def kernel_log(directory: Path) -> Path:
-    """The simulated machine's kernel log, created empty where missing: a watch opened on it
-    before the server starts reads what the simulator writes from then on."""
-    path = Path(directory) / KERNEL_LOG
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch(exist_ok=True)
-    return path
+    """The simulated machine's kernel log in the state directory `directory` (written by the
+    simulator when it acts the OOM killer out; it may not exist yet)."""
+    return Path(directory) / KERNEL_LOG
 
 
 def kernel_oom_kill(directory: Path, pid: int, comm: str) -> None:
@@ -61,8 +57,10 @@ def kernel_oom_kill(directory: Path, pid: int, comm: str) -> None:
     kernel logs it (`Out of memory: Killed process PID (COMM) …`)."""
     usec = time.monotonic_ns() // 1000
     line = f"3,0,{usec},-;Out of memory: Killed process {pid} ({comm}) total-vm:0kB\n"
-    with contextlib.suppress(OSError), open(kernel_log(directory), "a", encoding="utf-8") as f:
-        f.write(line)
+    with contextlib.suppress(OSError):
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        with open(kernel_log(directory), "a", encoding="utf-8") as f:
+            f.write(line)
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ def live_launcher(cfg: StudyConfig, study_dir: Path) -> LiveLauncher:
         version=None if sim else _installed_sglang(),
         devices=visible_devices({**os.environ, **cfg.server.env}),
         study=cfg.name,
-        kernel_log=kernel_log(gpu_dir) if sim else Path("/dev/kmsg"),
+        kernel_log=kernel_log(gpu_dir) if sim else None,
     )
 
 
@@ -88,8 +88,8 @@ class LiveLauncher:
     version: str | None
     study: str = ""
     devices: tuple[int, ...] | None = None
-    kernel_log: Path = Path("/dev/kmsg")
-    """Where the kernel's OOM killer names what it killed (the simulator's machine: its own)."""
+    kernel_log: Path | None = None
+    """The simulated machine's kernel log (None: the host's own kernel)."""
     _api_key: str | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
