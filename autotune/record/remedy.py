@@ -12,6 +12,8 @@ docs/sglang-memory.md.
 
 from __future__ import annotations
 
+import re
+
 from autotune.config.schema import Constraint
 from autotune.logparse.events import POOL_OOM_KINDS, Kind
 from autotune.logparse.outcome import Outcome
@@ -118,9 +120,24 @@ def _host_cache_too_small(t: TrialView) -> str:
 
 def _constraint(t: TrialView) -> str:
     broke = set(t.violated)
+    left = t.free_at_peak_gib
+    at = f": {left:.2f} GiB were free at the worst moment" if left is not None else ""
+    allowed = _input_cap(t) if Constraint.ERROR_RATE in broke else None
+    if allowed is not None:
+        capped = (
+            f"the KV pool capped the prompt at {allowed:,} tokens and SGLang refused the "
+            "workload's longer prompts (`Input length … exceeds the maximum allowed length`)"
+        )
+        if Constraint.HEADROOM in broke:
+            return (
+                f"{capped}, while the headroom was short too{at}: no fraction gives both on "
+                "this box; shorten [workload] input_len or lower max_running_requests"
+            )
+        return (
+            f"{capped}: raise mem_fraction_static until the pool holds them, or shorten "
+            "[workload] input_len"
+        )
     if Constraint.HEADROOM in broke:
-        left = t.free_at_peak_gib
-        at = f": {left:.2f} GiB were free at the worst moment" if left is not None else ""
         return (
             f"lower mem_fraction_static{at}; each step of 0.01 hands about P × 0.01 GiB "
             "back from the KV pool"
@@ -130,3 +147,18 @@ def _constraint(t: TrialView) -> str:
     if broke & {Constraint.P99_TTFT, Constraint.P99_ITL}:
         return "too slow for the latency limits: lower max_running_requests or chunked_prefill_size"
     return ""
+
+
+_ALLOWED = re.compile(r"exceeds the maximum allowed length \((\d+) tokens\)")
+
+
+def _input_cap(t: TrialView) -> int | None:
+    """The prompt length SGLang allowed, where a failed request's evidence shows it refused a
+    longer one and the cap is the KV pool's (`max_req_input_len` is the pool less one where the
+    pool is smaller than the context), else None."""
+    pool = t.ledger.max_total_num_tokens
+    for line in t.evidence:
+        m = _ALLOWED.search(line)
+        if m and pool is not None and int(m.group(1)) <= pool:
+            return int(m.group(1))
+    return None

@@ -453,9 +453,12 @@ def closing_reason(cfg: StudyConfig, trials: list[TrialView]) -> str:
         (t for t in failed if baseline and all(t.params.get(k) == v for k, v in baseline.items())),
         None,
     )
-    if base is None and any(t.feasible for t in trials):
+    past = any(t.feasible for t in trials)
+    if base is None and past:
         return ""
-    t = base or _most_telling(failed)
+    telling = _most_telling(failed)
+    # with nothing feasible, what most failures share ended it, whatever the baseline did
+    t = base if base is not None and (past or _cause(base) == _cause(telling)) else telling
     hint = remedy(t)
     if t.outcome == "ok" and t.violated:  # it served the load, out of bounds
         what = f"served the load but broke {', '.join(t.violated)}"
@@ -468,11 +471,20 @@ def closing_reason(cfg: StudyConfig, trials: list[TrialView]) -> str:
     return f" What ended it: {who} {what}{fix}"
 
 
+def _cause(t: TrialView) -> str:
+    """What a failed trial failed of: its cause, or the constraints a trial that served broke."""
+    if t.outcome == "ok" and t.violated:
+        return "broke " + ",".join(sorted(t.violated))
+    return t.cause or t.outcome
+
+
 def _most_telling(failed: list[TrialView]) -> TrialView:
-    """The failure to name: the cause most trials share, its latest trial."""
-    causes = [t.cause or t.outcome for t in failed]
-    top = max(set(causes), key=causes.count)
-    return [t for t in failed if (t.cause or t.outcome) == top][-1]
+    """The failure to name: the cause most trials share (ties: the latest), its latest trial."""
+    causes = [_cause(t) for t in failed]
+    top = max(
+        causes, key=lambda c: (causes.count(c), max(i for i, x in enumerate(causes) if x == c))
+    )
+    return [t for t in failed if _cause(t) == top][-1]
 
 
 def _no_pidfile(where: object) -> str:

@@ -161,6 +161,36 @@ def test_a_baseline_that_failed_with_a_small_host_cache_points_at_the_host_cache
     assert closing_reason(cfg, views([trial(0, 0.88), trial(1, 0.94, outcome="startup_oom")])) == ""
 
 
+def test_with_nothing_feasible_the_failure_most_trials_share_ends_the_study(
+    tmp_path: Path,
+) -> None:
+    """A 12 GB box: the baseline's graph capture ran out of memory, and every trial that then
+    started had a KV pool smaller than the workload's 2,048-token prompts, which SGLang refused
+    (error rate broken). The closing line names what most trials share, with its knob: the
+    pool capped the prompt (before: the baseline's graph capture, the one trial unlike the
+    rest)."""
+    cfg = _cfg(GRID, tmp_path)
+    base = _failed_baseline("startup_oom", "startup_oom (graph_capture_failed): capture")
+    refused = (
+        '2 of 132 requests failed: HTTP 400: {"error": {"message": "Input length (2048 tokens) '
+        'exceeds the maximum allowed length (1184 tokens). Use a shorter input."}}'
+    )
+    served = []
+    for n, f in ((1, 0.82), (2, 0.83), (3, 0.81)):
+        v = view(trial(n, f))
+        pool = v.ledger.max_total_num_tokens
+        assert pool is not None and pool >= 1184
+        served.append(
+            dataclasses.replace(v, kind="infeasible", violated=("error_rate",), evidence=(refused,))
+        )
+    text = closing_reason(cfg, [base, *served])
+    assert text.startswith(" What ended it: trial 3 served the load but broke error_rate"), text
+    assert "the KV pool capped the prompt at 1,184 tokens" in text, text
+    assert "raise mem_fraction_static until the pool holds them" in text, text
+    # the baseline's own failure still ends a study where it is what the trials share
+    assert closing_reason(cfg, [base]).startswith(" What ended it: the baseline (trial 0)")
+
+
 def test_warnings_before_the_first_launch(tmp_path: Path) -> None:
     cfg = _cfg(VALID, tmp_path)  # 4 clients, max_running_requests up to 64
     [w] = warnings_before_launch(cfg, (), load_profile("kimi-k2.5-tp8-96g"))
