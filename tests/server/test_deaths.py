@@ -21,6 +21,7 @@ from server_helpers import Guard, fake_spec, launch_ready, make_spec, wait_death
 from autotune.logparse.outcome import Outcome
 from autotune.server import deaths
 from autotune.server.lifecycle import Server
+from autotune.sim.gpustate import kernel_log, kernel_oom_kill
 
 
 @pytest.mark.parametrize(
@@ -200,3 +201,22 @@ def test_no_listener_no_port_line() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))  # bound, not listening
         assert deaths.port_line("127.0.0.1", s.getsockname()[1], ours=()) == ""
+
+
+def test_a_simulated_machine_s_kernel_log_speaks_for_its_oom_killer_from_its_start(
+    tmp_path: Path,
+) -> None:
+    """A simulated machine's kernel log that appears after the launch is read from its start:
+    silent while it holds no OOM kill (so a rank's SIGKILL came from outside), naming the
+    process once the simulator acted the OOM killer out (and then not silent, whichever pid it
+    named: a child the scans never saw cannot pass as killed from outside)."""
+    log = kernel_log(tmp_path / "gpu")
+    watch = deaths.KernelOomWatch(str(log))
+    try:
+        assert not log.exists() and watch.watching and watch.silent()
+        kernel_oom_kill(tmp_path / "gpu", 4242, "python")
+        assert not watch.silent()
+        assert watch.killed({4242}).startswith("kernel log: Out of memory: Killed process 4242")
+        assert watch.killed({1}) == ""
+    finally:
+        watch.close()
