@@ -38,6 +38,7 @@ _SERVING_FRAMES = (
     "in get_ready_grammar_requests",
     "in move_ready_grammar_requests",
     "in exposed_step",
+    "in get_model_worker_batch",
 )
 """Traceback frames of the scheduler's serving loop and forward pass (`event_loop_overlap`,
 `event_loop_normal`, `event_loop_pp`, …; 0.5.18+'s `run_event_loop` and `dispatch_event_loop`,
@@ -47,7 +48,8 @@ requests received: `process_input_requests`, `get_new_batch_prefill` and its
 `_get_new_batch_prefill_raw`, the grammar queue's `get_ready_grammar_requests` (earlier
 `move_ready_grammar_requests`), `update_running_batch`; the overlap worker's
 `forward_thread_func` in releases that had one; 0.2.x–0.3.x's `ModelTpServer.exposed_step`, the
-step the controller calls for each batch). Startup never runs them: graph capture and profiling
+step the controller calls for each batch; `ScheduleBatch.get_model_worker_batch`, which only
+`run_batch` calls). Startup never runs them: graph capture and profiling
 call the model runner directly (and `prepare_for_extend`, which a pipeline's chunk-size
 profiling calls at startup, is left out)."""
 

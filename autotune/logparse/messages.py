@@ -468,6 +468,12 @@ _STARTS: tuple[tuple[str, Builder], ...] = (
     # 0.2.x–0.3.x's form of it: `ModelTpServer.exposed_step` (`managers/[controller/]tp_worker.py`)
     # logs `Exception in ModelTpServer:\n{traceback}` and raises
     ("Exception in ModelTpServer", _plain(Kind.SCHEDULER_EXCEPTION)),
+    # and the process loops around it: 0.2.x–0.3.x `tp_worker.run_tp_server` (the other TP
+    # ranks' `Exception in run_tp_server:\n{traceback}`, then raise), and rank 0's controller
+    # (`controller_single.py` / `controller_multi.py` `loop_for_forward`, after `init ok`)
+    ("Exception in run_tp_server", _plain(Kind.SCHEDULER_EXCEPTION)),
+    ("Exception in ControllerSingle", _plain(Kind.SCHEDULER_EXCEPTION)),
+    ("Exception in ControllerMulti", _plain(Kind.SCHEDULER_EXCEPTION)),
     # the overlap worker's thread (0.4.x–0.5.0 `tp_worker_overlap_thread.py`
     # `forward_thread_func`) logs it, then signals its scheduler (SIGQUIT, SIGUSR1 in some)
     ("TpModelWorkerClient hit an exception", _plain(Kind.SCHEDULER_EXCEPTION)),

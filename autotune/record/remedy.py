@@ -52,10 +52,16 @@ def remedy(t: TrialView) -> str:
             "the KV pool cannot hold one request: raise mem_fraction_static, or lower "
             "--context-length"
         )
-    if cause == "graph_capture_failed":
+    if cause == "graph_capture_failed" and t.ending.is_oom:
         return (
             "CUDA-graph capture ran out of memory: lower mem_fraction_static, or "
             "max_running_requests (it caps the captured batch sizes)"
+        )
+    if cause == "graph_capture_failed":
+        return (
+            "not a memory setting: CUDA-graph capture failed without running out of memory "
+            "(torch.compile, a kernel or a communication backend the capture cannot record); "
+            "read the log (`autotune ledger LOG`), or add --disable-cuda-graph to [server.flags]"
         )
     if t.ending is Outcome.REFUSED:
         return (

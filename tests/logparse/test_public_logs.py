@@ -620,3 +620,40 @@ def test_the_free_memory_before_the_weights_is_their_usage_and_what_they_left() 
     )
     verdict = _verdict(text)
     assert (verdict.outcome, verdict.cause) == (Outcome.STARTUP_OOM, "no_kv_room")
+
+
+# -- 0.2.x-0.3.x process loops, a Ray worker's prefix, a capture that failed without OOM --------
+
+
+def test_an_exception_in_run_tp_server_is_the_scheduler_s() -> None:
+    """sgl-project/sglang#1479 (0.3.x, DeepSeek-V2.5 TP8): `tp_worker.run_tp_server` logs
+    `Exception in run_tp_server:` and the traceback, then raises; here inside graph capture
+    (before: unknown, the line matched nothing and the bare `…Error:` counts for no signal)."""
+    text = (
+        "[23:17:01 TP0] Capture cuda graph begin. This can take up to several minutes.\n"
+        "[23:17:08 TP4] Exception in run_tp_server:\n"
+        "Traceback (most recent call last):\n"
+        '  File "/sgl-workspace/sglang/python/sglang/srt/model_executor/cuda_graph_runner.py", '
+        "line 147, in __init__\n"
+        "    self.capture()\n"
+    )
+    verdict = _verdict(text)
+    assert (verdict.outcome, verdict.cause) == (Outcome.STARTUP_ERROR, "scheduler_exception")
+    assert verdict.evidence[0] == "[23:17:08 TP4] Exception in run_tp_server:"
+
+
+def test_a_failure_inside_get_model_worker_batch_is_while_serving() -> None:
+    """verl-project/verl#1611 (0.4.6 under Ray, each line behind `(WorkerDict pid=N) `): an
+    illegal memory access in `ScheduleBatch.get_model_worker_batch`, which only `run_batch`
+    calls, so the server was serving: a crash, not a start that failed."""
+    ray = "(WorkerDict pid=859188) "
+    text = (
+        f"{ray}    model_worker_batch = batch.get_model_worker_batch()\n"
+        f'{ray}  File "/opt/ac2/lib/python3.12/site-packages/sglang/srt/managers/'
+        'schedule_batch.py", line 1602, in get_model_worker_batch\n'
+        f"{ray}    seq_lens_cpu = self.seq_lens.cpu()\n"
+        f"{ray}RuntimeError: CUDA error: an illegal memory access was encountered\n"
+        f"{ray}[2025-05-23 18:02:42] Received sigquit from a child process. It usually means the "
+        "child failed.\n"
+    )
+    assert _verdict(text).outcome is Outcome.CRASH

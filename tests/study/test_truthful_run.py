@@ -145,6 +145,14 @@ def test_a_baseline_that_failed_with_a_small_host_cache_points_at_the_host_cache
     text = closing_reason(cfg, [base])
     assert text.startswith(" What ended it: the baseline (trial 0) failed with startup_error")
     assert "host cache is smaller than the device KV pool" in text and "hicache_size" in text
+    # a capture that failed without running out of memory (sgl-project/sglang#11218:
+    # `Capture cuda graph failed: ` under torch.compile) is not the fraction's
+    failed = "startup_error (graph_capture_failed): Exception: Capture cuda graph failed: "
+    capture = view(trial(6, 0.88, outcome="startup_error", reason=failed))
+    assert remedy(capture).startswith("not a memory setting: CUDA-graph capture failed")
+    oom = "startup_oom (graph_capture_failed): CUDA out of memory"
+    ran_out = view(trial(7, 0.88, outcome="startup_oom", reason=oom))
+    assert remedy(ran_out).startswith("CUDA-graph capture ran out of memory")
     # an OOM at startup points at the fraction, down; no room for KV at the fraction, up
     oom = view(trial(1, 0.94, outcome="startup_oom", reason="startup_oom (torch_oom): CUDA"))
     assert remedy(oom).startswith("lower mem_fraction_static")
