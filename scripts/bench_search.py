@@ -317,10 +317,7 @@ def kept(bench: Bench, params: dict[str, Scalar], best: int) -> float:
     hold more than its best)."""
     p, tokens = p_stable(bench, params)
     if CHUNK in params:
-        for pt in grid(bench.search) or []:
-            q, held = p_stable(bench, {**pt, CHUNK: params[CHUNK]})
-            if q >= STABLE_P:
-                best = max(best, held)
+        best = max(best, soak_best(bench, params, 1.0))
     return tokens / best if best and p >= STABLE_P else 0.0
 
 

@@ -164,17 +164,18 @@ class KernelOomWatch:
     (`/dev/kmsg`, from the launch on) and its memory cgroups' `oom_kill` counters. Best effort:
     where neither can be read, nothing is known (`killed` returns "")."""
 
-    def __init__(self, kmsg: str = "/dev/kmsg") -> None:
+    def __init__(self, kmsg: str = "/dev/kmsg", *, appears_later: bool = False) -> None:
+        """`appears_later`: `kmsg` is a simulated machine's kernel log, which the simulator
+        creates when it first writes to it; missing at the launch, it is read from its start
+        once it exists (all it holds came after the launch)."""
         self._fd: int | None = None
         self._records: list[str] = []
         self._counters: dict[Path, int] = {}
         self._later: str | None = None
-        """A simulated machine's kernel log that did not exist at the launch: read from its
-        start once it does (all it holds came after the launch)."""
         try:
             fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK)
         except FileNotFoundError:
-            self._later = kmsg if kmsg != "/dev/kmsg" else None
+            self._later = kmsg if appears_later else None
             return
         except OSError:
             return
@@ -228,13 +229,8 @@ class KernelOomWatch:
         if not self.watching:
             return False
         self._read()
-        if any(p.search(r) for r in self._records for p in (_KILLED, _OOM_KILL)):
-            return False
-        for path, before in self._counters.items():
-            now = read_oom_kills(path)
-            if now is not None and now > before:
-                return False
-        return True
+        killed_any = any(p.search(r) for r in self._records for p in (_KILLED, _OOM_KILL))
+        return not killed_any and not self._counter_rise()
 
     def killed(self, pids: Collection[int]) -> str:
         """The kernel's own line saying its OOM killer killed one of `pids`, or a rise of a
@@ -245,6 +241,11 @@ class KernelOomWatch:
                 match = pattern.search(record)
                 if match and int(match.group(1)) in pids:
                     return f"kernel log: {record}"
+        return self._counter_rise()
+
+    def _counter_rise(self) -> str:
+        """The first tracked cgroup whose `oom_kill` counter rose since it was noted, as a line;
+        "" where none did."""
         for path, before in self._counters.items():
             now = read_oom_kills(path)
             if now is not None and now > before:

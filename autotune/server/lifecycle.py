@@ -175,7 +175,7 @@ class Server:
             self._kernel = deaths.KernelOomWatch()
             self._kernel.track(process.pid)
         else:  # a simulated machine: its kernel log alone, not the host's cgroups
-            self._kernel = deaths.KernelOomWatch(str(spec.kernel_log))
+            self._kernel = deaths.KernelOomWatch(str(spec.kernel_log), appears_later=True)
 
     # -- launch ---------------------------------------------------------------------------
 
@@ -477,17 +477,12 @@ class Server:
     def _stall(self, phase: str, note: str) -> RunFacts:
         """A stall in `phase`; where a signal from outside stopped any of the server's processes
         (SGLang never stops itself: SIGSTOP, SIGTSTP), a death from outside, named."""
-        stopped = self._stopped_pids()
+        stopped = procs.stopped_of(self._seen.pids_now())
         if not stopped:
             return RunFacts(stalled=phase, notes=(note,))
         who = ", ".join(f"pid {p}" for p in stopped)
         note += f"; {who} stopped by a signal from outside (SGLang never stops itself)"
         return RunFacts(stalled=phase, notes=(note,), sender=deaths.OUTSIDE)
-
-    def _stopped_pids(self) -> list[int]:
-        """The server's processes in state T (stopped by a signal), in pid order
-        (`procs.stopped_of`)."""
-        return procs.stopped_of(self._seen.pids_now())
 
     def _generating_unheard(self, now: float, owed_s: float) -> bool:
         """Whether the scheduler kept generating long after the client last heard a byte: a

@@ -481,9 +481,7 @@ def _cause(t: TrialView) -> str:
 def _most_telling(failed: list[TrialView]) -> TrialView:
     """The failure to name: the cause most trials share (ties: the latest), its latest trial."""
     causes = [_cause(t) for t in failed]
-    top = max(
-        causes, key=lambda c: (causes.count(c), max(i for i, x in enumerate(causes) if x == c))
-    )
+    top = max(reversed(causes), key=causes.count)  # the first maximum: the latest of a tie
     return [t for t in failed if _cause(t) == top][-1]
 
 

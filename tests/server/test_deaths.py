@@ -211,7 +211,7 @@ def test_a_simulated_machine_s_kernel_log_speaks_for_its_oom_killer_from_its_sta
     process once the simulator acted the OOM killer out (and then not silent, whichever pid it
     named: a child the scans never saw cannot pass as killed from outside)."""
     log = kernel_log(tmp_path / "gpu")
-    watch = deaths.KernelOomWatch(str(log))
+    watch = deaths.KernelOomWatch(str(log), appears_later=True)
     try:
         assert not log.exists() and watch.watching and watch.silent()
         kernel_oom_kill(tmp_path / "gpu", 4242, "python")
