@@ -42,7 +42,10 @@ def test_each_api(sim_server: Start, api: str, stream: bool) -> None:
     assert s.ttft_ms is not None and s.e2e_ms is not None and s.tpot_ms is not None
     assert (s.itl_ms is not None) == stream
     if stream and api == "generate":  # gaps split over completion_tokens: one per token
-        assert s.itl_ms is not None and s.itl_ms.count == 8 * 15
+        # after the first chunk's tokens (TTFT, as bench_serving counts them); a busy machine
+        # can put two tokens in a first chunk, never fewer gaps than tokens after it
+        assert s.itl_ms is not None
+        assert all(1 <= 16 - len(r.itl) <= 3 for r in res.records), [len(r.itl) for r in res.records]
     elif stream:  # OpenAI routes: one gap per chunk, as bench_serving counts them
         assert s.itl_ms is not None and 0 < s.itl_ms.count <= 8 * 15
 

@@ -373,6 +373,8 @@ def test_a_real_oom_under_load_stays_a_parameter_result(world: World) -> None:
     assert all(t.state == TrialState.WAITING for t in queued)
     attrs = trial.user_attrs
     assert (trial.state, attrs["outcome"]) == (TrialState.COMPLETE, "runtime_oom"), attrs
-    assert attrs[keys.SENDER] == "" and attrs[keys.EXIT_CODE] is not None
+    # "" where the server's own SIGKILL of its tree came first, "autotune" where our stop of
+    # the server that had logged its OOM did (a busy machine); never outside, never the kernel
+    assert attrs[keys.SENDER] in ("", "autotune") and attrs[keys.EXIT_CODE] is not None
     assert "CUDA out of memory" in str(_record(world, 0)["evidence"])
     assert world.problems() == []
