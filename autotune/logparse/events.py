@@ -64,6 +64,11 @@ class Kind(StrEnum):
     alloc_paged_token_slots_extend`, …), whose only raise is its out-of-memory error: where an
     excerpt cut the message, the frame says which pool ran out (its label: the OOM kind)."""
     RELEASE_LINE = "release_line"
+    OOM_DETAIL = "oom_detail"
+    """A line of an allocator's out-of-memory message after its first (`mem_cache/allocation.py`:
+    `Try to allocate N tokens.`, then the pools' `Available tokens: …`, `Available full tokens:
+    …`, `Available mamba: …`, `SWA available tokens: …`), printed without a prefix: no failure of
+    its own, the evidence of the one above it."""
     HEALTH_CHECK_FAILED = "health_check_failed"
     # Failure lines.
     NO_KV_ROOM = "no_kv_room"

@@ -156,10 +156,20 @@ a process that dies so prints no Python traceback and sends its parent no SIGQUI
 left out: NCCL's and torch's watchdogs abort a process on purpose after a timeout."""
 
 
+_OOM_DETAIL = re.compile(r"^(?:Try to allocate \d+ tokens\.$|(?:SWA a|A)vailable [\w ]+: \d+\b)")
+"""The lines an allocator's out-of-memory message goes on with (`Kind.OOM_DETAIL`): `Try to
+allocate N tokens.` and the pools' `available_and_evictable_str` (0.5.23: `Available tokens: N
+(available_size=… + evictable_size=…)`, `UnifiedRadixCache`'s `Available full tokens: N (…)` and
+`Available mamba: N (available_size=… + component_evictable_size_=…)` for each other component,
+`PureSWARadixCache`'s `SWA available tokens: N (…)`; earlier `Available tokens: N`)."""
+
+
 def failure(line: str, ctx: Ctx) -> Event | None:
     """Failure text, wherever it sits in the line (tracebacks carry no prefix)."""
     if line.startswith(_REQUEST_LOG):
         return None
+    if line.startswith(("Try to allocate ", "Available ", "SWA available ")):
+        return Event(Kind.OOM_DETAIL, *ctx) if _OOM_DETAIL.match(line) else None
     if line.startswith("Fatal Python error: "):
         what = line[len("Fatal Python error: ") :].strip()
         return Event(Kind.FATAL_SIGNAL, *ctx, label=what) if what in _FATAL_SIGNALS else None

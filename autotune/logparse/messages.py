@@ -126,6 +126,15 @@ def _weight_end(message: str, ctx: Ctx) -> Event:
 _SUMMARY_NUM = re.compile(r"in " + NUM + " s")
 
 
+def _logged_traceback(message: str, ctx: Ctx) -> Event | None:
+    """A traceback logged alone behind SGLang's prefix: 0.3.x–0.4.0's fatal handlers
+    (`run_scheduler_process`, `run_detokenizer_process`, `run_data_parallel_controller_process`:
+    `logger.error(get_exception_traceback())`, then `kill_parent_process()`), the form 0.4.1 began
+    with `Scheduler hit an exception: `. Python's own header has no prefix and is nothing."""
+    _, time, rank, _ = ctx
+    return Event(Kind.SCHEDULER_EXCEPTION, *ctx) if time is not None or rank else None
+
+
 def _kv_allocated(message: str, ctx: Ctx) -> Event | None:
     at = message.find("KV Cache ")
     if at < 0:
@@ -465,6 +474,7 @@ _STARTS: tuple[tuple[str, Builder], ...] = (
     ("Tree cache initialized", _release_line("Tree cache initialized")),
     ("Reserving ", _release_line("of the KV budget")),
     ("Scheduler hit an exception", _plain(Kind.SCHEDULER_EXCEPTION)),
+    ("Traceback (most recent call last)", _logged_traceback),
     # 0.2.x–0.3.x's form of it: `ModelTpServer.exposed_step` (`managers/[controller/]tp_worker.py`)
     # logs `Exception in ModelTpServer:\n{traceback}` and raises
     ("Exception in ModelTpServer", _plain(Kind.SCHEDULER_EXCEPTION)),

@@ -363,10 +363,19 @@ def _serving(deciding: Event, events: Sequence[Event], batches: Sequence[Batch])
     return after
 
 
-def _evidence(deciding: Event, failures: Sequence[Event]) -> tuple[str, ...]:
-    """The deciding line first, then the other failure lines in log order."""
+def _evidence(
+    deciding: Event, failures: Sequence[Event], events: Sequence[Event] = ()
+) -> tuple[str, ...]:
+    """The deciding line first with the lines its message goes on with (`Kind.OOM_DETAIL`, the
+    lines right below it), then the other failure lines in log order."""
+    details: list[Event] = []
+    for e in events:
+        if e.line_no == deciding.line_no + 1 + len(details) and e.kind is Kind.OOM_DETAIL:
+            details.append(e)
+        elif e.line_no > deciding.line_no + len(details):
+            break
     others = sorted((e for e in failures if e is not deciding), key=lambda e: e.line_no)
-    return tuple(e.text.strip() for e in [deciding, *others][:_MAX_EVIDENCE])
+    return tuple(e.text.strip() for e in [deciding, *details, *others][:_MAX_EVIDENCE])
 
 
 def _rank(event: Event, events: Sequence[Event]) -> int:
@@ -487,7 +496,7 @@ def _from_failure_lines(
     facts: RunFacts,
 ) -> Verdict:
     deciding = min(failures, key=lambda e: (_rank(e, events), e.line_no))
-    evidence = _evidence(deciding, failures)
+    evidence = _evidence(deciding, failures, events)
     if deciding.kind is Kind.ALLOC_FRAME:
         # an excerpt cut the allocator's message: its frame names the pool that ran out
         deciding = deciding._replace(kind=Kind(deciding.label))

@@ -657,3 +657,86 @@ def test_a_failure_inside_get_model_worker_batch_is_while_serving() -> None:
         "child failed.\n"
     )
     assert _verdict(text).outcome is Outcome.CRASH
+
+
+# -- What an allocator's out-of-memory message says on its next lines ----------------------------
+
+
+def test_a_hybrid_prefill_oom_keeps_the_pools_it_found_empty_in_its_evidence() -> None:
+    """sgl-project/sglang#34676 (0.5.16, Kimi-K3, hybrid Mamba with radix cache): the allocator's
+    message goes on for lines without a prefix (`mem_cache/allocation.py`: `Try to allocate N
+    tokens.`, then `available_and_evictable_str`: the full pool's `Available full tokens: …` and
+    a line for each other component, `Available mamba: …`); they show which pool had no room and
+    were left out of the evidence."""
+    text = (
+        "RuntimeError: Prefill out of memory. Try to lower your batch size.\n"
+        "Try to allocate 8192 tokens.\n"
+        "Available full tokens: 8070656 (full_available_size=7936 + full_evictable_size_=8062720)\n"
+        "Available mamba: 760 (available_size=57 + component_evictable_size_=703)\n"
+        "[2026-08-13 10:00:00] SIGQUIT received. signum=None, frame=None. It usually means one "
+        "child failed.\n"
+    )
+    verdict = _verdict(text)
+    assert (verdict.outcome, verdict.cause) == (Outcome.RUNTIME_OOM, "prefill_oom"), verdict
+    assert verdict.evidence[:4] == tuple(text.splitlines()[:4])
+    assert verdict.evidence[4].endswith("It usually means one child failed.")
+
+
+@pytest.mark.parametrize(
+    "detail",
+    [
+        "Available tokens: 4210 (available_size=4210 + evictable_size=0)",
+        "SWA available tokens: 512 (swa_available=0 + swa_evictable=512)",
+    ],
+)
+def test_the_logged_oom_message_s_lines_follow_its_first(detail: str) -> None:
+    """The same message as the scheduler logs it before raising (`logger.error(error_msg)`): the
+    prefix on its first line only; the base pool's and a pure-SWA cache's shapes of the pool
+    line (`BasePrefixCache` and `PureSWARadixCache.available_and_evictable_str`, 0.5.23)."""
+    text = (
+        "[2026-11-20 15:23:22 TP0] Decode out of memory. Try to lower your batch size.\n"
+        "Try to allocate 192 tokens.\n"
+        f"{detail}\n"
+        "[2026-11-20 15:23:22 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+    )
+    verdict = _verdict(text)
+    assert (verdict.outcome, verdict.cause) == (Outcome.RUNTIME_OOM, "decode_oom"), verdict
+    assert verdict.evidence[:3] == tuple(text.splitlines()[:3])
+
+
+def test_the_allocator_s_lines_alone_are_no_failure() -> None:
+    """Without the out-of-memory line above them they decide nothing."""
+    text = "Try to allocate 64 tokens.\nAvailable tokens: 0 (available_size=0 + evictable_size=0)\n"
+    assert not [e for e in parse_text(text).events if e.kind in FAILURE_KINDS]
+    assert _verdict(text).outcome is Outcome.UNKNOWN
+
+
+# -- 0.3.x-0.4.0's subprocesses log their fatal traceback bare -------------------------------------
+
+
+def test_a_traceback_logged_with_sglang_s_prefix_is_the_scheduler_s_death() -> None:
+    """sgl-project/sglang#2102 (0.3.x, November 2024): `run_scheduler_process` (and the
+    detokenizer's and the data-parallel controller's) caught the exception, logged
+    `get_exception_traceback()` alone with `logger.error` and killed its parent; the prefixed
+    `Traceback (most recent call last):` is that line (0.4.1 put `Scheduler hit an exception: `
+    before it). Read as nothing, the bare `RuntimeError:` decided nothing and the log was
+    `unknown`. FlashInfer's fixed workspace ran out, not the GPU: a crash, no OOM."""
+    text = (
+        "[2024-11-20 16:40:55 TP0] Traceback (most recent call last):\n"
+        '  File "/root/miniconda3/envs/sglang-backend/lib/python3.10/site-packages/sglang/srt/'
+        'managers/scheduler.py", line 1196, in run_scheduler_process\n'
+        "    scheduler.event_loop_normal()\n"
+        '  File "/root/miniconda3/envs/sglang-backend/lib/python3.10/site-packages/sglang/srt/'
+        'managers/scheduler.py", line 325, in event_loop_normal\n'
+        "RuntimeError: Failed to allocate memory for batch_prefill_tmp_v with size 435814400 and "
+        "alignment 16 in AlignedAllocator\n"
+    )
+    verdict = _verdict(text)
+    assert verdict.outcome is Outcome.CRASH, verdict
+    assert "[2024-11-20 16:40:55 TP0] Traceback (most recent call last):" in verdict.evidence
+
+
+def test_python_s_own_traceback_header_is_no_failure() -> None:
+    """Python prints the header without SGLang's prefix (an uncaught exception, a handled one's
+    `logging.exception`): it decides nothing by itself."""
+    assert parse_line("Traceback (most recent call last):") is None
