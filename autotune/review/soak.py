@@ -75,8 +75,9 @@ def soak_margin_gib(growth_gib: float | None, factor: float) -> float:
 
 
 PEAK_NOISE = 0.05
-"""The least run-to-run spread (sd, a share of it) a stress peak is given where the trials at
-one setting's demand did not measure it three times."""
+"""The least run-to-run spread (sd) a stress peak is given, as a share of its transient: the
+peak less what the server kept over the workload (the trials' growth), which the soak's margin
+counts on its own and which no forward's activations spread."""
 MAX_RISE = 1.0
 """The most a soak's worst peak is taken to rise, as a share of the trials' median peak: a
 forward's transient memory is the activations of the batch it runs, bounded by the largest
@@ -110,10 +111,10 @@ def soak_peak_rise_gib(
     demand (`peaks`) saw."""
     rows = sorted(peaks)
     share = _pooled_share([*groups, rows], lines)
-    sd = max(share, PEAK_NOISE) * peak_gib
+    transient = max(peak_gib - max(growth_gib or 0.0, 0.0), 0.0)
+    sd = max(share * peak_gib, PEAK_NOISE * transient)
     z = heavy_tail_z(1.0 - SOAK_RISK / max(factor, 1.0)) + 1.0
     worst = rows[-1] - statistics.median(rows) if len(rows) >= 2 else 0.0
-    transient = max(peak_gib - max(growth_gib or 0.0, 0.0), 0.0)
     return max(worst, min(z * sd, MAX_RISE * transient))
 
 
