@@ -21,6 +21,12 @@ the last; the log is `autotune.logparse`'s.
     graceful drain, so a SIGKILL that follows the server's own failure line is its own ("");
   - "": no signal ended it, or the server ended itself.
 
+  A stop signal the server handled also counts as a signal death (`status_signal`): a Python
+  process that caught SIGINT as `KeyboardInterrupt` exits 130 (128 + SIGINT), and a wrapper
+  shell reports a child its SIGHUP, SIGINT or SIGTERM ended as 128 + N. autotune stops a
+  server with SIGTERM and SIGKILL only while `stopping`, and the OOM killer sends SIGKILL, so
+  such an exit status at any other moment came from outside.
+
   Linux does not tell a parent who sent the signal that killed its child (`waitid` gives the
   signal, not the sender), so `outside` is what remains once our own stop, the kernel's OOM
   killer and the server's own kill are ruled out.
@@ -54,6 +60,17 @@ server's log lines and a trial's record are a few KiB to a few MiB."""
 AUTOTUNE = "autotune"
 OOM_KILLER = "oom_killer"
 OUTSIDE = "outside"
+
+STOP_STATUSES = {128 + int(s): s.name for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)}
+"""Exit statuses that report a handled stop signal (128 + N): 129 SIGHUP, 130 SIGINT (Python's
+`KeyboardInterrupt` exit), 143 SIGTERM."""
+
+
+def status_signal(code: int | None) -> str:
+    """`SIGINT` for an exit status of 130 (128 + SIGINT): the stop signal a handled exit
+    reports; "" for any other status, a signal death or a process that runs."""
+    return STOP_STATUSES.get(code, "") if code is not None else ""
+
 
 _KILLED = re.compile(r"Killed process (\d+)\b")
 _OOM_KILL = re.compile(r"oom-kill:.*\bpid=(\d+)\b")
@@ -99,7 +116,7 @@ def sender_of(
         return AUTOTUNE
     if oom_killed and code == -signal.SIGKILL:
         return OOM_KILLER
-    if code < 0 and not own_failure:
+    if (code < 0 or status_signal(code)) and not own_failure:
         return OUTSIDE
     return ""
 

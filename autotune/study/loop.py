@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -263,6 +263,12 @@ def run_loop(
             if storage_failed is None:
                 raise failed.cause from None
             trial, result, skipped = failed.trial, storage_failed(failed), False
+            if failed.result is not None and not result.fatal:
+                # the trial stopped the run (a full disk, an interrupt, a server that would
+                # not go away): still so when its tell failed and it was recorded afterwards
+                was = failed.result
+                fatal = was.fatal or ("interrupted" if was.state == "interrupted" else "")
+                result = replace(result, fatal=fatal)
         if skipped and result.state != "interrupted":
             continue
         ran += 1

@@ -21,7 +21,14 @@ import pytest
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.sim.gpustate import read_gpu_state, write_holder
-from tests.reliability.helpers import World, lock_storage, one_line, wait_for_log, wait_for_text
+from tests.reliability.helpers import (
+    World,
+    fill_disk,
+    lock_storage,
+    one_line,
+    wait_for_log,
+    wait_for_text,
+)
 
 pytestmark = pytest.mark.e2e
 GiB = 1 << 30
@@ -384,6 +391,28 @@ def test_results_disk_full_before_a_launch(world: World, small_disk: Path) -> No
     assert (refused.state, refused.user_attrs["outcome"]) == (TrialState.FAIL, "harness_error")
     assert not (world.study_dir / f"trials/{refused.number:04d}").exists()  # never launched
     assert trials[-1].state == TrialState.WAITING  # its point is queued again
+    _resumes_after_space_is_freed(world, ballast, n_trials=2)
+
+
+def test_results_disk_full_mid_run_stops_at_the_next_launch(world: World, small_disk: Path) -> None:
+    """The results disk filled to its last byte while trial 0 serves: trial 0 is recorded, the
+    next launch is refused (`harness_error`, disk full) and the run stops there, exit 1 and
+    one line naming the full disk, with no trial left RUNNING, even where the storage on that
+    disk failed to record the refusal at first (before: the refusal's stop was lost with its
+    failed tell, the run asked trial after trial into the full disk and stopped only when one
+    could not be recorded at all, left RUNNING, with a line about the storage)."""
+    world.foreign_sleep()
+    world.study(duration=3, n_trials=2)
+    proc = world.start(*world.run_args())
+    wait_for_log(world, proc, "Decode batch")
+    ballast = fill_disk(small_disk)  # to the last byte: SQLite's next page cannot be had
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out + err
+    line = one_line(err)
+    assert "the results disk is full" in line and "stopping the study" in line, line
+    trials = world.trials()
+    assert not any(t.state == TrialState.RUNNING for t in trials), [t.state for t in trials]
+    assert world.problems() == []
     _resumes_after_space_is_freed(world, ballast, n_trials=2)
 
 

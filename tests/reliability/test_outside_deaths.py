@@ -378,3 +378,72 @@ def test_a_real_oom_under_load_stays_a_parameter_result(world: World) -> None:
     assert attrs[keys.SENDER] in ("", "autotune") and attrs[keys.EXIT_CODE] is not None
     assert "CUDA out of memory" in str(_record(world, 0)["evidence"])
     assert world.problems() == []
+
+
+@pytest.mark.parametrize(
+    ("sig", "when"),
+    [
+        (signal.SIGINT, SERVING),
+        (signal.SIGINT, "Load weight begin"),
+        (signal.SIGQUIT, SERVING),
+    ],
+    ids=["sigint-serving", "sigint-startup", "sigquit-serving"],
+)
+def test_a_handled_stop_signal_from_outside_is_killed_not_a_crash(
+    world: World, sig: signal.Signals, when: str
+) -> None:
+    """Someone else's SIGINT to the server (it handles it and exits 130, 128 + SIGINT), while it
+    starts or serves, or SIGQUIT while it serves (SGLang's handler logs `SIGQUIT received … It
+    usually means one child failed.` and kills its tree, though no child failed): FAIL `killed`,
+    sender `outside`, the point queued again (before: COMPLETE `crash (exited_after_ready)`,
+    `startup_error (exited_during_startup)` or `crash (sigquit)`, infeasible)."""
+    world.foreign_sleep()
+    world.study(duration=4, n_trials=1)
+    proc = world.start(*world.run_args())
+    record = _server_pid(world, proc)
+    wait_for_log(world, proc, when, number=0)
+    os.kill(record.pid, sig)
+    first, trial = _failed(world, proc, "killed")
+    assert str(trial["reason"]).startswith(f"killed (signal:{sig.name}): "), trial["reason"]
+    assert trial["sender"] == "outside", trial
+    _requeued_and_run(world, first)
+    assert world.problems() == []
+
+
+HOLDER = Path(__file__).parents[1] / "server" / "exit_holder.py"
+
+
+def test_a_rank_sigkilled_from_outside_is_killed_while_the_main_process_still_dies(
+    world: World,
+) -> None:
+    """As above (one scheduler of a 0.5.23 server SIGKILLed from outside), with the main process
+    held in its exit (ptrace) after its own SIGQUIT handler killed the tree, as a busy machine
+    or a slow `kill_process_tree` does: the watchdog's `crashed with exit code -9` is read while
+    the main process still runs. FAIL `killed`, the OOM killer ruled out (before: COMPLETE
+    `runtime_oom (host_oom_killer)`, whenever the line was read before the main process died:
+    every time two studies ran side by side)."""
+    world.foreign_sleep()
+    world.study(server='sim_version = "0.5.23"', duration=4, n_trials=1)
+    proc = world.start(*world.run_args())
+    record = _server_pid(world, proc)
+    wait_for_log(world, proc, SERVING, number=0)
+    holder = subprocess.Popen(
+        [sys.executable, str(HOLDER), str(record.pid), "3"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None
+        seized = holder.stdout.readline().strip()
+        if seized != "seized":
+            proc.kill()
+            proc.communicate()
+            pytest.skip(f"ptrace is refused here: {seized}")
+        os.kill(_child_titled(record.pid, "sglang::scheduler_TP7"), signal.SIGKILL)
+        first, trial = _failed(world, proc, "killed")
+    finally:
+        holder.wait(timeout=60)
+        assert holder.stdout is not None
+        holder.stdout.close()
+    assert str(trial["reason"]).startswith("killed (signal:SIGKILL): "), trial["reason"]
+    assert OOM_RULED_OUT in trial["evidence"], trial["evidence"]  # type: ignore[operator]
+    _requeued_and_run(world, first)
+    assert world.problems() == []
