@@ -384,6 +384,26 @@ def _rank(event: Event, events: Sequence[Event]) -> int:
     return _RANK.get(event.kind, len(_RANK))
 
 
+STOP_STATUSES = {128 + int(s): s.name for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)}
+"""Exit statuses that report a handled stop signal (128 + N): 129 SIGHUP, 130 SIGINT (Python's
+`KeyboardInterrupt` exit), 143 SIGTERM."""
+
+
+def status_signal(code: int | None) -> str:
+    """`SIGINT` for an exit status of 130 (128 + SIGINT): the stop signal a handled exit
+    reports; "" for any other status, a signal death or a process that runs."""
+    return STOP_STATUSES.get(code, "") if code is not None else ""
+
+
+def sigquit_alone(events: Sequence[Event]) -> Event | None:
+    """SGLang's `SIGQUIT received` line when it is the log's first failure line: SGLang's own
+    processes send their parent SIGQUIT only after logging their failure (a scheduler's
+    exception, a watchdog's timeout, the subprocess watchdog's `… crashed with exit code`), so a
+    SIGQUIT with no failure line before it was sent from outside."""
+    first = next((e for e in events if e.kind in FAILURE_KINDS), None)
+    return first if first is not None and first.kind is Kind.SIGQUIT else None
+
+
 def signal_name(exit_code: int | None) -> str:
     """`SIGKILL` for a return code of -9 (`subprocess`'s negative signal number); "" for an
     exit status or an unknown code."""
@@ -450,7 +470,8 @@ def classify(
     # stronger line or a process that is gone, when no signal (ours, or one from outside)
     # explains that.
     strong = [e for e in failures if e.kind is not Kind.ERROR]
-    signame = signal_name(facts.exit_code)
+    # a handled stop signal (exit status 128 + N) ends the server as its signal death does
+    signame = signal_name(facts.exit_code) or status_signal(facts.exit_code)
     ours = facts.stopped_by_us or facts.sender == "autotune"
     explained = ours or foreign is not None or (facts.sender == "outside" and bool(signame))
     if not strong and (not facts.exited or explained):
@@ -461,7 +482,19 @@ def classify(
         evidence = (_signal_line(facts, signame), *facts.host, *facts.notes)
         return Verdict(Outcome.KILLED, f"signal:{signame}", evidence[:_MAX_EVIDENCE])
     if failures:
-        return _from_failure_lines(events, batches, ready, failures, facts)
+        verdict = _from_failure_lines(events, batches, ready, failures, facts)
+        quit = sigquit_alone(events) if facts.sender == "outside" else None
+        if quit is not None and verdict.cause == str(Kind.SIGQUIT):
+            # SGLang answers any SIGQUIT by killing its own tree; with no failure line before
+            # it, the signal is someone else's
+            line = (
+                f"{quit.text.strip()} (no failure line of any server process before it: "
+                "SGLang's own processes send SIGQUIT only after logging their failure, so it "
+                "came from outside)"
+            )
+            evidence = (line, *verdict.evidence[1:])[:_MAX_EVIDENCE]
+            return Verdict(Outcome.KILLED, "signal:SIGQUIT", evidence)
+        return verdict
     if foreign is not None:
         evidence = (
             foreign.text.strip(),

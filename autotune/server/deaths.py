@@ -50,7 +50,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune.logparse.outcome import signal_name
+from autotune.logparse.outcome import signal_name, status_signal
 from autotune.server import procs
 
 DISK_FULL_BYTES = 16 << 20
@@ -60,17 +60,6 @@ server's log lines and a trial's record are a few KiB to a few MiB."""
 AUTOTUNE = "autotune"
 OOM_KILLER = "oom_killer"
 OUTSIDE = "outside"
-
-STOP_STATUSES = {128 + int(s): s.name for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)}
-"""Exit statuses that report a handled stop signal (128 + N): 129 SIGHUP, 130 SIGINT (Python's
-`KeyboardInterrupt` exit), 143 SIGTERM."""
-
-
-def status_signal(code: int | None) -> str:
-    """`SIGINT` for an exit status of 130 (128 + SIGINT): the stop signal a handled exit
-    reports; "" for any other status, a signal death or a process that runs."""
-    return STOP_STATUSES.get(code, "") if code is not None else ""
-
 
 _KILLED = re.compile(r"Killed process (\d+)\b")
 _OOM_KILL = re.compile(r"oom-kill:.*\bpid=(\d+)\b")

@@ -52,9 +52,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune.logparse.accounting import build_ledger
-from autotune.logparse.events import FAILURE_KINDS, Batch, Event, Kind
+from autotune.logparse.events import Batch, Event, Kind
 from autotune.logparse.ledger import Ledger
-from autotune.logparse.outcome import Outcome, RunFacts, Verdict, classify
+from autotune.logparse.outcome import Outcome, RunFacts, Verdict, classify, sigquit_alone
 from autotune.logparse.phase import Phase
 from autotune.logparse.serverinfo import cross_check, ledger_from_server_info
 from autotune.logparse.serving import ServingSummary, summarize
@@ -289,7 +289,7 @@ class Server:
             stopping=stopping,
             oom_killed=bool(oom),
             foreign_sigterm=foreign,
-            own_failure=self.log.failure_at is not None and self._sigquit_alone() is None,
+            own_failure=self.log.failure_at is not None and sigquit_alone(self.log.events) is None,
         )
         ruled_out = not stopping and not oom and self._kernel.silent()
         self._exit = deaths.ExitFacts(code, sender, (oom,) if oom else (), ruled_out)
@@ -329,44 +329,8 @@ class Server:
             notes=notes,
         )
         verdict = classify(self.log.events, facts, batches=list(self.log.batches))
-        verdict = self._stopped_from_outside(verdict, end)
         if seen and self._host is None and verdict.outcome not in (Outcome.READY, Outcome.UNKNOWN):
             self._host = seen  # the host's state at the death, for the record
-        return verdict
-
-    def _sigquit_alone(self) -> Event | None:
-        """SGLang's `SIGQUIT received` line when it is the log's first failure line: SGLang's own
-        processes send their parent SIGQUIT only after logging their failure (a scheduler's
-        exception, a watchdog's timeout, the subprocess watchdog's `… crashed with exit code`),
-        so a SIGQUIT with no failure line before it was sent from outside."""
-        first = next((e for e in self.log.events if e.kind in FAILURE_KINDS), None)
-        return first if first is not None and first.kind is Kind.SIGQUIT else None
-
-    def _stopped_from_outside(self, verdict: Verdict, end: deaths.ExitFacts) -> Verdict:
-        """The log's crash, when a stop signal from outside ended the server: an exit status of
-        128 + SIGINT (SIGHUP, SIGTERM), or a SIGQUIT no failure line explains, which SGLang
-        answers by killing its own tree. `killed`, not the parameters' crash."""
-        if end.sender != deaths.OUTSIDE or verdict.outcome not in (
-            Outcome.CRASH,
-            Outcome.STARTUP_ERROR,
-        ):
-            return verdict
-        name = deaths.status_signal(end.code)
-        if name and verdict.cause in ("exited_after_ready", "exited_during_startup"):
-            line = (
-                f"the server's main process exited with status {end.code} (128 + {name}: it "
-                f"stopped on a {name} it handled), sent neither by autotune nor by the host's "
-                "OOM killer"
-            )
-            return Verdict(Outcome.KILLED, f"signal:{name}", (line, *verdict.evidence)[:8])
-        sigquit = self._sigquit_alone()
-        if sigquit is not None and verdict.cause == str(Kind.SIGQUIT):
-            line = (
-                f"{sigquit.text.strip()} (no failure line of any server process before it: "
-                "SGLang's own processes send SIGQUIT only after logging their failure, so it "
-                "came from outside)"
-            )
-            return Verdict(Outcome.KILLED, "signal:SIGQUIT", (line, *verdict.evidence[1:])[:8])
         return verdict
 
     # -- startup ----------------------------------------------------------------------------
